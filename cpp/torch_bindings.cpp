@@ -1,0 +1,104 @@
+// The one TORCH_LIBRARY(pyorch, m) block: every stateless op's schema, its CPU kernel and (when
+// built with CUDA) its CUDA adapter. Stateful host objects (the block pool) are bound with pybind11
+// in PYBIND11_MODULE below, which also serves as the extension's module init.
+#include <torch/library.h>
+#include <pybind11/pybind11.h>
+
+#include "ops.h"
+
+namespace py = pybind11;
+
+namespace pyorch::block {
+void bind_block_manager(py::module_& m);  // cpp/block_manager/bindings.cpp
+}  // namespace pyorch::block
+
+TORCH_LIBRARY(pyorch, m) {
+  // ---- norms ---------------------------------------------------------------------------------
+  // out = input / sqrt(mean(input^2, -1) + eps) * weight. input/out: [..., hidden_size].
+  m.def("rms_norm(Tensor! out, Tensor input, Tensor weight, float eps) -> ()");
+  // residual += input; input = rms_norm(residual) * weight (both in place).
+  m.def("fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float eps) -> ()");
+
+  // ---- rotary embedding ----------------------------------------------------------------------
+  // positions: [num_tokens]; query: [num_tokens, num_heads * head_size] (or 3-D);
+  // key: same with num_kv_heads or None; cos_sin_cache: [max_position, rot_dim] = [cos | sin].
+  m.def(
+      "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+      "Tensor cos_sin_cache, bool is_neox) -> ()");
+
+  // ---- activations: out[..., d] = act(input[..., :d]) * input[..., d:] --------------------------
+  m.def("silu_and_mul(Tensor! out, Tensor input) -> ()");
+  m.def("gelu_and_mul(Tensor! out, Tensor input) -> ()");
+  m.def("gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()");
+
+  // ---- KV cache ------------------------------------------------------------------------------
+  // key/value: [num_tokens, num_kv_heads, head_size]; slot_mapping: [num_tokens] int64, < 0 skips.
+  // vLLM's split layout: key_cache [num_blocks, num_kv_heads, head_size / x, block_size, x] with
+  // x = 16 / element size, value_cache [num_blocks, num_kv_heads, head_size, block_size].
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor! key_cache, Tensor! value_cache, "
+      "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
+  // NHD layout: key_cache/value_cache [num_blocks, block_size, num_kv_heads, head_size].
+  m.def(
+      "reshape_and_cache_flash(Tensor key, Tensor value, Tensor! key_cache, Tensor! value_cache, "
+      "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
+  // block_mapping: [num_pairs, 2] int64 (src, dst) block ids, copied within each cache.
+  m.def(
+      "copy_blocks(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, Tensor block_mapping) -> ()");
+  // src/dst: caches on different devices (or the same); block_mapping: [num_pairs, 2] int64 on CPU.
+  m.def("swap_blocks(Tensor src, Tensor! dst, Tensor block_mapping) -> ()");
+
+  // ---- attention -----------------------------------------------------------------------------
+  // vLLM's decode-only paged attention on the split layout (see reshape_and_cache).
+  m.def(
+      "paged_attention_v1(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "int num_kv_heads, float scale, Tensor block_tables, Tensor seq_lens, int block_size, "
+      "int max_seq_len, Tensor? alibi_slopes, str kv_cache_dtype, Tensor k_scale, "
+      "Tensor v_scale, int tp_rank, int blocksparse_local_blocks, int blocksparse_vert_stride, "
+      "int blocksparse_block_size, int blocksparse_head_sliding_step) -> ()");
+  m.def(
+      "paged_attention_v2(Tensor! out, Tensor! exp_sums, Tensor! max_logits, Tensor! tmp_out, "
+      "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, "
+      "Tensor block_tables, Tensor seq_lens, int block_size, int max_seq_len, "
+      "Tensor? alibi_slopes, str kv_cache_dtype, Tensor k_scale, Tensor v_scale, int tp_rank, "
+      "int blocksparse_local_blocks, int blocksparse_vert_stride, int blocksparse_block_size, "
+      "int blocksparse_head_sliding_step) -> ()");
+  // pyorch's default attention on the NHD layout, for a mixed batch of prefills, chunked prefills
+  // and decodes. query/out: [num_tokens, num_heads, head_size]; query_start_loc: [num_seqs + 1]
+  // int32; seq_lens: [num_seqs] int32 (cached + new tokens, whose KV is already in the cache);
+  // block_table: [num_seqs, max_blocks_per_seq] int32. The new tokens of sequence i are its last
+  // query_start_loc[i+1] - query_start_loc[i] positions. sliding_window <= 0 and
+  // logits_soft_cap <= 0 mean off.
+  m.def(
+      "paged_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor query_start_loc, Tensor seq_lens, Tensor block_table, int max_query_len, "
+      "int max_seq_len, float scale, bool causal, int sliding_window, float logits_soft_cap, "
+      "str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
+  // Combines two partial attentions by log-sum-exp. outputs: [num_tokens, num_heads, head_size];
+  // lse: [num_heads, num_tokens] float32.
+  m.def(
+      "merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, "
+      "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse) -> ()");
+
+  // ---- CPU kernels ---------------------------------------------------------------------------
+  m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
+  m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
+  // @cpu-impls (keep this marker: areas add their m.impl lines above it)
+
+#ifdef PYORCH_WITH_CUDA
+  // ---- CUDA adapters -------------------------------------------------------------------------
+  m.impl("rms_norm", c10::kCUDA, &rms_norm);
+  m.impl("fused_add_rms_norm", c10::kCUDA, &fused_add_rms_norm);
+  // @cuda-impls (keep this marker: areas add their m.impl lines above it)
+#endif
+}
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "pyorch op library: registers torch.ops.pyorch.* and binds the block pool.";
+#ifdef PYORCH_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+  // @pybind (keep this marker)
+}
