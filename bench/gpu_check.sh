@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU (Hopper), build pyorch with CUDA, run the test
+# suite on the GPU, build and run the C++ benchmark binaries, and write logs + JSON to OUT_DIR.
+#
+#   bash bench/gpu_check.sh OUT_DIR [--no-tests] [--no-bench] [--pytest-args "..."]
+#
+# Wheels missing on an offline machine can be dropped in .whl/ (installed to /tmp/site first).
+set -uo pipefail
+OUT_DIR=${1:?usage: bash bench/gpu_check.sh OUT_DIR [--no-tests] [--no-bench]}
+shift
+RUN_TESTS=1 RUN_BENCH=1 PYTEST_ARGS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-tests) RUN_TESTS=0 ;;
+    --no-bench) RUN_BENCH=0 ;;
+    --pytest-args) PYTEST_ARGS="$2"; shift ;;
+  esac
+  shift
+done
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+status=0
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+{
+  nvidia-smi
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+  nvcc --version | tail -2
+} > "$OUT_DIR/env.txt" 2>&1
+GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '_'))")
+echo "GPU: $GPU"
+
+echo "== build (pip install --no-build-isolation --no-deps -e .)"
+start=$(date +%s)
+if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT_DIR/build.log" 2>&1; then
+  echo "BUILD FAILED"; tail -50 "$OUT_DIR/build.log"; exit 1
+fi
+python3 -c "import pyorch._C as c; assert c.with_cuda, 'CUDA ops not built'; print('pyorch._C with CUDA')"
+echo "build took $(( $(date +%s) - start )) s"
+
+if [ "$RUN_TESTS" = 1 ]; then
+  echo "== tests"
+  python3 -m pytest tests -q -p no:cacheprovider -rs --junitxml="$OUT_DIR/tests.xml" $PYTEST_ARGS \
+    > "$OUT_DIR/tests.log" 2>&1 || status=1
+  tail -5 "$OUT_DIR/tests.log"
+  grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -40
+fi
+
+if [ "$RUN_BENCH" = 1 ]; then
+  echo "== C++ benchmark binaries"
+  cmake -S . -B build/cuda -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT_DIR/bench_build.log" 2>&1 &&
+    cmake --build build/cuda -j "$MAX_JOBS" >> "$OUT_DIR/bench_build.log" 2>&1 || {
+      echo "BENCH BUILD FAILED"; tail -30 "$OUT_DIR/bench_build.log"; status=1; }
+  for bin in build/cuda/bench_*; do
+    [ -x "$bin" ] || continue
+    name=$(basename "$bin")
+    echo "-- $name"
+    timeout 300 "$bin" --json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.txt" 2>&1 || {
+      echo "$name FAILED"; status=1; }
+    cat "$OUT_DIR/$name.txt"
+  done
+fi
+echo "$GPU" > "$OUT_DIR/gpu_name.txt"
+exit $status

@@ -1,0 +1,103 @@
+"""EngineArgs: the user-facing engine arguments (vLLM's names) and how they become configs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from pyorch.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
+
+# vLLM's computed defaults (max_num_batched_tokens, max_num_seqs) for the LLM class.
+_LARGE_GPU_DEFAULTS = (16384, 1024)  # GPUs with >= 70 GiB (H100, H200)
+_GPU_DEFAULTS = (8192, 256)
+_CPU_DEFAULTS = (4096, 256)
+
+
+@dataclass
+class EngineArgs:
+    model: Optional[str] = None  # None: the embedded default model (SmolLM2-135M-Instruct GGUF)
+    tokenizer: Optional[str] = None
+    skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
+    revision: Optional[str] = None
+    dtype: Any = "auto"
+    seed: int = 0
+    max_model_len: Optional[int] = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: Optional[int] = None
+    kv_cache_dtype: str = "auto"
+    num_gpu_blocks_override: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    load_format: str = "auto"
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    device: str = "auto"  # "auto" (CUDA when available), "cuda", "cpu"
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    def create_engine_config(self) -> EngineConfig:
+        from pyorch.model_loader import default_model_path
+
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for but torch sees no CUDA device")
+        elif device != "cpu" and not device.startswith("cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+        model = self.model or default_model_path()
+
+        parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
+        parallel.validate()
+        model_config = ModelConfig(
+            model=model, tokenizer=self.tokenizer, skip_tokenizer_init=self.skip_tokenizer_init,
+            dtype=self.dtype, seed=self.seed, max_model_len=self.max_model_len,
+            load_format=self.load_format, device=device, revision=self.revision,
+            trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
+        )
+        model_config.resolve()
+        cache_config = CacheConfig(
+            block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            enable_prefix_caching=self.enable_prefix_caching, cache_dtype=self.kv_cache_dtype,
+            num_blocks=self.num_gpu_blocks_override,
+        )
+        cache_config.validate()
+        tokens, seqs = self._default_batch_sizes(device)
+        max_num_batched_tokens = self.max_num_batched_tokens or tokens
+        max_model_len = model_config.max_model_len
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens is None:
+            max_num_batched_tokens = max(max_model_len, max_num_batched_tokens)
+        max_num_seqs = self.max_num_seqs or seqs
+        max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
+            policy=self.scheduling_policy,
+        )
+        scheduler_config.validate()
+        return EngineConfig(model_config, cache_config, scheduler_config, parallel)
+
+    @staticmethod
+    def _default_batch_sizes(device: str) -> tuple[int, int]:
+        if device == "cpu":
+            return _CPU_DEFAULTS
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        return _LARGE_GPU_DEFAULTS if total >= 70 * 2**30 else _GPU_DEFAULTS

@@ -1,0 +1,1 @@
+"""Model execution: the model runner (inputs, KV cache, forward, sampling) and its helpers."""

@@ -1,0 +1,118 @@
+"""Per-request state the model runner keeps across steps, and the packed per-step inputs.
+
+Who owns what (see also pyorch/engine/scheduler_output.py):
+- The scheduler owns requests, blocks and token budgets; each step it sends a `SchedulerOutput`
+  diff (new requests with their block ids, new block ids for running ones, tokens to run).
+- The runner owns `CachedRequestState` (token ids, block ids, sampling state) for every request
+  it has been sent and not yet told to drop. It appends the tokens it samples itself.
+- `StepInputs` is rebuilt each step in ONE pinned host buffer (numpy views over it), copied to the
+  device with one non-blocking copy, and viewed there as typed tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from pyorch.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    generator: Optional[torch.Generator]
+    block_ids: list[int]
+    num_computed_tokens: int
+    # token ids as a growing numpy array: prompt then outputs (avoids list concatenation per step)
+    token_ids: np.ndarray = field(init=False)
+    num_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_token_ids) + len(self.output_token_ids)
+        self.token_ids = np.empty(max(16, 2 * n), dtype=np.int64)
+        self.token_ids[: len(self.prompt_token_ids)] = self.prompt_token_ids
+        self.token_ids[len(self.prompt_token_ids) : n] = self.output_token_ids
+        self.num_tokens = n
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        if self.num_tokens == len(self.token_ids):
+            grown = np.empty(2 * len(self.token_ids), dtype=np.int64)
+            grown[: self.num_tokens] = self.token_ids[: self.num_tokens]
+            self.token_ids = grown
+        self.token_ids[self.num_tokens] = token_id
+        self.num_tokens += 1
+        self.output_token_ids.append(token_id)
+
+
+# Layout of the packed step buffer: (name, dtype); sizes are given per step.
+_FIELDS = (
+    ("input_ids", np.int64),
+    ("positions", np.int64),
+    ("slot_mapping", np.int64),
+    ("logits_indices", np.int64),
+    ("query_start_loc", np.int32),
+    ("seq_lens", np.int32),
+    ("block_table", np.int32),
+)
+_TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
+
+
+class StepBuffers:
+    """A pinned host byte buffer and its device twin, sized for the largest step."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: str):
+        self.max_tokens = max_tokens
+        self.max_seqs = max_seqs
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.device = torch.device(device)
+        counts = self._counts(max_tokens, max_seqs, max_seqs * max_blocks_per_seq)
+        nbytes = sum(np.dtype(dt).itemsize * n + 8 for (_, dt), n in zip(_FIELDS, counts))
+        pin = self.device.type == "cuda"
+        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.dev = self.host if self.device.type == "cpu" else torch.empty(
+            nbytes, dtype=torch.uint8, device=self.device
+        )
+
+    @staticmethod
+    def _counts(num_tokens: int, num_seqs: int, table_size: int) -> list[int]:
+        return [num_tokens, num_tokens, num_tokens, num_seqs, num_seqs + 1, num_seqs, table_size]
+
+    def layout(self, num_tokens: int, num_seqs: int, table_width: int) -> dict[str, tuple]:
+        """Byte offsets of each field for this step's sizes (8-byte aligned)."""
+        out, offset = {}, 0
+        counts = self._counts(num_tokens, num_seqs, num_seqs * table_width)
+        for (name, dt), n in zip(_FIELDS, counts):
+            out[name] = (offset, n, dt)
+            offset += -(-np.dtype(dt).itemsize * n // 8) * 8
+        out["_total"] = (offset, 0, None)
+        return out
+
+    def host_views(self, layout: dict[str, tuple]) -> dict[str, np.ndarray]:
+        views = {}
+        for name, (offset, n, dt) in layout.items():
+            if dt is not None:
+                nbytes = np.dtype(dt).itemsize * n
+                views[name] = self.host_np[offset : offset + nbytes].view(dt)
+        return views
+
+    def to_device(self, layout: dict[str, tuple]) -> dict[str, torch.Tensor]:
+        total = layout["_total"][0]
+        if self.dev is not self.host:
+            self.dev[:total].copy_(self.host[:total], non_blocking=True)
+        tensors = {}
+        for name, (offset, n, dt) in layout.items():
+            if dt is not None:
+                nbytes = np.dtype(dt).itemsize * n
+                tensors[name] = self.dev[offset : offset + nbytes].view(_TORCH_DTYPES[dt])
+        return tensors

@@ -1,0 +1,308 @@
+"""The model runner: applies scheduler diffs to its per-request state, builds one step's inputs,
+runs the model over the paged KV cache, and samples on the device.
+
+One code path serves CPU and CUDA: the ops dispatch by device.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from pyorch.config import EngineConfig
+from pyorch.engine.scheduler_output import SchedulerOutput
+from pyorch.executor.input_batch import CachedRequestState, StepBuffers
+from pyorch.executor.kv_cache import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    KVCacheSpec,
+    gpu_kv_budget_bytes,
+    num_blocks_from_bytes,
+)
+from pyorch.forward_context import AttentionMetadata, set_forward_context
+from pyorch.layers.attention import Attention
+from pyorch.layers.sampler import Sampler, SamplingMetadata, SamplingRow
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptLogprobsChunk:
+    """Prompt logprobs for the positions of one prefill chunk (CPU tensors).
+
+    token_ids/logprobs: [num_positions, num_logprobs + 1]; column 0 is the actual next prompt
+    token, the rest the top-N. ranks: [num_positions] rank of the actual token (1 = best).
+    """
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    ranks: torch.Tensor
+
+
+@dataclass
+class ModelRunnerOutput:
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    logprobs: list[Optional[Any]] = field(default_factory=list)  # per request, sampler's entry
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+
+
+def _step_seed(seed: int, index: int) -> int:
+    return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (1 << 63)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = config.model_config
+        self.cache_config = config.cache_config
+        sched = config.scheduler_config
+        self.device = torch.device(self.model_config.device)
+        self.block_size = self.cache_config.block_size
+        self.max_num_tokens = sched.max_num_batched_tokens
+        self.max_num_seqs = sched.max_num_seqs
+        self.max_blocks_per_seq = _cdiv(self.model_config.max_model_len, self.block_size)
+        self.vocab_size = self.model_config.vocab_size
+        self.requests: dict[str, CachedRequestState] = {}
+        self.sampler = Sampler()
+        self.buffers = StepBuffers(
+            self.max_num_tokens, self.max_num_seqs, self.max_blocks_per_seq, self.device.type
+            if self.device.type == "cpu" else str(self.device)
+        )
+        self.model: Optional[nn.Module] = None
+        self.attn_layers: list[Attention] = []
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ---- start-up -----------------------------------------------------------------------------
+    def load_model(self) -> None:
+        from pyorch.model_loader import get_model
+
+        start = time.perf_counter()
+        torch.manual_seed(self.model_config.seed)
+        self.model = get_model(self.model_config)
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.attn_layers.sort(key=lambda layer: layer.layer_idx)
+        logger.info(
+            "Loaded %s (%s, %s) in %.2f s",
+            self.model_config.model, self.model_config.dtype, self.device,
+            time.perf_counter() - start,
+        )
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        mc = self.model_config
+        return KVCacheSpec(len(self.attn_layers), self.block_size, mc.num_kv_heads, mc.head_size,
+                           mc.dtype)
+
+    def initialize_kv_cache(self) -> int:
+        """Sizes the KV cache by measurement (GPU) or by byte budget (CPU), allocates and binds
+        it. Returns the number of blocks (including the reserved null block 0)."""
+        spec = self.kv_cache_spec()
+        if self.cache_config.num_blocks is not None:
+            num_blocks = self.cache_config.num_blocks
+        elif self.cache_config.kv_cache_memory_bytes is not None:
+            num_blocks = num_blocks_from_bytes(
+                spec, self.cache_config.kv_cache_memory_bytes, "kv_cache_memory_bytes")
+        elif self.device.type == "cuda":
+            peak = self.profile_run()
+            budget = gpu_kv_budget_bytes(self.device, self.cache_config.gpu_memory_utilization, peak)
+            num_blocks = num_blocks_from_bytes(spec, budget, "the GPU memory left for the KV cache")
+        else:
+            num_blocks = num_blocks_from_bytes(spec, DEFAULT_CPU_KV_CACHE_BYTES,
+                                               "the default CPU KV budget")
+        self.kv_caches = spec.allocate(num_blocks, self.device)
+        for layer, cache in zip(self.attn_layers, self.kv_caches):
+            layer.kv_cache = cache
+        self.cache_config.num_blocks = num_blocks
+        tokens = (num_blocks - 1) * self.block_size
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.2f GiB), %d tokens; maximum concurrency for "
+            "%d-token requests: %.2fx",
+            num_blocks, self.block_size, num_blocks * spec.bytes_per_block / 2**30, tokens,
+            self.model_config.max_model_len, tokens / self.model_config.max_model_len,
+        )
+        return num_blocks
+
+    @torch.inference_mode()
+    def profile_run(self) -> int:
+        """Runs the largest batch (max_num_batched_tokens tokens over max_num_seqs sequences)
+        through the model and the sampler with a throwaway KV cache; returns the activation
+        peak in bytes, not counting that cache."""
+        spec = self.kv_cache_spec()
+        num_tokens, num_seqs = self.max_num_tokens, min(self.max_num_seqs, self.max_num_tokens)
+        per_seq = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
+        blocks_per_seq = [_cdiv(n, self.block_size) for n in per_seq]
+        temp = spec.allocate(sum(blocks_per_seq) + 1, self.device)
+        temp_bytes = (sum(blocks_per_seq) + 1) * spec.bytes_per_block
+        for layer, cache in zip(self.attn_layers, temp):
+            layer.kv_cache = cache
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        next_block, table = 1, np.zeros((num_seqs, max(blocks_per_seq)), dtype=np.int32)
+        slots = []
+        for i, (n, nb) in enumerate(zip(per_seq, blocks_per_seq)):
+            table[i, :nb] = np.arange(next_block, next_block + nb)
+            slots.append(next_block * self.block_size + np.arange(n))
+            next_block += nb
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
+            query_start_loc=torch.tensor(np.concatenate([[0], np.cumsum(per_seq)]),
+                                         dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(per_seq, dtype=torch.int32, device=dev),
+            block_table=torch.from_numpy(table).to(dev),
+            max_query_len=max(per_seq), max_seq_len=max(per_seq),
+        )
+        input_ids = torch.randint(0, self.vocab_size, (num_tokens,), device=dev)
+        positions = torch.from_numpy(np.concatenate([np.arange(n) for n in per_seq])).to(dev)
+        with set_forward_context(meta):
+            hidden = self.model(input_ids, positions)
+        last = meta.query_start_loc[1:] - 1
+        logits = self.model.compute_logits(hidden[last.long()]).float()
+        del hidden
+        self.sampler.profile(logits)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        del logits, temp, meta
+        for layer in self.attn_layers:
+            layer.kv_cache = None
+        torch.cuda.empty_cache()
+        logger.info("Profiled %d tokens / %d sequences: activation peak %.2f GiB",
+                    num_tokens, num_seqs, peak / 2**30)
+        return max(peak - temp_bytes, 0) if peak > temp_bytes else peak
+
+    # ---- one step -----------------------------------------------------------------------------
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+        for new in so.scheduled_new_reqs:
+            params = new.sampling_params
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device=self.device)
+            self.requests[new.req_id] = CachedRequestState(
+                req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
+                output_token_ids=list(new.output_token_ids), sampling_params=params,
+                generator=generator, block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+            )
+        cached = so.scheduled_cached_reqs
+        for req_id, new_blocks, num_computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        ):
+            state = self.requests[req_id]
+            state.block_ids.extend(new_blocks)
+            state.num_computed_tokens = num_computed
+
+    def _prepare_inputs(self, req_ids: list[str], so: SchedulerOutput):
+        num_tokens = so.total_num_scheduled_tokens
+        num_seqs = len(req_ids)
+        width = max(len(self.requests[r].block_ids) for r in req_ids)
+        layout = self.buffers.layout(num_tokens, num_seqs, width)
+        host = self.buffers.host_views(layout)
+        table = host["block_table"].reshape(num_seqs, width)
+        table.fill(0)
+        bs = self.block_size
+        offset, num_logits, max_q, max_s = 0, 0, 0, 0
+        sampled_rows: list[int] = []
+        host["query_start_loc"][0] = 0
+        for i, req_id in enumerate(req_ids):
+            state = self.requests[req_id]
+            n = so.num_scheduled_tokens[req_id]
+            start = state.num_computed_tokens
+            end = start + n
+            pos = np.arange(start, end, dtype=np.int64)
+            blocks = np.asarray(state.block_ids, dtype=np.int64)
+            host["input_ids"][offset : offset + n] = state.token_ids[start:end]
+            host["positions"][offset : offset + n] = pos
+            host["slot_mapping"][offset : offset + n] = blocks[pos // bs] * bs + pos % bs
+            table[i, : len(blocks)] = blocks
+            host["seq_lens"][i] = end
+            offset += n
+            host["query_start_loc"][i + 1] = offset
+            if end == state.num_tokens:  # caught up: this request samples a token
+                host["logits_indices"][num_logits] = offset - 1
+                num_logits += 1
+                sampled_rows.append(i)
+            max_q, max_s = max(max_q, n), max(max_s, end)
+        dev = self.buffers.to_device(layout)
+        meta = AttentionMetadata(
+            slot_mapping=dev["slot_mapping"], query_start_loc=dev["query_start_loc"],
+            seq_lens=dev["seq_lens"], block_table=dev["block_table"].view(num_seqs, width),
+            max_query_len=max_q, max_seq_len=max_s,
+        )
+        return dev, meta, dev["logits_indices"][:num_logits], sampled_rows
+
+    @torch.inference_mode()
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(so)
+        req_ids = [r for r in so.scheduled_cached_reqs.req_ids] + [
+            n.req_id for n in so.scheduled_new_reqs
+        ]
+        if not req_ids:
+            return ModelRunnerOutput([], [])
+        dev, meta, logits_indices, sampled_rows = self._prepare_inputs(req_ids, so)
+        with set_forward_context(meta):
+            hidden = self.model(dev["input_ids"], dev["positions"])
+
+        prompt_logprobs = self._prompt_logprobs(req_ids, so, hidden)
+        sampled: list[list[int]] = [[] for _ in req_ids]
+        logprobs: list[Optional[Any]] = [None for _ in req_ids]
+        if sampled_rows:
+            logits = self.model.compute_logits(hidden[logits_indices]).float()
+            states = [self.requests[req_ids[i]] for i in sampled_rows]
+            for s in states:
+                if s.generator is not None:
+                    # Seeded streams are keyed by (seed, output index): the same seed gives the
+                    # same tokens whatever else is batched, and after a preemption too.
+                    s.generator.manual_seed(_step_seed(s.sampling_params.seed,
+                                                       len(s.output_token_ids)))
+            rows = [SamplingRow(s.sampling_params, s.prompt_token_ids, s.output_token_ids,
+                                s.generator) for s in states]
+            metadata = SamplingMetadata.from_requests(rows, logits.shape[-1], logits.device)
+            out = self.sampler(logits, metadata)
+            token_ids = out.sampled_token_ids.tolist()  # the step's one device -> host sync
+            entries = out.logprobs.tolists() if out.logprobs is not None else None
+            for j, (i, state) in enumerate(zip(sampled_rows, states)):
+                state.append_token(token_ids[j])
+                sampled[i] = [token_ids[j]]
+                if entries is not None and state.sampling_params.logprobs is not None:
+                    logprobs[i] = entries[j]
+        return ModelRunnerOutput(req_ids, sampled, logprobs, prompt_logprobs)
+
+    def _prompt_logprobs(self, req_ids: list[str], so: SchedulerOutput,
+                         hidden: torch.Tensor) -> dict[str, PromptLogprobsChunk]:
+        """Logprobs of each next prompt token for requests that asked for prompt_logprobs."""
+        result: dict[str, PromptLogprobsChunk] = {}
+        offset = 0
+        for req_id in req_ids:
+            state = self.requests[req_id]
+            n = so.num_scheduled_tokens[req_id]
+            num_prompt_logprobs = state.sampling_params.prompt_logprobs
+            start = state.num_computed_tokens
+            # positions p in [start, start+n) whose next token is still a prompt token
+            stop = min(start + n, state.num_prompt_tokens - 1)
+            if num_prompt_logprobs is not None and stop > start:
+                rows = hidden[offset : offset + (stop - start)]
+                logp = torch.log_softmax(self.model.compute_logits(rows).float(), dim=-1)
+                targets = torch.as_tensor(state.token_ids[start + 1 : stop + 1], device=logp.device)
+                actual = logp.gather(1, targets[:, None])
+                ranks = (logp > actual).sum(-1) + 1
+                k = min(num_prompt_logprobs, logp.shape[-1])
+                top_lp, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], targets[:, None][:, :0])
+                result[req_id] = PromptLogprobsChunk(
+                    token_ids=torch.cat([targets[:, None], top_ids], 1).cpu(),
+                    logprobs=torch.cat([actual, top_lp], 1).cpu(),
+                    ranks=ranks.cpu(),
+                )
+            offset += n
+        return result
