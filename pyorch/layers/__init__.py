@@ -1,0 +1,1 @@
+"""Shared model layers: norms, linears, rotary embedding, attention, activations, sampler."""

@@ -1,0 +1,102 @@
+"""Paged attention layer: writes this step's keys/values to the KV cache, then attends over it.
+
+One code path for every batch shape (prefills, chunked prefills, decodes, mixed) and device: the
+metadata comes from the forward context and both steps are pyorch ops.
+"""
+
+import torch
+from torch import nn
+
+from pyorch import _ops
+from pyorch.forward_context import get_forward_context
+
+
+class Attention(nn.Module):
+    """Causal multi-head / grouped-query attention over a paged KV cache.
+
+    `kv_cache` is bound by the model runner: (key_cache, value_cache), each
+    [num_blocks, block_size, num_kv_heads, head_size]. `k_scale`/`v_scale` are per-tensor scales
+    (1.0 today, used once an fp8 kv_cache_dtype is supported).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        layer_idx: int = 0,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+        kv_cache_dtype: str = "auto",
+    ):
+        super().__init__()
+        num_kv_heads = num_kv_heads or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
+                             f"{num_kv_heads}")
+        if kv_cache_dtype != "auto":
+            raise NotImplementedError(f"kv_cache_dtype {kv_cache_dtype!r}: only 'auto' for now")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.layer_idx = layer_idx
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.register_buffer("k_scale", torch.tensor(1.0, dtype=torch.float32), persistent=False)
+        self.register_buffer("v_scale", torch.tensor(1.0, dtype=torch.float32), persistent=False)
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads * head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
+    ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
+        num_tokens = query.shape[0]
+        out = torch.empty(
+            num_tokens, self.num_heads, self.head_size, dtype=query.dtype, device=query.device
+        )
+        attn_metadata = get_forward_context().attn_metadata
+        if attn_metadata is None or self.kv_cache is None:
+            # A profiling / dummy run without a cache: nothing to attend over.
+            return out.zero_().view(num_tokens, -1)
+        key_cache, value_cache = self.kv_cache
+        _ops.reshape_and_cache_flash(
+            key.view(num_tokens, self.num_kv_heads, self.head_size),
+            value.view(num_tokens, self.num_kv_heads, self.head_size),
+            key_cache,
+            value_cache,
+            attn_metadata.slot_mapping,
+            self.kv_cache_dtype,
+            self.k_scale,
+            self.v_scale,
+        )
+        _ops.paged_attention(
+            out,
+            query.view(num_tokens, self.num_heads, self.head_size),
+            key_cache,
+            value_cache,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            attn_metadata.block_table,
+            attn_metadata.max_query_len,
+            attn_metadata.max_seq_len,
+            self.scale,
+            True,
+            self.sliding_window or 0,
+            self.logits_soft_cap or 0.0,
+            self.kv_cache_dtype,
+            self.k_scale,
+            self.v_scale,
+        )
+        return out.view(num_tokens, -1)
+
+    def extra_repr(self) -> str:
+        return (
+            f"layer_idx={self.layer_idx}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, scale={self.scale:.4g}, "
+            f"sliding_window={self.sliding_window}, logits_soft_cap={self.logits_soft_cap}"
+        )

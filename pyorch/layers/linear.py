@@ -1,0 +1,334 @@
+"""Linear layers with tensor-parallel sharding and pluggable quantization (vLLM's layer family).
+
+Each layer holds `tp_rank`/`tp_size` and builds only its rank's partition of the weight;
+`weight_loader(param, loaded_weight, shard_id)` narrows a full checkpoint tensor to that
+partition and places merged shards (q/k/v, gate/up) at their offsets. Weights are created and
+used by a `LinearMethodBase` (unquantized by default), so quantized methods can be dropped in.
+NOTE(models): tensor parallelism itself (the all-reduce / all-gather) is not wired yet: tp_size
+is 1 unless a test passes another value, and forward raises where communication would be needed.
+"""
+
+from abc import abstractmethod
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pyorch.layers.quantization import QuantizeMethodBase
+
+
+def get_tensor_model_parallel_rank_and_size() -> tuple[int, int]:
+    """(rank, world size) of the tensor-parallel group. TODO(models): read it from the
+    distributed state once pyorch has one."""
+    return 0, 1
+
+
+def divide(numerator: int, denominator: int) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{numerator} is not divisible by tensor-parallel size {denominator}")
+    return numerator // denominator
+
+
+def set_weight_attrs(param: torch.Tensor, attrs: dict[str, Any]) -> None:
+    """Attaches loading metadata (weight_loader, input_dim, output_dim) to a parameter."""
+    for key, value in attrs.items():
+        if hasattr(param, key):
+            raise AttributeError(f"Parameter already has attribute {key!r}")
+        setattr(param, key, value)
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """Copies a whole checkpoint tensor into a parameter of the same shape (casting dtype)."""
+    if param.shape != loaded_weight.shape:
+        raise ValueError(
+            f"Shape mismatch loading a weight: parameter {tuple(param.shape)}, "
+            f"checkpoint {tuple(loaded_weight.shape)}"
+        )
+    param.data.copy_(loaded_weight)
+
+
+class LinearMethodBase(QuantizeMethodBase):
+    """Creates and applies a linear layer's weights."""
+
+    @abstractmethod
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        """Registers this rank's weight parameters on `layer`; output_partition_sizes lists the
+        rank's share of each merged output (one entry for an unmerged layer)."""
+
+    @abstractmethod
+    def apply(
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,  # [..., input_size_per_partition]
+        bias: torch.Tensor | None = None,  # [output_size_per_partition]
+    ) -> torch.Tensor:  # [..., output_size_per_partition]
+        """x @ W^T (+ bias) with the layer's weights."""
+
+
+class UnquantizedLinearMethod(LinearMethodBase):
+    """A plain weight [output_size_per_partition, input_size_per_partition] in params_dtype."""
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        weight = nn.Parameter(
+            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
+            requires_grad=False,
+        )
+        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0, **extra_weight_attrs})
+        layer.register_parameter("weight", weight)
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+class LinearBase(nn.Module):
+    """Common state: sizes, dtype, tensor-parallel position and the quantization method."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype | None = None,
+        quant_method: LinearMethodBase | None = None,
+        tp_rank: int | None = None,
+        tp_size: int | None = None,
+    ):
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.quant_method = quant_method or UnquantizedLinearMethod()
+        default_rank, default_size = get_tensor_model_parallel_rank_and_size()
+        self.tp_rank = default_rank if tp_rank is None else tp_rank
+        self.tp_size = default_size if tp_size is None else tp_size
+        self.bias: nn.Parameter | None = None
+
+    def _create_bias(self, size: int, output_dim: int | None) -> None:
+        bias = nn.Parameter(torch.empty(size, dtype=self.params_dtype), requires_grad=False)
+        attrs: dict[str, Any] = {"weight_loader": self.weight_loader}
+        if output_dim is not None:
+            attrs["output_dim"] = output_dim
+        set_weight_attrs(bias, attrs)
+        self.bias = bias
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.input_size}, out_features={self.output_size}, "
+            f"bias={self.bias is not None}, tp_rank={self.tp_rank}, tp_size={self.tp_size}"
+        )
+
+
+class ReplicatedLinear(LinearBase):
+    """A linear layer held whole on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = True, **kwargs: Any):
+        super().__init__(input_size, output_size, **kwargs)
+        self.quant_method.create_weights(
+            self, input_size, [output_size], input_size, output_size, self.params_dtype,
+            weight_loader=self.weight_loader,
+        )
+        if bias:
+            self._create_bias(output_size, output_dim=None)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., input_size] -> [..., output_size]
+        return self.quant_method.apply(self, x, self.bias)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Y = X W^T with W split along its output dim: rank r holds rows [r * n, (r + 1) * n)."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = True,
+        gather_output: bool = False,
+        output_sizes: list[int] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(input_size, output_size, **kwargs)
+        self.gather_output = gather_output
+        self.output_sizes = output_sizes or [output_size]
+        self.output_size_per_partition = divide(output_size, self.tp_size)
+        self.quant_method.create_weights(
+            self, input_size, [divide(s, self.tp_size) for s in self.output_sizes], input_size,
+            output_size, self.params_dtype, weight_loader=self.weight_loader,
+        )
+        if bias:
+            self._create_bias(self.output_size_per_partition, output_dim=0)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        output_dim = getattr(param, "output_dim", None)
+        if output_dim is not None:
+            size = param.shape[output_dim]
+            loaded_weight = loaded_weight.narrow(output_dim, self.tp_rank * size, size)
+        default_weight_loader(param, loaded_weight)
+
+    def _copy_shard(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, offset: int, size: int,
+        shard_rank: int,
+    ) -> None:
+        """Copies this rank's `size` rows of one merged shard to rows [offset, offset + size)."""
+        output_dim = getattr(param, "output_dim", None)
+        if output_dim is None:  # e.g. a per-tensor scale: the same for every shard
+            default_weight_loader(param, loaded_weight)
+            return
+        shard = loaded_weight.narrow(output_dim, shard_rank * size, size)
+        default_weight_loader(param.data.narrow(output_dim, offset, size), shard)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., input_size] -> [..., out / tp]
+        out = self.quant_method.apply(self, x, self.bias)
+        if self.gather_output and self.tp_size > 1:
+            raise NotImplementedError("tensor-parallel all-gather is not available yet")
+        return out
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of one input fused into one GEMM (e.g. gate_up_proj);
+    checkpoint tensors are loaded per shard with shard_id = their index in output_sizes."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = True, **kwargs: Any):
+        super().__init__(input_size, sum(output_sizes), bias, output_sizes=output_sizes, **kwargs)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int | None = None
+    ) -> None:
+        if loaded_shard_id is None:  # an already-merged checkpoint tensor: split and recurse
+            if getattr(param, "output_dim", None) is None:
+                default_weight_loader(param, loaded_weight)
+                return
+            offset = 0
+            for shard_id, size in enumerate(self.output_sizes):
+                shard = loaded_weight.narrow(param.output_dim, offset, size)
+                self.weight_loader(param, shard, shard_id)
+                offset += size
+            return
+        if not 0 <= loaded_shard_id < len(self.output_sizes):
+            raise ValueError(f"shard id {loaded_shard_id} out of range for {self.output_sizes}")
+        offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
+        size = self.output_sizes[loaded_shard_id] // self.tp_size
+        self._copy_shard(param, loaded_weight, offset, size, self.tp_rank)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """The fused q, k, v projection. Heads are split over ranks; when there are fewer kv heads
+    than ranks, each kv head is replicated on tp_size / total_num_kv_heads ranks."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = True,
+        **kwargs: Any,
+    ):
+        tp_size = kwargs.get("tp_size")
+        tp_size = get_tensor_model_parallel_rank_and_size()[1] if tp_size is None else tp_size
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        self.head_size = head_size
+        self.total_num_heads = total_num_heads
+        self.total_num_kv_heads = total_num_kv_heads
+        self.num_heads = divide(total_num_heads, tp_size)
+        if tp_size >= total_num_kv_heads:
+            self.num_kv_heads = 1
+            self.num_kv_head_replicas = divide(tp_size, total_num_kv_heads)
+        else:
+            self.num_kv_heads = divide(total_num_kv_heads, tp_size)
+            self.num_kv_head_replicas = 1
+        q_size = self.num_heads * head_size * tp_size
+        kv_size = self.num_kv_heads * head_size * tp_size
+        super().__init__(
+            hidden_size, q_size + 2 * kv_size, bias, output_sizes=[q_size, kv_size, kv_size],
+            **kwargs,
+        )
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str | None = None
+    ) -> None:
+        q_size = self.num_heads * self.head_size
+        kv_size = self.num_kv_heads * self.head_size
+        if loaded_shard_id is None:  # an already-fused qkv checkpoint tensor
+            if getattr(param, "output_dim", None) is None:
+                default_weight_loader(param, loaded_weight)
+                return
+            total_q = self.total_num_heads * self.head_size
+            total_kv = self.total_num_kv_heads * self.head_size
+            for shard_id, offset, size in (
+                ("q", 0, total_q), ("k", total_q, total_kv), ("v", total_q + total_kv, total_kv)
+            ):
+                self.weight_loader(param, loaded_weight.narrow(param.output_dim, offset, size),
+                                   shard_id)
+            return
+        layout = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
+        if loaded_shard_id not in layout:
+            raise ValueError(f"QKVParallelLinear shard id must be 'q', 'k' or 'v', not "
+                             f"{loaded_shard_id!r}")
+        offset, size = layout[loaded_shard_id]
+        shard_rank = (
+            self.tp_rank if loaded_shard_id == "q" else self.tp_rank // self.num_kv_head_replicas
+        )
+        self._copy_shard(param, loaded_weight, offset, size, shard_rank)
+
+
+class RowParallelLinear(LinearBase):
+    """Y = X W^T with W split along its input dim; the partial outputs are summed over ranks
+    (reduce_results). The bias is added once, after the reduction."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        reduce_results: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(input_size, output_size, **kwargs)
+        self.input_is_parallel = input_is_parallel
+        self.reduce_results = reduce_results
+        self.input_size_per_partition = divide(input_size, self.tp_size)
+        self.quant_method.create_weights(
+            self, self.input_size_per_partition, [output_size], input_size, output_size,
+            self.params_dtype, weight_loader=self.weight_loader,
+        )
+        if bias:
+            self._create_bias(output_size, output_dim=None)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        input_dim = getattr(param, "input_dim", None)
+        if input_dim is not None:
+            size = param.shape[input_dim]
+            loaded_weight = loaded_weight.narrow(input_dim, self.tp_rank * size, size)
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in / tp] -> [..., output_size]
+        if self.tp_size > 1:
+            raise NotImplementedError("tensor-parallel all-reduce is not available yet")
+        return self.quant_method.apply(self, x, self.bias)

@@ -1,0 +1,201 @@
+"""Llama-family decoder (Llama 2/3/3.1, Mistral, SmolLM2); Qwen2 and Qwen3 reuse it.
+
+Same module tree and parameter names as HF's LlamaForCausalLM, except that q/k/v are merged into
+`qkv_proj` and gate/up into `gate_up_proj`; `load_weights` maps HF checkpoint names onto them.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from pyorch.layers.activation import get_act_and_mul_fn
+from pyorch.layers.attention import Attention
+from pyorch.layers.layernorm import RMSNorm
+from pyorch.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pyorch.layers.rotary_embedding import get_rope, get_rope_params
+from pyorch.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Per-architecture attention details that differ within the Llama family."""
+
+    qkv_bias: bool = False  # bias on q/k/v projections (Qwen2: always; Llama: attention_bias)
+    o_bias: bool = False  # bias on the output projection
+    qk_norm: bool = False  # per-head RMSNorm on q and k before rope (Qwen3)
+
+
+def get_head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def get_layer_sliding_window(config: Any, layer_idx: int) -> int | None:
+    """The layer's sliding window, or None when it attends to the whole context. A window that
+    covers max_position_embeddings is the same as none, so it is dropped."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:  # transformers v5: explicit per-layer attention kinds
+        if layer_types[layer_idx] != "sliding_attention":
+            return None
+    elif getattr(config, "use_sliding_window", True) is False:  # Qwen2 v4 configs
+        return None
+    elif hasattr(config, "max_window_layers") and layer_idx < config.max_window_layers:
+        return None
+    if not window or window >= config.max_position_embeddings:
+        return None
+    return int(window)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias=bias
+        )
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = get_act_and_mul_fn(hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: Any, layer_idx: int, options: AttentionOptions):
+        super().__init__()
+        hidden_size = config.hidden_size
+        self.head_dim = get_head_dim(config)
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, self.head_dim, config.num_attention_heads, num_kv_heads,
+            bias=options.qkv_bias,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, hidden_size, bias=options.o_bias
+        )
+        self.qk_norm = options.qk_norm
+        if options.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        rope = get_rope_params(config)
+        rotary_dim = int(self.head_dim * rope["partial_rotary_factor"])
+        self.rotary_emb = get_rope(
+            self.head_dim, rotary_dim, config.max_position_embeddings, rope["rope_theta"],
+            rope if rope["rope_type"] != "default" else None, is_neox_style=True,
+        )
+        self.attn = Attention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads,
+            layer_idx=layer_idx, sliding_window=get_layer_sliding_window(config, layer_idx),
+        )
+
+    def _norm_heads(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        # [T, heads * head_dim] view of the qkv output -> normed per head, contiguous.
+        num_tokens = x.shape[0]
+        return norm(x.reshape(-1, self.head_dim)).view(num_tokens, -1)
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        hidden_states: torch.Tensor,  # [T, hidden]
+    ) -> torch.Tensor:  # [T, hidden]
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_idx: int, options: AttentionOptions):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, options)
+        self.mlp = LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act,
+            bias=getattr(config, "mlp_bias", False),
+        )
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        hidden_states: torch.Tensor,  # [T, hidden]
+        residual: torch.Tensor | None,  # [T, hidden], None before the first layer
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: Any, options: AttentionOptions):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, options) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+    ) -> torch.Tensor:  # [T, hidden]
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """`forward(input_ids, positions) -> hidden`, `compute_logits(hidden) -> logits` (float32),
+    `load_weights(HF-named tensors)`. Build it under the target default dtype and device."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, self.attention_options(config))
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.tie_weights(self.model.embed_tokens)
+
+    @classmethod
+    def attention_options(cls, config: Any) -> AttentionOptions:
+        bias = bool(getattr(config, "attention_bias", False))
+        return AttentionOptions(qkv_bias=bias, o_bias=bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+    ) -> torch.Tensor:  # [T, hidden]
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V]
+        return self.lm_head.compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Loads HF checkpoint tensors; raises on unexpected or missing weights."""
+        tied = getattr(self.config, "tie_word_embeddings", False)
+        return load_stacked_weights(
+            self, weights, LLAMA_STACKED_PARAMS, skip_prefixes=("lm_head.",) if tied else ()
+        )
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral is Llama with an optional sliding window (read from the config)."""

@@ -1,0 +1,30 @@
+"""Model classes by Hugging Face architecture name (config.json's "architectures")."""
+
+import importlib
+
+from torch import nn
+
+# architecture -> (module under pyorch.models, class name); imported only when resolved.
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+
+def get_supported_archs() -> list[str]:
+    return sorted(_MODELS)
+
+
+def resolve_model_class(architectures: list[str] | None) -> type[nn.Module]:
+    """The class of the first supported architecture; ValueError listing the supported ones."""
+    for arch in architectures or []:
+        if arch in _MODELS:
+            module_name, class_name = _MODELS[arch]
+            module = importlib.import_module(f"pyorch.models.{module_name}")
+            return getattr(module, class_name)
+    raise ValueError(
+        f"Model architectures {architectures} are not supported. "
+        f"Supported architectures: {', '.join(get_supported_archs())}"
+    )

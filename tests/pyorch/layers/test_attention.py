@@ -1,0 +1,118 @@
+"""The Attention layer over a small paged cache, on a mixed batch (prefill, chunked prefill,
+decode, padding), against torch SDPA on the dense per-sequence keys and values."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyorch.forward_context import get_forward_context, set_forward_context
+from pyorch.layers.attention import Attention
+from tests.conftest import DEVICES
+from tests.pyorch.paged_batch import allocate_blocks, build_metadata
+
+BLOCK_SIZE = 16
+# (cached tokens, new tokens) per sequence: a prefill, a chunked prefill, decodes, a long prefill.
+BATCH = [(0, 17), (10, 7), (30, 1), (16, 1), (0, 40)]
+TOLS = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+        torch.float16: dict(atol=2e-3, rtol=2e-3)}
+
+
+def _reference(q, k, v, ctx, q_len, scale, window, soft_cap):  # type: ignore[no-untyped-def]
+    """q: [q_len, H, D]; k, v: [ctx + q_len, KVH, D] -> [q_len, H, D], in float32."""
+    num_heads, num_kv = q.shape[1], k.shape[1]
+    k = k.float().repeat_interleave(num_heads // num_kv, dim=1)
+    v = v.float().repeat_interleave(num_heads // num_kv, dim=1)
+    q_pos = torch.arange(ctx, ctx + q_len, device=q.device)[:, None]
+    k_pos = torch.arange(ctx + q_len, device=q.device)[None, :]
+    mask = k_pos <= q_pos
+    if window:
+        mask &= k_pos > q_pos - window
+    if soft_cap:
+        scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+        scores = soft_cap * torch.tanh(scores / soft_cap)
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        return torch.einsum("hqk,khd->qhd", probs, v)
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
+        scale=scale,
+    )
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_size,num_heads,num_kv_heads", [(64, 4, 2), (128, 4, 4), (64, 8, 1)])
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (8, None), (None, 30.0)])
+def test_attention_mixed_batch(device: str, dtype: torch.dtype, head_size: int, num_heads: int,
+                               num_kv_heads: int, window: int | None, soft_cap: float | None):
+    ctx_lens = [c for c, _ in BATCH]
+    q_lens = [q for _, q in BATCH]
+    tables, num_blocks = allocate_blocks([c + q for c, q in BATCH], BLOCK_SIZE, shuffle=True)
+    meta, _ = build_metadata(ctx_lens, q_lens, tables, BLOCK_SIZE, device, num_padding_tokens=2)
+    scale = head_size**-0.5
+    layer = Attention(num_heads, head_size, scale, num_kv_heads, layer_idx=3,
+                      sliding_window=window, logits_soft_cap=soft_cap).to(device)
+    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
+    key_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
+    value_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
+    layer.kv_cache = (key_cache, value_cache)
+
+    # Full per-sequence keys/values; the cached prefix is written into the cache directly.
+    full_k = [torch.randn(c + q, num_kv_heads, head_size, dtype=dtype, device=device)
+              for c, q in BATCH]
+    full_v = [torch.randn_like(k) for k in full_k]
+    for k, v, table, (ctx, _) in zip(full_k, full_v, tables, BATCH):
+        for pos in range(ctx):
+            block, offset = table[pos // BLOCK_SIZE], pos % BLOCK_SIZE
+            key_cache[block, offset], value_cache[block, offset] = k[pos], v[pos]
+
+    num_tokens = sum(q_lens) + 2
+    # The layer takes q/k/v as column slices of one fused qkv tensor, like the models give it.
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
+                      device=device)
+    q, k, v = qkv.split([num_heads * head_size, num_kv_heads * head_size,
+                         num_kv_heads * head_size], dim=-1)
+    new_k = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, BATCH)]).flatten(1)
+    new_v = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, BATCH)]).flatten(1)
+    k[: sum(q_lens)], v[: sum(q_lens)] = new_k, new_v
+    with set_forward_context(meta):
+        out = layer(q, k, v)
+    assert out.shape == (num_tokens, num_heads * head_size)
+
+    start = 0
+    for i, (ctx, q_len) in enumerate(BATCH):
+        rows = q[start:start + q_len].view(q_len, num_heads, head_size)
+        want = _reference(rows, full_k[i], full_v[i], ctx, q_len, scale, window, soft_cap)
+        got = out[start:start + q_len].view(q_len, num_heads, head_size)
+        torch.testing.assert_close(got.float(), want, **TOLS[dtype], msg=f"sequence {i}")
+        start += q_len
+    # Every new token's key and value landed in its slot (padding rows went nowhere).
+    for i, (ctx, q_len) in enumerate(BATCH):
+        for pos in range(ctx, ctx + q_len):
+            block, offset = tables[i][pos // BLOCK_SIZE], pos % BLOCK_SIZE
+            assert torch.equal(key_cache[block, offset], full_k[i][pos])
+            assert torch.equal(value_cache[block, offset], full_v[i][pos])
+    assert not key_cache[0].any()  # the reserved block is untouched
+
+
+def test_attention_without_cache_returns_zeros():
+    layer = Attention(4, 64, 0.125, 2)
+    q, k, v = torch.randn(3, 256), torch.randn(3, 128), torch.randn(3, 128)
+    with set_forward_context(None):
+        assert not layer(q, k, v).any()
+
+
+def test_forward_context_nesting_and_errors():
+    with pytest.raises(RuntimeError, match="forward context"):
+        get_forward_context()
+    with set_forward_context(None) as outer:
+        with set_forward_context(None) as inner:
+            assert get_forward_context() is inner
+        assert get_forward_context() is outer
+
+
+def test_attention_rejects_bad_heads_and_dtype():
+    with pytest.raises(ValueError, match="multiple"):
+        Attention(6, 64, 1.0, 4)
+    with pytest.raises(NotImplementedError, match="fp8"):
+        Attention(4, 64, 1.0, 4, kv_cache_dtype="fp8")

@@ -1,0 +1,172 @@
+"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 against transformers: a batch of prompts of
+varied lengths in one forward over a paged KV cache, then one decode step per sequence."""
+
+import glob
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from pyorch.forward_context import set_forward_context
+from pyorch.layers.attention import Attention
+from pyorch.models.registry import get_supported_archs, resolve_model_class
+from tests.conftest import DEVICES
+from tests.pyorch.paged_batch import allocate_blocks, build_metadata
+
+BLOCK_SIZE = 16
+PROMPT_LENS = [5, 17, 1, 33, 16]
+COMMON = dict(
+    vocab_size=160, hidden_size=256, intermediate_size=320, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**COMMON, rope_theta=10000.0),
+    # Llama 3.1-style rope scaling, tied embeddings (SmolLM2), biases everywhere.
+    "llama3_tied_bias": lambda: LlamaConfig(
+        **COMMON, rope_theta=500000.0, tie_word_embeddings=True, attention_bias=True,
+        mlp_bias=True,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 128},
+    ),
+    "mistral_window": lambda: MistralConfig(**COMMON, sliding_window=8),
+    "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=False),
+    "qwen2_yarn": lambda: Qwen2Config(
+        **COMMON, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    ),
+    # head_dim * heads != hidden_size, as in real Qwen3 models.
+    "qwen3": lambda: Qwen3Config(**{**COMMON, "hidden_size": 128}, tie_word_embeddings=False),
+}
+
+
+def _randomize(model: torch.nn.Module) -> None:
+    # HF's 0.02-std init makes nearly uniform logits; larger weights make the comparison bite.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.2)
+            else:
+                param.normal_(0.0, 0.08)
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(config, checkpoint dir) of a random model saved with save_pretrained (safetensors)."""
+    torch.manual_seed(0)
+    config: PretrainedConfig = CONFIGS[request.param]()
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    _randomize(model)
+    path = str(tmp_path_factory.mktemp(request.param))
+    model.save_pretrained(path, safe_serialization=True)
+    return config, path
+
+
+def _load_weights(path: str) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        tensors.update(load_file(file))
+    return tensors
+
+
+def _build_ours(config: PretrainedConfig, path: str, device: str, dtype: torch.dtype):
+    cls = resolve_model_class(config.architectures)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.load_weights(_load_weights(path).items())
+    return model.eval()
+
+
+def _hf_logits(hf: torch.nn.Module, token_ids: list[int], device: str) -> torch.Tensor:
+    with torch.no_grad():
+        ids = torch.tensor([token_ids], device=device)
+        return hf(input_ids=ids).logits[0].float()  # [len, vocab]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_and_decode_match_transformers(checkpoint, device: str):  # type: ignore[no-untyped-def]
+    config, path = checkpoint
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    ours = _build_ours(config, path, device, dtype)
+    hf32 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                attn_implementation="eager").to(device).eval()
+    hf_low = None if dtype == torch.float32 else AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="eager").to(device).eval()
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
+               for n in PROMPT_LENS]
+    attn_layers = [m for m in ours.modules() if isinstance(m, Attention)]
+    tables, num_blocks = allocate_blocks([n + 1 for n in PROMPT_LENS], BLOCK_SIZE, shuffle=True)
+    head_dim = attn_layers[0].head_size
+    for layer in attn_layers:
+        shape = (num_blocks, BLOCK_SIZE, layer.num_kv_heads, head_dim)
+        layer.kv_cache = (torch.zeros(shape, dtype=dtype, device=device),
+                          torch.zeros(shape, dtype=dtype, device=device))
+
+    def check(got: torch.Tensor, token_ids: list[int], rows: slice, what: str) -> None:
+        want = _hf_logits(hf32, token_ids, device)[rows]
+        if hf_low is None:
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=what)
+        else:  # ours in bf16 may be off from fp32 by about what HF in bf16 is
+            hf_err = (_hf_logits(hf_low, token_ids, device)[rows] - want).abs().max().item()
+            our_err = (got - want).abs().max().item()
+            assert our_err <= 2 * hf_err + 2e-2, f"{what}: ours {our_err:.4f} vs HF {hf_err:.4f}"
+
+    # Step 1: every prompt prefilled in one forward.
+    meta, positions = build_metadata([0] * len(prompts), PROMPT_LENS, tables, BLOCK_SIZE, device)
+    input_ids = torch.tensor(sum(prompts, []), device=device)
+    with torch.no_grad(), set_forward_context(meta):
+        logits = ours.compute_logits(ours(input_ids, positions))
+    assert logits.shape == (sum(PROMPT_LENS), config.vocab_size) and logits.dtype == torch.float32
+    starts = meta.query_start_loc.tolist()
+    for i, prompt in enumerate(prompts):
+        check(logits[starts[i]:starts[i + 1]], prompt, slice(None), f"prefill of prompt {i}")
+
+    # Step 2: one decode token per sequence, attending over the paged cache.
+    next_ids = [int(logits[starts[i + 1] - 1].argmax()) for i in range(len(prompts))]
+    meta, positions = build_metadata(PROMPT_LENS, [1] * len(prompts), tables, BLOCK_SIZE, device)
+    with torch.no_grad(), set_forward_context(meta):
+        logits = ours.compute_logits(ours(torch.tensor(next_ids, device=device), positions))
+    for i, prompt in enumerate(prompts):
+        check(logits[i:i + 1], prompt + [next_ids[i]], slice(-1, None), f"decode of seq {i}")
+
+
+def test_registry():
+    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+            "Qwen3ForCausalLM"} <= set(get_supported_archs())
+    assert resolve_model_class(["Foo", "Qwen3ForCausalLM"]).__name__ == "Qwen3ForCausalLM"
+    with pytest.raises(ValueError, match="Supported architectures: .*LlamaForCausalLM"):
+        resolve_model_class(["GPT2LMHeadModel"])
+
+
+def test_load_weights_reports_unexpected_and_missing():
+    config = CONFIGS["qwen3"]()
+    model = resolve_model_class(["Qwen3ForCausalLM"])(config)
+    with pytest.raises(KeyError, match="Unexpected weight 'model.foo.weight'"):
+        model.load_weights([("model.foo.weight", torch.zeros(1))])
+    full = {name: torch.randn(p.shape) for name, p in _hf_param_shapes(config).items()}
+    del full["model.layers.1.self_attn.v_proj.weight"], full["model.norm.weight"]
+    with pytest.raises(KeyError, match=r"qkv_proj.weight \(shards \['v'\]\).*model.norm.weight"):
+        model.load_weights(full.items())
+
+
+def _hf_param_shapes(config: PretrainedConfig) -> dict[str, torch.Tensor]:
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(config)
+    return dict(hf.state_dict())
