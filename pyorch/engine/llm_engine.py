@@ -97,7 +97,7 @@ class LLMEngine:
             raise ValueError("priority is only supported with scheduling_policy='priority'")
         arrival_time = time.time() if arrival_time is None else arrival_time
         children = self.output_processor.add_request(
-            request_id, prompt_text, token_ids, params, self.eos_token_id)
+            request_id, prompt_text, token_ids, params, self.eos_token_id, vocab)
         added: list[str] = []
         try:
             for child_id, child_params in children:

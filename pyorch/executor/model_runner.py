@@ -26,30 +26,24 @@ from pyorch.executor.kv_cache import (
 )
 from pyorch.forward_context import AttentionMetadata, set_forward_context
 from pyorch.layers.attention import Attention
-from pyorch.layers.sampler import Sampler, SamplingMetadata, SamplingRow
+from pyorch.layers.sampler import (
+    LogprobsLists,
+    Sampler,
+    SamplingMetadata,
+    SamplingRow,
+    compute_prompt_logprobs,
+)
+from pyorch.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PromptLogprobsChunk:
-    """Prompt logprobs for the positions of one prefill chunk (CPU tensors).
-
-    token_ids/logprobs: [num_positions, num_logprobs + 1]; column 0 is the actual next prompt
-    token, the rest the top-N. ranks: [num_positions] rank of the actual token (1 = best).
-    """
-
-    token_ids: torch.Tensor
-    logprobs: torch.Tensor
-    ranks: torch.Tensor
 
 
 @dataclass
 class ModelRunnerOutput:
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
-    logprobs: list[Optional[Any]] = field(default_factory=list)  # per request, sampler's entry
-    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+    logprobs: list[Optional[LogprobsLists]] = field(default_factory=list)  # one row per request
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # this step's chunk
 
 
 def _step_seed(seed: int, index: int) -> int:
@@ -169,7 +163,7 @@ class ModelRunner:
         last = meta.query_start_loc[1:] - 1
         logits = self.model.compute_logits(hidden[last.long()]).float()
         del hidden
-        self.sampler.profile(logits)
+        self._profile_sampler(logits)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
         del logits, temp, meta
@@ -256,7 +250,7 @@ class ModelRunner:
 
         prompt_logprobs = self._prompt_logprobs(req_ids, so, hidden)
         sampled: list[list[int]] = [[] for _ in req_ids]
-        logprobs: list[Optional[Any]] = [None for _ in req_ids]
+        logprobs: list[Optional[LogprobsLists]] = [None for _ in req_ids]
         if sampled_rows:
             logits = self.model.compute_logits(hidden[logits_indices]).float()
             states = [self.requests[req_ids[i]] for i in sampled_rows]
@@ -276,13 +270,21 @@ class ModelRunner:
                 state.append_token(token_ids[j])
                 sampled[i] = [token_ids[j]]
                 if entries is not None and state.sampling_params.logprobs is not None:
-                    logprobs[i] = entries[j]
+                    logprobs[i] = entries.slice(j, j + 1)
         return ModelRunnerOutput(req_ids, sampled, logprobs, prompt_logprobs)
 
+    def _profile_sampler(self, logits: torch.Tensor) -> None:
+        """The sampler's most memory-hungry path: top-k/top-p sorting and logprobs on every row."""
+        params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=20,
+                                repetition_penalty=1.1)
+        rows = [SamplingRow(params, [0], [], None) for _ in range(logits.shape[0])]
+        metadata = SamplingMetadata.from_requests(rows, logits.shape[-1], logits.device)
+        self.sampler(logits, metadata)
+
     def _prompt_logprobs(self, req_ids: list[str], so: SchedulerOutput,
-                         hidden: torch.Tensor) -> dict[str, PromptLogprobsChunk]:
+                         hidden: torch.Tensor) -> dict[str, LogprobsLists]:
         """Logprobs of each next prompt token for requests that asked for prompt_logprobs."""
-        result: dict[str, PromptLogprobsChunk] = {}
+        result: dict[str, LogprobsLists] = {}
         offset = 0
         for req_id in req_ids:
             state = self.requests[req_id]
@@ -292,17 +294,10 @@ class ModelRunner:
             # positions p in [start, start+n) whose next token is still a prompt token
             stop = min(start + n, state.num_prompt_tokens - 1)
             if num_prompt_logprobs is not None and stop > start:
-                rows = hidden[offset : offset + (stop - start)]
-                logp = torch.log_softmax(self.model.compute_logits(rows).float(), dim=-1)
-                targets = torch.as_tensor(state.token_ids[start + 1 : stop + 1], device=logp.device)
-                actual = logp.gather(1, targets[:, None])
-                ranks = (logp > actual).sum(-1) + 1
-                k = min(num_prompt_logprobs, logp.shape[-1])
-                top_lp, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], targets[:, None][:, :0])
-                result[req_id] = PromptLogprobsChunk(
-                    token_ids=torch.cat([targets[:, None], top_ids], 1).cpu(),
-                    logprobs=torch.cat([actual, top_lp], 1).cpu(),
-                    ranks=ranks.cpu(),
-                )
+                logits = self.model.compute_logits(hidden[offset : offset + (stop - start)])
+                targets = torch.as_tensor(state.token_ids[start + 1 : stop + 1],
+                                          device=logits.device)
+                result[req_id] = compute_prompt_logprobs(
+                    logits, targets, num_prompt_logprobs).tolists()
             offset += n
         return result
