@@ -16,6 +16,10 @@ from pyorch import _ops
 # HF rope_type values get_rope implements ("default" is plain RoPE).
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
+# One instance per distinct rope, shared by all layers: a long-context cache is large
+# (131072 positions x 128 x 4 bytes = 64 MiB), and building it per layer would be slow too.
+_ROPE_CACHE: dict[tuple[Any, ...], "RotaryEmbedding"] = {}
+
 
 def get_rope_params(config: Any) -> dict[str, Any]:
     """A model config's rope parameters in transformers v5's flat `rope_parameters` form.
@@ -202,12 +206,32 @@ def get_rope(
     is_neox_style: bool = True,
     dtype: torch.dtype | None = None,
 ) -> RotaryEmbedding:
-    """Builds the rotary embedding for a rope config (vLLM's get_rope).
+    """Builds the rotary embedding for a rope config (vLLM's get_rope); identical requests
+    return the same (shared) module.
 
     rope_scaling is None for plain RoPE, or an HF rope dict with "rope_type" (or "type") among
     default, linear, llama3 and yarn plus that type's keys (`get_rope_params` gives this form;
     its "rope_theta" and "partial_rotary_factor" keys are ignored here).
     """
+    dtype = dtype or torch.get_default_dtype()
+    key = (head_size, rotary_dim, max_position, base, is_neox_style, dtype,
+           str(torch.get_default_device()), repr(sorted((rope_scaling or {}).items(), key=str)))
+    if key not in _ROPE_CACHE:
+        _ROPE_CACHE[key] = _build_rope(
+            head_size, rotary_dim, max_position, base, rope_scaling, is_neox_style, dtype
+        )
+    return _ROPE_CACHE[key]
+
+
+def _build_rope(
+    head_size: int,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    rope_scaling: dict[str, Any] | None,
+    is_neox_style: bool,
+    dtype: torch.dtype,
+) -> RotaryEmbedding:
     scaling = dict(rope_scaling or {})
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     attention_factor = 1.0
