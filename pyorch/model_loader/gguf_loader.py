@@ -1,0 +1,267 @@
+"""GGUF files: the Hugging Face config from the metadata, and the weights under HF names.
+
+Supported architectures are llama, qwen2 and qwen3 (``general.architecture``). Tensors are
+decoded by :mod:`pyorch.model_loader.gguf_dequant`; names are mapped to the Hugging Face
+checkpoint names the models' ``load_weights`` expects, GGML's dims order (fastest first) is
+reversed to torch's, and llama.cpp's rotary row permutation of q/k is undone for llama files.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import CONFIG_MAPPING, PretrainedConfig
+
+from pyorch.model_loader.gguf_dequant import dequantize
+
+# general.architecture -> (HF model_type, HF architecture class name)
+GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+# Architectures whose converter permutes q/k rows for llama.cpp's interleaved rotary.
+_PERMUTED_QK_ARCHITECTURES = {"llama"}
+
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Tensors that carry no weight of the HF model (rope_freqs is folded into the config).
+_SKIPPED_TENSORS = {"rope_freqs.weight"}
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def _file_key(path: str) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return os.path.realpath(path), st.st_mtime_ns, st.st_size
+
+
+@functools.lru_cache(maxsize=2)
+def _open_cached(key: tuple[str, int, int]) -> Any:
+    from gguf import GGUFReader
+
+    return GGUFReader(key[0], "r")
+
+
+def open_gguf(path: str) -> Any:
+    """A ``gguf.GGUFReader`` for ``path``, shared between the config and weight readers
+    (gguf-py parses the tokenizer arrays field by field, which takes seconds)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    try:
+        return _open_cached(_file_key(path))
+    except Exception as e:  # gguf-py raises ValueError/IndexError/... on damaged files
+        raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
+def _field(reader: Any, key: str, default: Any = KeyError) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        if default is KeyError:
+            raise KeyError(key)
+        return default
+    return field.contents()
+
+
+def _f32_value(value: Any) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (1e-05, not
+    9.999999747378752e-06), which is what the original config.json held."""
+    return float(str(np.float32(value)))
+
+
+def _tensor_shape(tensor: Any) -> tuple[int, ...]:
+    """Torch order: GGML stores ne[0] (the contiguous dim) first."""
+    return tuple(int(n) for n in reversed(tensor.shape.tolist()))
+
+
+def _llama3_rope_from_factors(
+    factors: np.ndarray, theta: float, head_dim: int, original_max: int
+) -> dict[str, Any]:
+    """Recover HF's llama3 rope parameters from llama.cpp's ``rope_freqs`` tensor.
+
+    factors: [head_dim // 2] float32, the divisor applied to each inverse frequency. llama3 keeps
+    high frequencies (factor 1), divides low ones by ``factor``, and between the two wavelengths
+    ``original_max / high_freq_factor`` and ``original_max / low_freq_factor`` blends with
+    ``smooth = (original_max / wavelen - low) / (high - low)``, which is linear in 1 / wavelen:
+    a line fit over the blended dims gives low and high. Raises ValueError when the factors do
+    not follow that shape.
+    """
+    factor = float(factors.max())
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    x = original_max * inv_freq / (2 * math.pi)  # original_max / wavelen
+    blended = (factors > 1 + 1e-6) & (factors < factor * (1 - 1e-6))
+    if factor <= 1 or blended.sum() < 2:
+        raise ValueError("rope_freqs does not have llama3's blended band of frequencies")
+    smooth = (1 / factors[blended] - 1 / factor) / (1 - 1 / factor)
+    slope, intercept = np.polyfit(x[blended], smooth, 1)
+    low = -intercept / slope
+    high = low + 1 / slope
+    params = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": float(round(low, 4)),
+        "high_freq_factor": float(round(high, 4)),
+        "original_max_position_embeddings": original_max,
+    }
+    s = np.clip(
+        (x - params["low_freq_factor"]) / (params["high_freq_factor"] - params["low_freq_factor"]),
+        0,
+        1,
+    )
+    expected = 1 / ((1 - s) / factor + s)
+    if not np.allclose(expected, factors, rtol=1e-3):
+        raise ValueError("rope_freqs does not follow llama3 scaling")
+    return params
+
+
+def _rope_scaling(reader: Any, arch: str, theta: float, head_dim: int) -> dict[str, Any] | None:
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        orig = int(_field(reader, f"{arch}.rope.scaling.original_context_length", 8192))
+        factors = dequantize(freqs.data, freqs.tensor_type, int(freqs.n_elements))
+        return _llama3_rope_from_factors(factors, theta, head_dim, orig)
+    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if kind in ("none", ""):
+        return None
+    if kind not in ("linear", "yarn"):
+        raise ValueError(f"rope scaling type {kind!r} is not supported")
+    params: dict[str, Any] = {"rope_type": kind}
+    params["factor"] = _f32_value(_field(reader, f"{arch}.rope.scaling.factor"))
+    orig = _field(reader, f"{arch}.rope.scaling.original_context_length", None)
+    if orig is not None:
+        params["original_max_position_embeddings"] = int(orig)
+    for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        value = _field(reader, f"{arch}.rope.scaling.{gguf_key}", None)
+        if value is not None:
+            params[hf_key] = _f32_value(value)
+    return params
+
+
+def gguf_to_hf_config(path: str) -> PretrainedConfig:
+    """Build the Hugging Face config of a llama / qwen2 / qwen3 GGUF file from its metadata.
+
+    The config's dtype is float32: GGUF weights are dequantized to float32, and ``resolve_dtype``
+    then keeps float32 on the CPU and picks a 16-bit type on a GPU.
+    """
+    reader = open_gguf(path)
+    try:
+        arch = _field(reader, "general.architecture")
+        if arch not in GGUF_ARCHITECTURES:
+            raise ValueError(
+                f"architecture {arch!r} is not supported (supported: {sorted(GGUF_ARCHITECTURES)})"
+            )
+        model_type, architecture = GGUF_ARCHITECTURES[arch]
+        tensors = {t.name: t for t in reader.tensors}
+        if "token_embd.weight" not in tensors:
+            raise ValueError("no token_embd.weight tensor")
+        hidden_size = int(_field(reader, f"{arch}.embedding_length"))
+        num_heads = int(_field(reader, f"{arch}.attention.head_count"))
+        head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden_size // num_heads))
+        theta = _f32_value(_field(reader, f"{arch}.rope.freq_base", 10000.0))
+        kwargs: dict[str, Any] = dict(
+            architectures=[architecture],
+            vocab_size=_tensor_shape(tensors["token_embd.weight"])[0],
+            hidden_size=hidden_size,
+            intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+            num_hidden_layers=int(_field(reader, f"{arch}.block_count")),
+            num_attention_heads=num_heads,
+            num_key_value_heads=int(_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
+            head_dim=head_dim,
+            rms_norm_eps=_f32_value(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+            max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
+            rope_theta=theta,
+            rope_scaling=_rope_scaling(reader, arch, theta, head_dim),
+            tie_word_embeddings="output.weight" not in tensors,
+            bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", None),
+            eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id", None),
+            pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id", None),
+            dtype="float32",
+        )
+        if arch == "llama":
+            kwargs["attention_bias"] = "blk.0.attn_q.bias" in tensors
+        config = CONFIG_MAPPING[model_type](**kwargs)
+    except KeyError as e:
+        raise ValueError(f"{path}: GGUF metadata lacks {e.args[0]!r}") from e
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from e
+    config.name_or_path = path
+    return config
+
+
+def gguf_name_to_hf(name: str) -> str | None:
+    """The HF checkpoint name of a GGUF tensor; None for tensors that map to no weight."""
+    if name in _SKIPPED_TENSORS:
+        return None
+    base, _, kind = name.rpartition(".")
+    if base in _GLOBAL_TENSORS and kind in ("weight", "bias"):
+        return f"{_GLOBAL_TENSORS[base]}.{kind}"
+    match = _LAYER_NAME.fullmatch(name)
+    if match and match.group(2) in _LAYER_TENSORS:
+        layer_idx, part, kind = match.groups()
+        return f"model.layers.{layer_idx}.{_LAYER_TENSORS[part]}.{kind}"
+    raise ValueError(f"GGUF tensor {name!r} has no Hugging Face counterpart")
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation.
+
+    weight: [num_heads * head_dim, ...] (a weight [rows, hidden] or a bias [rows]). The converter
+    stores each head's rows as (head_dim // 2, 2) pairs, interleaving the two rotary halves;
+    HF keeps them as (2, head_dim // 2), the first half then the second.
+    """
+    rows = weight.shape[0]
+    grouped = weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+    return grouped.transpose(1, 2).reshape(weight.shape)
+
+
+def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, float32 CPU tensor in torch's shape) for every weight, one at a time."""
+    reader = open_gguf(path)
+    arch = _field(reader, "general.architecture", None)
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported")
+    num_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    num_kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", num_heads))
+    for tensor in reader.tensors:
+        hf_name = gguf_name_to_hf(tensor.name)
+        if hf_name is None:
+            continue
+        try:
+            values = dequantize(tensor.data, tensor.tensor_type, int(tensor.n_elements))
+        except (ValueError, NotImplementedError) as e:
+            raise type(e)(f"{path}: tensor {tensor.name}: {e}") from e
+        weight = torch.from_numpy(values).reshape(_tensor_shape(tensor))
+        if arch in _PERMUTED_QK_ARCHITECTURES:
+            if ".attn_q." in tensor.name:
+                weight = unpermute_qk(weight, num_heads)
+            elif ".attn_k." in tensor.name:
+                weight = unpermute_qk(weight, num_kv_heads)
+        yield hf_name, weight
+
+
+def gguf_chat_template(path: str) -> str | None:
+    """The ``tokenizer.chat_template`` string stored in a GGUF file, if any."""
+    return _field(open_gguf(path), "tokenizer.chat_template", None)

@@ -1,0 +1,186 @@
+"""Build a model and load its weights: ``get_model(model_config)``.
+
+``model_config`` is ``pyorch.config.ModelConfig`` (read by duck typing: ``model``, ``hf_config``,
+``dtype``, ``device``, ``load_format``, ``seed``, ``revision``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from pyorch.model_loader.config import is_gguf
+from pyorch.model_loader.gguf_loader import iterate_gguf_weights
+from pyorch.model_loader.weight_utils import (
+    initialize_dummy_weights,
+    iterate_pt_weights,
+    iterate_safetensors_weights,
+    pt_files,
+    safetensors_files,
+)
+
+LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _config_dtype(hf_config: Any) -> torch.dtype:
+    """The checkpoint dtype a config declares (``dtype``, or v4's ``torch_dtype``); float32 when
+    it declares none, as in transformers."""
+    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = _DTYPE_NAMES.get(value.removeprefix("torch."))
+    return value if value in SUPPORTED_DTYPES else torch.float32
+
+
+def _gpu_supports_bf16(device: torch.device) -> bool:
+    return not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+
+
+def resolve_dtype(
+    hf_config: Any, dtype: str | torch.dtype, device: str | torch.device
+) -> torch.dtype:
+    """The dtype to run the model in.
+
+    Rules for ``"auto"`` (vLLM's, plus a CPU rule of ours):
+
+    * GPU: a float32 checkpoint (or one that declares no dtype) runs in bfloat16, or float16 on a
+      GPU without bfloat16; float16 and bfloat16 checkpoints keep their dtype (bfloat16 falls back
+      to float16 on a GPU without bfloat16).
+    * CPU: float32 and bfloat16 checkpoints keep their dtype; a float16 checkpoint runs in
+      bfloat16, because torch's CPU kernels cover bfloat16 far better than float16 (vLLM's CPU
+      backend makes the same cast). GGUF configs declare float32, so GGUF runs in float32 on CPU.
+
+    An explicit dtype (``"float16"``/``"half"``, ``"bfloat16"``, ``"float32"``/``"float"``, or a
+    ``torch.dtype``) is used as given.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"unsupported dtype {dtype}; use one of {SUPPORTED_DTYPES}")
+        return dtype
+    name = dtype.lower().removeprefix("torch.")
+    if name != "auto":
+        if name not in _DTYPE_NAMES:
+            raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPE_NAMES)}")
+        return _DTYPE_NAMES[name]
+    config_dtype = _config_dtype(hf_config)
+    device = torch.device(device)
+    if device.type == "cpu":
+        return torch.bfloat16 if config_dtype == torch.float16 else config_dtype
+    if config_dtype == torch.float32:
+        return torch.bfloat16 if _gpu_supports_bf16(device) else torch.float16
+    if config_dtype == torch.bfloat16 and not _gpu_supports_bf16(device):
+        return torch.float16
+    return config_dtype
+
+
+def resolve_load_format(model: str, load_format: str = "auto") -> str:
+    """The concrete format for ``model``: 'gguf' for a .gguf file, else 'safetensors' when the
+    directory has any, else 'pt' (``*.bin``); 'dummy' and explicit formats pass through."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load_format {load_format!r}; use one of {LOAD_FORMATS}")
+    if load_format == "gguf" and not is_gguf(model):
+        raise ValueError(f"load_format 'gguf' needs a .gguf file, got {model}")
+    if load_format != "auto":
+        return load_format
+    if is_gguf(model):
+        return "gguf"
+    if not os.path.isdir(model):
+        raise FileNotFoundError(f"model directory not found: {model}")
+    if safetensors_files(model):
+        return "safetensors"
+    if pt_files(model):
+        return "pt"
+    raise FileNotFoundError(f"{model}: no weights (*.safetensors, *.bin) in this directory")
+
+
+def _local_model_dir(model: str, revision: str | None) -> str:
+    """``model`` itself when it exists locally, else a hub snapshot of its weights and configs."""
+    if os.path.exists(model):
+        return model
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(
+        model, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]
+    )
+
+
+def get_weights_iterator(
+    model: str, load_format: str = "auto", revision: str | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Lazily yield (Hugging Face name, CPU tensor) for every weight of ``model``."""
+    if load_format == "dummy":
+        raise ValueError("load_format 'dummy' has no weights to iterate")
+    if not is_gguf(model):
+        model = _local_model_dir(model, revision)
+    load_format = resolve_load_format(model, load_format)
+    if load_format == "gguf":
+        return iterate_gguf_weights(model)
+    if load_format == "safetensors":
+        return iterate_safetensors_weights(model)
+    return iterate_pt_weights(model)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _resolve_model_class(architectures: list[str]) -> type:
+    from pyorch.models.registry import resolve_model_class
+
+    return resolve_model_class(architectures)
+
+
+def get_model(model_config: Any) -> nn.Module:
+    """Build ``model_config``'s model on its device in its dtype and load its weights.
+
+    The class comes from ``pyorch.models.registry.resolve_model_class(hf_config.architectures)``
+    and is built under ``torch.device(model_config.device)`` with the default dtype set to
+    ``model_config.dtype`` (a ``torch.dtype``; a string is resolved with :func:`resolve_dtype`).
+    Weights come from the file(s) named by ``model_config.model`` in ``load_format`` ('auto',
+    'safetensors', 'pt', 'gguf'), or are random for 'dummy' (seeded by ``model_config.seed``).
+
+    Returns
+    -------
+    torch.nn.Module
+        In eval mode, on ``model_config.device``.
+    """
+    hf_config = model_config.hf_config
+    device = torch.device(getattr(model_config, "device", "cpu") or "cpu")
+    dtype = model_config.dtype
+    if not isinstance(dtype, torch.dtype):
+        dtype = resolve_dtype(hf_config, dtype or "auto", device)
+    load_format = getattr(model_config, "load_format", "auto") or "auto"
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load_format {load_format!r}; use one of {LOAD_FORMATS}")
+    model_cls = _resolve_model_class(list(getattr(hf_config, "architectures", None) or []))
+    with _default_dtype(dtype), device:
+        model = model_cls(hf_config)
+    if load_format == "dummy":
+        seed = getattr(model_config, "seed", None)
+        initialize_dummy_weights(model, seed=0 if seed is None else seed)
+    else:
+        weights = get_weights_iterator(
+            model_config.model, load_format, getattr(model_config, "revision", None)
+        )
+        with torch.no_grad():
+            model.load_weights(weights)
+    return model.eval()

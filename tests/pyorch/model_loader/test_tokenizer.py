@@ -1,0 +1,73 @@
+"""get_tokenizer on the default SmolLM2 GGUF file and on a Hugging Face directory."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import transformers
+
+from pyorch.model_loader import default_model_path, get_tokenizer
+from pyorch.model_loader.gguf_loader import gguf_chat_template
+
+MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
+EXPECTED_PROMPT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[str, object]:
+    try:
+        path = default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return path, get_tokenizer(path)
+
+
+def test_gguf_tokenizer(smollm2: tuple[str, object]) -> None:
+    _, tok = smollm2
+    assert len(tok) == 49152
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
+    assert tok.convert_ids_to_tokens([1, 2]) == ["<|im_start|>", "<|im_end|>"]
+    text = "Hello world, this is pyorch!"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids[:2] == [19556, 905]
+    assert tok.decode(ids) == text
+
+
+def test_gguf_chat_template(smollm2: tuple[str, object]) -> None:
+    path, tok = smollm2
+    assert tok.chat_template == gguf_chat_template(path)
+    prompt = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert prompt == EXPECTED_PROMPT
+
+
+def test_chat_template_filled_from_metadata(
+    smollm2: tuple[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Should transformers stop carrying the template over, it is read from the GGUF metadata.
+    path, tok = smollm2
+    bare = copy.deepcopy(tok)
+    bare.chat_template = None
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: bare)
+    assert get_tokenizer(path).chat_template == gguf_chat_template(path)
+
+
+def test_hf_directory_tokenizer(smollm2: tuple[str, object], tmp_path: Path) -> None:
+    _, tok = smollm2
+    tok.save_pretrained(tmp_path)
+    again = get_tokenizer("unused-model-name", tokenizer=str(tmp_path))
+    assert again.encode("Hello world") == tok.encode("Hello world")
+    assert again.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == (
+        EXPECTED_PROMPT
+    )
+
+
+def test_missing_tokenizer_files(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="absent.gguf"):
+        get_tokenizer(str(tmp_path / "absent.gguf"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"\0" * 64)
+    with pytest.raises(ValueError, match="bad.gguf"):
+        get_tokenizer(str(bad))

@@ -1,0 +1,117 @@
+"""Sharded safetensors / .bin readers and dummy weights."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from pyorch.model_loader.weight_utils import (
+    initialize_dummy_weights,
+    iterate_pt_weights,
+    iterate_safetensors_weights,
+)
+from tests.conftest import DEVICES
+
+
+def make_state(num: int = 7) -> dict[str, torch.Tensor]:
+    dtypes = [torch.float32, torch.bfloat16, torch.float16]
+    return {f"model.layers.{i}.w": torch.randn(3 + i, 5).to(dtypes[i % 3]) for i in range(num)}
+
+
+def write_shards(folder: Path, state: dict, num_shards: int, with_index: bool) -> None:
+    names = list(state)
+    weight_map = {}
+    for shard in range(num_shards):
+        file = f"model-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
+        part = {n: state[n] for n in names[shard::num_shards]}
+        save_file(part, str(folder / file))
+        weight_map.update({n: file for n in part})
+    if with_index:
+        index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("num_shards, with_index", [(1, False), (3, True), (3, False)])
+def test_safetensors_round_trip(tmp_path: Path, num_shards: int, with_index: bool) -> None:
+    state = make_state()
+    write_shards(tmp_path, state, num_shards, with_index)
+    iterator = iterate_safetensors_weights(str(tmp_path))
+    assert not isinstance(iterator, (list, dict))  # lazy
+    loaded = dict(iterator)
+    assert loaded.keys() == state.keys()
+    for name, tensor in state.items():
+        assert loaded[name].dtype == tensor.dtype
+        torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=0)
+
+
+def test_index_limits_the_files(tmp_path: Path) -> None:
+    # A stray safetensors file not named by the index (e.g. consolidated.safetensors) is ignored.
+    state = make_state(4)
+    write_shards(tmp_path, state, 2, with_index=True)
+    save_file({"stray": torch.zeros(1)}, str(tmp_path / "consolidated.safetensors"))
+    assert set(dict(iterate_safetensors_weights(str(tmp_path)))) == set(state)
+
+
+def test_safetensors_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}: no \\*.safetensors"):
+        list(iterate_safetensors_weights(str(tmp_path)))
+
+    write_shards(tmp_path, make_state(4), 2, with_index=True)
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="index.json: names shard model-00002-of-00002"):
+        list(iterate_safetensors_weights(str(tmp_path)))
+
+    (tmp_path / "model.safetensors.index.json").write_text("{oops")
+    with pytest.raises(ValueError, match="model.safetensors.index.json: malformed index"):
+        list(iterate_safetensors_weights(str(tmp_path)))
+
+
+def test_corrupt_safetensors_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+    with pytest.raises(ValueError, match=f"{bad}: unreadable safetensors file"):
+        list(iterate_safetensors_weights(str(tmp_path)))
+
+
+def test_pt_round_trip_and_error(tmp_path: Path) -> None:
+    state = make_state(3)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    loaded = dict(iterate_pt_weights(str(tmp_path)))
+    assert loaded.keys() == state.keys()
+    assert all(torch.equal(loaded[n], state[n]) for n in state)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="pytorch_model.bin: unreadable PyTorch checkpoint"):
+        list(iterate_pt_weights(str(tmp_path)))
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.proj = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 11, bias=False)
+        self.head.weight = self.embed.weight  # tied
+        self.register_buffer("cache", torch.full((4,), 7.0))
+        self.register_buffer("ids", torch.arange(4))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dummy_weights(device: str, dtype: torch.dtype) -> None:
+    def build() -> Tiny:
+        return Tiny().to(device=device, dtype=dtype)
+
+    a, b, c = build(), build(), build()
+    initialize_dummy_weights(a, seed=3)
+    initialize_dummy_weights(b, seed=3)
+    initialize_dummy_weights(c, seed=4)
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert pa.dtype == dtype and pa.device.type == device
+        assert pa.abs().max() <= 1e-3 and pa.std() > 0, name
+        assert torch.equal(pa, pb), name
+        assert not torch.equal(pa, pc), name
+    assert a.head.weight is a.embed.weight
+    assert torch.equal(a.cache, torch.full((4,), 7.0, device=device, dtype=dtype))
