@@ -1,0 +1,316 @@
+"""Sampler: each knob against a plain reference, on small random logits, per device."""
+
+import pytest
+import torch
+
+from pyorch.layers.sampler import (
+    Sampler,
+    SamplingMetadata,
+    SamplingRow,
+    apply_penalties,
+    compute_prompt_logprobs,
+    make_generator,
+)
+from pyorch.sampling_params import SamplingParams
+from tests.conftest import DEVICES
+
+NUM_DRAWS = 4000  # rows of one batch that share the same logits, for support / frequency checks
+
+
+def _sample(logits, params_list, device, outputs=None, prompts=None, generators=None):
+    rows = [
+        SamplingRow(
+            params=p,
+            prompt_token_ids=(prompts or {}).get(i, []),
+            output_token_ids=(outputs or {}).get(i, []),
+            generator=(generators or {}).get(i),
+        )
+        for i, p in enumerate(params_list)
+    ]
+    metadata = SamplingMetadata.from_requests(rows, logits.shape[1], device)
+    return Sampler()(logits.to(device), metadata)
+
+
+def _draws(logits_row, params, device, n=NUM_DRAWS):
+    logits = logits_row.unsqueeze(0).expand(n, -1).contiguous()
+    return _sample(logits, [params] * n, device).sampled_token_ids.cpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab_size", [7, 151, 1000])
+def test_greedy_is_argmax(device, vocab_size):
+    logits = torch.randn(9, vocab_size)
+    out = _sample(logits, [SamplingParams(temperature=0.0)] * 9, device)
+    assert out.sampled_token_ids.dtype == torch.int64
+    assert torch.equal(out.sampled_token_ids.cpu(), logits.argmax(-1))
+    assert out.logprobs is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_greedy_and_random_rows(device):
+    logits = torch.randn(6, 50)
+    params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0) for i in range(6)]
+    out = _sample(logits, params, device).sampled_token_ids.cpu()
+    assert torch.equal(out[0::2], logits[0::2].argmax(-1))
+    assert ((out >= 0) & (out < 50)).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_temperature_matches_softmax(device):
+    logits = torch.randn(8) * 2
+    for temperature in (0.5, 1.0, 2.0):
+        draws = _draws(logits, SamplingParams(temperature=temperature), device, n=20000)
+        freq = torch.bincount(draws, minlength=8).float() / draws.numel()
+        expected = torch.softmax(logits / temperature, -1)
+        torch.testing.assert_close(freq, expected, atol=0.015, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("top_k", [1, 3, 10])
+def test_top_k_support(device, top_k):
+    logits = torch.randn(40)
+    draws = _draws(logits, SamplingParams(top_k=top_k, temperature=3.0), device)
+    expected = set(logits.topk(top_k).indices.tolist())
+    assert set(draws.tolist()) == expected
+
+
+def _nucleus(logits, top_p):
+    probs, order = torch.softmax(logits, -1).sort(descending=True)
+    mass_before = probs.cumsum(-1) - probs
+    return set(order[mass_before < top_p].tolist())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("top_p", [0.3, 0.7, 0.95])
+def test_top_p_support(device, top_p):
+    logits = torch.randn(30) * 1.5
+    draws = _draws(logits, SamplingParams(top_p=top_p), device, n=20000)
+    assert set(draws.tolist()) <= _nucleus(logits, top_p)
+    # Every nucleus token that carries >= 0.5 % of the mass shows up in 20000 draws.
+    probs = torch.softmax(logits, -1)
+    likely = {t for t in _nucleus(logits, top_p) if probs[t] > 0.005}
+    assert likely <= set(draws.tolist())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_k_and_top_p_together(device):
+    logits = torch.randn(30)
+    draws = _draws(logits, SamplingParams(top_k=5, top_p=0.6), device)
+    top5 = logits.topk(5).indices
+    assert set(draws.tolist()) <= {top5[i].item() for i in _nucleus(logits[top5], 0.6)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("min_p", [0.05, 0.3])
+def test_min_p_support(device, min_p):
+    logits = torch.randn(25) * 2
+    draws = _draws(logits, SamplingParams(min_p=min_p, temperature=1.0), device, n=20000)
+    probs = torch.softmax(logits, -1)
+    allowed = set(torch.nonzero(probs >= min_p * probs.max()).flatten().tolist())
+    assert set(draws.tolist()) <= allowed
+    assert {t for t in allowed if probs[t] > 0.005} <= set(draws.tolist())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_row_knobs_in_one_batch(device):
+    logits = torch.randn(1, 60).expand(3 * 1000, -1).contiguous()
+    params = [SamplingParams(top_k=2)] * 1000 + [SamplingParams(top_p=0.2)] * 1000 + [
+        SamplingParams(temperature=0.0)
+    ] * 1000
+    out = _sample(logits, params, device).sampled_token_ids.cpu()
+    assert set(out[:1000].tolist()) == set(logits[0].topk(2).indices.tolist())
+    assert set(out[1000:2000].tolist()) <= _nucleus(logits[0], 0.2)
+    assert (out[2000:] == logits[0].argmax()).all()
+
+
+def _seeded_run(device, logits_steps, batch_builder, seed=1234, position=0):
+    """Sample a seeded request for several steps inside changing batches; return its tokens."""
+    generator = make_generator(seed, device)
+    params = SamplingParams(seed=seed, temperature=0.8, top_p=0.9)
+    tokens = []
+    for step, step_logits in enumerate(logits_steps):
+        others = batch_builder(step)
+        batch_params = others[:position] + [params] + others[position:]
+        logits = torch.randn(len(batch_params), step_logits.shape[0])
+        logits[position] = step_logits
+        generators = {i: make_generator(p.seed, device) for i, p in enumerate(batch_params)
+                      if p.seed is not None}
+        generators[position] = generator
+        out = _sample(logits, batch_params, device, generators=generators)
+        tokens.append(out.sampled_token_ids[position].item())
+    return tokens
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seed_is_independent_of_batch(device):
+    logits_steps = [torch.randn(500) for _ in range(12)]
+    alone = _seeded_run(device, logits_steps, lambda step: [])
+    crowd = _seeded_run(
+        device, logits_steps,
+        lambda step: [SamplingParams(temperature=0.0 if i % 3 else 1.0, seed=i if i % 2 else None,
+                                     top_k=7) for i in range(step % 5 + 3)],
+        position=2,
+    )
+    assert alone == crowd
+    assert alone == _seeded_run(device, logits_steps, lambda step: [SamplingParams()] * 4,
+                                position=4)
+    assert alone != _seeded_run(device, logits_steps, lambda step: [], seed=99)
+
+
+def _reference_penalties(logits, prompt, output, presence, frequency, repetition):
+    logits = logits.clone()
+    for token in set(prompt) | set(output):
+        value = logits[token]
+        logits[token] = value / repetition if value > 0 else value * repetition
+    for token in set(output):
+        logits[token] -= frequency * output.count(token) + presence
+    return logits
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_penalties_match_reference(device):
+    vocab_size = 64
+    logits = torch.randn(4, vocab_size) * 3
+    prompts = {i: torch.randint(0, vocab_size, (7 + i,)).tolist() for i in range(4)}
+    outputs = {i: torch.randint(0, vocab_size, (3 * i,)).tolist() for i in range(4)}
+    settings = [(0.0, 0.0, 1.0), (0.5, 0.0, 1.3), (-0.4, 1.2, 1.0), (1.5, -0.7, 0.6)]
+    expected = torch.stack([
+        _reference_penalties(logits[i], prompts[i], outputs[i], *settings[i]) for i in range(4)
+    ])
+    params = [SamplingParams(temperature=0.0, presence_penalty=p, frequency_penalty=f,
+                             repetition_penalty=r) for p, f, r in settings]
+    rows = [SamplingRow(params[i], prompts[i], outputs[i]) for i in range(4)]
+    metadata = SamplingMetadata.from_requests(rows, vocab_size, device)
+    got = apply_penalties(logits.clone().to(device), metadata.prompt_token_ids,
+                          metadata.output_token_ids, metadata.presence_penalties,
+                          metadata.frequency_penalties, metadata.repetition_penalties)
+    torch.testing.assert_close(got.cpu(), expected)
+    out = Sampler()(logits.to(device), metadata)
+    assert torch.equal(out.sampled_token_ids.cpu(), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logit_bias(device):
+    logits = torch.randn(3, 20)
+    params = [SamplingParams(temperature=0.0, logit_bias={5: 100.0}),
+              SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.0, logit_bias={int(logits[2].argmax()): -100.0})]
+    out = _sample(logits, params, device).sampled_token_ids.cpu()
+    assert out[0] == 5
+    assert out[1] == logits[1].argmax()
+    assert out[2] == logits[2].topk(2).indices[1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_allowed_token_ids(device):
+    logits = torch.randn(50)
+    allowed = [3, 17, 41]
+    draws = _draws(logits, SamplingParams(allowed_token_ids=allowed, temperature=5.0), device)
+    assert set(draws.tolist()) == set(allowed)
+    both = _sample(torch.stack([logits, logits]),
+                   [SamplingParams(temperature=0.0, allowed_token_ids=allowed),
+                    SamplingParams(temperature=0.0)], device).sampled_token_ids.cpu()
+    assert both[0] == max(allowed, key=lambda t: logits[t]) and both[1] == logits.argmax()
+
+
+class _IdTokenizer:
+    """Words are space-separated decimal token ids."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(t) for t in text.split()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_words(device):
+    params = SamplingParams(temperature=0.0, bad_words=["7", "3 4 9"])
+    params.update_from_tokenizer(_IdTokenizer())
+    logits = torch.zeros(1, 12)
+    logits[0, 7] = 10.0
+    logits[0, 9] = 9.0
+    logits[0, 2] = 8.0
+    # Single-token bad word: always banned. "3 4 9": 9 banned only right after "3 4".
+    assert _sample(logits, [params], device, outputs={0: [1, 2]}).sampled_token_ids.item() == 9
+    assert _sample(logits, [params], device, outputs={0: [3, 4]}).sampled_token_ids.item() == 2
+    assert _sample(logits, [params], device, outputs={0: [4, 3]}).sampled_token_ids.item() == 9
+    unset = SamplingParams(bad_words=["x"])
+    with pytest.raises(ValueError, match="update_from_tokenizer"):
+        _sample(logits, [unset], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_min_tokens_masks_stop_tokens(device):
+    eos, stop = 4, 6
+    params = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[stop])
+    params.update_from_generation_config({}, model_eos_token_id=eos)
+    logits = torch.zeros(1, 10)
+    logits[0, eos], logits[0, stop], logits[0, 1] = 5.0, 4.0, 3.0
+    for num_out, expected in [(0, 1), (2, 1), (3, eos), (8, eos)]:
+        out = _sample(logits, [params], device, outputs={0: [0] * num_out})
+        assert out.sampled_token_ids.item() == expected
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprobs_are_raw_top_n_and_ranked(device):
+    vocab_size = 100
+    logits = torch.randn(5, vocab_size) * 2
+    params = [
+        SamplingParams(logprobs=3, temperature=0.7, presence_penalty=1.0, top_k=5),
+        SamplingParams(logprobs=0, temperature=0.0, repetition_penalty=2.0),
+        SamplingParams(temperature=0.0),
+        SamplingParams(logprobs=5, temperature=1.0, logit_bias={11: 50.0}),
+        SamplingParams(logprobs=2, temperature=0.0, allowed_token_ids=[0, 1, 2]),
+    ]
+    out = _sample(logits, params, device, outputs={i: [1, 2, 3] for i in range(5)})
+    lp = out.logprobs
+    assert lp is not None and lp.logprobs.shape == (5, 6) and lp.logprob_token_ids.shape == (5, 6)
+    ref = torch.log_softmax(logits.double(), -1)
+    sampled = out.sampled_token_ids.cpu()
+    ids, values, ranks = (t.cpu() for t in lp)
+    assert torch.equal(ids[:, 0], sampled)
+    assert sampled[3] == 11
+    top = ref.topk(5, -1)
+    assert torch.equal(ids[:, 1:], top.indices)
+    torch.testing.assert_close(values[:, 1:].double(), top.values, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(values[:, 0].double(), ref.gather(1, sampled[:, None])[:, 0],
+                               atol=1e-5, rtol=1e-5)
+    expected_ranks = (ref > ref.gather(1, sampled[:, None])).sum(-1) + 1
+    assert torch.equal(ranks, expected_ranks)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprobs_whole_vocab(device):
+    logits = torch.randn(2, 33)
+    out = _sample(logits, [SamplingParams(logprobs=-1), SamplingParams(logprobs=2)], device)
+    assert out.logprobs.logprobs.shape == (2, 34)
+    lists = out.logprobs.tolists()
+    assert len(lists.logprob_token_ids[0]) == 34 and lists.slice(1, 2).sampled_token_ranks == [
+        lists.sampled_token_ranks[1]
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prompt_logprobs(device):
+    vocab_size = 40
+    logits = torch.randn(6, vocab_size, dtype=torch.bfloat16)
+    targets = torch.randint(0, vocab_size, (6,))
+    lp = compute_prompt_logprobs(logits.to(device), targets.to(device), num_logprobs=4)
+    ref = torch.log_softmax(logits.float(), -1)
+    ids, values, ranks = (t.cpu() for t in lp)
+    assert torch.equal(ids[:, 0], targets)
+    torch.testing.assert_close(values[:, 0], ref.gather(1, targets[:, None])[:, 0])
+    assert torch.equal(ids[:, 1:], ref.topk(4, -1).indices)
+    assert torch.equal(ranks, (ref > ref.gather(1, targets[:, None])).sum(-1) + 1)
+    full = compute_prompt_logprobs(logits.to(device), targets.to(device), num_logprobs=-1)
+    assert full.logprobs.shape == (6, vocab_size + 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logits_not_modified_and_seeded_row_needs_generator(device):
+    logits = torch.randn(2, 30).to(device)
+    before = logits.clone()
+    _sample(logits, [SamplingParams(top_k=3, presence_penalty=1.0),
+                     SamplingParams(temperature=0.0, logit_bias={1: 9.0})], device,
+            outputs={0: [1, 2], 1: [3]})
+    assert torch.equal(logits, before)
+    with pytest.raises(ValueError, match="generator"):
+        _sample(logits, [SamplingParams(seed=3), SamplingParams()], device)
