@@ -21,6 +21,7 @@ from pyorch.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 PromptType = Union[str, list[int], dict]
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
 
 class LLMEngine:
@@ -91,6 +92,10 @@ class LLMEngine:
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name}={value} is outside [0, {MAX_LOGPROBS}] (max_logprobs)")
         if self.tokenizer is None and params.stop:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
         if self.config.scheduler_config.policy != "priority" and priority != 0:

@@ -33,13 +33,17 @@ def llm() -> LLM:
 
 @pytest.fixture(scope="module")
 def hf_model():
-    from pyorch.model_loader import default_model_path
-    import os
+    """transformers' LlamaForCausalLM holding the GGUF's weights (dequantized by our loader, which
+    tests/pyorch/model_loader proves equal to transformers' own GGUF loading, tensor by tensor)."""
+    from pyorch.model_loader import default_model_path, get_weights_iterator, load_hf_config
 
     path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=DTYPE)
-    return model.to(DEVICE).eval()
+    config = load_hf_config(path)
+    model = transformers.LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(dict(get_weights_iterator(path)), strict=False)
+    assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
+    model.tie_weights()
+    return model.to(DEVICE, DTYPE).eval()
 
 
 def _assert_idle(llm: LLM) -> None:
