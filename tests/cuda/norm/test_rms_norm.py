@@ -21,7 +21,8 @@ def test_rms_norm(device: str, dtype: torch.dtype, num_tokens: int, hidden: int,
     weight = torch.randn(hidden, dtype=dtype, device=device)
     out = torch.empty_like(x)
     _ops.rms_norm(out, x, weight, 1e-5)
-    torch.testing.assert_close(out, ref.rms_norm(x, weight, 1e-5), **tol(dtype))
+    # Rounding the normalized value to the dtype, then the weight product, allows ~2 ulp.
+    torch.testing.assert_close(out, ref.rms_norm(x, weight, 1e-5), **tol(dtype, 4))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -35,7 +36,7 @@ def test_fused_add_rms_norm(device: str, dtype: torch.dtype, num_tokens: int, hi
     want_out, want_res = ref.fused_add_rms_norm(x, residual, weight, 1e-6)
     _ops.fused_add_rms_norm(x, residual, weight, 1e-6)
     torch.testing.assert_close(residual, want_res, **tol(dtype))
-    torch.testing.assert_close(x, want_out, **tol(dtype, 2))
+    torch.testing.assert_close(x, want_out, **tol(dtype, 4))
 
 
 @pytest.mark.parametrize("device", DEVICES)
