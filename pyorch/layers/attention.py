@@ -61,8 +61,10 @@ class Attention(nn.Module):
         )
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None or self.kv_cache is None:
-            # A profiling / dummy run without a cache: nothing to attend over.
-            return out.zero_().view(num_tokens, -1)
+            # No silent zeros: a forward without metadata or a bound cache is a runner bug.
+            raise RuntimeError(
+                f"Attention layer {self.layer_idx}: no attention metadata or KV cache bound "
+                "(run the model inside set_forward_context after binding kv_cache)")
         key_cache, value_cache = self.kv_cache
         _ops.reshape_and_cache_flash(
             key.view(num_tokens, self.num_kv_heads, self.head_size),

@@ -97,11 +97,12 @@ def test_attention_mixed_batch(device: str, dtype: torch.dtype, head_size: int, 
     assert not key_cache[0].any()  # the reserved block is untouched
 
 
-def test_attention_without_cache_returns_zeros():
+def test_attention_without_cache_raises():
     layer = Attention(4, 64, 0.125, 2)
     q, k, v = torch.randn(3, 256), torch.randn(3, 128), torch.randn(3, 128)
     with set_forward_context(None):
-        assert not layer(q, k, v).any()
+        with pytest.raises(RuntimeError, match="no attention metadata or KV cache"):
+            layer(q, k, v)
 
 
 def test_forward_context_nesting_and_errors():
