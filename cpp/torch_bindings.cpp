@@ -83,12 +83,16 @@ TORCH_LIBRARY(pyorch, m) {
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
+  m.impl("paged_attention", c10::kCPU, &pyorch::cpu::paged_attention);
+  m.impl("merge_attn_states", c10::kCPU, &pyorch::cpu::merge_attn_states);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
   // ---- CUDA adapters -------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCUDA, &rms_norm);
   m.impl("fused_add_rms_norm", c10::kCUDA, &fused_add_rms_norm);
+  m.impl("paged_attention", c10::kCUDA, &paged_attention);
+  m.impl("merge_attn_states", c10::kCUDA, &merge_attn_states);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }

@@ -23,3 +23,74 @@ def fused_add_rms_norm(
 ) -> None:
     """residual += input; input = rms_norm(residual) * weight, both in place."""
     _ops.fused_add_rms_norm(input, residual, weight, eps)
+
+
+# ---- attention ----------------------------------------------------------------------------------
+def paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    causal: bool,
+    sliding_window: int,
+    logits_soft_cap: float,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Attention of a mixed batch (prefills, chunked prefills, decodes) over the NHD paged cache.
+
+    Parameters
+    ----------
+    out, query : [num_tokens, num_heads, head_size]; query may have any token/head stride.
+    key_cache, value_cache : [num_blocks, block_size, num_kv_heads, head_size], already holding
+        the new tokens' KV; uint8/float8_e4m3fn when kv_cache_dtype is "fp8"/"fp8_e4m3".
+    query_start_loc : [num_seqs + 1] int32, cumulative query lengths.
+    seq_lens : [num_seqs] int32, cached + new tokens; a sequence's queries are its last positions.
+    block_table : [num_seqs, max_blocks_per_seq] int32.
+    max_query_len, max_seq_len : host-side upper bounds (CUDA uses them to pick the KV split).
+    sliding_window : > 0 keeps keys with position > pos - sliding_window; logits_soft_cap > 0
+        applies cap * tanh(s / cap) to the scaled scores. Rows past query_start_loc[-1] untouched.
+    k_scale, v_scale : [1] float32 dequantization scales of an fp8 cache.
+    """
+    _ops.paged_attention(
+        out,
+        query,
+        key_cache,
+        value_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        max_query_len,
+        max_seq_len,
+        scale,
+        causal,
+        sliding_window,
+        logits_soft_cap,
+        kv_cache_dtype,
+        k_scale,
+        v_scale,
+    )
+
+
+def merge_attn_states(
+    output: torch.Tensor,
+    prefix_output: torch.Tensor,
+    prefix_lse: torch.Tensor,
+    suffix_output: torch.Tensor,
+    suffix_lse: torch.Tensor,
+    output_lse: Optional[torch.Tensor] = None,
+) -> None:
+    """Merges two partial attentions by log-sum-exp (vLLM's argument order).
+
+    outputs: [num_tokens, num_heads, head_size]; lse: [num_heads, num_tokens] float32 (natural
+    log). An lse of +inf counts as -inf (an empty part); when both parts are empty the output is
+    zeros and output_lse -inf.
+    """
+    _ops.merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)

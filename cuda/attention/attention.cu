@@ -1,0 +1,180 @@
+// Instantiates the attention kernels behind the torch-free C API: dtype x KV-cache dtype x head
+// size, the KV-split choice and the workspace layout.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "attention/merge_attn_states.cuh"
+#include "attention/paged_attention.cuh"
+#include "pyorch/attention.h"
+
+namespace pyorch {
+namespace {
+
+using kernels::AttnArgs;
+using kernels::AttnTile;
+
+// Splitting the KV range pays when the (tile, kv head) CTAs cannot fill the GPU: aim for
+// kWavesTarget CTAs per SM, keep at least kMinTilesPerSplit KV tiles per split.
+constexpr int64_t kWavesTarget = 2;
+constexpr int64_t kMinTilesPerSplit = 2;
+constexpr int64_t kMaxSplits = kernels::kMaxKvSplits;
+
+constexpr int kMaxDevices = 64;
+
+// Cached per device: the query costs host time on every call otherwise.
+int num_sms_of_current_device() {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (device < kMaxDevices && cache[device].load(std::memory_order_relaxed) > 0) {
+    return cache[device].load(std::memory_order_relaxed);
+  }
+  int num_sms = 0;
+  if (cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      num_sms <= 0) {
+    return 132;  // an H100; the choice only affects speed
+  }
+  if (device < kMaxDevices) cache[device].store(num_sms, std::memory_order_relaxed);
+  return num_sms;
+}
+
+// Raises a kernel's dynamic shared-memory limit once per device (the attribute is per device).
+// `done_mask` must belong to one kernel: every instantiation has the same function type, so the
+// caller passes its own.
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel* kernel, size_t bytes, std::atomic<uint64_t>& done_mask) {
+  int device = 0;
+  PYORCH_RETURN_IF_ERROR(cudaGetDevice(&device));
+  const uint64_t bit = device < kMaxDevices ? uint64_t{1} << device : 0;
+  if (bit != 0 && (done_mask.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  PYORCH_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(bytes)));
+  done_mask.fetch_or(bit, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+bool supported_head_size(int64_t head_size) {
+  switch (head_size) {
+    case 64: case 80: case 96: case 128: case 256: return true;
+    default: return false;
+  }
+}
+
+// Depends on host-side fields only, so workspace_size() and the launch always agree.
+int64_t choose_num_splits(const PagedAttentionParams& p) {
+  if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) return 1;
+  const int64_t group_size = p.num_heads / p.num_kv_heads;
+  const int64_t max_q = std::max<int64_t>(1, std::min(p.max_query_len, p.num_tokens));
+  const int64_t block_m = kernels::kAttnBlockM;
+  const int64_t tiles_per_seq = (max_q * group_size + block_m - 1) / block_m;
+  const int64_t tiles = std::min(kernels::attn_grid_tiles(p), p.num_seqs * tiles_per_seq);
+  const int64_t ctas = std::max<int64_t>(1, tiles * p.num_kv_heads);
+  const int64_t target = kWavesTarget * num_sms_of_current_device();
+  if (ctas >= target) return 1;
+  const int64_t block_n = kernels::attn_block_n(static_cast<int>(p.head_size));
+  const int64_t kv_tiles = (std::max<int64_t>(p.max_seq_len, 0) + block_n - 1) / block_n;
+  int64_t splits = (target + ctas - 1) / ctas;
+  splits = std::min(splits, kv_tiles / kMinTilesPerSplit);
+  return std::clamp<int64_t>(splits, 1, kMaxSplits);
+}
+
+size_t partial_output_elems(const PagedAttentionParams& p, int64_t num_splits) {
+  return static_cast<size_t>(num_splits * p.num_tokens * p.num_heads * p.head_size);
+}
+
+template <typename T, typename CacheT, int HEAD_SIZE>
+cudaError_t launch_paged_attention(const PagedAttentionParams& p, int num_splits,
+                                   float* o_partial, float* lse_partial, cudaStream_t stream) {
+  using Tile = AttnTile<T, CacheT, HEAD_SIZE>;
+  auto* kernel = &kernels::paged_attention_kernel<T, CacheT, HEAD_SIZE>;
+  if (Tile::kSmemBytes > 48 * 1024) {
+    static std::atomic<uint64_t> smem_configured{0};  // one per instantiation
+    PYORCH_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Tile::kSmemBytes, smem_configured));
+  }
+  const AttnArgs args{p, static_cast<int>(p.num_heads / p.num_kv_heads), num_splits, o_partial,
+                      lse_partial};
+  const dim3 grid(static_cast<unsigned>(kernels::attn_grid_tiles(p)),
+                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(num_splits));
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args);
+  PYORCH_RETURN_IF_ERROR(cudaGetLastError());
+  if (num_splits > 1) {
+    const int64_t pairs = p.num_tokens * p.num_heads;
+    const unsigned blocks = static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps);
+    kernels::merge_split_kv_kernel<T><<<blocks, kernels::kMergeThreads, 0, stream>>>(
+        static_cast<T*>(p.out), o_partial, lse_partial, p.query_start_loc, p.num_seqs,
+        p.num_tokens, p.num_heads, p.head_size, num_splits, p.out_token_stride, p.out_head_stride);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, typename CacheT>
+cudaError_t dispatch_head_size(const PagedAttentionParams& p, int num_splits, float* o_partial,
+                               float* lse_partial, cudaStream_t stream) {
+  switch (p.head_size) {
+#define PYORCH_CASE(D) \
+  case D: return launch_paged_attention<T, CacheT, D>(p, num_splits, o_partial, lse_partial, stream);
+    PYORCH_CASE(64) PYORCH_CASE(80) PYORCH_CASE(96) PYORCH_CASE(128) PYORCH_CASE(256)
+#undef PYORCH_CASE
+    default: PYORCH_INVALID("Unsupported head size: %lld", static_cast<long long>(p.head_size));
+  }
+}
+
+}  // namespace
+
+size_t paged_attention_workspace_size(const PagedAttentionParams& p) {
+  const int64_t num_splits = choose_num_splits(p);
+  if (num_splits <= 1) return 0;
+  // o_partial, then lse_partial (one float per (split, token, head)).
+  return sizeof(float) * (partial_output_elems(p, num_splits) +
+                          static_cast<size_t>(num_splits * p.num_tokens * p.num_heads));
+}
+
+cudaError_t paged_attention(const PagedAttentionParams& p, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream) {
+  if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+    PYORCH_INVALID("paged_attention: num_heads %lld is not a multiple of num_kv_heads %lld",
+                   static_cast<long long>(p.num_heads), static_cast<long long>(p.num_kv_heads));
+  }
+  if (!supported_head_size(p.head_size)) {
+    PYORCH_INVALID("Unsupported head size: %lld", static_cast<long long>(p.head_size));
+  }
+  if (p.block_size <= 0) PYORCH_INVALID("paged_attention: block_size must be positive");
+  if (p.num_tokens == 0 || p.num_seqs == 0) return cudaSuccess;
+  const int64_t num_splits = choose_num_splits(p);
+  if (workspace_bytes < paged_attention_workspace_size(p) || (num_splits > 1 && !workspace)) {
+    PYORCH_INVALID("paged_attention: workspace of %zu bytes is too small", workspace_bytes);
+  }
+  float* o_partial = num_splits > 1 ? static_cast<float*>(workspace) : nullptr;
+  float* lse_partial = num_splits > 1 ? o_partial + partial_output_elems(p, num_splits) : nullptr;
+  const int splits = static_cast<int>(num_splits);
+  return PYORCH_DISPATCH_HALF_TYPES(p.dtype, T, [&] {
+    if (p.kv_cache_dtype == KVCacheDType::kFp8E4M3) {
+      return dispatch_head_size<T, uint8_t>(p, splits, o_partial, lse_partial, stream);
+    }
+    return dispatch_head_size<T, T>(p, splits, o_partial, lse_partial, stream);
+  });
+}
+
+cudaError_t merge_attn_states(void* output, float* output_lse, const void* prefix_output,
+                              const float* prefix_lse, const void* suffix_output,
+                              const float* suffix_lse, DType dtype, int64_t num_tokens,
+                              int64_t num_heads, int64_t head_size, int64_t out_token_stride,
+                              int64_t out_head_stride, int64_t prefix_token_stride,
+                              int64_t prefix_head_stride, int64_t suffix_token_stride,
+                              int64_t suffix_head_stride, int64_t lse_head_stride,
+                              cudaStream_t stream) {
+  const int64_t pairs = num_tokens * num_heads;
+  if (pairs == 0 || head_size == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps);
+  return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    kernels::merge_attn_states_kernel<T><<<blocks, kernels::kMergeThreads, 0, stream>>>(
+        static_cast<T*>(output), output_lse, static_cast<const T*>(prefix_output), prefix_lse,
+        static_cast<const T*>(suffix_output), suffix_lse, num_tokens, num_heads, head_size,
+        out_token_stride, out_head_stride, prefix_token_stride, prefix_head_stride,
+        suffix_token_stride, suffix_head_stride, lse_head_stride);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace pyorch

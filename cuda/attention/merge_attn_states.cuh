@@ -1,0 +1,118 @@
+// Log-sum-exp merges of partial attention outputs: the public merge_attn_states (two parts) and
+// the combine step of paged_attention's split-KV path (num_splits parts). One warp per
+// (token, head), lanes across the head dimension.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+
+namespace pyorch::kernels {
+
+constexpr int kMergeWarps = 4;
+constexpr int kMergeThreads = kMergeWarps * kWarpSize;
+
+// FlashAttention-2 reports +inf for an empty part, FlashAttention-3 -inf: both mean "no keys".
+__device__ __forceinline__ float empty_part_as_neg_inf(float lse) {
+  return isinf(lse) ? -INFINITY : lse;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMergeThreads)
+    merge_attn_states_kernel(T* __restrict__ output,               // [num_tokens, num_heads, head_size]
+                             float* __restrict__ output_lse,       // [num_heads, num_tokens] or null
+                             const T* __restrict__ prefix_output,  // [num_tokens, num_heads, head_size]
+                             const float* __restrict__ prefix_lse, // [num_heads, num_tokens]
+                             const T* __restrict__ suffix_output,  // [num_tokens, num_heads, head_size]
+                             const float* __restrict__ suffix_lse, // [num_heads, num_tokens]
+                             int64_t num_tokens, int64_t num_heads, int64_t head_size,
+                             int64_t out_token_stride, int64_t out_head_stride,
+                             int64_t prefix_token_stride, int64_t prefix_head_stride,
+                             int64_t suffix_token_stride, int64_t suffix_head_stride,
+                             int64_t lse_head_stride) {
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (pair >= num_tokens * num_heads) return;
+  const int64_t token = pair / num_heads;
+  const int64_t head = pair % num_heads;
+  const float p_lse = empty_part_as_neg_inf(prefix_lse[head * lse_head_stride + token]);
+  const float s_lse = empty_part_as_neg_inf(suffix_lse[head * lse_head_stride + token]);
+  const float max_lse = fmaxf(p_lse, s_lse);
+  T* out = output + token * out_token_stride + head * out_head_stride;
+  if (max_lse == -INFINITY) {  // both parts empty: zeros, not 0/0
+    for (int64_t d = lane; d < head_size; d += kWarpSize) out[d] = from_float<T>(0.f);
+    if (output_lse != nullptr && lane == 0) output_lse[head * lse_head_stride + token] = -INFINITY;
+    return;
+  }
+  const float p_se = expf(p_lse - max_lse);
+  const float s_se = expf(s_lse - max_lse);
+  const float sum = p_se + s_se;
+  const float p_scale = p_se / sum;
+  const float s_scale = s_se / sum;
+  const T* p_out = prefix_output + token * prefix_token_stride + head * prefix_head_stride;
+  const T* s_out = suffix_output + token * suffix_token_stride + head * suffix_head_stride;
+  for (int64_t d = lane; d < head_size; d += kWarpSize) {
+    // An empty part's output may be garbage (even NaN): skip it rather than multiply it by 0.
+    float acc = 0.f;
+    if (p_se > 0.f) acc += to_float(p_out[d]) * p_scale;
+    if (s_se > 0.f) acc += to_float(s_out[d]) * s_scale;
+    out[d] = from_float<T>(acc);
+  }
+  if (output_lse != nullptr && lane == 0) {
+    output_lse[head * lse_head_stride + token] = logf(sum) + max_lse;
+  }
+}
+
+// At most this many partials per row: each lane keeps the weights of two splits in registers.
+constexpr int kMaxKvSplits = 2 * kWarpSize;
+
+// out[token, head] = sum_s e^{lse_s - M} o_s / sum_s e^{lse_s - M} over the num_splits partials of
+// paged_attention, for tokens in [query_start_loc[0], query_start_loc[num_seqs]) only: the rows
+// past it are padding and stay untouched. Lane s computes split s's weight once; the loop over
+// splits then only broadcasts weights and issues independent loads (unrolled, so several are in
+// flight). An empty split wrote lse -inf and zeros, so its weight 0 needs no special case.
+template <typename T>
+__global__ void __launch_bounds__(kMergeThreads)
+    merge_split_kv_kernel(T* __restrict__ out,                    // [num_tokens, num_heads, head_size]
+                          const float* __restrict__ o_partial,    // [num_splits, num_tokens, num_heads, head_size]
+                          const float* __restrict__ lse_partial,  // [num_splits, num_tokens, num_heads]
+                          const int32_t* __restrict__ query_start_loc,  // [num_seqs + 1]
+                          int64_t num_seqs, int64_t num_tokens, int64_t num_heads,
+                          int64_t head_size, int num_splits, int64_t out_token_stride,
+                          int64_t out_head_stride) {
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (pair >= num_tokens * num_heads) return;
+  const int64_t token = pair / num_heads;
+  const int64_t head = pair % num_heads;
+  if (token < query_start_loc[0] || token >= query_start_loc[num_seqs]) return;
+  const int64_t split_stride = num_tokens * num_heads;
+  const float lse0 = lane < num_splits ? lse_partial[lane * split_stride + pair] : -INFINITY;
+  const float lse1 =
+      lane + kWarpSize < num_splits ? lse_partial[(lane + kWarpSize) * split_stride + pair] : -INFINITY;
+  const float max_lse = warp_reduce_max(fmaxf(lse0, lse1));
+  T* dst = out + token * out_token_stride + head * out_head_stride;
+  if (max_lse == -INFINITY) {  // no split saw a key (cannot happen for a causal query)
+    for (int64_t d = lane; d < head_size; d += kWarpSize) dst[d] = from_float<T>(0.f);
+    return;
+  }
+  const float w0 = expf(lse0 - max_lse);  // 0 for an empty split or a lane past num_splits
+  const float w1 = expf(lse1 - max_lse);
+  const float inv_sum = 1.f / warp_reduce_sum(w0 + w1);
+  const float* src = o_partial + pair * head_size;
+  for (int64_t d0 = 0; d0 < head_size; d0 += kWarpSize) {  // uniform trip count: shuffles below
+    const int64_t d = d0 + lane;
+    const bool valid = d < head_size;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < num_splits; ++s) {
+      const float w = __shfl_sync(0xffffffffu, s < kWarpSize ? w0 : w1, s % kWarpSize);
+      if (valid) acc += w * src[s * split_stride * head_size + d];
+    }
+    if (valid) dst[d] = from_float<T>(acc * inv_sum);
+  }
+}
+
+}  // namespace pyorch::kernels

@@ -1,0 +1,77 @@
+// pyorch's default attention over the NHD paged KV cache, and the log-sum-exp merge of two partial
+// attentions. Torch-free: raw pointers, element strides and a stream in, cudaError_t out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "pyorch/dtype.h"
+
+namespace pyorch {
+
+// One call of paged_attention: a mixed batch of prefills, chunked prefills and decodes.
+// Sequence i owns query rows [query_start_loc[i], query_start_loc[i+1]); they are its LAST q_len_i
+// positions, so query t (0-based) sits at position seq_lens[i] - q_len_i + t. Strides are in
+// elements; the last dimension of every tensor is contiguous.
+struct PagedAttentionParams {
+  void* out;                        // [num_tokens, num_heads, head_size] (out_token/head_stride)
+  const void* query;                // [num_tokens, num_heads, head_size] (q_token/head_stride)
+  const void* key_cache;            // [num_blocks, block_size, num_kv_heads, head_size]
+  const void* value_cache;          // [num_blocks, block_size, num_kv_heads, head_size]
+  const int32_t* query_start_loc;   // [num_seqs + 1], device
+  const int32_t* seq_lens;          // [num_seqs], device: cached + new tokens
+  const int32_t* block_table;       // [num_seqs, block_table_stride], device
+  const float* k_scale;             // [1], device; fp8 caches only (nullptr: 1.0)
+  const float* v_scale;             // [1], device; fp8 caches only (nullptr: 1.0)
+  DType dtype;                      // of query and out: kFloat16 or kBFloat16
+  KVCacheDType kv_cache_dtype;      // kAuto (caches in dtype) or kFp8E4M3 (bytes, value * scale)
+  int64_t num_tokens;               // rows of query/out; rows past query_start_loc[num_seqs] untouched
+  int64_t num_seqs;
+  int64_t num_heads;
+  int64_t num_kv_heads;             // divides num_heads
+  int64_t head_size;                // 64, 80, 96, 128 or 256
+  int64_t block_size;               // tokens per cache block, any value >= 1
+  int64_t max_blocks_per_seq;       // valid columns of block_table
+  int64_t block_table_stride;
+  int64_t q_token_stride, q_head_stride;
+  int64_t out_token_stride, out_head_stride;
+  int64_t k_block_stride, k_token_stride, k_head_stride;
+  int64_t v_block_stride, v_token_stride, v_head_stride;
+  int64_t max_query_len;            // host hints, upper bounds, used only to pick the KV split
+  int64_t max_seq_len;
+  float scale;                      // softmax scale applied to q.k
+  bool causal;                      // false: every query sees all seq_len keys
+  int32_t sliding_window;           // > 0: only keys with position > pos - sliding_window
+  float logits_soft_cap;            // > 0: s = cap * tanh(s / cap) on the scaled scores
+};
+
+// Bytes of scratch that paged_attention needs for these params on the current device (0 when it
+// will not split the KV range). Depends only on the host-side fields, so callers can allocate it
+// from a caching allocator, also inside CUDA-graph capture.
+size_t paged_attention_workspace_size(const PagedAttentionParams& params);
+
+// Runs the attention on `stream` without synchronizing; reads k_scale/v_scale on the device, so it
+// can be captured in a CUDA graph. workspace: at least paged_attention_workspace_size() bytes,
+// 16-byte aligned (may be nullptr when that size is 0).
+cudaError_t paged_attention(const PagedAttentionParams& params, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream);
+
+// output = (e^{lp-m} * prefix_output + e^{ls-m} * suffix_output) / (e^{lp-m} + e^{ls-m}),
+// m = max(lp, ls), per (token, head). output/prefix_output/suffix_output:
+// [num_tokens, num_heads, head_size] in dtype (fp32, fp16 or bf16; strides in elements, last dim
+// contiguous); prefix_lse/suffix_lse/output_lse: [num_heads, num_tokens] float32 with row stride
+// lse_head_stride (natural log). output_lse may be nullptr. An lse of +inf is read as -inf (an
+// empty part, as FlashAttention-2 reports it); when both are -inf the output is zeros and
+// output_lse is -inf.
+cudaError_t merge_attn_states(void* output, float* output_lse, const void* prefix_output,
+                              const float* prefix_lse, const void* suffix_output,
+                              const float* suffix_lse, DType dtype, int64_t num_tokens,
+                              int64_t num_heads, int64_t head_size, int64_t out_token_stride,
+                              int64_t out_head_stride, int64_t prefix_token_stride,
+                              int64_t prefix_head_stride, int64_t suffix_token_stride,
+                              int64_t suffix_head_stride, int64_t lse_head_stride,
+                              cudaStream_t stream);
+
+}  // namespace pyorch

@@ -1,0 +1,257 @@
+"""paged_attention on CPU and CUDA against the float64 block-table-walking reference."""
+
+import math
+
+import pytest
+import torch
+
+from pyorch import _ops
+from tests.conftest import DEVICES, tol
+from tests.reference import attention as ref
+
+HEAD_SIZES = [64, 80, 96, 128, 256]
+# (num_heads, num_kv_heads): GQA ratios 1, 4 and 8, with an odd head count for ratio 1.
+HEADS = [(7, 7), (16, 4), (32, 4)]
+# (q_len, seq_len) per sequence: decodes, a chunked prefill of 37 over 200 cached tokens, full
+# prefills, awkward lengths, and a sequence with no query this step.
+MIXED = [(1, 1), (1, 517), (37, 237), (83, 83), (1, 48), (5, 5), (0, 17)]
+SENTINEL = 42.0  # padding rows past query_start_loc[-1] must keep it
+PAD_TOKENS = 3
+
+
+def dtypes_for(device: str) -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16] if device == "cuda" else [torch.float32, torch.bfloat16]
+
+
+def attn_tol(dtype: torch.dtype) -> dict:
+    # fp32 sums hundreds of terms; fp16/bf16 also round the probabilities to the dtype on CUDA.
+    return tol(dtype, 10.0 if dtype == torch.float32 else 2.0)
+
+
+def make_batch(
+    spec: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str,
+    kv_cache_dtype: str = "auto",
+    fp8_storage: torch.dtype = torch.uint8,
+    query_view: bool = False,
+) -> dict:
+    """Random inputs for one call: caches full of random data (unused blocks too), a random
+    non-contiguous block table with garbage in its unused columns, PAD_TOKENS padding rows."""
+    num_seqs = len(spec)
+    blocks_needed = [math.ceil(seq_len / block_size) for _, seq_len in spec]
+    max_blocks = max(blocks_needed) + 2
+    num_blocks = sum(blocks_needed) + 7
+    perm = torch.randperm(num_blocks).tolist()
+    block_table = torch.randint(0, num_blocks, (num_seqs, max_blocks), dtype=torch.int32)
+    for i, n in enumerate(blocks_needed):
+        block_table[i, :n] = torch.tensor(perm[:n], dtype=torch.int32)
+        perm = perm[n:]
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
+    k_scale = torch.tensor([1.0])
+    v_scale = torch.tensor([1.0])
+    if kv_cache_dtype == "auto":
+        key_cache = torch.randn(cache_shape, dtype=dtype)
+        value_cache = torch.randn(cache_shape, dtype=dtype)
+    else:
+        k_scale, v_scale = torch.tensor([0.037]), torch.tensor([0.052])
+        key_cache = (torch.randn(cache_shape) / k_scale).to(torch.float8_e4m3fn).view(fp8_storage)
+        value_cache = (torch.randn(cache_shape) / v_scale).to(torch.float8_e4m3fn).view(fp8_storage)
+    q_lens = [q for q, _ in spec]
+    query_start_loc = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    num_tokens = int(query_start_loc[-1]) + PAD_TOKENS
+    if query_view:  # a view of a fused qkv projection: token stride != num_heads * head_size
+        width = (num_heads + 2 * num_kv_heads) * head_size
+        qkv = torch.randn(num_tokens, width, dtype=dtype, device=device)
+        query = qkv[:, : num_heads * head_size].view(num_tokens, num_heads, head_size)
+    else:
+        query = torch.randn(num_tokens, num_heads, head_size, dtype=dtype, device=device)
+    return dict(
+        query=query,
+        key_cache=key_cache.to(device),
+        value_cache=value_cache.to(device),
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=torch.tensor([s for _, s in spec], dtype=torch.int32, device=device),
+        block_table=block_table.to(device),
+        max_query_len=max(q_lens),
+        max_seq_len=max(s for _, s in spec),
+        kv_cache_dtype=kv_cache_dtype,
+        k_scale=k_scale.to(device),
+        v_scale=v_scale.to(device),
+    )
+
+
+def run_op(b: dict, causal: bool = True, sliding_window: int = 0, soft_cap: float = 0.0) -> torch.Tensor:
+    out = torch.full_like(b["query"], SENTINEL, memory_format=torch.contiguous_format)
+    scale = 1.0 / math.sqrt(b["query"].shape[-1])
+    _ops.paged_attention(
+        out, b["query"], b["key_cache"], b["value_cache"], b["query_start_loc"], b["seq_lens"],
+        b["block_table"], b["max_query_len"], b["max_seq_len"], scale, causal, sliding_window,
+        soft_cap, b["kv_cache_dtype"], b["k_scale"], b["v_scale"],
+    )  # fmt: skip
+    return out
+
+
+def check(b: dict, out: torch.Tensor, causal: bool = True, sliding_window: int = 0,
+          soft_cap: float = 0.0) -> None:  # fmt: skip
+    want = ref.paged_attention(
+        b["query"], b["key_cache"], b["value_cache"], b["query_start_loc"], b["seq_lens"],
+        b["block_table"], 1.0 / math.sqrt(b["query"].shape[-1]), causal, sliding_window, soft_cap,
+        b["kv_cache_dtype"], b["k_scale"].cpu(), b["v_scale"].cpu(),
+    )  # fmt: skip
+    n = want.shape[0]
+    got = out[:n].cpu().double()
+    assert not got.isnan().any(), "NaN in the output"
+    torch.testing.assert_close(got, want, **attn_tol(out.dtype))
+    pad = out[n:]
+    assert pad.shape[0] == PAD_TOKENS and (pad == SENTINEL).all(), "padding rows were written"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_idx", [0, 1])
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+@pytest.mark.parametrize("num_heads,num_kv_heads", HEADS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_mixed_batch(device: str, dtype_idx: int, head_size: int, num_heads: int,
+                     num_kv_heads: int, causal: bool) -> None:  # fmt: skip
+    dtype = dtypes_for(device)[dtype_idx]
+    b = make_batch(MIXED, num_heads, num_kv_heads, head_size, 16, dtype, device, query_view=True)
+    check(b, run_op(b, causal), causal)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cpu_float16(device: str) -> None:
+    if device != "cpu":
+        pytest.skip("float16 is a CPU-only extra here; CUDA covers it in test_mixed_batch")
+    b = make_batch(MIXED, 8, 2, 64, 16, torch.float16, device)
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 8), (8, 1)])
+def test_long_prefill(device: str, num_heads: int, num_kv_heads: int) -> None:
+    b = make_batch([(769, 769), (1, 1000), (0, 3), (300, 1100)], num_heads, num_kv_heads, 128, 16,
+                   torch.bfloat16, device)  # fmt: skip
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size", [1, 8, 16, 32])
+def test_block_sizes(device: str, block_size: int) -> None:
+    b = make_batch(MIXED, 16, 4, 128, block_size, torch.bfloat16, device)
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sliding_window", [1, 16, 100, 5000])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sliding_window(device: str, sliding_window: int, causal: bool) -> None:
+    b = make_batch(MIXED + [(200, 700)], 16, 4, 64, 16, torch.bfloat16, device)
+    check(b, run_op(b, causal, sliding_window), causal, sliding_window)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("soft_cap", [5.0, 50.0])
+def test_soft_cap(device: str, soft_cap: float) -> None:
+    b = make_batch(MIXED, 8, 4, 256, 16, torch.bfloat16, device)
+    b["query"] = b["query"] * 4  # large scores, so that the cap bites
+    check(b, run_op(b, True, 0, soft_cap), True, 0, soft_cap)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_idx", [0, 1])
+@pytest.mark.parametrize("head_size", [64, 96, 128, 256])
+@pytest.mark.parametrize("fp8_storage", [torch.uint8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3"])
+def test_fp8_kv_cache(device: str, dtype_idx: int, head_size: int, fp8_storage: torch.dtype,
+                      kv_cache_dtype: str) -> None:  # fmt: skip
+    dtype = dtypes_for(device)[dtype_idx]
+    b = make_batch(MIXED, 16, 4, head_size, 16, dtype, device, kv_cache_dtype, fp8_storage)
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_never_reads_unused_slots(device: str, kv_cache_dtype: str) -> None:
+    """NaN in every cache slot that no query may see: any read of one poisons the output."""
+    b = make_batch(MIXED, 16, 4, 128, 16, dtypes_for(device)[1], device, kv_cache_dtype)
+    visible = torch.zeros(b["key_cache"].shape[:2], dtype=torch.bool)
+    table = b["block_table"].cpu()
+    for i, seq_len in enumerate(b["seq_lens"].tolist()):
+        for pos in range(seq_len):
+            visible[table[i, pos // 16], pos % 16] = True
+    poison = float("nan") if kv_cache_dtype == "auto" else 0x7F  # 0x7f: e4m3 NaN
+    for name in ("key_cache", "value_cache"):
+        b[name][~visible.to(device)] = poison
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_seqs,seq_len", [(1, 3000), (3, 1500), (300, 130)])
+def test_decode_batches(device: str, num_seqs: int, seq_len: int) -> None:
+    """Pure decode: long single sequences (CUDA splits the KV range) and a wide batch (no split)."""
+    spec = [(1, seq_len - (7 * i) % 100) for i in range(num_seqs)]
+    b = make_batch(spec, 32, 8, 128, 16, dtypes_for(device)[1], device)
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unsupported_head_size(device: str) -> None:
+    b = make_batch([(1, 5)], 4, 4, 72, 16, dtypes_for(device)[1], device)
+    with pytest.raises(RuntimeError, match="Unsupported head size: 72"):
+        run_op(b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_dtype(device: str) -> None:
+    bad = torch.float32 if device == "cuda" else torch.float64
+    b = make_batch([(1, 5)], 4, 4, 64, 16, bad, device)
+    with pytest.raises(RuntimeError, match="paged_attention"):
+        run_op(b)
+    b = make_batch([(1, 5)], 4, 4, 64, 16, dtypes_for(device)[1], device)
+    b["key_cache"] = b["key_cache"].half() if b["key_cache"].dtype != torch.half else b["key_cache"].float()
+    with pytest.raises(RuntimeError, match="kv_cache_dtype=auto"):
+        run_op(b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device: str) -> None:
+    b = make_batch([(1, 20), (9, 30)], 8, 2, 64, 16, dtypes_for(device)[1], device)
+    args = (
+        torch.empty_like(b["query"]), b["query"], b["key_cache"], b["value_cache"],
+        b["query_start_loc"], b["seq_lens"], b["block_table"], 9, 30, 0.125, True, 0, 0.0, "auto",
+        b["k_scale"], b["v_scale"],
+    )  # fmt: skip
+    torch.library.opcheck(torch.ops.pyorch.paged_attention.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cuda_graph_capture(device: str) -> None:
+    """No host sync inside: the op (split-KV workspace included) captures and replays."""
+    if device != "cuda":
+        pytest.skip("CUDA graphs only")
+    b = make_batch([(1, 2000), (1, 700)], 32, 8, 128, 16, torch.bfloat16, device, "fp8")
+    out = torch.full_like(b["query"], SENTINEL)
+    args = [b[k] for k in ("query", "key_cache", "value_cache", "query_start_loc", "seq_lens",
+                           "block_table")]  # fmt: skip
+    call = lambda: _ops.paged_attention(out, *args, 1, 2000, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
+                                        "fp8", b["k_scale"], b["v_scale"])  # fmt: skip
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    b["query"].normal_()
+    b["seq_lens"].sub_(torch.tensor([100, 50], dtype=torch.int32, device=device))
+    b["v_scale"].fill_(0.07)
+    out.fill_(SENTINEL)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(b, out)
