@@ -85,6 +85,10 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
   m.impl("paged_attention", c10::kCPU, &pyorch::cpu::paged_attention);
   m.impl("merge_attn_states", c10::kCPU, &pyorch::cpu::merge_attn_states);
+  m.impl("rotary_embedding", c10::kCPU, &pyorch::cpu::rotary_embedding);
+  m.impl("silu_and_mul", c10::kCPU, &pyorch::cpu::silu_and_mul);
+  m.impl("gelu_and_mul", c10::kCPU, &pyorch::cpu::gelu_and_mul);
+  m.impl("gelu_tanh_and_mul", c10::kCPU, &pyorch::cpu::gelu_tanh_and_mul);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -93,6 +97,10 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("fused_add_rms_norm", c10::kCUDA, &fused_add_rms_norm);
   m.impl("paged_attention", c10::kCUDA, &paged_attention);
   m.impl("merge_attn_states", c10::kCUDA, &merge_attn_states);
+  m.impl("rotary_embedding", c10::kCUDA, &rotary_embedding);
+  m.impl("silu_and_mul", c10::kCUDA, &silu_and_mul);
+  m.impl("gelu_and_mul", c10::kCUDA, &gelu_and_mul);
+  m.impl("gelu_tanh_and_mul", c10::kCUDA, &gelu_tanh_and_mul);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }

@@ -1,0 +1,137 @@
+// CPU rotary embedding: one token per task, each head staged through fp32 and rotated in place.
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+#include "cpu/cpu_utils.h"
+#include "ops.h"
+
+namespace pyorch::cpu {
+namespace {
+
+// A query or key tensor seen as [num_tokens, num_heads, head_size] with element strides.
+struct HeadsView {
+  int64_t num_heads;
+  int64_t token_stride;
+  int64_t head_stride;
+};
+
+HeadsView heads_view(const at::Tensor& x, int64_t num_tokens, int64_t head_size, const char* name) {
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "rotary_embedding: ", name,
+              " must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size]");
+  TORCH_CHECK(x.size(0) == num_tokens, "rotary_embedding: ", name, " has ", x.size(0),
+              " tokens but positions has ", num_tokens);
+  TORCH_CHECK(x.size(-1) <= 1 || x.stride(-1) == 1, "rotary_embedding: the last dimension of ",
+              name, " must be contiguous");
+  if (x.dim() == 3) {
+    TORCH_CHECK(x.size(2) == head_size, "rotary_embedding: ", name, " head size ", x.size(2),
+                " != head_size ", head_size);
+    return {x.size(1), x.stride(0), x.stride(1)};
+  }
+  TORCH_CHECK(x.size(1) % head_size == 0, "rotary_embedding: ", name, " width ", x.size(1),
+              " is not a multiple of head_size ", head_size);
+  return {x.size(1) / head_size, x.stride(0), head_size};
+}
+
+// neox: x1 = x[:half], x2 = x[half:2*half] (separate restrict pointers so the loop vectorizes).
+inline void rotate_neox(float* __restrict__ x1, float* __restrict__ x2,
+                        const float* __restrict__ cos, const float* __restrict__ sin,
+                        int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x1[i];
+    const float b = x2[i];
+    x1[i] = a * cos[i] - b * sin[i];
+    x2[i] = b * cos[i] + a * sin[i];
+  }
+}
+
+// gpt-j: pairs (x[2i], x[2i + 1]).
+inline void rotate_gptj(float* __restrict__ x, const float* __restrict__ cos,
+                        const float* __restrict__ sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[2 * i];
+    const float b = x[2 * i + 1];
+    x[2 * i] = a * cos[i] - b * sin[i];
+    x[2 * i + 1] = b * cos[i] + a * sin[i];
+  }
+}
+
+template <typename T, typename CacheT>
+void rope_tokens(const int64_t* positions, T* query, T* key, const CacheT* cache,
+                 int64_t num_tokens, const HeadsView& q, const HeadsView& k, int64_t rot_dim,
+                 int64_t max_position, int64_t cache_stride, bool is_neox) {
+  const int64_t half = rot_dim / 2;
+  const int64_t total_heads = q.num_heads + k.num_heads;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, total_heads * rot_dim));
+  at::parallel_for(0, num_tokens, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(2 * rot_dim);  // [cos | sin] of the token, then one head
+    float* cos = buf.data();
+    float* sin = cos + half;
+    float* x = buf.data() + rot_dim;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pos = positions[t];
+      TORCH_CHECK(pos >= 0 && pos < max_position, "rotary_embedding: position ", pos,
+                  " is outside the cos_sin_cache [0, ", max_position, ")");
+      to_float(cache + pos * cache_stride, cos, rot_dim);
+      for (int64_t h = 0; h < total_heads; ++h) {
+        T* head = h < q.num_heads ? query + t * q.token_stride + h * q.head_stride
+                                  : key + t * k.token_stride + (h - q.num_heads) * k.head_stride;
+        to_float(head, x, rot_dim);
+        if (is_neox) {
+          rotate_neox(x, x + half, cos, sin, half);
+        } else {
+          rotate_gptj(x, cos, sin, half);
+        }
+        from_float(x, head, rot_dim);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
+                      std::optional<at::Tensor> key, int64_t head_size,
+                      const at::Tensor& cos_sin_cache, bool is_neox) {
+  TORCH_CHECK(positions.device().is_cpu() && query.device().is_cpu() &&
+                  cos_sin_cache.device().is_cpu() && (!key.has_value() || key->device().is_cpu()),
+              "rotary_embedding: tensors must be on CPU");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1,
+              "rotary_embedding: positions must be a [num_tokens] int64 tensor");
+  const at::ScalarType dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "rotary_embedding: query dtype must be float32, float16 or bfloat16, got ", dtype);
+  TORCH_CHECK(head_size > 0, "rotary_embedding: head_size must be positive");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.stride(1) == 1,
+              "rotary_embedding: cos_sin_cache must be [max_position, rot_dim], rows contiguous");
+  TORCH_CHECK(cos_sin_cache.scalar_type() == dtype || cos_sin_cache.scalar_type() == at::kFloat,
+              "rotary_embedding: cos_sin_cache dtype must be ", dtype, " or float32, got ",
+              cos_sin_cache.scalar_type());
+  const int64_t rot_dim = cos_sin_cache.size(1);
+  TORCH_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_size,
+              "rotary_embedding: rot_dim (cos_sin_cache.size(1) = ", rot_dim,
+              ") must be even, positive and <= head_size ", head_size);
+  const at::Tensor pos = positions.contiguous();
+  const int64_t num_tokens = pos.size(0);
+  const HeadsView q = heads_view(query, num_tokens, head_size, "query");
+  HeadsView k{0, 0, 0};
+  if (key.has_value()) {
+    TORCH_CHECK(key->scalar_type() == dtype, "rotary_embedding: key dtype must match query");
+    k = heads_view(*key, num_tokens, head_size, "key");
+  }
+  PYORCH_CPU_DISPATCH_FLOATS(dtype, "rotary_embedding", [&] {
+    scalar_t* k_ptr = key.has_value() ? key->data_ptr<scalar_t>() : nullptr;
+    auto run = [&](const auto* cache) {
+      rope_tokens(pos.const_data_ptr<int64_t>(), query.data_ptr<scalar_t>(), k_ptr, cache,
+                  num_tokens, q, k, rot_dim, cos_sin_cache.size(0), cos_sin_cache.stride(0),
+                  is_neox);
+    };
+    if (cos_sin_cache.scalar_type() == at::kFloat) {
+      run(cos_sin_cache.const_data_ptr<float>());
+    } else {
+      run(cos_sin_cache.const_data_ptr<scalar_t>());
+    }
+  });
+}
+
+}  // namespace pyorch::cpu

@@ -1,0 +1,78 @@
+// CUDA adapter for rotary_embedding: check, guard, stream, call cuda/, check status. No math here.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "common.h"
+#include "ops.h"
+#include "pyorch/rope.h"
+
+namespace {
+
+// A query or key tensor seen as [num_tokens, num_heads, head_size] with element strides.
+struct HeadsView {
+  int64_t num_heads;
+  int64_t token_stride;
+  int64_t head_stride;
+};
+
+// Accepts [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size], whose token
+// (and head) strides may be anything, e.g. a slice of a fused qkv projection.
+HeadsView heads_view(const at::Tensor& x, int64_t num_tokens, int64_t head_size, const char* name) {
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "rotary_embedding: ", name,
+              " must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size]");
+  TORCH_CHECK(x.size(0) == num_tokens, "rotary_embedding: ", name, " has ", x.size(0),
+              " tokens but positions has ", num_tokens);
+  TORCH_CHECK(x.size(-1) <= 1 || x.stride(-1) == 1, "rotary_embedding: the last dimension of ",
+              name, " must be contiguous");
+  if (x.dim() == 3) {
+    TORCH_CHECK(x.size(2) == head_size, "rotary_embedding: ", name, " head size ", x.size(2),
+                " != head_size ", head_size);
+    // A lone head's stride is meaningless; the natural one keeps the vector-width check happy.
+    return {x.size(1), x.stride(0), x.size(1) == 1 ? head_size : x.stride(1)};
+  }
+  TORCH_CHECK(x.size(1) % head_size == 0, "rotary_embedding: ", name, " width ", x.size(1),
+              " is not a multiple of head_size ", head_size);
+  return {x.size(1) / head_size, x.stride(0), head_size};
+}
+
+}  // namespace
+
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
+                      std::optional<at::Tensor> key, int64_t head_size,
+                      const at::Tensor& cos_sin_cache, bool is_neox) {
+  TORCH_CHECK(positions.is_cuda() && query.is_cuda() && cos_sin_cache.is_cuda(),
+              "rotary_embedding: tensors must be on CUDA");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 &&
+                  positions.is_contiguous(),
+              "rotary_embedding: positions must be a contiguous [num_tokens] int64 tensor");
+  const at::ScalarType dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "rotary_embedding: query dtype must be float32, float16 or bfloat16, got ", dtype);
+  TORCH_CHECK(head_size > 0, "rotary_embedding: head_size must be positive");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.stride(1) == 1,
+              "rotary_embedding: cos_sin_cache must be [max_position, rot_dim], rows contiguous");
+  TORCH_CHECK(cos_sin_cache.scalar_type() == dtype || cos_sin_cache.scalar_type() == at::kFloat,
+              "rotary_embedding: cos_sin_cache dtype must be ", dtype, " or float32, got ",
+              cos_sin_cache.scalar_type());
+  const int64_t rot_dim = cos_sin_cache.size(1);
+  TORCH_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_size,
+              "rotary_embedding: rot_dim (cos_sin_cache.size(1) = ", rot_dim,
+              ") must be even, positive and <= head_size ", head_size);
+  const int64_t num_tokens = positions.size(0);
+  const HeadsView q = heads_view(query, num_tokens, head_size, "query");
+  HeadsView k{0, 0, 0};
+  if (key.has_value()) {
+    TORCH_CHECK(key->is_cuda() && key->device() == query.device(),
+                "rotary_embedding: key must be on query's device");
+    TORCH_CHECK(key->scalar_type() == dtype, "rotary_embedding: key dtype must match query");
+    k = heads_view(*key, num_tokens, head_size, "key");
+  }
+  const c10::cuda::OptionalCUDAGuard guard(query.device());
+  PYORCH_CHECK_CUDA(pyorch::rotary_embedding(
+      positions.const_data_ptr<int64_t>(), query.data_ptr(),
+      key.has_value() ? key->data_ptr() : nullptr, cos_sin_cache.const_data_ptr(),
+      pyorch::to_pyorch_dtype(dtype), pyorch::to_pyorch_dtype(cos_sin_cache.scalar_type()),
+      num_tokens, q.num_heads, k.num_heads, head_size, rot_dim, q.token_stride, q.head_stride,
+      k.token_stride, k.head_stride, cos_sin_cache.stride(0), is_neox,
+      c10::cuda::getCurrentCUDAStream()));
+}

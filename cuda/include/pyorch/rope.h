@@ -1,0 +1,31 @@
+// Rotary position embedding (vLLM's rotary_embedding), applied in place to query and key.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "pyorch/dtype.h"
+
+namespace pyorch {
+
+// Rotates the first rot_dim elements of every query and key head by the angle of its token's
+// position; elements rot_dim..head_size-1 are left untouched (partial rotary). Math in fp32.
+//   positions:     [num_tokens] int64, each in [0, max_position) (not checked on the device)
+//   query:         [num_tokens, num_heads, head_size], element (t, h, i) at
+//                  t * query_token_stride + h * query_head_stride + i
+//   key:           [num_tokens, num_kv_heads, head_size] likewise, or nullptr (then num_kv_heads
+//                  and the key strides are ignored)
+//   cos_sin_cache: [max_position, rot_dim] (row stride cache_stride) = [cos | sin], each
+//                  rot_dim / 2 wide; in `dtype` or float32 (cache_dtype)
+// is_neox rotates the pairs (i, i + rot_dim / 2); otherwise (GPT-J) the pairs (2i, 2i + 1).
+// rot_dim must be even and at most head_size. query and key share `dtype` (fp32, fp16, bf16).
+cudaError_t rotary_embedding(const int64_t* positions, void* query, void* key,
+                             const void* cos_sin_cache, DType dtype, DType cache_dtype,
+                             int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
+                             int64_t head_size, int64_t rot_dim, int64_t query_token_stride,
+                             int64_t query_head_stride, int64_t key_token_stride,
+                             int64_t key_head_stride, int64_t cache_stride, bool is_neox,
+                             cudaStream_t stream);
+
+}  // namespace pyorch
