@@ -89,6 +89,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("silu_and_mul", c10::kCPU, &pyorch::cpu::silu_and_mul);
   m.impl("gelu_and_mul", c10::kCPU, &pyorch::cpu::gelu_and_mul);
   m.impl("gelu_tanh_and_mul", c10::kCPU, &pyorch::cpu::gelu_tanh_and_mul);
+  m.impl("paged_attention_v1", c10::kCPU, &pyorch::cpu::paged_attention_v1);
+  m.impl("paged_attention_v2", c10::kCPU, &pyorch::cpu::paged_attention_v2);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -101,6 +103,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("silu_and_mul", c10::kCUDA, &silu_and_mul);
   m.impl("gelu_and_mul", c10::kCUDA, &gelu_and_mul);
   m.impl("gelu_tanh_and_mul", c10::kCUDA, &gelu_tanh_and_mul);
+  m.impl("paged_attention_v1", c10::kCUDA, &paged_attention_v1);
+  m.impl("paged_attention_v2", c10::kCUDA, &paged_attention_v2);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }

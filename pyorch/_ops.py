@@ -130,3 +130,80 @@ def gelu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
 def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
     """out[..., d] = gelu_tanh(input[..., :d]) * input[..., d:] (tanh approximation)."""
     _ops.gelu_tanh_and_mul(out, input)
+
+
+# ---- vLLM's split-layout paged attention (decode only) ------------------------------------------
+def paged_attention_v1(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    num_kv_heads: int,
+    scale: float,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    max_seq_len: int,
+    alibi_slopes: Optional[torch.Tensor],
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    tp_rank: int = 0,
+    blocksparse_local_blocks: int = 0,
+    blocksparse_vert_stride: int = 0,
+    blocksparse_block_size: int = 64,
+    blocksparse_head_sliding_step: int = 0,
+) -> None:
+    """Decode attention of one query token per sequence over vLLM's split KV layout (one pass).
+
+    out/query: [num_seqs, num_heads, head_size]; key_cache: [num_blocks, num_kv_heads,
+    head_size // x, block_size, x] with x = 16 // element size; value_cache: [num_blocks,
+    num_kv_heads, head_size, block_size]; block_tables: [num_seqs, max_blocks_per_seq] int32;
+    seq_lens: [num_seqs] int32; alibi_slopes: [num_heads] float32 or None; k_scale/v_scale:
+    one-element float32 tensors, used when kv_cache_dtype is "fp8"/"fp8_e4m3". Blocksparse
+    attention is not supported (blocksparse_vert_stride > 1 or blocksparse_local_blocks != 0 raise).
+    """
+    _ops.paged_attention_v1(
+        out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+        block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank,
+        blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+        blocksparse_head_sliding_step,
+    )  # fmt: skip
+
+
+def paged_attention_v2(
+    out: torch.Tensor,
+    exp_sums: torch.Tensor,
+    max_logits: torch.Tensor,
+    tmp_out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    num_kv_heads: int,
+    scale: float,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    max_seq_len: int,
+    alibi_slopes: Optional[torch.Tensor],
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    tp_rank: int = 0,
+    blocksparse_local_blocks: int = 0,
+    blocksparse_vert_stride: int = 0,
+    blocksparse_block_size: int = 64,
+    blocksparse_head_sliding_step: int = 0,
+) -> None:
+    """paged_attention_v1 split over 512-token partitions, then reduced into out.
+
+    Scratch, caller-allocated with max_num_partitions = ceil(max_seq_len / 512):
+    exp_sums, max_logits: [num_seqs, num_heads, max_num_partitions] float32;
+    tmp_out: [num_seqs, num_heads, max_num_partitions, head_size] of query's dtype.
+    """
+    _ops.paged_attention_v2(
+        out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale,
+        block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
+        v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
+        blocksparse_block_size, blocksparse_head_sliding_step,
+    )  # fmt: skip
