@@ -116,5 +116,6 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
+  pyorch::block::bind_block_manager(m);
   // @pybind (keep this marker)
 }

@@ -1,0 +1,167 @@
+"""KVCacheManager: each request's KV blocks, on top of the C++ block pool (`pyorch._C.BlockPool`).
+
+Ownership: the C++ pool owns reference counts, the LRU free queue and the prefix cache (see
+cpp/block_manager/block_pool.h); this class owns the request -> block list map and decides when a
+request's blocks become cacheable. Block ids are rows of every layer's KV cache
+([num_blocks, block_size, num_kv_heads, head_size]); block 0 is the null block (padding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyorch._C import BlockPool
+
+from pyorch.engine.request import Request
+
+NULL_BLOCK_ID = 0
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Allocates, caches and frees the blocks of requests.
+
+    Parameters
+    ----------
+    num_blocks: blocks in the pool, the null block included (num_blocks - 1 are usable).
+    block_size: tokens per block.
+    enable_caching: prefix caching of full blocks.
+    hash_bits: bucket-key bits of the prefix hash (64; tests shrink it to force collisions).
+    """
+
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_caching: bool = True, hash_bits: int = 64
+    ) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, block_size, enable_caching, hash_bits)
+        self.req_to_blocks: dict[str, list[int]] = {}
+        # Leading blocks of each request already registered in the prefix cache.
+        self.num_cached_blocks: dict[str, int] = {}
+
+    # ---- capacity and stats ----------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks, cached (evictable) ones included."""
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests, in [0, 1]."""
+        return self.pool.usage
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Tokens looked up in the prefix cache (cumulative)."""
+        return self.pool.prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Tokens found in the prefix cache (cumulative)."""
+        return self.pool.prefix_cache_hits
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        queries = self.pool.prefix_cache_queries
+        return self.pool.prefix_cache_hits / queries if queries else 0.0
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return self.req_to_blocks.get(request_id, [])
+
+    # ---- per request -----------------------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """The longest cached prefix of a request that holds no blocks: (block ids, tokens).
+
+        At most num_tokens - 1 tokens hit, so the last token is always computed (it yields the
+        logits to sample from). Takes no references: pass the result to allocate_slots.
+        """
+        if not self.enable_caching or not request.use_prefix_cache:
+            return [], 0
+        block_ids = self.pool.find_longest_prefix(
+            request.all_token_ids, request.prefix_cache_key, request.num_tokens - 1
+        )
+        return block_ids, len(block_ids) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Sequence[int] = (),
+    ) -> list[int] | None:
+        """Makes room for num_new_tokens more tokens of the request.
+
+        new_computed_blocks / num_new_computed_tokens are a prefix hit from get_computed_blocks
+        (only for a request that holds no blocks yet); they are taken before anything is evicted.
+        Returns the newly allocated block ids ([] when none are needed), or None when the pool
+        cannot supply them (then nothing changes).
+        """
+        req_id = request.request_id
+        req_blocks = self.req_to_blocks.get(req_id)
+        if new_computed_blocks and req_blocks:
+            raise ValueError(f"request {req_id}: a prefix hit is only for a request without blocks")
+        num_held = (len(req_blocks) if req_blocks else 0) + len(new_computed_blocks)
+        num_total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_new_blocks = max(cdiv(num_total, self.block_size) - num_held, 0)
+        if num_new_blocks == 0 and req_blocks is not None and not new_computed_blocks:
+            return []  # the common decode step: room left in the last block
+        # Hit blocks nobody holds sit in the free queue: touching them removes them from it.
+        num_evictable_hits = sum(1 for b in new_computed_blocks if self.pool.ref_count(b) == 0)
+        if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
+            return None
+
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[req_id] = []
+            self.num_cached_blocks[req_id] = 0
+        if new_computed_blocks:
+            self.pool.touch(list(new_computed_blocks))
+            req_blocks.extend(new_computed_blocks)
+            self.num_cached_blocks[req_id] = len(new_computed_blocks)
+        new_blocks: list[int] = self.pool.allocate(num_new_blocks) if num_new_blocks else []
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Registers the request's full blocks among its first num_computed_tokens tokens.
+
+        Call it only once those tokens' KV is written (after the step that computed them), so
+        a hit can never read KV that was not computed.
+        """
+        if not self.enable_caching:
+            return
+        req_id = request.request_id
+        req_blocks = self.req_to_blocks.get(req_id)
+        if not req_blocks:
+            return
+        num_full = min(num_computed_tokens // self.block_size, len(req_blocks))
+        num_cached = self.num_cached_blocks[req_id]
+        if num_full <= num_cached:
+            return
+        bs = self.block_size
+        parent = req_blocks[num_cached - 1] if num_cached > 0 else -1
+        self.pool.cache_full_blocks(
+            parent,
+            req_blocks[num_cached:num_full],
+            request.all_token_ids[num_cached * bs : num_full * bs],
+            request.prefix_cache_key,
+        )
+        # If the chain broke (parent no longer cached), later calls are cheap no-ops.
+        self.num_cached_blocks[req_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Returns the request's blocks, tail first, so its last blocks are evicted first."""
+        req_blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_blocks.pop(request.request_id, None)
+        if req_blocks:
+            self.pool.free(req_blocks[::-1])
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached block; refused (False) while any request holds blocks."""
+        return self.pool.reset_prefix_cache()

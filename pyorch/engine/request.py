@@ -1,0 +1,220 @@
+"""Request state owned by the scheduler, the stop check, and the waiting queues (FCFS, priority).
+
+A request's tokens are `prompt_token_ids + output_token_ids` (`all_token_ids`). The scheduler
+catches `num_computed_tokens` (tokens whose KV is in the cache) up with `num_tokens`; there is no
+prefill or decode phase. A preempted request keeps its output tokens and recomputes them with
+its prompt when it runs again.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyorch.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle of a request; every status after PREEMPTED is a finished one."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finish_reason(status: RequestStatus) -> str | None:
+        return _FINISH_REASONS.get(status)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """One sequence to generate: prompt, outputs so far, and the scheduler's bookkeeping."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None,
+        arrival_time: float,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.max_tokens: int | None = sampling_params.max_tokens
+
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        # Prefix-cache hit (tokens) when first scheduled; -1 until then (vLLM's convention).
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        # Prompt positions whose prompt logprobs were already returned (a preempted request
+        # recomputes its prompt; its logprobs must not be returned twice).
+        self.num_prompt_logprobs_done = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt + output token ids (the live list: read, never mutate)."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def use_prefix_cache(self) -> bool:
+        """Prompt logprobs need the logits of every prompt position, so no prefix hit then."""
+        return self.sampling_params.prompt_logprobs is None
+
+    @property
+    def prefix_cache_key(self) -> str:
+        """Extra key chained into every block hash: requests with different salts never share."""
+        return "" if self.cache_salt is None else "salt:" + self.cache_salt
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self.output_token_ids.extend(token_ids)
+        self._all_token_ids.extend(token_ids)
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def get_finish_reason(self) -> str | None:
+        return RequestStatus.get_finish_reason(self.status)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, "
+            f"num_tokens={self.num_tokens}, num_computed_tokens={self.num_computed_tokens})"
+        )
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Sets the request's finished status and returns True if its last token ends it.
+
+    EOS (unless ignore_eos) and stop_token_ids count only once min_tokens tokens are out; the
+    length caps (max_tokens, max_model_len) always apply. Stop strings are the detokenizer's job.
+    """
+    params = request.sampling_params
+    if request.num_output_tokens >= params.min_tokens:
+        last_token_id = request.output_token_ids[-1]
+        if not params.ignore_eos and last_token_id == request.eos_token_id:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if last_token_id in (params.stop_token_ids or ()):
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last_token_id
+            return True
+    if request.num_tokens >= max_model_len or (
+        request.max_tokens is not None and request.num_output_tokens >= request.max_tokens
+    ):
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False
+
+
+class FCFSRequestQueue:
+    """Waiting requests in arrival order; preempted ones go back to the front."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def add(self, request: Request) -> None:
+        self._queue.append(request)
+
+    def prepend(self, request: Request) -> None:
+        self._queue.appendleft(request)
+
+    def peek(self) -> Request:
+        return self._queue[0]
+
+    def pop(self) -> Request:
+        return self._queue.popleft()
+
+    def remove(self, request: Request) -> None:
+        self._queue.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._queue)
+
+
+class PriorityRequestQueue:
+    """Waiting requests by (priority, arrival_time): lower priority value first, then earlier."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._counter = itertools.count()  # ties keep insertion order; Requests never compare
+
+    def add(self, request: Request) -> None:
+        entry = (request.priority, request.arrival_time, next(self._counter), request)
+        heapq.heappush(self._heap, entry)
+
+    # A preempted request keeps its (priority, arrival_time), which already puts it ahead of
+    # every later arrival of the same priority.
+    prepend = add
+
+    def peek(self) -> Request:
+        return self._heap[0][3]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    def remove(self, request: Request) -> None:
+        self._heap = [e for e in self._heap if e[3] is not request]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e[3] for e in sorted(self._heap, key=lambda e: e[:3]))
+
+
+RequestQueue = FCFSRequestQueue | PriorityRequestQueue
+
+
+def create_request_queue(policy: str) -> RequestQueue:
+    if policy == "fcfs":
+        return FCFSRequestQueue()
+    if policy == "priority":
+        return PriorityRequestQueue()
+    raise ValueError(f"unknown scheduling policy {policy!r} (expected 'fcfs' or 'priority')")

@@ -1,0 +1,364 @@
+"""The scheduler: a phase-free, continuous-batching loop over a token budget (vLLM v1's design).
+
+Each request has `num_computed_tokens` catching up with `num_tokens`. A step hands out
+`num_scheduled_tokens[req_id]` under `max_num_batched_tokens` and `max_num_seqs`: running
+requests first (decodes and continuing chunked prefills), then waiting ones (new, or resumed after
+a preemption), with prefix-cache hits skipping computed blocks. When blocks run out, the
+lowest-priority (then latest-arriving) running request is preempted: its blocks are freed and it
+is recomputed later, keeping the tokens it generated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from pyorch.engine.kv_cache_manager import KVCacheManager, cdiv
+from pyorch.engine.request import Request, RequestStatus, check_stop, create_request_queue
+from pyorch.engine.scheduler_output import (
+    CachedRequestData,
+    EngineCoreOutput,
+    NewRequestData,
+    SchedulerOutput,
+    SchedulerStats,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """Decides each step's batch and applies the runner's results.
+
+    Parameters
+    ----------
+    max_num_seqs: most requests running at once.
+    max_num_batched_tokens: token budget of one step.
+    max_model_len: longest sequence (prompt + output); longer prompts are rejected.
+    block_size, num_blocks: the KV pool (num_blocks includes the null block).
+    enable_prefix_caching: reuse cached full blocks across requests.
+    enable_chunked_prefill: split prompts over steps; when off, a prompt runs whole in one step.
+    policy: "fcfs" (arrival order) or "priority" (lower value first, then arrival).
+    long_prefill_token_threshold: when > 0, most tokens one request gets per step.
+    hash_bits: prefix-cache bucket bits (tests only).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int = 128,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int,
+        block_size: int = 16,
+        num_blocks: int,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        policy: str = "fcfs",
+        long_prefill_token_threshold: int = 0,
+        hash_bits: int = 64,
+    ) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and max_model_len must be >= 1")
+        if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
+                f"({max_model_len}) with chunked prefill disabled: this effectively limits the "
+                "maximum sequence length. Raise max_num_batched_tokens or enable chunked prefill."
+            )
+        capacity = (num_blocks - 1) * block_size
+        if capacity < max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {block_size}), "
+                f"fewer than max_model_len ({max_model_len}): one request of the maximum length "
+                "could never run. Give the KV cache more memory or lower max_model_len."
+            )
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = policy
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, block_size, enable_prefix_caching, hash_bits
+        )
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting = create_request_queue(policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()  # since the last schedule()
+        self.num_preemptions = 0
+
+    @classmethod
+    def from_config(cls, scheduler_config: Any, cache_config: Any, num_blocks: int) -> Scheduler:
+        """Builds a scheduler from config objects with vLLM's field names."""
+        sc, cc = scheduler_config, cache_config
+        return cls(
+            max_num_seqs=sc.max_num_seqs,
+            max_num_batched_tokens=sc.max_num_batched_tokens,
+            max_model_len=sc.max_model_len,
+            block_size=cc.block_size,
+            num_blocks=num_blocks,
+            enable_prefix_caching=cc.enable_prefix_caching,
+            enable_chunked_prefill=sc.enable_chunked_prefill,
+            policy=sc.policy,
+            long_prefill_token_threshold=getattr(sc, "long_prefill_token_threshold", 0) or 0,
+        )
+
+    # ---- requests in and out ---------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queues a request; raises ValueError (nothing queued) if it can never run."""
+        num_prompt = request.num_prompt_tokens
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty")
+        if num_prompt > self.max_model_len:
+            raise ValueError(
+                f"the prompt (length {num_prompt}) is longer than the maximum model length of "
+                f"{self.max_model_len}"
+            )
+        if cdiv(num_prompt, self.block_size) > self.kv_cache_manager.num_blocks - 1:
+            raise ValueError(f"the prompt (length {num_prompt}) does not fit in the KV cache")
+        self.requests[request.request_id] = request
+        request.status = RequestStatus.WAITING
+        self.waiting.add(request)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str], finished_status: RequestStatus
+    ) -> None:
+        """Finishes (e.g. aborts) requests wherever they are; ignores unknown or finished ids."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"{finished_status!r} is not a finished status")
+        ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
+        done = [self.requests[i] for i in ids if i in self.requests]
+        for request in done:
+            if request.status != RequestStatus.RUNNING:
+                self.waiting.remove(request)
+            request.status = finished_status
+            self._free_request(request)
+        if done:
+            self.running = [r for r in self.running if not r.is_finished()]
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def has_finished_requests(self) -> bool:
+        return bool(self.finished_req_ids)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        return len(self.running), len(self.waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops the prefix cache; refused (False) while requests hold blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    # ---- one step --------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        scheduled_running: list[Request] = []
+        scheduled_new: list[Request] = []
+        preempted = False
+
+        # Running requests first, in order; preempt from the low-priority end when blocks run out.
+        idx = 0
+        while idx < len(self.running) and budget > 0:
+            request = self.running[idx]
+            num_new = self._num_new_tokens(request.num_tokens - request.num_computed_tokens, budget)
+            while True:
+                blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+                if blocks is not None:
+                    break
+                victim = self._pick_victim()
+                victim_idx = self.running.index(victim)
+                del self.running[victim_idx]
+                if victim_idx < idx:
+                    idx -= 1
+                if victim.request_id in num_scheduled:  # scheduled earlier in this step: undo
+                    budget += num_scheduled.pop(victim.request_id)
+                    new_block_ids.pop(victim.request_id)
+                    scheduled_running.remove(victim)
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            if blocks is None:  # the request preempted itself: everything left is higher-priority
+                break
+            scheduled_running.append(request)
+            num_scheduled[request.request_id] = num_new
+            new_block_ids[request.request_id] = blocks
+            budget -= num_new
+            idx += 1
+
+        # Then waiting requests, unless this step had to preempt (no room to grow).
+        while (
+            not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+        ):
+            request = self.waiting.peek()
+            hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            num_wanted = request.num_tokens - num_hit
+            if not self.enable_chunked_prefill and num_wanted > budget:
+                break  # a prompt runs whole: wait for a step with room (keeps FCFS order)
+            num_new = self._num_new_tokens(num_wanted, budget)
+            blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_hit, hit_blocks)
+            if blocks is None:
+                break
+            self.waiting.pop()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+            scheduled_new.append(request)
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+
+        return self._make_output(scheduled_new, scheduled_running, num_scheduled, new_block_ids)
+
+    def _num_new_tokens(self, num_wanted: int, budget: int) -> int:
+        threshold = self.long_prefill_token_threshold
+        if self.enable_chunked_prefill and 0 < threshold < num_wanted:
+            num_wanted = threshold
+        return min(num_wanted, budget)
+
+    def _pick_victim(self) -> Request:
+        """The lowest-priority running request (priority policy), then the latest arrival."""
+        by_priority = self.policy == "priority"
+
+        def rank(item: tuple[int, Request]) -> tuple[int, float, int]:
+            idx, request = item
+            return (request.priority if by_priority else 0, request.arrival_time, idx)
+
+        return max(enumerate(self.running), key=rank)[1]
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.finished_req_ids.add(request.request_id)  # the runner drops its state
+        self.waiting.prepend(request)
+        logger.debug("preempted %s (%d tokens)", request.request_id, request.num_tokens)
+
+    def _make_output(
+        self,
+        scheduled_new: list[Request],
+        scheduled_running: list[Request],
+        num_scheduled: dict[str, int],
+        new_block_ids: dict[str, list[int]],
+    ) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        new_reqs = [
+            NewRequestData(
+                req_id=r.request_id,
+                prompt_token_ids=r.prompt_token_ids,
+                output_token_ids=list(r.output_token_ids),
+                sampling_params=r.sampling_params,
+                block_ids=list(kv.get_block_ids(r.request_id)),
+                num_computed_tokens=r.num_computed_tokens,
+            )
+            for r in scheduled_new
+        ]
+        cached = CachedRequestData(
+            req_ids=[r.request_id for r in scheduled_running],
+            new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
+            num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
+        )
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=self.finished_req_ids,
+        )
+        self.finished_req_ids = set()
+        # The tokens count as computed from now on; their KV is cached after the step ran.
+        for req_id, n in num_scheduled.items():
+            self.requests[req_id].num_computed_tokens += n
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: Any
+    ) -> list[EngineCoreOutput]:
+        """Appends sampled tokens, applies stop checks, caches computed blocks, frees finished
+        requests. Returns one EngineCoreOutput per request with new tokens, prompt logprobs, or
+        a finish."""
+        row_of = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        logprobs = runner_output.logprobs
+        prompt_logprobs = runner_output.prompt_logprobs or {}
+        outputs: list[EngineCoreOutput] = []
+        stopped = False
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted after it was scheduled
+            # The step wrote these tokens' KV: their full blocks may now serve other requests.
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            row = row_of.get(req_id)
+            sampled = runner_output.sampled_token_ids[row] if row is not None else []
+            new_token_ids: list[int] = []
+            for token_id in sampled:
+                request.append_output_token_ids(token_id)
+                new_token_ids.append(token_id)
+                if check_stop(request, self.max_model_len):
+                    stopped = True
+                    break
+            new_prompt_logprobs = self._new_prompt_logprobs(
+                request, num_tokens, prompt_logprobs.get(req_id)
+            )
+            if new_token_ids or new_prompt_logprobs is not None or request.is_finished():
+                outputs.append(
+                    EngineCoreOutput(
+                        req_id=req_id,
+                        new_token_ids=new_token_ids,
+                        finish_reason=request.get_finish_reason(),
+                        stop_reason=request.stop_reason,
+                        new_logprobs=logprobs[row] if row is not None and logprobs else None,
+                        new_prompt_logprobs=new_prompt_logprobs,
+                        num_cached_tokens=max(request.num_cached_tokens, 0),
+                    )
+                )
+            if request.is_finished():
+                self._free_request(request)
+        if stopped:
+            self.running = [r for r in self.running if not r.is_finished()]
+        return outputs
+
+    @staticmethod
+    def _new_prompt_logprobs(request: Request, num_tokens: int, entry: Any) -> Any:
+        """Drops the prompt positions already returned before a preemption (the runner recomputes
+        them). The entry covers positions [start, stop) of this step's chunk."""
+        if entry is None:
+            return None
+        start = request.num_computed_tokens - num_tokens
+        stop = min(request.num_computed_tokens, request.num_prompt_tokens - 1)
+        skip = request.num_prompt_logprobs_done - start
+        request.num_prompt_logprobs_done = max(request.num_prompt_logprobs_done, stop)
+        if skip <= 0:
+            return entry
+        if skip >= stop - start:
+            return None
+        return entry.slice(skip, stop - start)

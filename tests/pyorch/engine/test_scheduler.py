@@ -1,0 +1,457 @@
+"""Scheduler, CPU-only, no model: a fake runner keeps its own per-request state from the
+SchedulerOutput diffs and emulates the KV cache (each slot stores a fingerprint of the prefix
+that produced it), so every step checks that each request reads exactly its own KV, whether it
+came from its own compute, a prefix hit, or after a preemption."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pyorch.engine.request import Request, RequestStatus
+from pyorch.engine.scheduler import Scheduler
+from pyorch.engine.scheduler_output import SchedulerOutput
+from pyorch.sampling_params import SamplingParams
+
+BS = 4
+VOCAB = 50
+EOS = 0
+
+
+@dataclass
+class FakeRunnerOutput:  # the fields of ModelRunnerOutput the scheduler reads
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    logprobs: list[Any] = field(default_factory=list)
+    prompt_logprobs: dict[str, Any] = field(default_factory=dict)
+
+
+def next_token(tokens: list[int]) -> int:
+    """Deterministic 'model': the next token depends on the whole sequence; never EOS."""
+    return 1 + (hash(tuple(tokens)) * 2654435761 >> 7) % (VOCAB - 1)
+
+
+class FakeRunner:
+    def __init__(self, block_size: int, script: dict[str, list[int]] | None = None) -> None:
+        self.block_size = block_size
+        self.kv: dict[int, list[Any]] = {}  # block id -> per-slot prefix fingerprint
+        self.reqs: dict[str, dict[str, Any]] = {}
+        self.script = script or {}  # req_id -> forced output tokens, by output index
+
+    def execute(self, so: SchedulerOutput) -> FakeRunnerOutput:
+        bs = self.block_size
+        for rid in so.finished_req_ids:
+            self.reqs.pop(rid, None)
+        for new in so.scheduled_new_reqs:
+            assert new.req_id not in self.reqs
+            self.reqs[new.req_id] = {
+                "tokens": list(new.prompt_token_ids) + list(new.output_token_ids),
+                "num_prompt": len(new.prompt_token_ids),
+                "blocks": list(new.block_ids),
+                "computed": new.num_computed_tokens,
+            }
+        cached = so.scheduled_cached_reqs
+        for rid, blocks, computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        ):
+            state = self.reqs[rid]
+            assert state["computed"] == computed
+            state["blocks"].extend(blocks)
+        req_ids, sampled = [], []
+        for rid, n in so.num_scheduled_tokens.items():
+            state = self.reqs[rid]
+            tokens, blocks, start = state["tokens"], state["blocks"], state["computed"]
+            end = start + n
+            assert 0 < n and end <= len(tokens) and len(blocks) * bs >= end
+            assert 0 not in blocks, "the null block was handed out"
+            for pos in range(start):  # every context slot holds this request's prefix KV
+                assert self.kv[blocks[pos // bs]][pos % bs] == hash(tuple(tokens[: pos + 1])), (
+                    f"{rid} read wrong KV at position {pos}"
+                )
+            for pos in range(start, end):
+                slots = self.kv.setdefault(blocks[pos // bs], [None] * bs)
+                slots[pos % bs] = hash(tuple(tokens[: pos + 1]))
+            state["computed"] = end
+            req_ids.append(rid)
+            if end == len(tokens):
+                out_idx = len(tokens) - state["num_prompt"]
+                forced = self.script.get(rid, [])
+                tok = forced[out_idx] if out_idx < len(forced) else next_token(tokens)
+                tokens.append(tok)
+                sampled.append([tok])
+            else:
+                sampled.append([])
+        return FakeRunnerOutput(req_ids, sampled, [None] * len(req_ids))
+
+
+@pytest.fixture
+def make_scheduler():
+    """Builds schedulers; at teardown aborts what is left and checks every block came back."""
+    made: list[Scheduler] = []
+
+    def make(**kwargs: Any) -> Scheduler:
+        defaults = {
+            "max_num_seqs": 8,
+            "max_num_batched_tokens": 64,
+            "max_model_len": 64,
+            "block_size": BS,
+            "num_blocks": 64,
+        }
+        defaults.update(kwargs)
+        sched = Scheduler(**defaults)
+        made.append(sched)
+        return sched
+
+    yield make
+    for sched in made:
+        sched.finish_requests(list(sched.requests), RequestStatus.FINISHED_ABORTED)
+        kv = sched.kv_cache_manager
+        assert kv.num_free_blocks == kv.num_blocks - 1 and kv.usage == 0.0
+        assert not kv.req_to_blocks and not sched.running and not len(sched.waiting)
+
+
+def req(
+    rid: str,
+    prompt: list[int],
+    arrival: float = 0.0,
+    priority: int = 0,
+    salt: str | None = None,
+    **params: Any,
+) -> Request:
+    params.setdefault("max_tokens", 8)
+    return Request(rid, prompt, SamplingParams(**params), EOS, arrival, priority, salt)
+
+
+def prompt_of(n: int, seed: int = 0) -> list[int]:
+    return [1 + (seed * 7919 + i * 104729) % (VOCAB - 1) for i in range(n)]
+
+
+def run(sched: Scheduler, runner: FakeRunner, max_steps: int = 2000) -> dict[str, Any]:
+    """Steps until idle, checking per-step limits. Returns outputs, finish info and step log."""
+    tokens: dict[str, list[int]] = {}
+    finish: dict[str, tuple] = {}
+    steps: list[SchedulerOutput] = []
+    for _ in range(max_steps):
+        if not sched.has_unfinished_requests():
+            break
+        so = sched.schedule()
+        assert so.total_num_scheduled_tokens == sum(so.num_scheduled_tokens.values())
+        assert so.total_num_scheduled_tokens <= sched.max_num_batched_tokens
+        assert len(so.num_scheduled_tokens) <= sched.max_num_seqs
+        steps.append(so)
+        for out in sched.update_from_output(so, runner.execute(so)):
+            tokens.setdefault(out.req_id, []).extend(out.new_token_ids)
+            if out.finish_reason is not None:
+                finish[out.req_id] = (out.finish_reason, out.stop_reason, out.num_cached_tokens)
+    else:
+        raise AssertionError("the scheduler did not drain")
+    return {"tokens": tokens, "finish": finish, "steps": steps}
+
+
+def test_single_request_to_max_tokens(make_scheduler):
+    sched = make_scheduler()
+    sched.add_request(req("a", prompt_of(10), max_tokens=5))
+    res = run(sched, FakeRunner(BS))
+    assert len(res["tokens"]["a"]) == 5
+    assert res["finish"]["a"] == ("length", None, 0)
+    assert [s.total_num_scheduled_tokens for s in res["steps"]] == [10, 1, 1, 1, 1]
+    assert "a" in sched.schedule().finished_req_ids  # the runner is told to drop it
+
+
+def test_token_budget_and_max_num_seqs(make_scheduler):
+    sched = make_scheduler(max_num_seqs=3, max_num_batched_tokens=20)
+    for i in range(7):
+        sched.add_request(req(f"r{i}", prompt_of(9 + i, i), arrival=i, max_tokens=6))
+    res = run(sched, FakeRunner(BS))
+    assert all(len(res["tokens"][f"r{i}"]) == 6 for i in range(7))
+    assert max(len(s.num_scheduled_tokens) for s in res["steps"]) == 3
+    assert max(s.total_num_scheduled_tokens for s in res["steps"]) == 20
+
+
+def test_chunked_prefill(make_scheduler):
+    sched = make_scheduler(max_num_batched_tokens=16, enable_prefix_caching=False)
+    sched.add_request(req("a", prompt_of(50), max_tokens=3))
+    res = run(sched, FakeRunner(BS))
+    assert [s.num_scheduled_tokens["a"] for s in res["steps"]] == [16, 16, 16, 2, 1, 1]
+    assert len(res["tokens"]["a"]) == 3
+
+
+def test_chunked_prefill_shares_the_budget_with_decodes(make_scheduler):
+    sched = make_scheduler(max_num_batched_tokens=16, enable_prefix_caching=False)
+    sched.add_request(req("a", prompt_of(5), arrival=0, max_tokens=10))
+    runner = FakeRunner(BS)
+    so = sched.schedule()
+    sched.update_from_output(so, runner.execute(so))
+    sched.add_request(req("b", prompt_of(40, 1), arrival=1, max_tokens=2))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"a": 1, "b": 15}  # decode first, then a chunk
+    sched.update_from_output(so, runner.execute(so))
+    run(sched, runner)
+
+
+def test_long_prefill_token_threshold(make_scheduler):
+    sched = make_scheduler(
+        max_num_batched_tokens=32, long_prefill_token_threshold=8, enable_prefix_caching=False
+    )
+    sched.add_request(req("a", prompt_of(20), max_tokens=1))
+    res = run(sched, FakeRunner(BS))
+    assert [s.num_scheduled_tokens["a"] for s in res["steps"]] == [8, 8, 4]
+
+
+def test_chunked_prefill_disabled(make_scheduler):
+    with pytest.raises(ValueError, match="chunked prefill"):
+        Scheduler(
+            max_num_batched_tokens=32,
+            max_model_len=64,
+            num_blocks=64,
+            block_size=BS,
+            enable_chunked_prefill=False,
+        )
+    sched = make_scheduler(
+        max_num_batched_tokens=64, max_model_len=64, enable_chunked_prefill=False
+    )
+    sched.add_request(req("a", prompt_of(40), arrival=0, max_tokens=2))
+    sched.add_request(req("b", prompt_of(30, 1), arrival=1, max_tokens=2))
+    res = run(sched, FakeRunner(BS))
+    # b does not fit beside a's 40 tokens and is never split: it waits for the next step.
+    assert res["steps"][0].num_scheduled_tokens == {"a": 40}
+    assert res["steps"][1].num_scheduled_tokens == {"a": 1, "b": 30}
+
+
+def test_prefix_hits(make_scheduler):
+    sched = make_scheduler()
+    runner = FakeRunner(BS)
+    shared = prompt_of(33)
+    sched.add_request(req("a", shared + [5, 6], max_tokens=2))
+    run(sched, runner)
+    sched.add_request(req("b", shared + [7], max_tokens=2))
+    sched.add_request(req("c", shared + [7], salt="other", max_tokens=2))
+    res = run(sched, runner)
+    assert res["finish"]["b"][2] == 32 and res["finish"]["c"][2] == 0
+    assert res["steps"][0].num_scheduled_tokens["b"] == 2
+    assert res["steps"][0].num_scheduled_tokens["c"] == 34
+    # A prompt that is entirely cached still recomputes its last token (here: a whole block).
+    sched.add_request(req("d", shared[:32], max_tokens=1))
+    res = run(sched, runner)
+    assert res["finish"]["d"][2] == 28 and res["steps"][0].num_scheduled_tokens["d"] == 4
+    stats = sched.make_stats()
+    assert stats.prefix_cache_hits == 32 + 28
+    assert stats.prefix_cache_queries == 35 + 34 + 34 + 32
+    assert 0 < stats.prefix_cache_hit_rate < 1
+
+
+def test_prefix_caching_off(make_scheduler):
+    sched = make_scheduler(enable_prefix_caching=False)
+    runner = FakeRunner(BS)
+    sched.add_request(req("a", prompt_of(20), max_tokens=2))
+    run(sched, runner)
+    sched.add_request(req("b", prompt_of(20), max_tokens=2))
+    res = run(sched, runner)
+    assert res["finish"]["b"][2] == 0 and sched.make_stats().prefix_cache_queries == 0
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_preemption_keeps_outputs(make_scheduler, policy, prefix_caching):
+    def workload(sched: Scheduler) -> dict[str, Any]:
+        for i in range(6):
+            sched.add_request(
+                req(
+                    f"r{i}",
+                    prompt_of(10 + 3 * i, i % 3),
+                    arrival=i,
+                    priority=i % 2,
+                    max_tokens=20,
+                    ignore_eos=True,
+                )
+            )
+        return run(sched, FakeRunner(BS))
+
+    kwargs = {"policy": policy, "enable_prefix_caching": prefix_caching, "max_model_len": 48}
+    big = workload(make_scheduler(num_blocks=200, **kwargs))
+    tiny_sched = make_scheduler(num_blocks=13, **kwargs)  # 48 tokens: one max-length sequence
+    tiny = workload(tiny_sched)
+    assert tiny_sched.make_stats().num_preemptions > 0
+    assert tiny["tokens"] == big["tokens"]
+    assert [len(big["tokens"][f"r{i}"]) for i in range(6)] == [20] * 6
+    # Every preemption told the runner to drop the request; it came back as a new request.
+    dropped = set().union(*(s.finished_req_ids for s in tiny["steps"]))
+    resumed = [n for s in tiny["steps"] for n in s.scheduled_new_reqs if n.output_token_ids]
+    assert resumed and all(n.req_id in dropped for n in resumed)
+
+
+def test_preemption_victim_fcfs_is_latest_arrival(make_scheduler):
+    sched = make_scheduler(num_blocks=9, max_model_len=32)  # 8 usable blocks
+    runner = FakeRunner(BS)
+    sched.add_request(req("old", prompt_of(12), arrival=0, max_tokens=30, ignore_eos=True))
+    sched.add_request(req("new", prompt_of(12, 1), arrival=1, max_tokens=30, ignore_eos=True))
+    while not sched.num_preemptions:
+        so = sched.schedule()
+        sched.update_from_output(so, runner.execute(so))
+    assert sched.requests["new"].num_preemptions == 1
+    assert sched.requests["old"].status == RequestStatus.RUNNING
+    run(sched, runner)
+
+
+def test_priority_policy(make_scheduler):
+    sched = make_scheduler(policy="priority", max_num_seqs=1)
+    for rid, prio, arrival in [("p5", 5, 0), ("p1a", 1, 1), ("p3", 3, 2), ("p1b", 1, 3)]:
+        sched.add_request(req(rid, prompt_of(5), arrival=arrival, priority=prio, max_tokens=2))
+    res = run(sched, FakeRunner(BS))
+    order = [n.req_id for s in res["steps"] for n in s.scheduled_new_reqs]
+    assert order == ["p1a", "p1b", "p3", "p5"]
+
+
+def test_priority_preempts_the_lowest_priority(make_scheduler):
+    sched = make_scheduler(policy="priority", num_blocks=9, max_model_len=32)
+    runner = FakeRunner(BS)
+    sched.add_request(
+        req("low", prompt_of(12), arrival=0, priority=9, max_tokens=30, ignore_eos=True)
+    )
+    sched.add_request(
+        req("high", prompt_of(12, 1), arrival=1, priority=0, max_tokens=30, ignore_eos=True)
+    )
+    while not sched.num_preemptions:
+        so = sched.schedule()
+        sched.update_from_output(so, runner.execute(so))
+    assert sched.requests["low"].status == RequestStatus.PREEMPTED
+    assert sched.requests["high"].status == RequestStatus.RUNNING
+    res = run(sched, runner)
+    assert len(res["tokens"]["low"]) + len(res["tokens"]["high"]) > 0
+
+
+def test_abort_waiting_and_running(make_scheduler):
+    sched = make_scheduler(max_num_seqs=1)
+    runner = FakeRunner(BS)
+    sched.add_request(req("run", prompt_of(10), arrival=0, max_tokens=20))
+    sched.add_request(req("wait", prompt_of(10, 1), arrival=1, max_tokens=20))
+    so = sched.schedule()
+    sched.update_from_output(so, runner.execute(so))
+    sched.finish_requests("wait", RequestStatus.FINISHED_ABORTED)
+    so = sched.schedule()
+    sched.update_from_output(so, runner.execute(so))
+    # Aborted between schedule and update: its sampled token is dropped, no output.
+    so = sched.schedule()
+    sched.finish_requests(["run", "unknown"], RequestStatus.FINISHED_ABORTED)
+    assert sched.update_from_output(so, runner.execute(so)) == []
+    assert not sched.has_unfinished_requests()
+    assert sched.kv_cache_manager.usage == 0.0
+    assert sched.schedule().finished_req_ids == {"run"}
+    with pytest.raises(ValueError):
+        sched.finish_requests("x", RequestStatus.RUNNING)
+
+
+def test_add_request_validation(make_scheduler):
+    sched = make_scheduler(max_model_len=16, num_blocks=8)
+    with pytest.raises(ValueError, match="longer than the maximum model length of 16"):
+        sched.add_request(req("long", prompt_of(17)))
+    with pytest.raises(ValueError, match="empty"):
+        sched.add_request(req("empty", []))
+    sched.add_request(req("full", prompt_of(16), max_tokens=10))
+    with pytest.raises(ValueError, match="already in use"):
+        sched.add_request(req("full", prompt_of(3)))
+    res = run(sched, FakeRunner(BS))
+    assert len(res["tokens"]["full"]) == 1 and res["finish"]["full"][0] == "length"
+    with pytest.raises(ValueError, match="KV cache holds 28 tokens"):
+        Scheduler(max_model_len=32, block_size=BS, num_blocks=8)
+
+
+def test_max_model_len_caps_output(make_scheduler):
+    sched = make_scheduler(max_model_len=20, num_blocks=8)
+    sched.add_request(req("a", prompt_of(15), max_tokens=100))
+    res = run(sched, FakeRunner(BS))
+    assert len(res["tokens"]["a"]) == 5 and res["finish"]["a"][0] == "length"
+
+
+@pytest.mark.parametrize(
+    "params,script,expect_len,expect_finish",
+    [
+        ({"max_tokens": 10}, [7, 8, EOS, 9], 3, ("stop", None)),
+        ({"max_tokens": 10, "ignore_eos": True}, [7, 8, EOS, 9], 10, ("length", None)),
+        ({"max_tokens": 10, "min_tokens": 4}, [7, EOS, EOS, 8, EOS], 5, ("stop", None)),
+        ({"max_tokens": 10, "stop_token_ids": [8]}, [7, 8, 9], 2, ("stop", 8)),
+        ({"max_tokens": 10, "stop_token_ids": [8], "min_tokens": 3}, [8, 8, 8, 9], 3, ("stop", 8)),
+        (
+            {"max_tokens": 10, "ignore_eos": True, "stop_token_ids": [9]},
+            [EOS, EOS, 9],
+            3,
+            ("stop", 9),
+        ),
+        ({"max_tokens": 3}, [EOS if i == 2 else 7 for i in range(5)], 3, ("stop", None)),
+        ({"max_tokens": 2}, [7, 7, 7], 2, ("length", None)),
+    ],
+)
+def test_stop_conditions(make_scheduler, params, script, expect_len, expect_finish):
+    sched = make_scheduler()
+    sched.add_request(req("a", prompt_of(6), **params))
+    res = run(sched, FakeRunner(BS, script={"a": script}))
+    assert res["tokens"]["a"] == script[:expect_len] or len(res["tokens"]["a"]) == expect_len
+    assert len(res["tokens"]["a"]) == expect_len
+    assert res["finish"]["a"][:2] == expect_finish
+
+
+def test_stats_and_from_config(make_scheduler):
+    sched = make_scheduler(max_num_seqs=2)
+    for i in range(3):
+        sched.add_request(req(f"r{i}", prompt_of(8, i), arrival=i))
+    runner = FakeRunner(BS)
+    so = sched.schedule()
+    sched.update_from_output(so, runner.execute(so))
+    stats = sched.make_stats()
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (2, 1)
+    assert stats.kv_cache_usage == pytest.approx(4 / 63)  # 2 blocks each
+    assert sched.get_request_counts() == (2, 1) and sched.get_num_unfinished_requests() == 3
+
+    @dataclass
+    class SC:
+        max_num_seqs: int = 4
+        max_num_batched_tokens: int = 32
+        max_model_len: int = 32
+        enable_chunked_prefill: bool = True
+        policy: str = "priority"
+
+    @dataclass
+    class CC:
+        block_size: int = 8
+        enable_prefix_caching: bool = False
+
+    s2 = Scheduler.from_config(SC(), CC(), num_blocks=10)
+    assert (s2.policy, s2.block_size, s2.enable_prefix_caching) == ("priority", 8, False)
+
+
+class FakeLogprobs:  # a prompt-logprobs entry: one row per prompt position
+    def __init__(self, rows: list[int]) -> None:
+        self.rows = rows
+
+    def slice(self, start: int, end: int) -> FakeLogprobs:
+        return FakeLogprobs(self.rows[start:end])
+
+
+def test_prompt_logprobs_not_repeated_after_preemption(make_scheduler):
+    sched = make_scheduler(max_num_batched_tokens=8)
+    sched.add_request(req("a", prompt_of(20), prompt_logprobs=1, max_tokens=2))
+    seen: list[int] = []
+    for _ in range(2):  # two chunks: positions 0..7, 8..15
+        so = sched.schedule()
+        start = sched.requests["a"].num_computed_tokens - 8
+        ro = FakeRunnerOutput(
+            ["a"], [[]], [None], {"a": FakeLogprobs(list(range(start, start + 8)))}
+        )
+        for out in sched.update_from_output(so, ro):
+            seen.extend(out.new_prompt_logprobs.rows)
+    sched._preempt(sched.running.pop())
+    while sched.has_unfinished_requests():
+        so = sched.schedule()
+        request = sched.requests["a"]
+        end = request.num_computed_tokens
+        start = end - so.num_scheduled_tokens["a"]
+        stop = min(end, 19)
+        entry = FakeLogprobs(list(range(start, stop))) if stop > start else None
+        sampled = [[7]] if end == request.num_tokens else [[]]
+        ro = FakeRunnerOutput(["a"], sampled, [None], {"a": entry} if entry else {})
+        for out in sched.update_from_output(so, ro):
+            if out.new_prompt_logprobs is not None:
+                seen.extend(out.new_prompt_logprobs.rows)
+    assert seen == list(range(19))
