@@ -91,6 +91,10 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("gelu_tanh_and_mul", c10::kCPU, &pyorch::cpu::gelu_tanh_and_mul);
   m.impl("paged_attention_v1", c10::kCPU, &pyorch::cpu::paged_attention_v1);
   m.impl("paged_attention_v2", c10::kCPU, &pyorch::cpu::paged_attention_v2);
+  m.impl("reshape_and_cache", c10::kCPU, &pyorch::cpu::reshape_and_cache);
+  m.impl("reshape_and_cache_flash", c10::kCPU, &pyorch::cpu::reshape_and_cache_flash);
+  m.impl("copy_blocks", c10::kCPU, &pyorch::cpu::copy_blocks);
+  m.impl("swap_blocks", c10::kCPU, &pyorch::cpu::swap_blocks);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -105,6 +109,10 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("gelu_tanh_and_mul", c10::kCUDA, &gelu_tanh_and_mul);
   m.impl("paged_attention_v1", c10::kCUDA, &paged_attention_v1);
   m.impl("paged_attention_v2", c10::kCUDA, &paged_attention_v2);
+  m.impl("reshape_and_cache", c10::kCUDA, &reshape_and_cache);
+  m.impl("reshape_and_cache_flash", c10::kCUDA, &reshape_and_cache_flash);
+  m.impl("copy_blocks", c10::kCUDA, &copy_blocks);
+  m.impl("swap_blocks", c10::kCUDA, &swap_blocks);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }

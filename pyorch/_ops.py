@@ -207,3 +207,70 @@ def paged_attention_v2(
         v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
         blocksparse_block_size, blocksparse_head_sliding_step,
     )  # fmt: skip
+
+
+# ---- KV cache -----------------------------------------------------------------------------------
+def reshape_and_cache_flash(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Writes each token's key/value into its slot of NHD caches (slot = block_id * block_size +
+    offset; a negative slot is padding and skipped).
+
+    key, value: [num_tokens, num_kv_heads, head_size] (any token/head stride, last dim
+    contiguous); key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size] (any
+    block stride, same strides for both); slot_mapping: [num_tokens] int64. kv_cache_dtype "auto"
+    stores key's dtype; "fp8" / "fp8_e4m3" stores fp8(clamp(x / scale, -448, 448)) into uint8 or
+    float8_e4m3fn caches, with k_scale, v_scale one-element float32 tensors on key's device.
+    """
+    _ops.reshape_and_cache_flash(
+        key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale
+    )
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """reshape_and_cache_flash for vLLM's split layout, x = 16 // cache element size:
+    key_cache [num_blocks, num_kv_heads, head_size // x, block_size, x], value_cache
+    [num_blocks, num_kv_heads, head_size, block_size] (any block/head stride, each head
+    contiguous). head_size must be a multiple of x.
+    """
+    _ops.reshape_and_cache(
+        key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale
+    )
+
+
+def copy_blocks(
+    key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor
+) -> None:
+    """For every layer, copies block src -> dst within its key and value cache.
+
+    key_caches, value_caches: [num_layers] caches [num_blocks, ...] (either layout; each block
+    contiguous); block_mapping: [num_pairs, 2] int64 (src, dst), on the caches' device or the CPU.
+    A dst block must not be the src of another pair.
+    """
+    _ops.copy_blocks(key_caches, value_caches, block_mapping)
+
+
+def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
+    """Copies block src -> dst between two caches, CPU <-> CUDA (pin the CPU side for async
+    copies), CUDA -> CUDA or CPU -> CPU. Copies involving CUDA are queued on the current stream.
+
+    src: [num_src_blocks, ...], dst: [num_dst_blocks, ...] with the same block shape and dtype;
+    block_mapping: [num_pairs, 2] int64 (src, dst) on the CPU.
+    """
+    _ops.swap_blocks(src, dst, block_mapping)
