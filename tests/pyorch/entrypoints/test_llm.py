@@ -60,12 +60,15 @@ def _prompts(vocab: int, lens=PROMPT_LENS, seed: int = 1) -> list[list[int]]:
 
 
 def _hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
+    """Plain greedy decoding with transformers' forward (full recompute, no EOS handling),
+    so it matches ignore_eos=True exactly (generate()'s min_new_tokens would mask EOS)."""
     model = model.to(DEVICE, DTYPE)
     ids = torch.tensor([prompt], device=DEVICE)
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, min_new_tokens=max_tokens,
-                             attention_mask=torch.ones_like(ids), pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        for _ in range(max_tokens):
+            next_id = model(ids).logits[0, -1].float().argmax()
+            ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
+    return ids[0, len(prompt):].tolist()
 
 
 def _make_llm(path: str, **kwargs) -> LLM:
