@@ -49,6 +49,11 @@ if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT_DIR/buil
   echo "BUILD FAILED"; tail -50 "$OUT_DIR/build.log"; exit 1
 fi
 python3 -c "import pyorch._C as c; assert c.with_cuda, 'CUDA ops not built'; print('pyorch._C with CUDA')"
+# A static copy of libstdc++'s stream code inside _C.so once crashed every error message with a
+# number in it: show which libstdc++ is linked and that _C.so defines none of its symbols.
+SO=$(python3 -c "import pyorch._C as c; print(c.__file__)")
+ldd "$SO" | grep -E "stdc\+\+" || echo "WARNING: libstdc++ not dynamically linked"
+echo "libstdc++ stream symbols defined in _C.so: $(nm -D --defined-only "$SO" | grep -c '_ZNSo9_M_insert')"
 echo "build took $(( $(date +%s) - start )) s"
 
 if [ "$RUN_TESTS" = 1 ]; then

@@ -96,42 +96,6 @@ def merge_attn_states(
     _ops.merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
 
 
-# ---- rotary embedding ---------------------------------------------------------------------------
-def rotary_embedding(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: Optional[torch.Tensor],
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool,
-) -> None:
-    """Rotates query (and key) in place by each token's position, vLLM style.
-
-    positions: [num_tokens] int64; query: [num_tokens, num_heads * head_size] or
-    [num_tokens, num_heads, head_size] (any token stride, last dim contiguous); key: the same with
-    num_kv_heads, or None; cos_sin_cache: [max_position, rot_dim] = [cos | sin], in query's dtype
-    or float32, rot_dim even and <= head_size (only the first rot_dim dims of a head rotate).
-    is_neox rotates the pairs (i, i + rot_dim / 2), else the pairs (2i, 2i + 1).
-    """
-    _ops.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
-
-
-# ---- activations --------------------------------------------------------------------------------
-def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
-    """out[..., d] = silu(input[..., :d]) * input[..., d:], computed in fp32, rounded once."""
-    _ops.silu_and_mul(out, input)
-
-
-def gelu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
-    """out[..., d] = gelu(input[..., :d]) * input[..., d:] (exact erf gelu)."""
-    _ops.gelu_and_mul(out, input)
-
-
-def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
-    """out[..., d] = gelu_tanh(input[..., :d]) * input[..., d:] (tanh approximation)."""
-    _ops.gelu_tanh_and_mul(out, input)
-
-
 # ---- vLLM's split-layout paged attention (decode only) ------------------------------------------
 def paged_attention_v1(
     out: torch.Tensor,
@@ -207,6 +171,42 @@ def paged_attention_v2(
         v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
         blocksparse_block_size, blocksparse_head_sliding_step,
     )  # fmt: skip
+
+
+# ---- rotary embedding ---------------------------------------------------------------------------
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    """Rotates query (and key) in place by each token's position, vLLM style.
+
+    positions: [num_tokens] int64; query: [num_tokens, num_heads * head_size] or
+    [num_tokens, num_heads, head_size] (any token stride, last dim contiguous); key: the same with
+    num_kv_heads, or None; cos_sin_cache: [max_position, rot_dim] = [cos | sin], in query's dtype
+    or float32, rot_dim even and <= head_size (only the first rot_dim dims of a head rotate).
+    is_neox rotates the pairs (i, i + rot_dim / 2), else the pairs (2i, 2i + 1).
+    """
+    _ops.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+# ---- activations --------------------------------------------------------------------------------
+def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """out[..., d] = silu(input[..., :d]) * input[..., d:], computed in fp32, rounded once."""
+    _ops.silu_and_mul(out, input)
+
+
+def gelu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """out[..., d] = gelu(input[..., :d]) * input[..., d:] (exact erf gelu)."""
+    _ops.gelu_and_mul(out, input)
+
+
+def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """out[..., d] = gelu_tanh(input[..., :d]) * input[..., d:] (tanh approximation)."""
+    _ops.gelu_tanh_and_mul(out, input)
 
 
 # ---- KV cache -----------------------------------------------------------------------------------

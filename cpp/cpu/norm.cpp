@@ -13,7 +13,8 @@ namespace {
 void check_args(const at::Tensor& x, const at::Tensor& weight, const char* op) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), op, ": tensors must be on CPU");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous(), op,
-              ": weight must be [hidden_size] and contiguous");
+              ": weight must be [hidden_size] = [", x.size(-1), "] and contiguous, got ",
+              weight.sizes());
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), op, ": weight dtype must match input");
 }
 

@@ -12,7 +12,8 @@ void check_norm_args(const at::Tensor& x, const at::Tensor& weight, const char* 
   TORCH_CHECK(x.is_cuda() && weight.is_cuda(), op, ": tensors must be on CUDA");
   TORCH_CHECK(x.dim() >= 1 && x.stride(-1) == 1, op, ": the last dimension must be contiguous");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous(), op,
-              ": weight must be [hidden_size] and contiguous");
+              ": weight must be [hidden_size] = [", x.size(-1), "] and contiguous, got ",
+              weight.sizes());
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), op, ": weight dtype must match input");
 }
 
