@@ -48,6 +48,11 @@ class KVCacheManager:
         return self.pool.num_blocks
 
     @property
+    def num_usable_blocks(self) -> int:
+        """Blocks that can be handed out: all but the null block."""
+        return self.pool.num_blocks - 1
+
+    @property
     def num_free_blocks(self) -> int:
         """Free blocks, cached (evictable) ones included."""
         return self.pool.num_free_blocks
