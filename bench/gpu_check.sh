@@ -73,7 +73,7 @@ if [ "$RUN_BENCH" = 1 ]; then
     [ -x "$bin" ] || continue
     name=$(basename "$bin")
     echo "-- $name"
-    timeout 300 "$bin" --json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.txt" 2>&1 || {
+    timeout "${BENCH_TIMEOUT:-300}" "$bin" --json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.txt" 2>&1 || {
       echo "$name FAILED"; status=1; }
     cat "$OUT_DIR/$name.txt"
   done
