@@ -55,9 +55,25 @@ class CMakeBuild(build_ext):
         if os.environ.get("PYORCH_NO_BENCH") == "1":
             args.append("-DPYORCH_BUILD_BENCH=OFF")
         generator = ["-G", "Ninja"] if _has_ninja() else []
-        subprocess.check_call(["cmake", str(ROOT), *generator, *args], cwd=build_dir)
+        env = dict(os.environ)
+        gcc_lib_dir = _libstdcxx_dir()
+        if torch_cuda and gcc_lib_dir:
+            # NOTE(lead): make the linker find the compiler's shared libstdc++ before any static
+            # libstdc++.a in CUDA's link directories; a static copy inside _C.so crashed every
+            # error message that formatted a number (seen on our H100 image).
+            env["LDFLAGS"] = f"-L{gcc_lib_dir} " + env.get("LDFLAGS", "")
+        subprocess.check_call(["cmake", str(ROOT), *generator, *args], cwd=build_dir, env=env)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", ".", "--target", "_C", "-j", jobs], cwd=build_dir)
+
+
+def _libstdcxx_dir() -> str | None:
+    try:
+        path = subprocess.check_output(
+            [os.environ.get("CXX", "c++"), "-print-file-name=libstdc++.so"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return str(Path(path).parent) if os.path.isabs(path) else None
 
 
 def _has_ninja() -> bool:
