@@ -53,7 +53,9 @@ python3 -c "import pyorch._C as c; assert c.with_cuda, 'CUDA ops not built'; pri
 # number in it: show which libstdc++ is linked and that _C.so defines none of its symbols.
 SO=$(python3 -c "import pyorch._C as c; print(c.__file__)")
 ldd "$SO" | grep -E "stdc\+\+" || echo "WARNING: libstdc++ not dynamically linked"
-echo "libstdc++ stream symbols defined in _C.so: $(nm -D --defined-only "$SO" | grep -c '_ZNSo9_M_insert')"
+n_static=$(nm -D --defined-only "$SO" | grep -c '_ZNSo9_M_insert')
+echo "libstdc++ stream symbols defined in _C.so: $n_static"
+[ "$n_static" = 0 ] || echo "WARNING: a static libstdc++ is inside _C.so: error messages with numbers will crash"
 echo "build took $(( $(date +%s) - start )) s"
 
 if [ "$RUN_TESTS" = 1 ]; then
