@@ -79,6 +79,11 @@ if [ "$RUN_BENCH" = 1 ]; then
       echo "$name FAILED"; status=1; }
     cat "$OUT_DIR/$name.txt"
   done
+  if [ -x build/cuda/bench_paged_attention ]; then
+    echo "-- bench_paged_attention --mode prefill"
+    timeout "${BENCH_TIMEOUT:-300}" build/cuda/bench_paged_attention --mode prefill \
+      --json "$OUT_DIR/bench_paged_attention_prefill.json" | tee "$OUT_DIR/bench_paged_attention_prefill.txt"
+  fi
 fi
 echo "$GPU" > "$OUT_DIR/gpu_name.txt"
 exit $status
