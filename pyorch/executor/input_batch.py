@@ -83,6 +83,9 @@ class StepBuffers:
         self.dev = self.host if self.device.type == "cpu" else torch.empty(
             nbytes, dtype=torch.uint8, device=self.device
         )
+        # Marks the end of the last host -> device copy: the host buffer may not be rewritten
+        # before it (a step that samples nothing never synchronizes otherwise).
+        self._copy_done: Optional[torch.cuda.Event] = None
 
     @staticmethod
     def _counts(num_tokens: int, num_seqs: int, table_size: int) -> list[int]:
@@ -99,6 +102,9 @@ class StepBuffers:
         return out
 
     def host_views(self, layout: dict[str, tuple]) -> dict[str, np.ndarray]:
+        if self._copy_done is not None:
+            self._copy_done.synchronize()
+            self._copy_done = None
         views = {}
         for name, (offset, n, dt) in layout.items():
             if dt is not None:
@@ -110,6 +116,8 @@ class StepBuffers:
         total = layout["_total"][0]
         if self.dev is not self.host:
             self.dev[:total].copy_(self.host[:total], non_blocking=True)
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
         tensors = {}
         for name, (offset, n, dt) in layout.items():
             if dt is not None:

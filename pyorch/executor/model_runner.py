@@ -135,7 +135,6 @@ class ModelRunner:
         per_seq = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
         blocks_per_seq = [_cdiv(n, self.block_size) for n in per_seq]
         temp = spec.allocate(sum(blocks_per_seq) + 1, self.device)
-        temp_bytes = (sum(blocks_per_seq) + 1) * spec.bytes_per_block
         for layer, cache in zip(self.attn_layers, temp):
             layer.kv_cache = cache
         torch.cuda.synchronize(self.device)
@@ -172,7 +171,7 @@ class ModelRunner:
         torch.cuda.empty_cache()
         logger.info("Profiled %d tokens / %d sequences: activation peak %.2f GiB",
                     num_tokens, num_seqs, peak / 2**30)
-        return max(peak - temp_bytes, 0) if peak > temp_bytes else peak
+        return peak  # `base` already counted the throwaway cache
 
     # ---- one step -----------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
