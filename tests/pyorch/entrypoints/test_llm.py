@@ -155,3 +155,19 @@ def test_logprobs_match_transformers(tiny_model):
         entry = out.prompt_logprobs[pos]
         assert entry[prompt[pos]].logprob == pytest.approx(ref[pos - 1, prompt[pos]].item(), abs=atol)
     _assert_pool_empty(llm)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="KV sizing by profiling needs a GPU")
+def test_gpu_kv_cache_sized_by_profiling(tiny_model):
+    path, hf = tiny_model
+    llm = LLM(path, skip_tokenizer_init=True, dtype=DTYPE, max_model_len=512, seed=0,
+              gpu_memory_utilization=0.25, max_num_batched_tokens=2048, max_num_seqs=64)
+    cache = llm.llm_engine.config.cache_config
+    free, total = torch.cuda.mem_get_info()
+    kv_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in llm.llm_engine.model_runner.kv_caches)
+    assert cache.num_blocks > 64 and kv_bytes <= 0.25 * total
+    prompts = _prompts(hf.config.vocab_size)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), use_tqdm=False)
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == _hf_greedy(hf, prompt, MAX_TOKENS)
+    _assert_pool_empty(llm)
