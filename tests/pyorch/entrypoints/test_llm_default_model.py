@@ -43,7 +43,7 @@ def hf_model():
     missing, unexpected = model.load_state_dict(dict(get_weights_iterator(path)), strict=False)
     assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
     model.tie_weights()
-    return model.to(DEVICE, DTYPE).eval()
+    return model.to(DEVICE, torch.float32).eval()  # fp32 reference, also for bf16 runs
 
 
 def _hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
@@ -68,12 +68,15 @@ def test_greedy_matches_transformers(llm, hf_model):
     for prompt, out in zip(PROMPTS, outputs):
         ids = tok.encode(prompt)
         assert out.prompt_token_ids == ids
-        want = _hf_greedy(hf_model, ids, 16)
         got = out.outputs[0].token_ids
-        if DTYPE == torch.bfloat16:  # bf16 rounding may flip a near-tie late in the sequence
-            assert got[:8] == want[:8], prompt
-        else:
-            assert got == want, prompt
+        if DTYPE == torch.float32:
+            assert got == _hf_greedy(hf_model, ids, 16), prompt
+        else:  # bf16: teacher-forced, each token near-argmax of the fp32 reference
+            with torch.no_grad():
+                logits = hf_model(torch.tensor([ids + got[:-1]], device=DEVICE)).logits[0]
+            for step, t in enumerate(got):
+                row = logits[len(ids) - 1 + step].float()
+                assert row.max() - row[t] <= 0.02 * (row.max() - row.min()), (prompt, step)
         assert out.outputs[0].text == tok.decode(got, skip_special_tokens=True)
     _assert_idle(llm)
 
