@@ -5,33 +5,13 @@
 
 #include "cpu/cpu_utils.h"
 #include "ops.h"
+#include "rope_checks.h"
 
 namespace pyorch::cpu {
 namespace {
 
-// A query or key tensor seen as [num_tokens, num_heads, head_size] with element strides.
-struct HeadsView {
-  int64_t num_heads;
-  int64_t token_stride;
-  int64_t head_stride;
-};
-
-HeadsView heads_view(const at::Tensor& x, int64_t num_tokens, int64_t head_size, const char* name) {
-  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "rotary_embedding: ", name,
-              " must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size]");
-  TORCH_CHECK(x.size(0) == num_tokens, "rotary_embedding: ", name, " has ", x.size(0),
-              " tokens but positions has ", num_tokens);
-  TORCH_CHECK(x.size(-1) <= 1 || x.stride(-1) == 1, "rotary_embedding: the last dimension of ",
-              name, " must be contiguous");
-  if (x.dim() == 3) {
-    TORCH_CHECK(x.size(2) == head_size, "rotary_embedding: ", name, " head size ", x.size(2),
-                " != head_size ", head_size);
-    return {x.size(1), x.stride(0), x.stride(1)};
-  }
-  TORCH_CHECK(x.size(1) % head_size == 0, "rotary_embedding: ", name, " width ", x.size(1),
-              " is not a multiple of head_size ", head_size);
-  return {x.size(1) / head_size, x.stride(0), head_size};
-}
+using pyorch::heads_view;
+using pyorch::HeadsView;
 
 // neox: x1 = x[:half], x2 = x[half:2*half] (separate restrict pointers so the loop vectorizes).
 inline void rotate_neox(float* __restrict__ x1, float* __restrict__ x2,

@@ -1,0 +1,39 @@
+// Argument checks shared by the CPU kernel (cpp/cpu/rope.cpp) and the CUDA adapter
+// (cpp/ops/rope.cpp) of rotary_embedding, so both backends accept and reject the same inputs.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+namespace pyorch {
+
+// A query or key tensor seen as [num_tokens, num_heads, head_size] with element strides.
+struct HeadsView {
+  int64_t num_heads;
+  int64_t token_stride;
+  int64_t head_stride;
+};
+
+// Accepts [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size], whose token
+// (and head) strides may be anything, e.g. a slice of a fused qkv projection.
+inline HeadsView heads_view(const at::Tensor& x, int64_t num_tokens, int64_t head_size, const char* name) {
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "rotary_embedding: ", name,
+              " must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size]");
+  TORCH_CHECK(x.size(0) == num_tokens, "rotary_embedding: ", name, " has ", x.size(0),
+              " tokens but positions has ", num_tokens);
+  TORCH_CHECK(x.size(-1) <= 1 || x.stride(-1) == 1, "rotary_embedding: the last dimension of ",
+              name, " must be contiguous");
+  if (x.dim() == 3) {
+    TORCH_CHECK(x.size(2) == head_size, "rotary_embedding: ", name, " head size ", x.size(2),
+                " != head_size ", head_size);
+    // A lone head's stride is meaningless; the natural one keeps the vector-width check happy.
+    return {x.size(1), x.stride(0), x.size(1) == 1 ? head_size : x.stride(1)};
+  }
+  TORCH_CHECK(x.size(1) % head_size == 0, "rotary_embedding: ", name, " width ", x.size(1),
+              " is not a multiple of head_size ", head_size);
+  return {x.size(1) / head_size, x.stride(0), head_size};
+}
+
+}  // namespace pyorch
