@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 
 #include "cpu/cpu_utils.h"
+#include "activation_checks.h"
 #include "ops.h"
 
 namespace pyorch::cpu {
@@ -93,43 +94,17 @@ void act_and_mul_row(float* __restrict__ gate, const float* __restrict__ up, int
 #pragma GCC pop_options
 #endif
 
-// Row stride of x viewed as [rows, x.size(-1)]; size-1 leading dims are skipped, the others must
-// collapse into one.
-int64_t act_row_stride(const at::Tensor& x, const char* op) {
-  int64_t stride = x.size(-1);
-  int64_t inner = -1;  // the last visited leading dim of size > 1 (inside d)
-  for (int64_t d = x.dim() - 2; d >= 0; --d) {
-    if (x.size(d) == 1) continue;
-    if (inner < 0) stride = x.stride(d);
-    TORCH_CHECK(inner < 0 || x.stride(d) == x.stride(inner) * x.size(inner), op,
-                ": leading dimensions must be collapsible into rows");
-    inner = d;
-  }
-  return stride;
-}
-
 // out: [..., d], input: [..., 2 * d]. Work items are (row, column chunk) pairs so that a single
 // long row still spreads over all threads.
 template <typename Act>
 void act_and_mul(at::Tensor& out, const at::Tensor& input, const char* op) {
   TORCH_CHECK(out.device().is_cpu() && input.device().is_cpu(), op, ": tensors must be on CPU");
   const at::ScalarType dtype = input.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
-              ": dtype must be float32, float16 or bfloat16, got ", dtype);
-  TORCH_CHECK(out.scalar_type() == dtype, op, ": out dtype must match input");
-  TORCH_CHECK(input.dim() >= 1 && input.size(-1) % 2 == 0, op,
-              ": the last dimension of input must be even, got ", input.sizes());
-  const int64_t d = input.size(-1) / 2;
-  TORCH_CHECK(out.dim() == input.dim() && out.size(-1) == d &&
-                  out.sizes().slice(0, out.dim() - 1) == input.sizes().slice(0, input.dim() - 1),
-              op, ": out must be input's shape with the last dimension halved, got out ",
-              out.sizes(), " for input ", input.sizes());
-  TORCH_CHECK((input.size(-1) <= 1 || input.stride(-1) == 1) && (d <= 1 || out.stride(-1) == 1),
-              op, ": the last dimension must be contiguous");
+  const int64_t d = pyorch::check_act_and_mul(out, input, op);
   if (d == 0 || out.numel() == 0) return;
   const int64_t rows = out.numel() / d;
-  const int64_t in_stride = act_row_stride(input, op);
-  const int64_t out_stride = act_row_stride(out, op);
+  const int64_t in_stride = pyorch::act_row_stride(input, op);
+  const int64_t out_stride = pyorch::act_row_stride(out, op);
   constexpr int64_t kChunk = 1024;
   const int64_t chunks_per_row = (d + kChunk - 1) / kChunk;
   PYORCH_CPU_DISPATCH_FLOATS(dtype, "act_and_mul", [&] {
