@@ -79,18 +79,7 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1,
               "rotary_embedding: positions must be a [num_tokens] int64 tensor");
   const at::ScalarType dtype = query.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-              "rotary_embedding: query dtype must be float32, float16 or bfloat16, got ", dtype);
-  TORCH_CHECK(head_size > 0, "rotary_embedding: head_size must be positive");
-  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.stride(1) == 1,
-              "rotary_embedding: cos_sin_cache must be [max_position, rot_dim], rows contiguous");
-  TORCH_CHECK(cos_sin_cache.scalar_type() == dtype || cos_sin_cache.scalar_type() == at::kFloat,
-              "rotary_embedding: cos_sin_cache dtype must be ", dtype, " or float32, got ",
-              cos_sin_cache.scalar_type());
-  const int64_t rot_dim = cos_sin_cache.size(1);
-  TORCH_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_size,
-              "rotary_embedding: rot_dim (cos_sin_cache.size(1) = ", rot_dim,
-              ") must be even, positive and <= head_size ", head_size);
+  const int64_t rot_dim = pyorch::check_rope_args(query, head_size, cos_sin_cache);
   const at::Tensor pos = positions.contiguous();
   const int64_t num_tokens = pos.size(0);
   const HeadsView q = heads_view(query, num_tokens, head_size, "query");
