@@ -37,7 +37,7 @@ fi
 
 {
   nvidia-smi
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0), 'transformers', transformers.__version__)"
   nvcc --version | tail -2
 } > "$OUT_DIR/env.txt" 2>&1
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '_'))")

@@ -265,3 +265,14 @@ def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 def gguf_chat_template(path: str) -> str | None:
     """The ``tokenizer.chat_template`` string stored in a GGUF file, if any."""
     return _field(open_gguf(path), "tokenizer.chat_template", None)
+
+
+def gguf_special_token_ids(path: str) -> dict[str, int | None]:
+    """The bos/eos/unk/pad token ids stored in a GGUF file (None where the file names none)."""
+    reader = open_gguf(path)
+    names = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding"}
+    out: dict[str, int | None] = {}
+    for role, key in names.items():
+        value = _field(reader, f"tokenizer.ggml.{key}_token_id", None)
+        out[role] = None if value is None else int(value)
+    return out

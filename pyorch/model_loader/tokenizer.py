@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from pyorch.model_loader.config import is_gguf
-from pyorch.model_loader.gguf_loader import gguf_chat_template
+from pyorch.model_loader.gguf_loader import gguf_chat_template, gguf_special_token_ids
 
 
 def get_tokenizer(
@@ -37,6 +37,7 @@ def get_tokenizer(
             )
         except (ValueError, KeyError, OSError) as e:
             raise ValueError(f"{path}: cannot build a tokenizer from this GGUF file ({e})") from e
+        _apply_gguf_special_tokens(tok, path)
         if not getattr(tok, "chat_template", None):
             template = gguf_chat_template(path)
             if template:
@@ -47,3 +48,16 @@ def get_tokenizer(
     return AutoTokenizer.from_pretrained(
         path, trust_remote_code=trust_remote_code, revision=revision
     )
+
+
+def _apply_gguf_special_tokens(tok: Any, path: str) -> None:
+    """Make the tokenizer's bos/eos/unk/pad tokens those the GGUF file names.
+
+    transformers versions differ in how their GGUF conversion maps these (one of ours, on the GPU
+    image, set eos to bos for SmolLM2); the file's ``tokenizer.ggml.*_token_id`` is the truth.
+    """
+    for role, token_id in gguf_special_token_ids(path).items():
+        if token_id is None or not 0 <= token_id < len(tok):
+            continue
+        if getattr(tok, f"{role}_token_id", None) != token_id:
+            setattr(tok, f"{role}_token", tok.convert_ids_to_tokens(token_id))
