@@ -104,6 +104,18 @@ setup(
     python_requires=">=3.10",
     # torch is deliberately not listed: pip would resolve it to the multi-GB CUDA build on a
     # CPU machine. Install torch first (see README).
-    install_requires=["numpy", "transformers", "safetensors", "gguf", "tqdm"],
-    extras_require={"test": ["pytest"]},
+    install_requires=[
+        "numpy", "transformers", "safetensors", "gguf", "tqdm",
+        "fastapi", "uvicorn", "pydantic>=2", "prometheus_client", "pyyaml",
+    ],
+    extras_require={
+        "test": ["pytest", "openai", "httpx", "schemathesis"],
+        "bench": ["matplotlib"],
+    },
+    entry_points={
+        "console_scripts": [
+            "pyorch = pyorch.cli.main:main",
+            "pyorch-serve = pyorch.cli.main:serve_main",
+        ]
+    },
 )

@@ -1,0 +1,1 @@
+"""The `pyorch` command line: `pyorch serve ...` and `pyorch bench {throughput,latency,startup,serve}`."""

@@ -1,0 +1,57 @@
+"""`pyorch` and `pyorch-serve` entry points.
+
+Each subcommand lives in its own module exposing ``add_cli_args(parser)`` and ``main(args)``;
+this file only wires them into argparse, so importing it stays cheap (no torch, no FastAPI) and
+``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+# subcommand -> module with add_cli_args(parser) and main(args)
+_SERVE = "pyorch.entrypoints.openai.cli_args"
+_BENCH = {
+    "throughput": ("pyorch.benchmarks.throughput", "offline throughput: pyorch against transformers"),
+    "latency": ("pyorch.benchmarks.latency", "batch-1 decode latency against the weight-read floor"),
+    "startup": ("pyorch.benchmarks.startup", "cold start to ready"),
+    "serve": ("pyorch.benchmarks.serve", "load generator for any OpenAI-compatible server"),
+}
+
+
+def _load(module: str):
+    return importlib.import_module(module)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyorch", description="pyorch: LLM inference and serving")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible server (pyorch-serve)")
+    _load(_SERVE).add_cli_args(serve)
+    serve.set_defaults(_module=_SERVE)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True,
+                                     metavar="{" + ",".join(_BENCH) + "}")
+    for name, (module, help_text) in _BENCH.items():
+        p = bench_sub.add_parser(name, help=help_text, description=help_text)
+        _load(module).add_cli_args(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(_load(args._module).main(args) or 0)
+
+
+def serve_main(argv: Optional[Sequence[str]] = None) -> int:
+    """`pyorch-serve [MODEL] [flags]`, the same as `pyorch serve`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return main(["serve", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

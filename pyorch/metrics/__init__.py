@@ -1,0 +1,1 @@
+"""Engine statistics (collected in the front-end process) and their loggers (Prometheus, log)."""
