@@ -18,6 +18,14 @@ _MAX_TEMP = 1e-2
 _MAX_LOGIT_BIAS = 100.0
 
 
+class RequestOutputKind(enum.IntEnum):
+    """What a streaming front end yields per request (vLLM's names and values)."""
+
+    CUMULATIVE = 0  # every output holds everything generated so far
+    DELTA = 1  # every output holds only what is new since the previous one
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
 class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
@@ -64,6 +72,7 @@ class SamplingParams:
     include_stop_str_in_output: whether to keep the matched stop string in the output text.
     logit_bias: token id -> bias added to its logit (clamped to [-100, 100]).
     allowed_token_ids: if set, only these tokens can be generated.
+    output_kind: RequestOutputKind: cumulative outputs (default), deltas, or only the final one.
     """
 
     n: int = 1
@@ -89,6 +98,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     # Filled by the engine (update_from_generation_config / update_from_tokenizer).
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -145,6 +155,12 @@ class SamplingParams:
                 ) from e
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError as e:
+            raise ValueError(
+                f"output_kind must be a RequestOutputKind (0, 1 or 2), got {self.output_kind!r}."
+            ) from e
 
     def _verify_args(self) -> None:
         if not _is_int(self.n) or self.n < 1:

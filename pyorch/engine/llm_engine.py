@@ -1,6 +1,6 @@
-"""LLMEngine: the offline engine core. One step is three calls:
-`scheduler.schedule()` -> `model_runner.execute(...)` -> `scheduler.update_from_output(...)`,
-then the output processor detokenizes and builds RequestOutputs.
+"""LLMEngine: the offline (in-process) engine. It keeps tokenization and output processing in
+front of an in-process `EngineCore`; one `step()` is the core's step (schedule -> execute ->
+update_from_output) followed by detokenization into RequestOutputs.
 """
 
 from __future__ import annotations
@@ -11,21 +11,30 @@ from typing import Any, Iterable, Optional, Union
 
 from pyorch.config import EngineConfig
 from pyorch.engine.arg_utils import EngineArgs
+from pyorch.engine.core import EngineCore
+from pyorch.engine.input_processor import MAX_LOGPROBS, InputProcessor, PromptType
 from pyorch.engine.output_processor import OutputProcessor
 from pyorch.engine.request import Request, RequestStatus
 from pyorch.engine.scheduler import Scheduler
 from pyorch.executor.model_runner import ModelRunner
+from pyorch.metrics.stats import IterationStats, StatLoggerBase
 from pyorch.outputs import RequestOutput
 from pyorch.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-PromptType = Union[str, list[int], dict]
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+__all__ = ["LLMEngine", "PromptType", "MAX_LOGPROBS"]
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    """Offline engine: `add_request` / `step` / `abort_request` over an in-process EngineCore.
+
+    stat_loggers: each gets `record(scheduler_stats, iteration_stats)` after every step; a
+    logger that raises is logged and skipped.
+    """
+
+    def __init__(self, config: EngineConfig,
+                 stat_loggers: Optional[list[StatLoggerBase]] = None):
         self.config = config
         mc = config.model_config
         self.tokenizer = None
@@ -34,107 +43,84 @@ class LLMEngine:
 
             self.tokenizer = get_tokenizer(mc.tokenizer, trust_remote_code=mc.trust_remote_code,
                                            revision=mc.revision)
-        self.model_runner = ModelRunner(config)
-        self.model_runner.load_model()
-        num_blocks = self.model_runner.initialize_kv_cache()
-        sc, cc = config.scheduler_config, config.cache_config
-        self.scheduler = Scheduler(
-            max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
-            max_model_len=sc.max_model_len, block_size=cc.block_size, num_blocks=num_blocks,
-            enable_prefix_caching=cc.enable_prefix_caching,
-            enable_chunked_prefill=sc.enable_chunked_prefill, policy=sc.policy,
-        )
+        self.engine_core = EngineCore(config)
+        self.input_processor = InputProcessor(config, self.tokenizer)
+        self.input_processor.num_kv_blocks = self.engine_core.scheduler.kv_cache_manager.num_blocks
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.eos_token_id = self._eos_token_id()
+        self.eos_token_id = self.input_processor.eos_token_id()
+        self.stat_loggers: list[StatLoggerBase] = list(stat_loggers or [])
+        self._pending_stats = IterationStats()  # aborts between steps land in the next record
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
-        return cls(engine_args.create_engine_config())
+    def from_engine_args(cls, engine_args: EngineArgs,
+                         stat_loggers: Optional[list[StatLoggerBase]] = None) -> "LLMEngine":
+        return cls(engine_args.create_engine_config(), stat_loggers)
 
-    def _eos_token_id(self) -> Optional[int]:
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            return int(self.tokenizer.eos_token_id)
-        eos = getattr(self.config.model_config.hf_config, "eos_token_id", None)
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        return eos
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.engine_core.scheduler
+
+    @property
+    def model_runner(self) -> ModelRunner:
+        return self.engine_core.model_runner
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
     # ---- requests ----------------------------------------------------------------------------
-    def _tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-            if "prompt" not in prompt:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-            prompt = prompt["prompt"]
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init=True)")
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
-        raise TypeError(f"unsupported prompt type {type(prompt).__name__}")
-
     def add_request(self, request_id: str, prompt: PromptType,
                     params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
                     priority: int = 0) -> None:
         """Validates and queues a request (raises ValueError on a bad one; nothing is queued)."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError("params must be a SamplingParams")
-        prompt_text, token_ids = self._tokenize(prompt)
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.config.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise ValueError(f"{name}={value} is outside [0, {MAX_LOGPROBS}] (max_logprobs)")
-        if self.tokenizer is None and params.stop:
-            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
-        if self.config.scheduler_config.policy != "priority" and priority != 0:
-            raise ValueError("priority is only supported with scheduling_policy='priority'")
+        prompt_text, token_ids, params = self.input_processor.process(prompt, params, priority)
         arrival_time = time.time() if arrival_time is None else arrival_time
         children = self.output_processor.add_request(
-            request_id, prompt_text, token_ids, params, self.eos_token_id, vocab)
+            request_id, prompt_text, token_ids, params, self.eos_token_id,
+            self.config.model_config.vocab_size, arrival_time)
         added: list[str] = []
         try:
             for child_id, child_params in children:
-                self.scheduler.add_request(Request(
+                self.engine_core.add_request(Request(
                     request_id=child_id, prompt_token_ids=token_ids, sampling_params=child_params,
                     eos_token_id=self.eos_token_id, arrival_time=arrival_time, priority=priority))
                 added.append(child_id)
         except Exception:
-            self.scheduler.finish_requests(added, RequestStatus.FINISHED_ABORTED)
+            self.engine_core.abort_requests(added)
             self.output_processor.abort_requests([request_id])
             raise
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        child_ids = self.output_processor.abort_requests(ids)
-        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        child_ids = self.output_processor.abort_requests(ids, self._pending_stats)
+        self.engine_core.abort_requests(child_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.engine_core.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.num_unfinished()
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.model_runner.execute(scheduler_output)
-        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        outputs, stopped = self.output_processor.process_outputs(core_outputs)
+        core_out = self.engine_core.step()
+        stats, self._pending_stats = self._pending_stats, IterationStats()
+        self.output_processor.mark_scheduled(core_out.scheduled_new_req_ids,
+                                             core_out.scheduled_time)
+        outputs, stopped = self.output_processor.process_outputs(core_out.outputs, stats)
         if stopped:  # stop strings found by the detokenizer
-            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+            self.engine_core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        record_stats(self.stat_loggers, core_out.scheduler_stats, stats)
         return outputs
 
     def reset_prefix_cache(self) -> bool:
-        return self.scheduler.reset_prefix_cache()
+        return self.engine_core.reset_prefix_cache()
+
+
+def record_stats(stat_loggers: list[StatLoggerBase], scheduler_stats: Any,
+                 iteration_stats: IterationStats) -> None:
+    """Hands one step's stats to every logger; a logger that raises is logged, not fatal."""
+    for stat_logger in stat_loggers:
+        try:
+            stat_logger.record(scheduler_stats, iteration_stats)
+        except Exception:
+            logger.exception("stat logger %s failed; continuing", type(stat_logger).__name__)

@@ -1,8 +1,10 @@
-"""OutputProcessor: turns the scheduler's per-step token outputs into RequestOutputs.
+"""OutputProcessor: turns the engine core's per-step token outputs into RequestOutputs.
 
 It owns, per request, the detokenizer (text and stop strings) and the logprobs processor, and
 fans a request with n > 1 out into n child requests (ids "i_parent") whose outputs it gathers
-back into one RequestOutput.
+back into one RequestOutput, shaped by `SamplingParams.output_kind` (cumulative, delta, or final
+only). It also measures what the metrics need (time to first token, inter-token latencies,
+finished requests) into an `IterationStats` when given one.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any, Iterable, Optional
 
 from pyorch.engine.detokenizer import IncrementalDetokenizer
 from pyorch.engine.logprobs import LogprobsProcessor
+from pyorch.metrics.stats import FinishedRequestStats, IterationStats
 from pyorch.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from pyorch.sampling_params import SamplingParams
+from pyorch.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -25,6 +28,10 @@ class _Child:
     logprobs: LogprobsProcessor
     finish_reason: Optional[str] = None
     stop_reason: Optional[int | str] = None
+    num_generated: int = 0  # tokens the core generated (stop tokens included)
+    last_token_time: Optional[float] = None
+    num_token_ids_sent: int = 0  # DELTA bookkeeping: what earlier outputs already held
+    num_logprobs_sent: int = 0
 
 
 @dataclass
@@ -34,9 +41,9 @@ class _Parent:
     prompt_token_ids: list[int]
     children: dict[str, _Child]
     metrics: RequestMetrics
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     num_cached_tokens: int = 0
     num_finished: int = 0
-    prompt_logprobs: Any = None
     child_order: list[str] = field(default_factory=list)
 
     @property
@@ -57,9 +64,13 @@ class OutputProcessor:
     def num_unfinished(self) -> int:
         return len(self.parents)
 
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.parents
+
     def add_request(self, request_id: str, prompt: Optional[str], prompt_token_ids: list[int],
                     params: SamplingParams, eos_token_id: Optional[int],
-                    vocab_size: Optional[int] = None) -> list[tuple[str, SamplingParams]]:
+                    vocab_size: Optional[int] = None,
+                    arrival_time: Optional[float] = None) -> list[tuple[str, SamplingParams]]:
         """Registers a request; returns its (child id, child params) pairs for the scheduler."""
         if request_id in self.parents:
             raise ValueError(f"request id {request_id!r} is already running")
@@ -75,36 +86,83 @@ class OutputProcessor:
             if self.tokenizer is not None:
                 child_params.update_from_tokenizer(self.tokenizer)
             child_id = child_request_id(request_id, index, params.n)
+            if child_id in self.child_to_parent:
+                raise ValueError(f"request id {child_id!r} is already running")
             tok = self.tokenizer
             children[child_id] = _Child(
                 index=index, params=child_params,
                 detokenizer=IncrementalDetokenizer(tok, prompt_token_ids, child_params),
                 logprobs=LogprobsProcessor.from_params(tok, child_params),
             )
-        parent = _Parent(request_id, prompt, list(prompt_token_ids), children,
-                         RequestMetrics(arrival_time=time.time()), child_order=list(children))
+        metrics = RequestMetrics(arrival_time=time.time() if arrival_time is None else arrival_time)
+        parent = _Parent(request_id, prompt, list(prompt_token_ids), children, metrics,
+                         output_kind=params.output_kind, child_order=list(children))
         self.parents[request_id] = parent
         for child_id in children:
             self.child_to_parent[child_id] = request_id
         return [(cid, c.params) for cid, c in children.items()]
 
-    def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
-        """Forgets the given parent requests; returns their child ids to abort in the scheduler."""
+    def abort_requests(self, request_ids: Iterable[str],
+                       iteration_stats: Optional[IterationStats] = None) -> list[str]:
+        """Forgets the given parent requests; returns their child ids to abort in the core."""
         child_ids: list[str] = []
         for request_id in request_ids:
-            parent = self.parents.pop(request_id, None)
+            parent = self._pop(request_id)
             if parent is None:
                 continue
-            for child_id in parent.children:
-                self.child_to_parent.pop(child_id, None)
-                child_ids.append(child_id)
+            child_ids.extend(parent.children)
+            if iteration_stats is not None:
+                self._record_finished(parent, "abort", time.time(), iteration_stats)
         return child_ids
 
-    def process_outputs(self, core_outputs: Iterable[Any]) -> tuple[list[RequestOutput], list[str]]:
-        """Applies one step's EngineCoreOutputs. Returns the RequestOutputs of every request that
-        changed, and the child ids whose stop string was found (to finish in the scheduler)."""
+    def finish_aborted(self, request_ids: Iterable[str],
+                       iteration_stats: Optional[IterationStats] = None,
+                       ) -> tuple[list[str], list[RequestOutput]]:
+        """Like `abort_requests`, but also returns each request's last RequestOutput, finished,
+        with finish_reason "abort" on every sequence still running (for streaming front ends)."""
+        child_ids: list[str] = []
+        outputs: list[RequestOutput] = []
         now = time.time()
-        touched: dict[str, _Parent] = {}
+        for request_id in request_ids:
+            parent = self._pop(request_id)
+            if parent is None:
+                continue
+            child_ids.extend(parent.children)
+            touched = set()
+            for child_id, child in parent.children.items():
+                if child.finish_reason is None:
+                    child.finish_reason = "abort"
+                    parent.num_finished += 1
+                    touched.add(child_id)
+            parent.metrics.finished_time = now
+            outputs.append(self._make_output(parent, touched))
+            if iteration_stats is not None:
+                self._record_finished(parent, "abort", now, iteration_stats)
+        return child_ids, outputs
+
+    def _pop(self, request_id: str) -> Optional[_Parent]:
+        parent = self.parents.pop(request_id, None)
+        if parent is not None:
+            for child_id in parent.children:
+                self.child_to_parent.pop(child_id, None)
+        return parent
+
+    def mark_scheduled(self, child_ids: Iterable[str], scheduled_time: float) -> None:
+        """Records when requests first entered a batch (for queue-time metrics)."""
+        for child_id in child_ids:
+            parent = self.parents.get(self.child_to_parent.get(child_id, ""))
+            if parent is not None and parent.metrics.first_scheduled_time is None:
+                parent.metrics.first_scheduled_time = scheduled_time
+                parent.metrics.time_in_queue = scheduled_time - parent.metrics.arrival_time
+
+    def process_outputs(self, core_outputs: Iterable[Any],
+                        iteration_stats: Optional[IterationStats] = None,
+                        ) -> tuple[list[RequestOutput], list[str]]:
+        """Applies one step's EngineCoreOutputs. Returns the RequestOutputs of every request that
+        changed (per its output_kind), and the child ids whose stop string was found (to finish
+        in the core)."""
+        now = time.time()
+        touched: dict[str, tuple[_Parent, set[str]]] = {}
         stopped: list[str] = []
         for out in core_outputs:
             parent_id = self.child_to_parent.get(out.req_id)
@@ -114,9 +172,8 @@ class OutputProcessor:
             child = parent.children[out.req_id]
             if child.finish_reason is not None:
                 continue
-            if parent.metrics.first_token_time is None and out.new_token_ids:
-                parent.metrics.first_token_time = now
-            parent.metrics.last_token_time = now
+            if out.new_token_ids:
+                self._record_tokens(parent, child, len(out.new_token_ids), now, iteration_stats)
             if out.num_cached_tokens is not None:
                 parent.num_cached_tokens = out.num_cached_tokens
             child.logprobs.update_from_output(out.new_logprobs, out.new_prompt_logprobs)
@@ -130,37 +187,92 @@ class OutputProcessor:
                 stopped.append(out.req_id)
             if child.finish_reason is not None:
                 parent.num_finished += 1
-            touched[parent_id] = parent
+            touched.setdefault(parent_id, (parent, set()))[1].add(out.req_id)
         outputs = []
-        for parent_id, parent in touched.items():
-            outputs.append(self._make_output(parent))
+        for parent_id, (parent, child_ids) in touched.items():
             if parent.finished:
                 parent.metrics.finished_time = now
-                del self.parents[parent_id]
-                for child_id in parent.children:
-                    self.child_to_parent.pop(child_id, None)
+                self._pop(parent_id)
+                if iteration_stats is not None:
+                    reason = parent.children[parent.child_order[0]].finish_reason or "stop"
+                    self._record_finished(parent, reason, now, iteration_stats)
+            if parent.finished or parent.output_kind != RequestOutputKind.FINAL_ONLY:
+                outputs.append(self._make_output(parent, child_ids))
         return outputs, stopped
 
-    def _make_output(self, parent: _Parent) -> RequestOutput:
+    # ---- metrics -----------------------------------------------------------------------------
+    @staticmethod
+    def _record_tokens(parent: _Parent, child: _Child, num_new: int, now: float,
+                       stats: Optional[IterationStats]) -> None:
+        metrics = parent.metrics
+        if stats is not None:
+            stats.num_generation_tokens += num_new
+            if metrics.first_token_time is None:
+                stats.time_to_first_tokens.append(now - metrics.arrival_time)
+                stats.num_prompt_tokens += len(parent.prompt_token_ids)
+            elif child.last_token_time is not None:
+                stats.inter_token_latencies.append(now - child.last_token_time)
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
+        child.last_token_time = now
+        child.num_generated += num_new
+
+    @staticmethod
+    def _record_finished(parent: _Parent, reason: str, now: float,
+                         stats: IterationStats) -> None:
+        m = parent.metrics
+        first_token, scheduled = m.first_token_time, m.first_scheduled_time
+        stats.finished_requests.append(FinishedRequestStats(
+            finish_reason=reason,
+            e2e_latency=now - m.arrival_time,
+            num_prompt_tokens=len(parent.prompt_token_ids),
+            num_generation_tokens=sum(c.num_generated for c in parent.children.values()),
+            queued_time=(scheduled - m.arrival_time) if scheduled is not None else 0.0,
+            prefill_time=(first_token - scheduled)
+            if first_token is not None and scheduled is not None else 0.0,
+            decode_time=(m.last_token_time - first_token)
+            if first_token is not None and m.last_token_time is not None else 0.0,
+        ))
+
+    # ---- outputs -----------------------------------------------------------------------------
+    def _make_output(self, parent: _Parent, touched: set[str]) -> RequestOutput:
+        delta = parent.output_kind == RequestOutputKind.DELTA
         completions = []
         for child_id in parent.child_order:
+            if delta and child_id not in touched:
+                continue  # unchanged this step: nothing to send
             child = parent.children[child_id]
-            det = child.detokenizer
-            finished = child.finish_reason is not None
-            completions.append(CompletionOutput(
-                index=child.index,
-                text=det.get_next_output_text(finished, delta=False),
-                token_ids=list(det.output_token_ids),
-                cumulative_logprob=child.logprobs.cumulative_logprob,
-                logprobs=child.logprobs.logprobs,
-                finish_reason=child.finish_reason,
-                stop_reason=child.stop_reason,
-            ))
-        first = parent.children[parent.child_order[0]]
+            completions.append(self._completion(child, delta))
+        first = parent.children[parent.child_order[0]].logprobs
+        prompt_logprobs = first.pop_prompt_logprobs() if delta else first.prompt_logprobs
         return RequestOutput(
             request_id=parent.request_id, prompt=parent.prompt,
             prompt_token_ids=parent.prompt_token_ids,
-            prompt_logprobs=first.logprobs.prompt_logprobs, outputs=completions,
+            prompt_logprobs=prompt_logprobs, outputs=completions,
             finished=parent.finished, metrics=parent.metrics,
             num_cached_tokens=parent.num_cached_tokens,
+        )
+
+    @staticmethod
+    def _completion(child: _Child, delta: bool) -> CompletionOutput:
+        det, lp = child.detokenizer, child.logprobs
+        finished = child.finish_reason is not None
+        token_ids = list(det.output_token_ids)
+        # A copy: outputs may be consumed later, after the processor's list has grown.
+        logprobs = None if lp.logprobs is None else list(lp.logprobs)
+        if delta:
+            token_ids = token_ids[child.num_token_ids_sent:]
+            child.num_token_ids_sent += len(token_ids)
+            if logprobs is not None:
+                logprobs = logprobs[child.num_logprobs_sent:]
+                child.num_logprobs_sent += len(logprobs)
+        return CompletionOutput(
+            index=child.index,
+            text=det.get_next_output_text(finished, delta=delta),
+            token_ids=token_ids,
+            cumulative_logprob=lp.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=child.finish_reason,
+            stop_reason=child.stop_reason,
         )

@@ -1,0 +1,121 @@
+"""EngineCore: the scheduler and the model runner behind one `step()`, with no tokenizer.
+
+One step is three calls: `scheduler.schedule()` -> `model_runner.execute(...)` ->
+`scheduler.update_from_output(...)`. The core takes `Request`s of token ids and returns, per
+step, an `EngineCoreOutputs` batch (new token ids, finishes, logprobs) and a `SchedulerStats`
+snapshot. Tokenization, detokenization, stop strings and n > 1 fan-out live in the front end
+(`LLMEngine` in-process, or `AsyncLLM` talking to `pyorch.engine.core_proc` in another process),
+which calls `finish_requests(ids, FINISHED_STOPPED)` when it finds a stop string.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyorch.config import EngineConfig
+from pyorch.engine.request import Request, RequestStatus
+from pyorch.engine.scheduler import Scheduler
+from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerStats
+from pyorch.executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineCoreOutputs:
+    """What one step produced: per-request outputs, a stats snapshot and timing."""
+
+    outputs: list[EngineCoreOutput]
+    scheduler_stats: SchedulerStats
+    timestamp: float = 0.0  # time.time() when the step ended
+    scheduled_time: float = 0.0  # time.time() when the step was scheduled
+    # Requests that (re)entered the batch this step: new ones and ones resumed after preemption.
+    scheduled_new_req_ids: list[str] = field(default_factory=list)
+
+
+class EngineCore:
+    """Loads the model and the KV cache, then runs steps over the queued requests."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_runner = ModelRunner(config)
+        self.model_runner.load_model()
+        num_blocks = self.model_runner.initialize_kv_cache()
+        self.scheduler = Scheduler.from_config(
+            config.scheduler_config, config.cache_config, num_blocks
+        )
+        self.num_steps = 0
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queues a request (ValueError, nothing queued, if it can never run)."""
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Drops requests wherever they are and frees their blocks (unknown ids are ignored)."""
+        self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """Finishes requests with `status` (e.g. FINISHED_STOPPED for a stop string)."""
+        self.scheduler.finish_requests(list(request_ids), status)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    # ---- one step ----------------------------------------------------------------------------
+    def step(self) -> EngineCoreOutputs:
+        scheduled_time = time.time()
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.model_runner.execute(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self.num_steps += 1
+        return EngineCoreOutputs(
+            outputs=outputs,
+            scheduler_stats=self.scheduler.make_stats(),
+            timestamp=time.time(),
+            scheduled_time=scheduled_time,
+            scheduled_new_req_ids=[r.req_id for r in scheduler_output.scheduled_new_reqs],
+        )
+
+    # ---- control and introspection -----------------------------------------------------------
+    def make_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops the prefix cache; False (nothing dropped) while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
+
+    def get_kv_cache_info(self) -> dict[str, Any]:
+        """Block counts of the KV pool (num_blocks includes the null block)."""
+        kv = self.scheduler.kv_cache_manager
+        return {
+            "num_blocks": kv.num_blocks,
+            "num_usable_blocks": kv.num_usable_blocks,
+            "num_free_blocks": kv.num_free_blocks,
+            "block_size": kv.block_size,
+            "kv_cache_usage": kv.usage,
+            "num_unfinished_requests": self.scheduler.get_num_unfinished_requests(),
+        }
+
+    def ready_info(self) -> dict[str, Any]:
+        """What a front end needs to know once the core is up (sent with READY)."""
+        mc, sc = self.config.model_config, self.config.scheduler_config
+        kv = self.scheduler.kv_cache_manager
+        return {
+            "num_kv_blocks": kv.num_blocks,
+            "num_usable_blocks": kv.num_usable_blocks,
+            "block_size": kv.block_size,
+            "max_model_len": sc.max_model_len,
+            "vocab_size": mc.vocab_size,
+            "max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "device": str(mc.device),
+            "dtype": str(mc.dtype),
+        }
