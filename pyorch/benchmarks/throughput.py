@@ -1,0 +1,219 @@
+"""`pyorch bench throughput`: offline throughput of `LLM.generate` against transformers `generate`.
+
+The workload (nano-vllm's bench.py, vLLM's random dataset): `--num-prompts` prompts of random
+token ids, `--input-len` long (or a range with `--random-range-ratio`), fixed `--seed`,
+`ignore_eos=True` and `max_tokens=--output-len`, after a warm-up.
+
+Baseline, measured in the same run on the same prompts, model, dtype and device: transformers
+`generate` (greedy, min_new_tokens = max_new_tokens = output_len, left padding) at each batch size
+in `--hf-batch-sizes`. pyorch runs at the same batch sizes (`max_num_seqs` = the batch size, all
+prompts submitted at once), so "batch 1" and "batch 16" compare like with like. `--hf-best`
+instead compares pyorch at its own `max_num_seqs` with transformers at its best batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from typing import Any, Optional
+
+from pyorch.benchmarks import common
+
+NAME = "throughput"
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input-len", type=int, default=128, help="prompt length in tokens")
+    parser.add_argument("--output-len", type=int, default=128, help="new tokens per request")
+    parser.add_argument("--random-range-ratio", type=float, default=0.0,
+                        help="prompt lengths uniform in [L*(1-r), L*(1+r)]")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--hf-batch-sizes", type=common.parse_int_list, default=[1, 16],
+                        help="comma-separated batch sizes run by both engines (default 1,16)")
+    parser.add_argument("--hf-best", action="store_true",
+                        help="compare pyorch at its own max_num_seqs with transformers at its "
+                             "best batch size (powers of two up to --hf-max-batch-size)")
+    parser.add_argument("--hf-max-batch-size", type=int, default=256)
+    parser.add_argument("--skip-hf", action="store_true", help="run pyorch only")
+    parser.add_argument("--disable-detokenize", action="store_true",
+                        help="pyorch returns token ids only (transformers never detokenizes)")
+    parser.add_argument("--output-json", default=None,
+                        help="result file (default bench/results/<device>/throughput.json)")
+    parser.add_argument("--no-plot", action="store_true")
+    common.add_engine_args(parser)
+
+
+def _row(engine: str, batch_size: int, num_requests: int, elapsed: float, input_tokens: int,
+         output_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "engine": engine, "batch_size": batch_size, "num_requests": num_requests,
+        "elapsed_s": elapsed, "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "requests_per_s": num_requests / elapsed,
+        "output_tokens_per_s": output_tokens / elapsed,
+        "total_tokens_per_s": (input_tokens + output_tokens) / elapsed,
+        **extra,
+    }
+
+
+def run_pyorch(args: argparse.Namespace, model: str, device: str, prompts: list[list[int]],
+               warmup_prompts: list[list[int]], max_num_seqs: Optional[int]) -> dict[str, Any]:
+    """One LLM built with max_num_seqs (None: the engine default), warmed up, then all prompts
+    submitted at once. The engine is freed before returning."""
+    from pyorch import LLM, SamplingParams
+
+    overrides: dict[str, Any] = {"device": device}
+    if max_num_seqs is not None:
+        overrides["max_num_seqs"] = max_num_seqs
+    llm = LLM(model, **common.engine_kwargs(args, **overrides))
+    config = llm.llm_engine.config
+    detok = not args.disable_detokenize
+    warm = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0, detokenize=detok)
+    llm.generate([{"prompt_token_ids": p} for p in warmup_prompts], warm, use_tqdm=False)
+    llm.reset_prefix_cache()  # the warm-up prompts differ anyway; nothing is reused
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0,
+                            detokenize=detok)
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    expected = len(prompts) * args.output_len
+    if output_tokens != expected:
+        raise RuntimeError(f"pyorch generated {output_tokens} tokens, expected {expected}")
+    row = _row("pyorch", config.scheduler_config.max_num_seqs, len(prompts), elapsed,
+               sum(map(len, prompts)), output_tokens, dtype=str(config.model_config.dtype))
+    del llm, outputs
+    gc.collect()
+    return row
+
+
+def _hf_best(hf_model: Any, args: argparse.Namespace, device: str,
+             prompts: list[list[int]]) -> tuple[int, list[dict[str, Any]]]:
+    """Probes powers of two (one batch each) until out of memory; returns the fastest size."""
+    import torch
+
+    from pyorch.benchmarks.hf_baseline import hf_generate
+
+    probes, size = [], 1
+    while size <= min(args.hf_max_batch_size, len(prompts)):
+        try:
+            t = hf_generate(hf_model, prompts[:size], args.output_len, size, device)
+        except torch.OutOfMemoryError:
+            break
+        probes.append({"batch_size": size, "output_tokens_per_s": t["output_tokens"] / t["elapsed_s"]})
+        print(f"  transformers probe batch {size}: {probes[-1]['output_tokens_per_s']:.1f} tok/s")
+        size *= 2
+    if not probes:
+        raise RuntimeError("transformers ran out of memory at batch size 1")
+    best = max(probes, key=lambda p: p["output_tokens_per_s"])["batch_size"]
+    return best, probes
+
+
+def run_hf(args: argparse.Namespace, model: str, device: str, dtype: Any,
+           prompts: list[list[int]], warmup_prompts: list[list[int]],
+           batch_sizes: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from pyorch.benchmarks.hf_baseline import hf_generate, load_hf_model, warm_up
+
+    start = time.perf_counter()
+    hf_model, how = load_hf_model(model, args.load_format or "auto", dtype, device, args.seed or 0)
+    info: dict[str, Any] = {"hf_loader": how, "hf_load_s": time.perf_counter() - start}
+    warm_up(hf_model, warmup_prompts[0], device)
+    if args.hf_best:
+        best, info["hf_probes"] = _hf_best(hf_model, args, device, prompts)
+        batch_sizes = [best]
+    rows = []
+    for b in batch_sizes:
+        t = hf_generate(hf_model, prompts, args.output_len, b, device)
+        rows.append(_row("transformers", b, len(prompts), t["elapsed_s"], sum(map(len, prompts)),
+                         t["output_tokens"], dtype=str(dtype)))
+        print(_format_row(rows[-1]))
+    del hf_model
+    gc.collect()
+    return rows, info
+
+
+def _format_row(r: dict[str, Any]) -> str:
+    return (f"{r['engine']:>12} batch {r['batch_size']:>4}: {r['elapsed_s']:8.2f} s  "
+            f"{r['requests_per_s']:8.3f} req/s  {r['output_tokens_per_s']:9.1f} output tok/s  "
+            f"{r['total_tokens_per_s']:9.1f} total tok/s")
+
+
+def compare(rows: list[dict[str, Any]], hf_best: bool) -> list[dict[str, Any]]:
+    """pyorch / transformers output tokens/s: per batch size, or pyorch against HF's best."""
+    ours = [r for r in rows if r["engine"] == "pyorch"]
+    theirs = [r for r in rows if r["engine"] == "transformers"]
+    pairs = []
+    if hf_best and ours and theirs:
+        pairs = [(ours[0], theirs[0])]
+    else:
+        by_size = {r["batch_size"]: r for r in theirs}
+        pairs = [(r, by_size[r["batch_size"]]) for r in ours if r["batch_size"] in by_size]
+    return [{"pyorch_batch_size": a["batch_size"], "transformers_batch_size": b["batch_size"],
+             "output_tokens_per_s_ratio": a["output_tokens_per_s"] / b["output_tokens_per_s"]}
+            for a, b in pairs]
+
+
+def plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
+    plt = common.pyplot()
+    sizes = sorted({r["batch_size"] for r in rows})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.38
+    for k, engine in enumerate(("pyorch", "transformers")):
+        by_size = {r["batch_size"]: r["output_tokens_per_s"] for r in rows if r["engine"] == engine}
+        xs = [i + (k - 0.5) * width for i, s in enumerate(sizes) if s in by_size]
+        ax.bar(xs, [by_size[s] for s in sizes if s in by_size], width, label=engine)
+    ax.set_xticks(range(len(sizes)), [str(s) for s in sizes])
+    ax.set_xlabel("batch size (pyorch: max_num_seqs)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pyorch.model_loader import load_hf_config
+
+    device = common.resolve_device(args.device)
+    model = common.resolve_model(args.model)
+    env = common.environment(device)
+    seed = args.seed or 0
+    vocab = int(load_hf_config(model).vocab_size)
+    lengths = common.random_lengths(args.input_len, args.random_range_ratio, args.num_prompts, seed)
+    prompts = common.random_token_prompts(lengths, vocab, seed)
+    warm_lengths = common.random_lengths(args.input_len, args.random_range_ratio, 2, seed + 1)
+    warmup_prompts = common.random_token_prompts(warm_lengths, vocab, seed + 1)
+
+    sizes: list[Optional[int]] = [args.max_num_seqs] if args.hf_best else list(args.hf_batch_sizes)
+    rows = []
+    for size in sizes:
+        rows.append(run_pyorch(args, model, device, prompts, warmup_prompts, size))
+        print(_format_row(rows[-1]))
+    info: dict[str, Any] = {}
+    if not args.skip_hf:
+        import torch
+
+        dtype = getattr(torch, rows[0]["dtype"].removeprefix("torch."))
+        hf_rows, info = run_hf(args, model, device, dtype, prompts, warmup_prompts,
+                               list(args.hf_batch_sizes))
+        rows += hf_rows
+    ratios = compare(rows, args.hf_best)
+    for r in ratios:
+        print(f"pyorch (batch {r['pyorch_batch_size']}) / transformers (batch "
+              f"{r['transformers_batch_size']}): {r['output_tokens_per_s_ratio']:.2f}x output tok/s")
+    json_path, png_path = common.output_paths(NAME, device, args.output_json)
+    doc = {"benchmark": NAME, "model": model, "args": common.args_dict(args), "env": env,
+           "rows": rows, "summary": {"ratios": ratios, **info}}
+    common.write_json(json_path, doc)
+    if not args.no_plot:
+        plot(png_path, rows, f"{NAME}: {model.rsplit('/', 1)[-1]}, {device}, "
+                             f"in {args.input_len} / out {args.output_len}, {len(prompts)} prompts")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_cli_args(parser)
+    raise SystemExit(main(parser.parse_args()))
