@@ -1,0 +1,329 @@
+"""The OpenAI-compatible HTTP server: FastAPI under uvicorn, in front of an `AsyncLLM`.
+
+Processes: this one (HTTP, JSON, tokenization, chat templates, detokenization, SSE, metrics) and
+the engine-core process that AsyncLLM starts (the step loop). Life cycle:
+- start-up: bind the socket (a busy port fails at once), start the engine (loads the model,
+  sizes the KV cache), print what was loaded, the KV capacity and the URL, then serve;
+- SIGTERM / SIGINT: uvicorn stops accepting, lets in-flight requests finish for up to
+  `GRACEFUL_SHUTDOWN_S`, cancels the rest (which aborts them in the engine), then
+  `AsyncLLM.shutdown()` stops the core; exit code 0;
+- engine death: requests in flight get a 503 (or an error event), /health answers 503, and after
+  `ENGINE_DEAD_GRACE_S` the server stops with exit code 1 instead of hanging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from typing import Any, AsyncIterator, Optional, Union
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+
+import pyorch
+from pyorch.engine.exceptions import EngineDeadError
+from pyorch.entrypoints.openai import cli_args
+from pyorch.entrypoints.openai.errors import (
+    OpenAIError,
+    engine_dead_message,
+    error_response,
+    install_error_handlers,
+)
+from pyorch.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
+from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat
+from pyorch.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pyorch.entrypoints.openai.serving_engine import ServerContext
+from pyorch.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+
+logger = logging.getLogger("pyorch.entrypoints.openai.api_server")
+
+GRACEFUL_SHUTDOWN_S = 10.0
+ENGINE_DEAD_GRACE_S = 1.0
+_WATCHDOG_PERIOD_S = 0.25
+_ERRORS = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
+           404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
+
+router = APIRouter()
+
+
+# ---- routes ------------------------------------------------------------------------------------
+@router.get("/health", responses={503: {"model": ErrorResponse}})
+async def health(request: Request) -> Response:
+    """200 while the engine is alive; 503 once it is dead."""
+    try:
+        await request.app.state.ctx.engine.check_health()
+    except EngineDeadError:
+        return error_response(engine_dead_message(), 503)
+    return Response(status_code=200)
+
+
+@router.get("/version", response_model=VersionResponse)
+async def version() -> VersionResponse:
+    return VersionResponse(version=pyorch.__version__)
+
+
+@router.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+async def list_models(request: Request) -> ModelList:
+    ctx: ServerContext = request.app.state.ctx
+    root = ctx.engine.model_config.model
+    return ModelList(data=[ModelCard(id=name, root=root, max_model_len=ctx.max_model_len)
+                           for name in ctx.served_model_names])
+
+
+@router.post("/v1/completions", responses=_ERRORS)
+async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    return await request.app.state.completion.create_completion(body, request)
+
+
+@router.post("/v1/chat/completions", responses=_ERRORS)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    return await request.app.state.chat.create_chat_completion(body, request)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
+async def tokenize(body: Union[TokenizeCompletionRequest, TokenizeChatRequest],
+                   request: Request) -> TokenizeResponse:
+    return request.app.state.tokenization.tokenize(body)
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    try:
+        return request.app.state.tokenization.detokenize(body)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise OpenAIError(f"cannot detokenize: {e}", param="tokens") from None
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format. Refreshes the scheduler gauges first: the engine reports them only
+    while it steps, so after the last request leaves they would otherwise stay stale."""
+    state = request.app.state
+    engine = state.ctx.engine
+    if not engine.errored and hasattr(engine, "get_scheduler_stats"):
+        with contextlib.suppress(Exception):
+            stats = await asyncio.wait_for(engine.get_scheduler_stats(), timeout=2.0)
+            state.stat_logger.record(stats, None)
+    return Response(state.stat_logger.render(),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+# ---- middleware --------------------------------------------------------------------------------
+class ApiKeyMiddleware:
+    """401 on /v1/* without `Authorization: Bearer <key>`; other paths (/health, /metrics,
+    /docs, ...) stay open, as in vLLM. A plain ASGI middleware, so streaming and client-
+    disconnect detection pass through untouched."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method") != "OPTIONS":
+            path = scope.get("path", "")
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root):]
+            if path.startswith("/v1"):
+                given = dict(scope.get("headers") or []).get(b"authorization", b"")
+                if not secrets.compare_digest(given, self.expected):
+                    response = error_response(
+                        "invalid or missing API key: send 'Authorization: Bearer <key>'", 401,
+                        headers={"WWW-Authenticate": "Bearer"})
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+# ---- the app -----------------------------------------------------------------------------------
+async def _watch_engine(app: FastAPI) -> None:
+    """Notices engine death; answers stay 503 for a moment, then the server stops (exit 1)."""
+    engine = app.state.ctx.engine
+    while True:
+        await asyncio.sleep(_WATCHDOG_PERIOD_S)
+        try:
+            await engine.check_health()
+        except EngineDeadError as e:
+            logger.error("the engine is dead (%s); stopping the server", e)
+            break
+    app.state.exit_code = 1
+    await asyncio.sleep(ENGINE_DEAD_GRACE_S)
+    server = getattr(app.state, "server", None)
+    if server is not None:
+        server.should_exit = True
+
+
+def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        watchdog = asyncio.create_task(_watch_engine(app), name="pyorch-engine-watchdog")
+        ready = getattr(app.state, "on_ready", None)
+        if ready is not None:
+            ready()
+        try:
+            yield
+        finally:
+            watchdog.cancel()
+            ctx.engine.shutdown()
+
+    app = FastAPI(title="pyorch OpenAI-compatible API", version=pyorch.__version__,
+                  root_path=args.root_path or "", lifespan=lifespan)
+    app.include_router(router)
+    install_error_handlers(app)
+    if args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
+    app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins,
+                       allow_credentials=args.allow_credentials,
+                       allow_methods=args.allowed_methods, allow_headers=args.allowed_headers)
+    app.state.ctx = ctx
+    app.state.stat_logger = stat_logger
+    app.state.completion = OpenAIServingCompletion(ctx)
+    app.state.chat = OpenAIServingChat(ctx)
+    app.state.tokenization = OpenAIServingTokenization(ctx)
+    app.state.exit_code = 0
+    return app
+
+
+# ---- running it --------------------------------------------------------------------------------
+def _load_chat_template(value: Optional[str]) -> Optional[str]:
+    """--chat-template: a file's content, or the template itself (it must look like Jinja)."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value) as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value.encode().decode("unicode_escape") if "\\n" in value else value
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(False)
+    return sock
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    pass
+
+
+def _say(message: str) -> None:
+    print(f"pyorch-serve: {message}", flush=True)
+
+
+def _startup_report(engine: Any, names: list[str], url: str) -> None:
+    mc = engine.model_config
+    sc = engine.config.scheduler_config
+    proc = getattr(getattr(engine, "engine_core", None), "proc", None)
+    pid = getattr(proc, "pid", None)
+    _say(f"loaded {mc.model} as {', '.join(names)} ({mc.dtype}, device {mc.device}, "
+         f"max_model_len {mc.max_model_len})")
+    # The engine-core pid is for operators (monitoring, a stuck core) and for the tests that
+    # kill it to check that the server notices.
+    _say(f"KV cache: {engine.kv_cache_capacity_tokens} tokens ({engine.num_kv_blocks} blocks "
+         f"of {engine.block_size}); max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens "
+         f"{sc.max_num_batched_tokens}; engine core pid {pid}")
+    _say(f"serving the OpenAI API at {url}/v1 (docs at {url}/docs)")
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Runs until SIGTERM/SIGINT (returns 0) or engine death (returns 1); 2 on a bad setting."""
+    import uvicorn
+
+    from pyorch.engine.async_llm import AsyncLLM
+    from pyorch.metrics.prometheus import PrometheusStatLogger
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    names = cli_args.served_model_names(args)
+    try:
+        chat_template = _load_chat_template(args.chat_template)
+        engine_args = cli_args.engine_args_from(args)
+        config = engine_args.create_engine_config()  # fails fast on bad settings
+    except (ValueError, FileNotFoundError) as e:
+        print(f"pyorch serve: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as e:
+        print(f"pyorch serve: error: cannot listen on {args.host}:{args.port}: {e}",
+              file=sys.stderr)
+        return 1
+    # SIGTERM during the model load: leave through the normal clean-up path.
+    signal.signal(signal.SIGTERM, _interrupt)
+    stat_logger = PrometheusStatLogger(names[0], config.model_config.max_model_len or 2048)
+    try:
+        engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[stat_logger])
+    except KeyboardInterrupt:
+        sock.close()
+        return 0
+    except Exception as e:
+        sock.close()
+        print(f"pyorch serve: error: the engine failed to start: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
+    ctx = ServerContext(
+        engine=engine, served_model_names=names, max_model_len=engine.model_config.max_model_len,
+        vocab_size=engine.model_config.vocab_size, block_size=engine.block_size,
+        num_kv_blocks=engine.num_kv_blocks, tokenizer=engine.get_tokenizer(),
+        chat_template=chat_template, log_requests=not args.disable_log_requests)
+    app = build_app(ctx, stat_logger, args)
+    host, port = sock.getsockname()[:2]
+    scheme = "https" if args.ssl_certfile else "http"
+    shown = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{shown}:{port}{args.root_path or ''}"
+    app.state.on_ready = lambda: _startup_report(engine, names, url)
+    config_uv = uvicorn.Config(app, log_level=args.uvicorn_log_level,
+                               access_log=not args.disable_log_requests,
+                               timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                               ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+    server = uvicorn.Server(config_uv)
+    app.state.server = server
+    # uvicorn re-raises the signal it stopped on once it is done; these handlers turn that into
+    # a no-op, so a server stopped by SIGTERM or Ctrl-C exits 0 after its clean shutdown.
+    signal.signal(signal.SIGTERM, _ignore)
+    signal.signal(signal.SIGINT, _ignore)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.shutdown()
+        sock.close()
+    return int(app.state.exit_code)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m pyorch.entrypoints.openai.api_server [MODEL] [flags]` (same as pyorch-serve)."""
+    parser = argparse.ArgumentParser(prog="pyorch-serve")
+    cli_args.add_cli_args(parser)
+    return cli_args.main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

