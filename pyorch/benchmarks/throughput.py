@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import time
 from typing import Any, Optional
 
@@ -36,6 +37,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              "best batch size (powers of two up to --hf-max-batch-size)")
     parser.add_argument("--hf-max-batch-size", type=int, default=256)
     parser.add_argument("--skip-hf", action="store_true", help="run pyorch only")
+    parser.add_argument("--num-repeats", type=int, default=1,
+                        help="timed runs per engine and batch size; rows report the median")
     parser.add_argument("--disable-detokenize", action="store_true",
                         help="pyorch returns token ids only (transformers never detokenizes)")
     parser.add_argument("--output-json", default=None,
@@ -56,79 +59,143 @@ def _row(engine: str, batch_size: int, num_requests: int, elapsed: float, input_
     }
 
 
-def run_pyorch(args: argparse.Namespace, model: str, device: str, prompts: list[list[int]],
-               warmup_prompts: list[list[int]], max_num_seqs: Optional[int]) -> dict[str, Any]:
-    """One LLM built with max_num_seqs (None: the engine default), warmed up, then all prompts
-    submitted at once. The engine is freed before returning."""
-    from pyorch import LLM, SamplingParams
+class PyorchRunner:
+    """One LLM built with max_num_seqs (None: the engine default) and warmed up; each `run`
+    submits all prompts at once."""
 
-    overrides: dict[str, Any] = {"device": device}
-    if max_num_seqs is not None:
-        overrides["max_num_seqs"] = max_num_seqs
-    llm = LLM(model, **common.engine_kwargs(args, **overrides))
-    config = llm.llm_engine.config
-    detok = not args.disable_detokenize
-    warm = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0, detokenize=detok)
-    llm.generate([{"prompt_token_ids": p} for p in warmup_prompts], warm, use_tqdm=False)
-    llm.reset_prefix_cache()  # the warm-up prompts differ anyway; nothing is reused
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0,
-                            detokenize=detok)
-    start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    expected = len(prompts) * args.output_len
-    if output_tokens != expected:
-        raise RuntimeError(f"pyorch generated {output_tokens} tokens, expected {expected}")
-    row = _row("pyorch", config.scheduler_config.max_num_seqs, len(prompts), elapsed,
-               sum(map(len, prompts)), output_tokens, dtype=str(config.model_config.dtype))
-    del llm, outputs
-    gc.collect()
+    def __init__(self, args: argparse.Namespace, model: str, device: str,
+                 warmup_prompts: list[list[int]], max_num_seqs: Optional[int]):
+        from pyorch import LLM, SamplingParams
+
+        overrides: dict[str, Any] = {"device": device}
+        if max_num_seqs is not None:
+            overrides["max_num_seqs"] = max_num_seqs
+        self.llm = LLM(model, **common.engine_kwargs(args, **overrides))
+        config = self.llm.llm_engine.config
+        self.batch_size = config.scheduler_config.max_num_seqs
+        self.dtype = config.model_config.dtype
+        detok = not args.disable_detokenize
+        self.output_len = args.output_len
+        self.params = SamplingParams(max_tokens=args.output_len, ignore_eos=True,
+                                     temperature=0.0, detokenize=detok)
+        warm = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0, detokenize=detok)
+        self.llm.generate([{"prompt_token_ids": p} for p in warmup_prompts], warm, use_tqdm=False)
+
+    def run(self, prompts: list[list[int]]) -> dict[str, Any]:
+        self.llm.reset_prefix_cache()  # repeats must prefill again, not hit the prefix cache
+        start = time.perf_counter()
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params,
+                                    use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        if output_tokens != len(prompts) * self.output_len:
+            raise RuntimeError(f"pyorch generated {output_tokens} tokens, "
+                               f"expected {len(prompts) * self.output_len}")
+        return {"elapsed_s": elapsed, "output_tokens": output_tokens}
+
+    def close(self) -> None:
+        del self.llm
+        gc.collect()
+
+
+class HFRunner:
+    """The transformers model (same model, dtype, device), warmed up."""
+
+    def __init__(self, args: argparse.Namespace, model: str, device: str, dtype: Any,
+                 warmup_prompts: list[list[int]]):
+        from pyorch.benchmarks.hf_baseline import load_hf_model, warm_up
+
+        start = time.perf_counter()
+        self.model, how = load_hf_model(model, args.load_format or "auto", dtype, device,
+                                        args.seed or 0)
+        self.info: dict[str, Any] = {"hf_loader": how, "hf_load_s": time.perf_counter() - start}
+        self.device, self.output_len, self.dtype = device, args.output_len, dtype
+        warm_up(self.model, warmup_prompts[0], device)
+
+    def run(self, prompts: list[list[int]], batch_size: int) -> dict[str, Any]:
+        from pyorch.benchmarks.hf_baseline import hf_generate
+
+        return hf_generate(self.model, prompts, self.output_len, batch_size, self.device)
+
+    def best_batch_size(self, prompts: list[list[int]], max_size: int) -> int:
+        """Probes powers of two (one batch each) until out of memory; the fastest wins."""
+        import torch
+
+        probes, size = [], 1
+        while size <= min(max_size, len(prompts)):
+            try:
+                t = self.run(prompts[:size], size)
+            except torch.OutOfMemoryError:
+                break
+            probes.append({"batch_size": size,
+                           "output_tokens_per_s": t["output_tokens"] / t["elapsed_s"]})
+            print(f"  transformers probe batch {size}: "
+                  f"{probes[-1]['output_tokens_per_s']:.1f} output tok/s")
+            size *= 2
+        if not probes:
+            raise RuntimeError("transformers ran out of memory at batch size 1")
+        self.info["hf_probes"] = probes
+        return max(probes, key=lambda p: p["output_tokens_per_s"])["batch_size"]
+
+    def close(self) -> None:
+        del self.model
+        gc.collect()
+
+
+def _summarize(engine: str, batch_size: int, prompts: list[list[int]],
+               samples: list[dict[str, Any]], dtype: Any) -> dict[str, Any]:
+    """One row from repeated runs: the median elapsed time, every sample kept."""
+    times = [s["elapsed_s"] for s in samples]
+    row = _row(engine, batch_size, len(prompts), common.median(times), sum(map(len, prompts)),
+               samples[0]["output_tokens"], dtype=str(dtype))
+    row["elapsed_s_all"] = times
+    print(_format_row(row))
     return row
 
 
-def _hf_best(hf_model: Any, args: argparse.Namespace, device: str,
-             prompts: list[list[int]]) -> tuple[int, list[dict[str, Any]]]:
-    """Probes powers of two (one batch each) until out of memory; returns the fastest size."""
+def measure(args: argparse.Namespace, model: str, device: str, prompts: list[list[int]],
+            warmup_prompts: list[list[int]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """All rows. On the CPU every engine is built first and the runs are interleaved (pyorch,
+    transformers, per batch size, per repeat), so load from other processes hits both alike; on
+    a GPU each pyorch engine takes the device in turn, then transformers does."""
     import torch
 
-    from pyorch.benchmarks.hf_baseline import hf_generate
-
-    probes, size = [], 1
-    while size <= min(args.hf_max_batch_size, len(prompts)):
-        try:
-            t = hf_generate(hf_model, prompts[:size], args.output_len, size, device)
-        except torch.OutOfMemoryError:
-            break
-        probes.append({"batch_size": size, "output_tokens_per_s": t["output_tokens"] / t["elapsed_s"]})
-        print(f"  transformers probe batch {size}: {probes[-1]['output_tokens_per_s']:.1f} tok/s")
-        size *= 2
-    if not probes:
-        raise RuntimeError("transformers ran out of memory at batch size 1")
-    best = max(probes, key=lambda p: p["output_tokens_per_s"])["batch_size"]
-    return best, probes
-
-
-def run_hf(args: argparse.Namespace, model: str, device: str, dtype: Any,
-           prompts: list[list[int]], warmup_prompts: list[list[int]],
-           batch_sizes: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from pyorch.benchmarks.hf_baseline import hf_generate, load_hf_model, warm_up
-
-    start = time.perf_counter()
-    hf_model, how = load_hf_model(model, args.load_format or "auto", dtype, device, args.seed or 0)
-    info: dict[str, Any] = {"hf_loader": how, "hf_load_s": time.perf_counter() - start}
-    warm_up(hf_model, warmup_prompts[0], device)
-    if args.hf_best:
-        best, info["hf_probes"] = _hf_best(hf_model, args, device, prompts)
-        batch_sizes = [best]
-    rows = []
-    for b in batch_sizes:
-        t = hf_generate(hf_model, prompts, args.output_len, b, device)
-        rows.append(_row("transformers", b, len(prompts), t["elapsed_s"], sum(map(len, prompts)),
-                         t["output_tokens"], dtype=str(dtype)))
-        print(_format_row(rows[-1]))
-    del hf_model
-    gc.collect()
+    sizes: list[Optional[int]] = [args.max_num_seqs] if args.hf_best else list(args.hf_batch_sizes)
+    interleave = device == "cpu"
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    engines: dict[int, PyorchRunner] = {}
+    dtype = None
+    for size in sizes:
+        runner = PyorchRunner(args, model, device, warmup_prompts, size)
+        dtype = runner.dtype
+        if interleave:
+            engines[runner.batch_size] = runner
+            continue
+        samples[("pyorch", runner.batch_size)] = [runner.run(prompts)
+                                                  for _ in range(args.num_repeats)]
+        runner.close()
+    info: dict[str, Any] = {"interleaved": interleave, "num_repeats": args.num_repeats}
+    hf = None
+    hf_sizes: list[int] = []
+    if not args.skip_hf:
+        hf = HFRunner(args, model, device, dtype or torch.float32, warmup_prompts)
+        hf_sizes = ([hf.best_batch_size(prompts, args.hf_max_batch_size)] if args.hf_best
+                    else list(args.hf_batch_sizes))
+    for _ in range(args.num_repeats):
+        for size, runner in engines.items():  # CPU: pyorch then transformers, size by size
+            samples.setdefault(("pyorch", size), []).append(runner.run(prompts))
+            if hf is not None and size in hf_sizes:
+                samples.setdefault(("transformers", size), []).append(hf.run(prompts, size))
+        for size in hf_sizes:
+            if size not in engines:  # not run above
+                samples.setdefault(("transformers", size), []).append(hf.run(prompts, size))
+    for runner in engines.values():
+        runner.close()
+    if hf is not None:
+        info.update(hf.info)
+        hf.close()
+    rows = [_summarize(engine, size, prompts, s, dtype)
+            for (engine, size), s in sorted(samples.items())]
     return rows, info
 
 
@@ -142,9 +209,8 @@ def compare(rows: list[dict[str, Any]], hf_best: bool) -> list[dict[str, Any]]:
     """pyorch / transformers output tokens/s: per batch size, or pyorch against HF's best."""
     ours = [r for r in rows if r["engine"] == "pyorch"]
     theirs = [r for r in rows if r["engine"] == "transformers"]
-    pairs = []
-    if hf_best and ours and theirs:
-        pairs = [(ours[0], theirs[0])]
+    if hf_best:
+        pairs = [(ours[0], theirs[0])] if ours and theirs else []
     else:
         by_size = {r["batch_size"]: r for r in theirs}
         pairs = [(r, by_size[r["batch_size"]]) for r in ours if r["batch_size"] in by_size]
@@ -186,19 +252,7 @@ def main(args: argparse.Namespace) -> int:
     warm_lengths = common.random_lengths(args.input_len, args.random_range_ratio, 2, seed + 1)
     warmup_prompts = common.random_token_prompts(warm_lengths, vocab, seed + 1)
 
-    sizes: list[Optional[int]] = [args.max_num_seqs] if args.hf_best else list(args.hf_batch_sizes)
-    rows = []
-    for size in sizes:
-        rows.append(run_pyorch(args, model, device, prompts, warmup_prompts, size))
-        print(_format_row(rows[-1]))
-    info: dict[str, Any] = {}
-    if not args.skip_hf:
-        import torch
-
-        dtype = getattr(torch, rows[0]["dtype"].removeprefix("torch."))
-        hf_rows, info = run_hf(args, model, device, dtype, prompts, warmup_prompts,
-                               list(args.hf_batch_sizes))
-        rows += hf_rows
+    rows, info = measure(args, model, device, prompts, warmup_prompts)
     ratios = compare(rows, args.hf_best)
     for r in ratios:
         print(f"pyorch (batch {r['pyorch_batch_size']}) / transformers (batch "
@@ -208,7 +262,7 @@ def main(args: argparse.Namespace) -> int:
            "rows": rows, "summary": {"ratios": ratios, **info}}
     common.write_json(json_path, doc)
     if not args.no_plot:
-        plot(png_path, rows, f"{NAME}: {model.rsplit('/', 1)[-1]}, {device}, "
+        plot(png_path, rows, f"{NAME}: {os.path.basename(model)}, {device}, "
                              f"in {args.input_len} / out {args.output_len}, {len(prompts)} prompts")
     return 0
 

@@ -1,0 +1,225 @@
+"""`pyorch bench latency`: decode latency of one batch (batch 1 by default), in ms per output
+token, against floors measured in the same run.
+
+Measured: `--num-iters` runs (after `--num-iters-warmup`) of one batch of `--batch-size` random
+prompts of `--input-len` tokens generating `--output-len` tokens (ignore_eos), and as many runs
+generating one token (prefill only). Reported, from the medians:
+
+* request latency and ms per output token (request latency / output_len, prefill included);
+* decode ms per token = (full - prefill-only) / (output_len - 1).
+
+Floors:
+
+* (a) weight-read floor = bytes of the weights a decode step reads (every parameter except an
+  untied input embedding, which is gathered, not read) / copy bandwidth. The copy bandwidth is a
+  `dst.copy_(src)` of a large buffer on the device, counted as bytes read + written (2 x buffer
+  size / time), the convention of docs/performance.md.
+* (b) the model's own GEMM chain: every linear layer and the LM head with their real weights
+  (pyorch's fused shapes) at M = batch size, `torch.matmul` (cuBLAS on CUDA). On CUDA it is
+  captured in one CUDA graph and replayed, timed by events; the eager chain is timed everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+from pyorch.benchmarks import common
+
+NAME = "latency"
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--num-iters-warmup", type=int, default=2)
+    parser.add_argument("--num-iters", type=int, default=10)
+    parser.add_argument("--copy-bytes", type=int, default=None,
+                        help="buffer size of the copy-bandwidth probe (default 1 GiB on CUDA, "
+                             "256 MiB on CPU)")
+    parser.add_argument("--output-json", default=None,
+                        help="result file (default bench/results/<device>/latency.json)")
+    common.add_engine_args(parser)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, num_bytes: int, iters: int = 10) -> dict[str, Any]:
+    """Device-to-device copy of `num_bytes`; bandwidth counts bytes read + written."""
+    src = torch.empty(num_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(iters):
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    seconds = common.median(times)
+    moved = 2 * src.numel() * src.element_size()
+    del src, dst
+    return {"buffer_bytes": num_bytes, "median_s": seconds, "bytes_per_s": moved / seconds,
+            "convention": "bytes read + written (2 x buffer) / time"}
+
+
+def decode_weights(model: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
+    """(bytes a decode step reads, the 2-D weights of the GEMM chain in forward order).
+
+    Every unique parameter counts, except an input embedding whose weight no LM head shares
+    (a step gathers `batch` rows of it). The chain is every linear layer plus the LM head."""
+    from pyorch.layers.linear import LinearBase
+    from pyorch.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    heads = [m for m in model.modules() if isinstance(m, ParallelLMHead)]
+    head_ptrs = {m.weight.data_ptr() for m in heads}
+    skip = {m.weight.data_ptr() for m in model.modules()
+            if type(m) is VocabParallelEmbedding and m.weight.data_ptr() not in head_ptrs}
+    seen: set[int] = set()
+    read_bytes = 0
+    for p in list(model.parameters()) + list(model.buffers()):
+        if p.data_ptr() in seen or p.data_ptr() in skip or not p.is_floating_point():
+            continue
+        seen.add(p.data_ptr())
+        read_bytes += p.numel() * p.element_size()
+    chain = [m.weight for m in model.modules() if isinstance(m, LinearBase)]
+    chain += [m.weight for m in heads]
+    return read_bytes, [w for w in chain if w.dim() == 2]
+
+
+@torch.inference_mode()
+def gemm_chain(weights: list[torch.Tensor], batch: int, device: torch.device,
+               iters: int = 20) -> dict[str, Any]:
+    """Times x[M, K] @ W.T[K, N] for every weight in order: eager always, CUDA graph on CUDA."""
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype, device=device)
+              for w in weights}
+    outs = [torch.empty(batch, w.shape[0], dtype=w.dtype, device=device) for w in weights]
+
+    def run() -> None:
+        for w, out in zip(weights, outs):
+            torch.matmul(inputs[w.shape[1]], w.t(), out=out)
+
+    flops = sum(2 * batch * w.shape[0] * w.shape[1] for w in weights)
+    result: dict[str, Any] = {"num_gemms": len(weights), "flops": flops,
+                              "weight_bytes": sum(w.numel() * w.element_size() for w in weights)}
+    run()
+    times = []
+    for _ in range(iters):
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    result["eager_ms"] = common.median(times) * 1e3
+    if device.type == "cuda":
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            run()  # cuBLAS picks its workspace outside the capture
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        graph.replay()
+        start_ev = torch.cuda.Event(enable_timing=True)
+        end_ev = torch.cuda.Event(enable_timing=True)
+        graph_times = []
+        for _ in range(iters):
+            start_ev.record()
+            graph.replay()
+            end_ev.record()
+            end_ev.synchronize()
+            graph_times.append(start_ev.elapsed_time(end_ev))
+        result["cuda_graph_ms"] = common.median(graph_times)
+        del graph
+    return result
+
+
+def _time_generate(llm: Any, prompts: list[list[int]], max_tokens: int, iters: int) -> list[float]:
+    from pyorch import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    times = []
+    for _ in range(iters):
+        llm.reset_prefix_cache()  # every run prefills its prompts from scratch
+        start = time.perf_counter()
+        outputs = llm.generate(inputs, params, use_tqdm=False)
+        times.append(time.perf_counter() - start)
+        got = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        if got != max_tokens * len(prompts):
+            raise RuntimeError(f"generated {got} tokens, expected {max_tokens * len(prompts)}")
+    return times
+
+
+def main(args: argparse.Namespace) -> int:
+    from pyorch import LLM
+    from pyorch.model_loader import load_hf_config
+
+    if args.output_len < 2:
+        raise SystemExit("--output-len must be >= 2 (decode = full run - prefill-only run)")
+    device_name = common.resolve_device(args.device)
+    model_path = common.resolve_model(args.model)
+    env = common.environment(device_name)
+    seed = args.seed or 0
+    vocab = int(load_hf_config(model_path).vocab_size)
+    prompts = common.random_token_prompts([args.input_len] * args.batch_size, vocab, seed)
+
+    llm = LLM(model_path, **common.engine_kwargs(args, device=device_name,
+                                                 max_num_seqs=args.max_num_seqs or args.batch_size))
+    _time_generate(llm, prompts, args.output_len, args.num_iters_warmup)
+    full = _time_generate(llm, prompts, args.output_len, args.num_iters)
+    prefill = _time_generate(llm, prompts, 1, args.num_iters)
+    full_s, prefill_s = common.median(full), common.median(prefill)
+    decode_ms = (full_s - prefill_s) / (args.output_len - 1) * 1e3
+
+    model = llm.llm_engine.model_runner.model
+    device = next(model.parameters()).device
+    read_bytes, weights = decode_weights(model)
+    copy = copy_bandwidth(device, args.copy_bytes or (2**30 if device.type == "cuda" else 2**28))
+    floor_ms = read_bytes / copy["bytes_per_s"] * 1e3
+    chain = gemm_chain(weights, args.batch_size, device)
+    chain_ms = chain.get("cuda_graph_ms", chain["eager_ms"])
+
+    summary = {
+        "request_latency_s_median": full_s,
+        "request_latency_s_p90": common.percentile(full, 90),
+        "prefill_only_latency_s_median": prefill_s,
+        "ms_per_output_token": full_s / args.output_len * 1e3,
+        "decode_ms_per_token": decode_ms,
+        "weight_read_bytes": read_bytes,
+        "copy_bandwidth": copy,
+        "weight_read_floor_ms": floor_ms,
+        "gemm_chain": chain,
+        "decode_over_weight_read_floor": decode_ms / floor_ms,
+        "decode_over_gemm_chain": decode_ms / chain_ms,
+        "dtype": str(llm.llm_engine.config.model_config.dtype),
+    }
+    print(f"batch {args.batch_size}, in {args.input_len}, out {args.output_len}: request "
+          f"{full_s * 1e3:.1f} ms (median of {args.num_iters}), {summary['ms_per_output_token']:.2f} "
+          f"ms per output token, decode {decode_ms:.2f} ms/token")
+    print(f"weight-read floor: {read_bytes / 1e9:.3f} GB / {copy['bytes_per_s'] / 1e9:.1f} GB/s "
+          f"(copy, read+written) = {floor_ms:.3f} ms -> decode is {decode_ms / floor_ms:.2f}x")
+    graph = f", CUDA graph {chain['cuda_graph_ms']:.3f} ms" if "cuda_graph_ms" in chain else ""
+    print(f"GEMM chain ({chain['num_gemms']} matmuls at M={args.batch_size}): eager "
+          f"{chain['eager_ms']:.3f} ms{graph} -> decode is {decode_ms / chain_ms:.2f}x")
+    rows = [{"kind": "full", "latency_s": t} for t in full]
+    rows += [{"kind": "prefill_only", "latency_s": t} for t in prefill]
+    json_path, _ = common.output_paths(NAME, device_name, args.output_json)
+    common.write_json(json_path, {"benchmark": NAME, "model": model_path,
+                                  "args": common.args_dict(args), "env": env, "rows": rows,
+                                  "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_cli_args(parser)
+    raise SystemExit(main(parser.parse_args()))
