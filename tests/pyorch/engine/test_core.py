@@ -1,0 +1,181 @@
+"""EngineCore in-process (steps, aborts, stop-string finishes, stats), the core process's wire
+encoding, and LLMEngine's stat loggers."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from pyorch.engine.core import EngineCore
+from pyorch.engine.core_proc import (
+    FrameReader,
+    decode_output,
+    decode_params,
+    decode_stats,
+    encode_frame,
+    encode_output,
+    encode_params,
+    encode_stats,
+)
+from pyorch.engine.llm_engine import LLMEngine
+from pyorch.engine.request import Request, RequestStatus
+from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerStats
+from pyorch.layers.sampler import LogprobsLists
+from pyorch.metrics.stats import StatLoggerBase
+from pyorch.sampling_params import RequestOutputKind, SamplingParams
+from tests.pyorch.engine.test_async_llm import engine_args, make_tiny_model
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny_core"))
+    return engine_args(path, skip_tokenizer_init=True).create_engine_config()
+
+
+@pytest.fixture(scope="module")
+def core(config) -> EngineCore:
+    return EngineCore(config)
+
+
+def _request(req_id: str, max_tokens: int = 5, prompt=(5, 6, 7)) -> Request:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return Request(req_id, list(prompt), params, eos_token_id=2, arrival_time=0.0)
+
+
+def _assert_idle(core: EngineCore) -> None:
+    info = core.get_kv_cache_info()
+    assert not core.has_unfinished_requests() and info["num_unfinished_requests"] == 0
+    assert info["num_free_blocks"] == info["num_usable_blocks"] == info["num_blocks"] - 1
+
+
+def test_step_batches_requests_and_reports_stats(core):
+    core.add_request(_request("a", max_tokens=4))
+    core.add_request(_request("b", max_tokens=6, prompt=range(10, 40)))
+    tokens: dict[str, list[int]] = {"a": [], "b": []}
+    finish: dict[str, str] = {}
+    first = core.step()
+    assert sorted(first.scheduled_new_req_ids) == ["a", "b"]
+    assert first.scheduler_stats.num_running_reqs == 2
+    assert first.scheduler_stats.kv_cache_usage > 0
+    assert first.timestamp >= first.scheduled_time > 0
+    step = first
+    while True:
+        for out in step.outputs:
+            tokens[out.req_id] += out.new_token_ids
+            if out.finished:
+                finish[out.req_id] = out.finish_reason
+        if not core.has_unfinished_requests():
+            break
+        step = core.step()
+    assert {k: len(v) for k, v in tokens.items()} == {"a": 4, "b": 6}
+    assert finish == {"a": "length", "b": "length"}
+    assert step.scheduler_stats.num_running_reqs == 0
+    _assert_idle(core)
+
+
+def test_abort_and_finish_stopped_free_blocks(core):
+    core.add_request(_request("x", max_tokens=100))
+    core.add_request(_request("y", max_tokens=100))
+    core.step()
+    assert core.get_kv_cache_info()["kv_cache_usage"] > 0
+    core.abort_requests(["x", "unknown"])
+    core.finish_requests(["y"], RequestStatus.FINISHED_STOPPED)
+    _assert_idle(core)
+    assert core.make_stats().num_running_reqs == 0
+    assert core.reset_prefix_cache() is True
+
+
+def test_add_request_refuses_duplicates(core):
+    core.add_request(_request("dup"))
+    with pytest.raises(ValueError, match="already in use"):
+        core.add_request(_request("dup"))
+    core.abort_requests(["dup"])
+    _assert_idle(core)
+
+
+def test_ready_info(core, config):
+    info = core.ready_info()
+    assert info["block_size"] == 16 and info["max_model_len"] == 512
+    assert info["vocab_size"] == config.model_config.vocab_size
+    assert info["num_kv_blocks"] == info["num_usable_blocks"] + 1 > 32
+
+
+# ---- wire encoding ----------------------------------------------------------------------------
+def test_frames_roundtrip_in_pieces():
+    msgs = [(1, "req", [1, 2, 3], {"a": 1.5, "b": None}), (2, ["x", "y"]), (6,)]
+    data = b"".join(encode_frame(m) for m in msgs)
+    reader = FrameReader()
+    got = []
+    for i in range(0, len(data), 7):  # a stream delivers arbitrary pieces
+        got += reader.feed(data[i:i + 7])
+    assert got == msgs
+
+
+def test_frames_refuse_objects():
+    with pytest.raises(pickle.UnpicklingError, match="plain data only"):
+        FrameReader().feed(encode_frame((12, torch.zeros(2))))
+    with pytest.raises(pickle.UnpicklingError):
+        FrameReader().feed(encode_frame(SamplingParams()))
+
+
+def test_params_roundtrip_keeps_engine_filled_fields():
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=["x"],
+                            stop_token_ids=[9], logit_bias={4: 1.5}, max_tokens=7, min_tokens=2,
+                            logprobs=2, output_kind=RequestOutputKind.DELTA)
+    params.update_from_generation_config({"eos_token_id": [2, 11]}, 2)
+    params._bad_words_token_ids = [[5, 6]]
+    wire = encode_params(params)
+    FrameReader().feed(encode_frame(wire))  # plain data only
+    back = decode_params(wire)
+    assert back == params
+    assert back.all_stop_token_ids == {2, 9, 11} and back.bad_words_token_ids == [[5, 6]]
+    assert back.output_kind is RequestOutputKind.DELTA
+
+
+def test_outputs_and_stats_roundtrip():
+    lp = LogprobsLists([[3, 1]], [[-0.1, -2.0]], [1])
+    out = EngineCoreOutput("r", [3], "stop", 3, lp, None, 16)
+    (back,) = FrameReader().feed(encode_frame(encode_output(out)))
+    assert decode_output(back) == out
+    stats = SchedulerStats(2, 1, 0.25, 100, 40, 3)
+    (back,) = FrameReader().feed(encode_frame(encode_stats(stats)))
+    assert decode_stats(back) == stats
+
+
+# ---- LLMEngine (in-process front end) ---------------------------------------------------------
+class _Recorder(StatLoggerBase):
+    def __init__(self) -> None:
+        self.records: list = []
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        self.records.append((scheduler_stats, iteration_stats))
+
+
+class _Broken(StatLoggerBase):
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        raise RuntimeError("broken")
+
+
+def test_llm_engine_feeds_stat_loggers(config):
+    recorder = _Recorder()
+    engine = LLMEngine(config, stat_loggers=[_Broken(), recorder])
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    engine.add_request("s0", {"prompt_token_ids": [5, 6, 7]}, params)
+    engine.add_request("s1", {"prompt_token_ids": [8, 9]}, params)
+    engine.add_request("s2", {"prompt_token_ids": [8, 9, 10]}, params)
+    engine.step()
+    engine.abort_request("s2")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert recorder.records and all(s is not None for s, _ in recorder.records)
+    iterations = [it for _, it in recorder.records]
+    assert sum(it.num_generation_tokens for it in iterations) == 5 + 5 + 1
+    assert sum(it.num_prompt_tokens for it in iterations) == 3 + 2 + 3
+    finished = sorted((f.finish_reason, f.num_generation_tokens)
+                      for it in iterations for f in it.finished_requests)
+    assert finished == [("abort", 1), ("length", 5), ("length", 5)]
+    assert recorder.records[0][0].num_running_reqs == 3
