@@ -60,7 +60,9 @@ echo "build took $(( $(date +%s) - start )) s"
 
 if [ "$RUN_TESTS" = 1 ]; then
   echo "== tests"
-  python3 -m pytest tests -q -p no:cacheprovider -rs --junitxml="$OUT_DIR/tests.xml" $PYTEST_ARGS \
+  # --pytest-args is shell-split once, so quoted words survive: --pytest-args "-k 'not smollm'".
+  eval "PYTEST_ARR=($PYTEST_ARGS)"
+  python3 -m pytest tests -q -p no:cacheprovider -rs --junitxml="$OUT_DIR/tests.xml" "${PYTEST_ARR[@]}" \
     > "$OUT_DIR/tests.log" 2>&1 || status=1
   tail -5 "$OUT_DIR/tests.log"
   grep -E "^(FAILED|ERROR)" "$OUT_DIR/tests.log" | head -40

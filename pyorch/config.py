@@ -26,7 +26,8 @@ class ModelConfig:
     device: str = "cpu"
     revision: Optional[str] = None
     trust_remote_code: bool = False
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # no CUDA graphs
+    cuda_graph_sizes: Optional[list[int]] = None  # padded batch sizes (tokens) to capture
     hf_config: Any = None
 
     def resolve(self) -> None:

@@ -13,6 +13,13 @@
 // unpacked to T in shared memory after they land). With num_splits > 1 each CTA covers a slice of
 // the KV tiles and writes a normalized partial output and its log-sum-exp; merge_split_kv_kernel
 // (merge_attn_states.cuh) combines them.
+//
+// Decode CTAs. A CTA whose rows fit one m16 tile (a decode step with group_size <= 16, or a few
+// speculative tokens) would leave three warps idle and one warp computing every KV tile, which
+// makes it compute-bound. Such a CTA (a CTA-uniform, run-time choice, so CUDA graphs captured for
+// mixed batches take it too) gives every warp the same 16 rows and a quarter of each KV tile's
+// keys; each warp keeps its own running max, sum and output, and the four are merged through
+// shared memory at the end (decode_store_rows).
 #pragma once
 
 #include <cmath>
@@ -144,14 +151,15 @@ __device__ bool locate_work_tile(const AttnArgs& a, WorkTile& w) {
   return true;
 }
 
+// row_block: which 16-row slice of the CTA's rows this warp holds (its warp index, or 0 on the
+// decode path where all warps hold the same rows).
 template <class Tr>
-__device__ RowBounds row_bounds(const AttnArgs& a, const WorkTile& w) {
+__device__ RowBounds row_bounds(const AttnArgs& a, const WorkTile& w, int row_block) {
   RowBounds rb;
   const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int row = w.row0 + warp * 16 + lane / 4 + 8 * i;
+    const int row = w.row0 + row_block * 16 + lane / 4 + 8 * i;
     if (row < w.num_rows) {
       const int pos = w.first_pos + row / a.group_size;
       rb.hi[i] = a.p.causal ? min(pos + 1, w.seq_len) : w.seq_len;
@@ -250,23 +258,23 @@ __device__ void unpack_fp8_tile(const uint8_t* raw, T* dst) {
   }
 }
 
-// s[16 rows of this warp][kBlockN keys] = Q K^T (unscaled), fp32.
-template <class Tr, typename T>
-__device__ void compute_scores(const T* q_smem, const T* k_tile, float (&s)[Tr::kSTiles][4]) {
+// s[16 rows][NKEYS keys] = Q K^T (unscaled), fp32. q_rows: the warp's first query row in shared
+// memory; k_rows: its first key row.
+template <class Tr, int NKEYS, typename T>
+__device__ void compute_scores(const T* q_rows, const T* k_rows, float (&s)[NKEYS / 8][4]) {
   const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
 #pragma unroll
-  for (int j = 0; j < Tr::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  for (int j = 0; j < NKEYS / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   // A (Q, row-major): lanes 0-15 give rows 0-15 at column 0, lanes 16-31 the same rows at 8.
-  const T* q_ptr = q_smem + (warp * 16 + lane % 16) * Tr::kRowStride + (lane / 16) * 8;
+  const T* q_ptr = q_rows + (lane % 16) * Tr::kRowStride + (lane / 16) * 8;
   // B (K^T, "col"): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (8-15, 8-15).
-  const T* k_ptr = k_tile + (lane % 8 + (lane / 16) * 8) * Tr::kRowStride + ((lane / 8) % 2) * 8;
+  const T* k_ptr = k_rows + (lane % 8 + (lane / 16) * 8) * Tr::kRowStride + ((lane / 8) % 2) * 8;
 #pragma unroll
   for (int kk = 0; kk < Tr::kOTiles / 2; ++kk) {
     uint32_t a[4];
     attn::ldmatrix_x4(a, q_ptr + kk * 16);
 #pragma unroll
-    for (int nn = 0; nn < Tr::kBlockN / 16; ++nn) {
+    for (int nn = 0; nn < NKEYS / 16; ++nn) {
       uint32_t b[4];
       attn::ldmatrix_x4(b, k_ptr + nn * 16 * Tr::kRowStride + kk * 16);
       attn::mma_16816<T>(s[2 * nn], a, b[0], b[1]);
@@ -276,9 +284,9 @@ __device__ void compute_scores(const T* q_smem, const T* k_tile, float (&s)[Tr::
 }
 
 // Scales/caps/masks the scores, updates the running max m and (thread-partial) sum l of both
-// rows, rescales o, and leaves the probabilities exp2(x - m) in s.
-template <class Tr>
-__device__ void online_softmax(float (&s)[Tr::kSTiles][4], float (&o)[Tr::kOTiles][4],
+// rows, rescales o, and leaves the probabilities exp2(x - m) in s. k0: the key of s[0].
+template <class Tr, int NKEYS>
+__device__ void online_softmax(float (&s)[NKEYS / 8][4], float (&o)[Tr::kOTiles][4],
                                float (&m)[2], float (&l)[2], const RowBounds& rb, int k0,
                                bool need_mask, const ScoreMap& sm) {
   const int lane = threadIdx.x % kWarpSize;
@@ -286,7 +294,7 @@ __device__ void online_softmax(float (&s)[Tr::kSTiles][4], float (&o)[Tr::kOTile
   for (int i = 0; i < 2; ++i) {
     float row_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < Tr::kSTiles; ++j) {
+    for (int j = 0; j < NKEYS / 8; ++j) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         float x = s[j][2 * i + c];
@@ -305,7 +313,7 @@ __device__ void online_softmax(float (&s)[Tr::kSTiles][4], float (&o)[Tr::kOTile
     const float alpha = exp2f(m[i] - m_use);
     float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < Tr::kSTiles; ++j) {
+    for (int j = 0; j < NKEYS / 8; ++j) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float p = exp2f(s[j][2 * i + c] - m_use);
@@ -323,16 +331,17 @@ __device__ void online_softmax(float (&s)[Tr::kSTiles][4], float (&o)[Tr::kOTile
   }
 }
 
-// o[16 rows][HEAD_SIZE] += P V; the score accumulators are reused as the A operand in registers.
-template <class Tr, typename T>
-__device__ void accumulate_pv(const float (&s)[Tr::kSTiles][4], const T* v_tile,
+// o[16 rows][HEAD_SIZE] += P V over NKEYS keys from v_rows; the score accumulators are reused as
+// the A operand in registers.
+template <class Tr, int NKEYS, typename T>
+__device__ void accumulate_pv(const float (&s)[NKEYS / 8][4], const T* v_rows,
                               float (&o)[Tr::kOTiles][4]) {
   const int lane = threadIdx.x % kWarpSize;
   // B (V, [key][d] row-major, read transposed): matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7),
   // (keys 0-7, d 8-15), (keys 8-15, d 8-15).
-  const T* v_ptr = v_tile + (lane % 8 + ((lane / 8) % 2) * 8) * Tr::kRowStride + (lane / 16) * 8;
+  const T* v_ptr = v_rows + (lane % 8 + ((lane / 8) % 2) * 8) * Tr::kRowStride + (lane / 16) * 8;
 #pragma unroll
-  for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
+  for (int kk = 0; kk < NKEYS / 16; ++kk) {
     const uint32_t a[4] = {attn::pack2<T>(s[2 * kk][0], s[2 * kk][1]),
                            attn::pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                            attn::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
@@ -385,6 +394,76 @@ __device__ void store_rows(const AttnArgs& a, const WorkTile& w, const float (&o
   }
 }
 
+// Keys of each KV tile one warp takes on the decode path (0: the head size has no decode path,
+// its tiles are too narrow to give every warp an mma k-step of 16 keys).
+template <class Tr>
+constexpr int decode_warp_keys() {
+  return Tr::kBlockN / kAttnWarps >= 16 ? Tr::kBlockN / kAttnWarps : 0;
+}
+
+// Decode-path epilogue: merges the four warps' (max, sum, output) of the same 16 rows through
+// shared memory `scratch` (the KV stages, free once the loop is done), normalizes, and writes the
+// rows to `out`, or to the split's partial slot with its log-sum-exp, as store_rows does.
+template <class Tr, typename T>
+__device__ void decode_store_rows(const AttnArgs& a, const WorkTile& w,
+                                  const float (&o)[Tr::kOTiles][4], const float (&m)[2],
+                                  const float (&l)[2], float v_scale, float* scratch) {
+  constexpr int kHead = Tr::kOTiles * 8;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  float* red_o = scratch;                             // [warps][16][kHead]
+  float* red_m = red_o + kAttnWarps * 16 * kHead;     // [warps][16]
+  float* red_l = red_m + kAttnWarps * 16;             // [warps][16]
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = l[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = lane / 4 + 8 * i;
+    float* dst = red_o + (warp * 16 + r) * kHead + (lane % 4) * 2;
+#pragma unroll
+    for (int j = 0; j < Tr::kOTiles; ++j) {
+      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+    }
+    if (lane % 4 == 0) {
+      red_m[warp * 16 + r] = m[i];
+      red_l[warp * 16 + r] = sum;
+    }
+  }
+  __syncthreads();
+  const PagedAttentionParams& p = a.p;
+  const int rows = min(16, w.num_rows - w.row0);
+  for (int idx = threadIdx.x; idx < rows * (kHead / 2); idx += Tr::kThreads) {
+    const int r = idx / (kHead / 2);
+    const int col = (idx % (kHead / 2)) * 2;
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < kAttnWarps; ++v) m_max = fmaxf(m_max, red_m[v * 16 + r]);
+    const float m_use = m_max == -INFINITY ? 0.f : m_max;
+    float sum = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+    for (int v = 0; v < kAttnWarps; ++v) {
+      const float scale = exp2f(red_m[v * 16 + r] - m_use);
+      sum += red_l[v * 16 + r] * scale;
+      const float2 x = *reinterpret_cast<const float2*>(red_o + (v * 16 + r) * kHead + col);
+      o0 += x.x * scale;
+      o1 += x.y * scale;
+    }
+    const int row = w.row0 + r;
+    const int64_t token = w.q_start + row / a.group_size;
+    const int64_t head = static_cast<int64_t>(blockIdx.y) * a.group_size + row % a.group_size;
+    const float inv = sum > 0.f ? v_scale / sum : 0.f;
+    if (a.num_splits == 1) {
+      T* dst = static_cast<T*>(p.out) + token * p.out_token_stride + head * p.out_head_stride + col;
+      *reinterpret_cast<uint32_t*>(dst) = attn::pack2<T>(o0 * inv, o1 * inv);
+    } else {
+      const int64_t slot = (blockIdx.z * p.num_tokens + token) * p.num_heads + head;
+      *reinterpret_cast<float2*>(a.o_partial + slot * kHead + col) = make_float2(o0 * inv, o1 * inv);
+      if (col == 0) a.lse_partial[slot] = sum > 0.f ? (m_max + log2f(sum)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
 template <typename T, typename CacheT, int HEAD_SIZE>
 __global__ void __launch_bounds__(kAttnWarps* kWarpSize)
     paged_attention_kernel(const __grid_constant__ AttnArgs a) {
@@ -412,8 +491,12 @@ __global__ void __launch_bounds__(kAttnWarps* kWarpSize)
   attn::cp_async_commit();
 
   const int warp = threadIdx.x / kWarpSize;
-  const bool warp_active = w.row0 + warp * 16 < w.num_rows;  // warp-uniform
-  const RowBounds rb = row_bounds<Tr>(a, w);
+  constexpr int kDecodeKeys = decode_warp_keys<Tr>();
+  // CTA-uniform: every row of this CTA fits the first warp's m16 tile.
+  const bool decode = kDecodeKeys > 0 && w.num_rows - w.row0 <= 16;
+  const bool warp_active = decode || w.row0 + warp * 16 < w.num_rows;  // warp-uniform
+  const int row_block = decode ? 0 : warp;
+  const RowBounds rb = row_bounds<Tr>(a, w, row_block);
   const ScoreMap sm = make_score_map<Tr>(a.p);
   float o[Tr::kOTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY};
@@ -433,17 +516,42 @@ __global__ void __launch_bounds__(kAttnWarps* kWarpSize)
       unpack_fp8_tile<Tr>(raw + (Tr::kStages + stage) * Tr::kRawTileBytes, v_smem);
       __syncthreads();
     }
-    if (warp_active) {
+    const T* k_tile = k_smem + t_stage * Tr::kKvTileElems;
+    const T* v_tile = v_smem + t_stage * Tr::kKvTileElems;
+    if constexpr (kDecodeKeys > 0) {
+      if (decode) {  // this warp's quarter of the tile's keys, against the CTA's 16 rows
+        const int k0 = w.kv_lo + tile * Tr::kBlockN + warp * kDecodeKeys;
+        const bool need_mask = k0 + kDecodeKeys > w.min_row_hi || k0 < w.max_row_lo;
+        float s[kDecodeKeys / 8][4];
+        const int key_row = warp * kDecodeKeys * Tr::kRowStride;
+        compute_scores<Tr, kDecodeKeys>(q_smem, k_tile + key_row, s);
+        online_softmax<Tr, kDecodeKeys>(s, o, m, l, rb, k0, need_mask, sm);
+        accumulate_pv<Tr, kDecodeKeys>(s, v_tile + key_row, o);
+      }
+    }
+    if (!decode && warp_active) {
       const int k0 = w.kv_lo + tile * Tr::kBlockN;
       const bool need_mask = k0 + Tr::kBlockN > w.min_row_hi || k0 < w.max_row_lo;
       float s[Tr::kSTiles][4];
-      compute_scores<Tr>(q_smem, k_smem + t_stage * Tr::kKvTileElems, s);
-      online_softmax<Tr>(s, o, m, l, rb, k0, need_mask, sm);
-      accumulate_pv<Tr>(s, v_smem + t_stage * Tr::kKvTileElems, o);
+      compute_scores<Tr, Tr::kBlockN>(q_smem + warp * 16 * Tr::kRowStride, k_tile, s);
+      online_softmax<Tr, Tr::kBlockN>(s, o, m, l, rb, k0, need_mask, sm);
+      accumulate_pv<Tr, Tr::kBlockN>(s, v_tile, o);
     }
     __syncthreads();  // the stage read here is refilled by the next iteration's prefetch
   }
   attn::cp_async_wait<0>();
+  if constexpr (kDecodeKeys > 0) {
+    if (decode) {
+      // The KV stages are free: every prefetch has landed and the loop ended with a barrier
+      // (a CTA with no tiles never touched them).
+      static_assert(sizeof(float) * kAttnWarps * 16 * (HEAD_SIZE + 2) <=
+                        Tr::kSmemBytes - sizeof(T) * Tr::kQElems,
+                    "the decode merge fits in the KV stages");
+      __syncthreads();
+      decode_store_rows<Tr, T>(a, w, o, m, l, sm.v_scale, reinterpret_cast<float*>(k_smem));
+      return;
+    }
+  }
   store_rows<Tr, T>(a, w, o, m, l, sm.v_scale);
 }
 

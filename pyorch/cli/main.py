@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -26,24 +28,44 @@ def _load(module: str):
     return importlib.import_module(module)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The full parser for the subcommand named in argv; only that subcommand's module is
+    imported (the others are listed by name, so `pyorch --help` stays cheap)."""
+    argv = list(argv)
     parser = argparse.ArgumentParser(prog="pyorch", description="pyorch: LLM inference and serving")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
     serve = sub.add_parser("serve", help="start the OpenAI-compatible server (pyorch-serve)")
-    _load(_SERVE).add_cli_args(serve)
-    serve.set_defaults(_module=_SERVE)
+    if argv[:1] == ["serve"]:
+        _load(_SERVE).add_cli_args(serve)
+        serve.set_defaults(_module=_SERVE)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True,
                                      metavar="{" + ",".join(_BENCH) + "}")
     for name, (module, help_text) in _BENCH.items():
         p = bench_sub.add_parser(name, help=help_text, description=help_text)
-        _load(module).add_cli_args(p)
-        p.set_defaults(_module=module)
+        if argv[:2] == ["bench", name]:
+            _load(module).add_cli_args(p)
+            p.set_defaults(_module=module)
     return parser
 
 
+def _configure_logging() -> None:
+    """pyorch's INFO lines (model load, KV capacity, CUDA graphs) on stderr, as vLLM prints them;
+    PYORCH_LOGGING_LEVEL overrides the level."""
+    level = os.environ.get("PYORCH_LOGGING_LEVEL", "INFO").upper()
+    logger = logging.getLogger("pyorch")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s",
+                                               "%m-%d %H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(level)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _configure_logging()
+    args = build_parser(argv).parse_args(argv)
     return int(_load(args._module).main(args) or 0)
 
 

@@ -44,6 +44,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     load_format: str = "auto"
     enforce_eager: bool = False
+    cuda_graph_sizes: Optional[list[int]] = None  # None: 1, 2, 4, 8, 16, ... up to 512
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     device: str = "auto"  # "auto" (CUDA when available), "cuda", "cpu"
@@ -71,6 +72,7 @@ class EngineArgs:
             dtype=self.dtype, seed=self.seed, max_model_len=self.max_model_len,
             load_format=self.load_format, device=device, revision=self.revision,
             trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
+            cuda_graph_sizes=list(self.cuda_graph_sizes) if self.cuda_graph_sizes else None,
         )
         model_config.resolve()
         cache_config = CacheConfig(

@@ -113,11 +113,18 @@ class StepBuffers:
         return views
 
     def to_device(self, layout: dict[str, tuple]) -> dict[str, torch.Tensor]:
+        """Copies the host buffer's first layout bytes to the device (one non-blocking copy) and
+        returns the device views."""
         total = layout["_total"][0]
         if self.dev is not self.host:
             self.dev[:total].copy_(self.host[:total], non_blocking=True)
             self._copy_done = torch.cuda.Event()
             self._copy_done.record()
+        return self.device_views(layout)
+
+    def device_views(self, layout: dict[str, tuple]) -> dict[str, torch.Tensor]:
+        """Typed device views of a layout; the same layout always gives the same addresses (what
+        a CUDA graph captured over them reads)."""
         tensors = {}
         for name, (offset, n, dt) in layout.items():
             if dt is not None:

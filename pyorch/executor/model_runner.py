@@ -17,6 +17,11 @@ from torch import nn
 
 from pyorch.config import EngineConfig
 from pyorch.engine.scheduler_output import SchedulerOutput
+from pyorch.executor.cuda_graph import (
+    CUDAGraphRunner,
+    default_capture_sizes,
+    normalize_capture_sizes,
+)
 from pyorch.executor.input_batch import CachedRequestState, StepBuffers
 from pyorch.executor.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
@@ -75,6 +80,7 @@ class ModelRunner:
         self.model: Optional[nn.Module] = None
         self.attn_layers: list[Attention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.cuda_graphs: Optional[CUDAGraphRunner] = None
 
     # ---- start-up -----------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -123,7 +129,31 @@ class ModelRunner:
             num_blocks, self.block_size, num_blocks * spec.bytes_per_block / 2**30, tokens,
             self.model_config.max_model_len, tokens / self.model_config.max_model_len,
         )
+        if self.device.type == "cuda" and not self.model_config.enforce_eager:
+            self.capture_model()
         return num_blocks
+
+    def capture_model(self) -> None:
+        """Captures the forward pass as CUDA graphs (after the KV cache is bound: the graphs
+        hold its addresses)."""
+        sched = self.config.scheduler_config
+        sizes = self.model_config.cuda_graph_sizes
+        if sizes is None:
+            sizes = default_capture_sizes(self.max_num_seqs, self.max_num_tokens)
+        sizes = normalize_capture_sizes(sizes, self.max_num_tokens)
+        if not sizes:
+            return
+        runner = CUDAGraphRunner(self.model, sizes, self.max_num_seqs, sched.max_model_len,
+                                 self.device)
+
+        def inputs_for(size: int, num_seqs: int) -> dict[str, torch.Tensor]:
+            layout = self.buffers.layout(size, num_seqs, self.max_blocks_per_seq)
+            views = self.buffers.device_views(layout)
+            views["block_table"] = views["block_table"].view(num_seqs, self.max_blocks_per_seq)
+            return views
+
+        runner.capture(inputs_for)
+        self.cuda_graphs = runner
 
     @torch.inference_mode()
     def profile_run(self) -> int:
@@ -196,14 +226,26 @@ class ModelRunner:
             state.block_ids.extend(new_blocks)
             state.num_computed_tokens = num_computed
 
-    def _prepare_inputs(self, req_ids: list[str], so: SchedulerOutput):
+    def _prepare_inputs(self, req_ids: list[str], so: SchedulerOutput,
+                        graph_size: Optional[int] = None):
+        """Packs the step's inputs into the pinned host buffer and copies them to the device.
+
+        With graph_size, the layout is the one the CUDA graph of that size reads: graph_size
+        tokens, min(graph_size, max_num_seqs) sequences, full-width block table, and the padding
+        made inert (no KV written, no query rows)."""
         num_tokens = so.total_num_scheduled_tokens
         num_seqs = len(req_ids)
-        width = max(len(self.requests[r].block_ids) for r in req_ids)
-        layout = self.buffers.layout(num_tokens, num_seqs, width)
+        if graph_size is None:
+            width = max(len(self.requests[r].block_ids) for r in req_ids)
+            pad_tokens, pad_seqs = num_tokens, num_seqs
+        else:
+            width = self.max_blocks_per_seq
+            pad_tokens, pad_seqs = graph_size, self.cuda_graphs.num_seqs_for(graph_size)
+        layout = self.buffers.layout(pad_tokens, pad_seqs, width)
         host = self.buffers.host_views(layout)
-        table = host["block_table"].reshape(num_seqs, width)
-        table.fill(0)
+        table = host["block_table"].reshape(pad_seqs, width)
+        if graph_size is None:
+            table.fill(0)  # (a graph step skips this: no kernel reads past a row's blocks)
         bs = self.block_size
         offset, num_logits, max_q, max_s = 0, 0, 0, 0
         sampled_rows: list[int] = []
@@ -227,10 +269,17 @@ class ModelRunner:
                 num_logits += 1
                 sampled_rows.append(i)
             max_q, max_s = max(max_q, n), max(max_s, end)
+        if pad_tokens > num_tokens:
+            host["input_ids"][num_tokens:] = 0
+            host["positions"][num_tokens:] = 0
+            host["slot_mapping"][num_tokens:] = -1
+        if pad_seqs > num_seqs:
+            host["query_start_loc"][num_seqs + 1 :] = num_tokens
+            host["seq_lens"][num_seqs:] = 0
         dev = self.buffers.to_device(layout)
         meta = AttentionMetadata(
             slot_mapping=dev["slot_mapping"], query_start_loc=dev["query_start_loc"],
-            seq_lens=dev["seq_lens"], block_table=dev["block_table"].view(num_seqs, width),
+            seq_lens=dev["seq_lens"], block_table=dev["block_table"].view(pad_seqs, width),
             max_query_len=max_q, max_seq_len=max_s,
         )
         return dev, meta, dev["logits_indices"][:num_logits], sampled_rows
@@ -243,9 +292,15 @@ class ModelRunner:
         ]
         if not req_ids:
             return ModelRunnerOutput([], [])
-        dev, meta, logits_indices, sampled_rows = self._prepare_inputs(req_ids, so)
-        with set_forward_context(meta):
-            hidden = self.model(dev["input_ids"], dev["positions"])
+        graph_size = None
+        if self.cuda_graphs is not None:
+            graph_size = self.cuda_graphs.padded_size(so.total_num_scheduled_tokens)
+        dev, meta, logits_indices, sampled_rows = self._prepare_inputs(req_ids, so, graph_size)
+        if graph_size is not None:
+            hidden = self.cuda_graphs.replay(graph_size)
+        else:
+            with set_forward_context(meta):
+                hidden = self.model(dev["input_ids"], dev["positions"])
 
         prompt_logprobs = self._prompt_logprobs(req_ids, so, hidden)
         sampled: list[list[int]] = [[] for _ in req_ids]

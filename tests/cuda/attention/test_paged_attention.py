@@ -200,6 +200,20 @@ def test_decode_batches(device: str, num_seqs: int, seq_len: int) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(16, 1), (32, 1), (12, 4)])
+@pytest.mark.parametrize("sliding_window", [0, 40])
+def test_decode_rows_per_cta(device: str, head_size: int, num_heads: int, num_kv_heads: int,
+                             sliding_window: int) -> None:  # fmt: skip
+    """CTAs whose rows fit one m16 tile (CUDA splits their keys across warps): group sizes 16
+    (exactly one tile), 32 (two tiles: the general path) and 3, with 1-4 query tokens, a long
+    decode that splits the KV range, and the short last CTA of a longer query."""
+    spec = [(1, 1), (1, 300), (2, 77), (3, 16), (4, 129), (1, 2500), (22, 150)]
+    b = make_batch(spec, num_heads, num_kv_heads, head_size, 16, dtypes_for(device)[1], device)
+    check(b, run_op(b, True, sliding_window), True, sliding_window)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_unsupported_head_size(device: str) -> None:
     b = make_batch([(1, 5)], 4, 4, 72, 16, dtypes_for(device)[1], device)
     with pytest.raises(RuntimeError, match="Unsupported head size: 72"):

@@ -1,0 +1,90 @@
+"""CUDA graphs of the forward pass: capture sizes, and graph replay against eager execution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyorch.executor.cuda_graph import default_capture_sizes, normalize_capture_sizes
+from tests.conftest import CUDA_AVAILABLE
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_default_capture_sizes():
+    assert default_capture_sizes(256, 8192)[:5] == [1, 2, 4, 8, 16]
+    assert default_capture_sizes(256, 8192)[-1] == 512
+    assert default_capture_sizes(4, 8192) == [1, 2, 4, 8]  # up to 2 * max_num_seqs
+    assert default_capture_sizes(256, 100)[-1] == 96  # within the token budget
+    assert default_capture_sizes(1, 1) == [1]
+
+
+def test_normalize_capture_sizes():
+    assert normalize_capture_sizes([8, 1, 8, 4096, 2], 1024) == [1, 2, 8]
+    with pytest.raises(ValueError, match="positive"):
+        normalize_capture_sizes([0, 4], 1024)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama_graphs")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
+        initializer_range=0.1, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return str(path)
+
+
+def _prompts(lens: list[int], seed: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 512, (n,), generator=g).tolist() for n in lens]
+
+
+def _llm(path: str, eager: bool, **kw):
+    from pyorch import LLM
+
+    return LLM(path, skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=1024, seed=0,
+               gpu_memory_utilization=0.2, max_num_seqs=16, max_num_batched_tokens=1024,
+               enforce_eager=eager, cuda_graph_sizes=[1, 2, 4, 8, 16, 32, 64], **kw)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="CUDA graphs need a GPU")
+def test_graph_replay_matches_eager(tiny_llama):
+    from pyorch import SamplingParams
+
+    # Lengths straddle the capture sizes: 1..64 tokens replay a graph, 100 runs eagerly.
+    prompts = _prompts([1, 5, 16, 33, 64, 100])
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=0)
+    graphed = _llm(tiny_llama, eager=False)
+    runner = graphed.llm_engine.model_runner
+    assert runner.cuda_graphs is not None and sorted(runner.cuda_graphs.graphs) == [
+        1, 2, 4, 8, 16, 32, 64]
+    assert runner.cuda_graphs.capture_seconds > 0
+    outs = graphed.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+    assert runner.cuda_graphs.num_replays > 0
+    # A prefill alone (33 tokens) replays the 64-token graph: its prompt logprobs are checked too.
+    check = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    before = runner.cuda_graphs.num_replays
+    graph_prefill = graphed.generate([{"prompt_token_ids": prompts[3]}], check, use_tqdm=False)[0]
+    assert runner.cuda_graphs.num_replays == before + 1
+    del graphed
+
+    # Teacher-forced check of every generated token with the eager engine: the logprob the graph
+    # run reported for its token equals the eager engine's prompt logprob at that position.
+    eager = _llm(tiny_llama, eager=True)
+    assert eager.llm_engine.model_runner.cuda_graphs is None
+    ref = eager.generate([{"prompt_token_ids": prompts[3]}], check, use_tqdm=False)[0]
+    for pos in range(1, len(prompts[3])):
+        token = prompts[3][pos]
+        assert graph_prefill.prompt_logprobs[pos][token].logprob == pytest.approx(
+            ref.prompt_logprobs[pos][token].logprob, abs=0.05)
+    for prompt, out in zip(prompts, outs):
+        comp = out.outputs[0]
+        full = prompt + comp.token_ids
+        ref = eager.generate([{"prompt_token_ids": full}], check, use_tqdm=False)[0]
+        for i, token in enumerate(comp.token_ids):
+            got = comp.logprobs[i][token].logprob
+            want = ref.prompt_logprobs[len(prompt) + i][token].logprob
+            assert got == pytest.approx(want, abs=0.05), (len(prompt), i)
