@@ -194,9 +194,20 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
     if folder:
         os.makedirs(folder, exist_ok=True)
     with open(path, "w") as f:
-        json.dump(doc, f, indent=2, default=str)
+        json.dump(_strict_json(doc), f, indent=2, default=str, allow_nan=False)
         f.write("\n")
     print(f"wrote {path}")
+
+
+def _strict_json(value: Any) -> Any:
+    """Plain JSON has no inf/nan: inf becomes the string "inf", nan becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
 
 
 def args_dict(args: argparse.Namespace) -> dict[str, Any]:

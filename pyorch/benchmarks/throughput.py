@@ -165,14 +165,19 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
     engines: dict[int, PyorchRunner] = {}
     dtype = None
+
+    def record(engine: str, size: int, sample: dict[str, Any]) -> None:
+        samples.setdefault((engine, size), []).append(sample)
+        print(f"  {engine} batch {size}: {sample['elapsed_s']:.2f} s", flush=True)
+
     for size in sizes:
         runner = PyorchRunner(args, model, device, warmup_prompts, size)
         dtype = runner.dtype
         if interleave:
             engines[runner.batch_size] = runner
             continue
-        samples[("pyorch", runner.batch_size)] = [runner.run(prompts)
-                                                  for _ in range(args.num_repeats)]
+        for _ in range(args.num_repeats):
+            record("pyorch", runner.batch_size, runner.run(prompts))
         runner.close()
     info: dict[str, Any] = {"interleaved": interleave, "num_repeats": args.num_repeats}
     hf = None
@@ -183,12 +188,12 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
                     else list(args.hf_batch_sizes))
     for _ in range(args.num_repeats):
         for size, runner in engines.items():  # CPU: pyorch then transformers, size by size
-            samples.setdefault(("pyorch", size), []).append(runner.run(prompts))
+            record("pyorch", size, runner.run(prompts))
             if hf is not None and size in hf_sizes:
-                samples.setdefault(("transformers", size), []).append(hf.run(prompts, size))
+                record("transformers", size, hf.run(prompts, size))
         for size in hf_sizes:
             if size not in engines:  # not run above
-                samples.setdefault(("transformers", size), []).append(hf.run(prompts, size))
+                record("transformers", size, hf.run(prompts, size))
     for runner in engines.values():
         runner.close()
     if hf is not None:

@@ -1,0 +1,97 @@
+"""`pyorch bench throughput` on a tiny random-weight Llama: flags, rows, ratios, files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from pyorch.benchmarks import throughput
+from tests.pyorch.benchmarks.conftest import ENGINE_FLAGS
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    throughput.add_cli_args(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_and_vllm_names():
+    args = _parse([])
+    assert args.hf_batch_sizes == [1, 16] and not args.hf_best
+    assert args.model is None and args.max_num_seqs is None and args.load_format is None
+    args = _parse(["--input-len", "7", "--output-len", "3", "--num-prompts", "5",
+                   "--hf-batch-sizes", "2,8", "--hf-best", "--seed", "4", "--load-format", "dummy",
+                   "--max-num-seqs", "8", "--max-model-len", "64", "--dtype", "float32"])
+    assert (args.input_len, args.output_len, args.num_prompts) == (7, 3, 5)
+    assert args.hf_batch_sizes == [2, 8] and args.hf_best and args.seed == 4
+    assert (args.load_format, args.max_num_seqs, args.max_model_len) == ("dummy", 8, 64)
+
+
+def test_run_against_transformers(tiny_model_dir, tmp_path):
+    out = tmp_path / "res" / "tp.json"
+    args = _parse(["--model", tiny_model_dir, "--input-len", "6", "--random-range-ratio", "0.5",
+                   "--output-len", "4", "--num-prompts", "3", "--hf-batch-sizes", "1,2",
+                   "--num-repeats", "2", "--disable-detokenize", "--output-json", str(out),
+                   *ENGINE_FLAGS])
+    assert throughput.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert os.path.getsize(tmp_path / "res" / "tp.png") > 1000
+    assert doc["benchmark"] == "throughput" and doc["model"] == tiny_model_dir
+    for key in ("torch", "device_name", "cpu_count", "transformers", "load_avg_at_end"):
+        assert key in doc["env"]
+    assert doc["env"]["device_name"] == "cpu"
+    rows = {(r["engine"], r["batch_size"]): r for r in doc["rows"]}
+    assert set(rows) == {("pyorch", 1), ("pyorch", 2), ("transformers", 1), ("transformers", 2)}
+    input_tokens = rows[("pyorch", 1)]["input_tokens"]
+    assert 3 * 3 <= input_tokens <= 3 * 9  # lengths drawn from [3, 9]
+    for r in rows.values():
+        assert r["num_requests"] == 3 and r["output_tokens"] == 3 * 4
+        assert r["input_tokens"] == input_tokens  # both engines saw the same prompts
+        assert len(r["elapsed_s_all"]) == 2
+        assert r["elapsed_s"] == pytest.approx(sorted(r["elapsed_s_all"])[0] / 2
+                                               + sorted(r["elapsed_s_all"])[1] / 2)
+        assert r["output_tokens_per_s"] == pytest.approx(r["output_tokens"] / r["elapsed_s"])
+        assert r["requests_per_s"] == pytest.approx(3 / r["elapsed_s"])
+        assert r["total_tokens_per_s"] == pytest.approx(
+            (r["input_tokens"] + r["output_tokens"]) / r["elapsed_s"])
+        assert r["dtype"] == "torch.float32"
+    ratios = {r["pyorch_batch_size"]: r["output_tokens_per_s_ratio"]
+              for r in doc["summary"]["ratios"]}
+    for b in (1, 2):
+        assert ratios[b] == pytest.approx(rows[("pyorch", b)]["output_tokens_per_s"]
+                                          / rows[("transformers", b)]["output_tokens_per_s"])
+    assert doc["summary"]["hf_loader"] == "from_pretrained"
+
+
+def test_dummy_weights_and_hf_best(tiny_config_dir, tmp_path):
+    out = tmp_path / "tp.json"
+    args = _parse(["--model", tiny_config_dir, "--load-format", "dummy", "--input-len", "4",
+                   "--output-len", "3", "--num-prompts", "4", "--hf-best", "--max-num-seqs", "4",
+                   "--hf-max-batch-size", "2", "--disable-detokenize", "--no-plot",
+                   "--output-json", str(out), *ENGINE_FLAGS])
+    assert throughput.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert not (tmp_path / "tp.png").exists()
+    assert doc["summary"]["hf_loader"] == "from_config (dummy weights)"
+    probes = doc["summary"]["hf_probes"]
+    assert [p["batch_size"] for p in probes] == [1, 2]
+    best = max(probes, key=lambda p: p["output_tokens_per_s"])["batch_size"]
+    (ours,) = [r for r in doc["rows"] if r["engine"] == "pyorch"]
+    (theirs,) = [r for r in doc["rows"] if r["engine"] == "transformers"]
+    assert ours["batch_size"] == 4 and theirs["batch_size"] == best
+    (ratio,) = doc["summary"]["ratios"]
+    assert ratio["output_tokens_per_s_ratio"] == pytest.approx(
+        ours["output_tokens_per_s"] / theirs["output_tokens_per_s"])
+
+
+def test_compare_pairs_by_batch_size():
+    rows = [{"engine": "pyorch", "batch_size": 1, "output_tokens_per_s": 30.0},
+            {"engine": "pyorch", "batch_size": 16, "output_tokens_per_s": 400.0},
+            {"engine": "transformers", "batch_size": 16, "output_tokens_per_s": 100.0},
+            {"engine": "transformers", "batch_size": 1, "output_tokens_per_s": 20.0}]
+    got = {r["pyorch_batch_size"]: r["output_tokens_per_s_ratio"]
+           for r in throughput.compare(rows, hf_best=False)}
+    assert got == {1: pytest.approx(1.5), 16: pytest.approx(4.0)}
