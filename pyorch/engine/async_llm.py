@@ -72,12 +72,18 @@ class AsyncLLM:
                  stat_loggers: Optional[list[StatLoggerBase]] = None) -> None:
         self.config = config
         mc = config.model_config
+        # The core loads the model while this process loads the tokenizer.
+        self.engine_core = EngineCoreClient(config)
         self.tokenizer: Any = None
         if not mc.skip_tokenizer_init:
             from pyorch.model_loader import get_tokenizer
 
-            self.tokenizer = get_tokenizer(mc.tokenizer, trust_remote_code=mc.trust_remote_code,
-                                           revision=mc.revision)
+            try:
+                self.tokenizer = get_tokenizer(mc.tokenizer, revision=mc.revision,
+                                               trust_remote_code=mc.trust_remote_code)
+            except BaseException:
+                self.engine_core.shutdown()
+                raise
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.eos_token_id = self.input_processor.eos_token_id()
@@ -91,8 +97,7 @@ class AsyncLLM:
         self._output_task: Optional[asyncio.Task] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
-        self.engine_core = EngineCoreClient(config)
-        info = self.engine_core.ready_info
+        info = self.engine_core.wait_ready()
         self.num_kv_blocks: int = info["num_kv_blocks"]
         self.block_size: int = info["block_size"]
         self.kv_cache_capacity_tokens: int = info["num_usable_blocks"] * self.block_size

@@ -31,9 +31,9 @@ _SYNC_SEND_TIMEOUT_S = 10.0  # a send outside an event loop waits this long for 
 
 
 class EngineCoreClient:
-    """Starts the engine-core process and talks to it.
+    """Starts the engine-core process (the constructor returns at once) and talks to it.
 
-    Raises (from the constructor) the process's start-up error with its original message: the
+    `wait_ready()` raises the process's start-up error with its original message: the
     same exception type when it is a builtin one (ValueError, FileNotFoundError, ...), otherwise
     RuntimeError.
     """
@@ -53,14 +53,20 @@ class EngineCoreClient:
         self._out_buf = bytearray()
         self._writer_loop: Optional[asyncio.AbstractEventLoop] = None
         self.closed = False
+        self.ready_info: dict[str, Any] = {}
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def wait_ready(self) -> dict[str, Any]:
+        """Blocks until the core has loaded the model and sized the KV cache; returns its READY
+        info. On a start-up failure, shuts the process down and raises its error."""
         try:
-            self.ready_info: dict[str, Any] = self._wait_ready()
+            self.ready_info = self._wait_ready()
         except BaseException:
             self.shutdown()
             raise
         self.sock.setblocking(False)
+        return self.ready_info
 
-    # ---- start-up ----------------------------------------------------------------------------
     def _wait_ready(self) -> dict[str, Any]:
         while True:
             multiprocessing.connection.wait([self.sock, self.proc.sentinel])
