@@ -164,6 +164,8 @@ class EngineCoreClient:
                 self.sock.sendall(encode_frame((core_proc.SHUTDOWN,)))
             except OSError:
                 pass
+        # Closing our end now also frees a core blocked sending to us (it gets EPIPE / EOF).
+        self.close_socket()
         if self.proc.pid is not None:
             self.proc.join(timeout)
             if self.proc.is_alive():
@@ -173,7 +175,6 @@ class EngineCoreClient:
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join()
-        self.close_socket()
 
     def close_socket(self) -> None:
         if self.closed:
