@@ -92,7 +92,6 @@ class PrometheusStatLogger(StatLoggerBase):
         success = Counter(PREFIX + "request_success", "Count of successfully processed requests.",
                           ["model_name", "finished_reason"], registry=reg)
         self.request_success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
-        self._success_family = success
         self.ttft = histogram("time_to_first_token_seconds",
                               "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds",
@@ -140,11 +139,10 @@ class PrometheusStatLogger(StatLoggerBase):
 
     @staticmethod
     def _inc(counter: Counter, cumulative: int, last: int) -> int:
-        # A smaller value than last time means the source restarted counting: take it whole.
-        delta = cumulative - last if cumulative >= last else cumulative
-        if delta > 0:
-            counter.inc(delta)
-        return cumulative
+        # Snapshots arrive in order; an older one (smaller value) adds nothing.
+        if cumulative > last:
+            counter.inc(cumulative - last)
+        return max(cumulative, last)
 
     def _record_iteration(self, it: IterationStats) -> None:
         if it.num_prompt_tokens:

@@ -58,7 +58,7 @@ from pyorch.entrypoints.openai.serving_tokenization import OpenAIServingTokeniza
 logger = logging.getLogger("pyorch.entrypoints.openai.api_server")
 
 GRACEFUL_SHUTDOWN_S = 10.0
-ENGINE_DEAD_GRACE_S = 1.0
+ENGINE_DEAD_GRACE_S = 2.0
 _WATCHDOG_PERIOD_S = 0.25
 _ERRORS = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
            404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
@@ -164,11 +164,13 @@ async def _watch_engine(app: FastAPI) -> None:
         try:
             await engine.check_health()
         except EngineDeadError as e:
+            server = getattr(app.state, "server", None)
+            if server is not None and server.should_exit:
+                return  # already stopping (a signal that reached the core too): not a failure
             logger.error("the engine is dead (%s); stopping the server", e)
             break
     app.state.exit_code = 1
     await asyncio.sleep(ENGINE_DEAD_GRACE_S)
-    server = getattr(app.state, "server", None)
     if server is not None:
         server.should_exit = True
 
@@ -243,7 +245,8 @@ def _startup_report(engine: Any, names: list[str], url: str) -> None:
     sc = engine.config.scheduler_config
     proc = getattr(getattr(engine, "engine_core", None), "proc", None)
     pid = getattr(proc, "pid", None)
-    _say(f"loaded {mc.model} as {', '.join(names)} ({mc.dtype}, device {mc.device}, "
+    dtype = str(mc.dtype).removeprefix("torch.")
+    _say(f"loaded {mc.model} as {', '.join(names)} ({dtype}, device {mc.device}, "
          f"max_model_len {mc.max_model_len})")
     # The engine-core pid is for operators (monitoring, a stuck core) and for the tests that
     # kill it to check that the server notices.

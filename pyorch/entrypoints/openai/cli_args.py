@@ -31,7 +31,8 @@ def human_int(text: str) -> int:
     KiB/MiB/GiB) powers of 1024. '1k' -> 1000, '1K' -> 1024, '256MiB' -> 268435456."""
     match = _SIZE_RE.match(str(text))
     if not match:
-        raise argparse.ArgumentTypeError(f"expected an integer such as 4096, 32k or 2GiB, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected an integer such as 4096, 32k or 2GiB, got {text!r}")
     number, suffix, unit = match.groups()
     binary = suffix.isupper() or bool(unit and unit.lower() == "ib")
     scale = 1024 ** "_KMGT".index(suffix.upper()) if binary and suffix else _DECIMAL[suffix.lower()]
@@ -193,14 +194,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     par = parser.add_argument_group("parallel", "several GPUs (not served yet: must be 1)")
     _add(par, "--tensor-parallel-size", short="-tp", type=_parallel_size("--tensor-parallel-size"),
          default=1, help="GPUs per model (only 1 today)")
-    _add(par, "--pipeline-parallel-size", short="-pp", type=_parallel_size("--pipeline-parallel-size"),
-         default=1, help="pipeline stages (only 1 today)")
+    _add(par, "--pipeline-parallel-size", short="-pp",
+         type=_parallel_size("--pipeline-parallel-size"), default=1,
+         help="pipeline stages (only 1 today)")
 
     _install_config_expansion(parser)
     return parser
 
 
-# ---- --config FILE.yaml ---------------------------------------------------------------------------
+# ---- --config FILE.yaml ------------------------------------------------------------------------
 def _config_words(path: str) -> list[str]:
     """The YAML file's settings as command-line words."""
     import yaml

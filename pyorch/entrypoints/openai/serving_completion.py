@@ -78,7 +78,8 @@ class OpenAIServingCompletion(OpenAIServing):
                                       else None)
         request_id = random_id("cmpl")
         for i, p in enumerate(prompts):
-            self.log_request(f"{request_id}-{i}", p.text or p.token_ids, len(p.token_ids), params)
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            self.log_request(rid, p.text or p.token_ids, len(p.token_ids), params)
         engine_prompts = [{"prompt_token_ids": p.token_ids, "prompt": p.text} for p in prompts]
         merged = self.generate_many(engine_prompts, params, request_id)
         if req.stream:

@@ -223,8 +223,9 @@ async def close_quietly(gen: Any) -> None:
 
 # ---- SSE ----------------------------------------------------------------------------------------
 def sse(payload: Any) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n"
+    if not isinstance(payload, str):
+        payload = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

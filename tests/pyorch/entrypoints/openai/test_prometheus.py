@@ -1,0 +1,49 @@
+"""PrometheusStatLogger (pyorch/metrics/prometheus.py): names, labels, counter increments."""
+
+from __future__ import annotations
+
+from conftest import metric
+
+from pyorch.engine.scheduler_output import SchedulerStats
+from pyorch.metrics.prometheus import PrometheusStatLogger
+from pyorch.metrics.stats import FinishedRequestStats, IterationStats
+
+
+def test_gauges_counters_and_histograms():
+    logger = PrometheusStatLogger("m", max_model_len=100)
+    logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.25,
+                                 prefix_cache_queries=100, prefix_cache_hits=40,
+                                 num_preemptions=2), None)
+    # Cumulative scheduler counters become increments.
+    logger.record(SchedulerStats(num_running_reqs=0, prefix_cache_queries=150,
+                                 prefix_cache_hits=40, num_preemptions=2),
+                  IterationStats(num_prompt_tokens=7, num_generation_tokens=5,
+                                 time_to_first_tokens=[0.2], inter_token_latencies=[0.01, 0.02],
+                                 finished_requests=[FinishedRequestStats(
+                                     "length", 1.5, 7, 5, queued_time=0.1)]))
+    text = logger.render().decode()
+    assert metric(text, "pyorch:num_requests_running", model_name="m") == 0
+    assert metric(text, "pyorch:kv_cache_usage_perc") == 0
+    assert metric(text, "pyorch:prefix_cache_queries_total") == 150
+    assert metric(text, "pyorch:prefix_cache_hits_total") == 40
+    assert metric(text, "pyorch:num_preemptions_total") == 2
+    assert metric(text, "pyorch:prompt_tokens_total") == 7
+    assert metric(text, "pyorch:generation_tokens_total") == 5
+    assert metric(text, "pyorch:request_success_total", finished_reason="length") == 1
+    assert metric(text, "pyorch:request_success_total", finished_reason="abort") == 0
+    assert metric(text, "pyorch:inter_token_latency_seconds_count") == 2
+    assert metric(text, "pyorch:e2e_request_latency_seconds_sum") == 1.5
+    assert metric(text, "pyorch:request_prompt_tokens_bucket", le="10.0") == 1
+    assert 'le="100.0"' in text and 'le="200.0"' not in text  # buckets stop at max_model_len
+
+
+def test_each_logger_has_its_own_registry():
+    a, b = PrometheusStatLogger("a"), PrometheusStatLogger("b")
+    a.record(None, IterationStats(num_generation_tokens=3))
+    assert metric(a.render().decode(), "pyorch:generation_tokens_total") == 3
+    assert metric(b.render().decode(), "pyorch:generation_tokens_total") == 0
+
+
+def test_record_never_raises():
+    logger = PrometheusStatLogger("m")
+    logger.record(SchedulerStats(), IterationStats(time_to_first_tokens=["bad"]))  # type: ignore
