@@ -2,15 +2,21 @@
 # The GPU check: on a machine with an NVIDIA GPU (Hopper), build pyorch with CUDA, run the test
 # suite on the GPU, build and run the C++ benchmark binaries, and write logs + JSON to OUT_DIR.
 #
-#   bash bench/gpu_check.sh OUT_DIR [--no-tests] [--no-bench] [--pytest-args "..."]
+#   bash bench/gpu_check.sh OUT_DIR [--no-build] [--no-tests] [--no-bench] [--pytest-args "..."]
+#                               [--engine-bench MODEL_DIR]
+#
+# --engine-bench runs `pyorch bench latency` and `pyorch bench throughput` (128/128, 1000 prompts)
+# on MODEL_DIR with dummy bf16 weights (e.g. a copy of shared/tools/vllm-peer/llama3-8b-dummy).
 #
 # Wheels missing on an offline machine can be dropped in .whl/ (installed to /tmp/site first).
 set -uo pipefail
 OUT_DIR=${1:?usage: bash bench/gpu_check.sh OUT_DIR [--no-tests] [--no-bench]}
 shift
-RUN_TESTS=1 RUN_BENCH=1 PYTEST_ARGS=""
+RUN_TESTS=1 RUN_BENCH=1 RUN_BUILD=1 PYTEST_ARGS="" ENGINE_MODEL=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --no-build) RUN_BUILD=0 ;;
+    --engine-bench) ENGINE_MODEL="$2"; shift ;;
     --no-tests) RUN_TESTS=0 ;;
     --no-bench) RUN_BENCH=0 ;;
     --pytest-args) PYTEST_ARGS="$2"; shift ;;
@@ -43,6 +49,7 @@ fi
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '_'))")
 echo "GPU: $GPU"
 
+if [ "$RUN_BUILD" = 1 ]; then
 echo "== build (pip install --no-build-isolation --no-deps -e .)"
 start=$(date +%s)
 if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT_DIR/build.log" 2>&1; then
@@ -57,6 +64,7 @@ n_static=$(nm -D --defined-only "$SO" | grep -c '_ZNSo9_M_insert')
 echo "libstdc++ stream symbols defined in _C.so: $n_static"
 [ "$n_static" = 0 ] || echo "WARNING: a static libstdc++ is inside _C.so: error messages with numbers will crash"
 echo "build took $(( $(date +%s) - start )) s"
+fi
 
 if [ "$RUN_TESTS" = 1 ]; then
   echo "== tests"
@@ -86,6 +94,18 @@ if [ "$RUN_BENCH" = 1 ]; then
     timeout "${BENCH_TIMEOUT:-300}" build/cuda/bench_paged_attention --mode prefill \
       --json "$OUT_DIR/bench_paged_attention_prefill.json" | tee "$OUT_DIR/bench_paged_attention_prefill.txt"
   fi
+fi
+if [ -n "$ENGINE_MODEL" ]; then
+  echo "== pyorch bench latency / throughput on $ENGINE_MODEL (dummy bf16 weights)"
+  common=(--model "$ENGINE_MODEL" --load-format dummy --dtype bfloat16)
+  timeout "${ENGINE_BENCH_TIMEOUT:-240}" python3 -m pyorch.cli.main bench latency "${common[@]}" \
+    --input-len 128 --output-len 256 --batch-size 1 --max-model-len 2048 \
+    --output-json "$OUT_DIR/latency.json" > "$OUT_DIR/latency.log" 2>&1 || status=1
+  tail -15 "$OUT_DIR/latency.log"
+  timeout "${ENGINE_BENCH_TIMEOUT:-240}" python3 -m pyorch.cli.main bench throughput "${common[@]}" \
+    --input-len 128 --output-len 128 --num-prompts 1000 --skip-hf --max-model-len 2048 \
+    --output-json "$OUT_DIR/throughput_128_128.json" > "$OUT_DIR/throughput.log" 2>&1 || status=1
+  tail -15 "$OUT_DIR/throughput.log"
 fi
 echo "$GPU" > "$OUT_DIR/gpu_name.txt"
 exit $status

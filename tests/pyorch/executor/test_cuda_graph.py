@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -46,7 +48,7 @@ def _llm(path: str, eager: bool, **kw):
     from pyorch import LLM
 
     return LLM(path, skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=1024, seed=0,
-               gpu_memory_utilization=0.2, max_num_seqs=16, max_num_batched_tokens=1024,
+               kv_cache_memory_bytes=64 << 20, max_num_seqs=16, max_num_batched_tokens=1024,
                enforce_eager=eager, cuda_graph_sizes=[1, 2, 4, 8, 16, 32, 64], **kw)
 
 
@@ -69,7 +71,9 @@ def test_graph_replay_matches_eager(tiny_llama):
     before = runner.cuda_graphs.num_replays
     graph_prefill = graphed.generate([{"prompt_token_ids": prompts[3]}], check, use_tqdm=False)[0]
     assert runner.cuda_graphs.num_replays == before + 1
-    del graphed
+    del graphed, runner
+    gc.collect()
+    torch.cuda.empty_cache()
 
     # Teacher-forced check of every generated token with the eager engine: the logprob the graph
     # run reported for its token equals the eager engine's prompt logprob at that position.
