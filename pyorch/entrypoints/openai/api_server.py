@@ -228,6 +228,18 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _configure_logging() -> None:
+    """pyorch's loggers at INFO on stderr (the dispatcher may have done it already)."""
+    pyorch_logger = logging.getLogger("pyorch")
+    if not pyorch_logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s",
+                                               "%m-%d %H:%M:%S"))
+        pyorch_logger.addHandler(handler)
+    if pyorch_logger.level == logging.NOTSET:
+        pyorch_logger.setLevel(logging.INFO)
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -263,8 +275,7 @@ def run_server(args: argparse.Namespace) -> int:
     from pyorch.engine.async_llm import AsyncLLM
     from pyorch.metrics.prometheus import PrometheusStatLogger
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    _configure_logging()
     names = cli_args.served_model_names(args)
     try:
         chat_template = _load_chat_template(args.chat_template)
