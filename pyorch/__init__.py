@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LLM": "pyorch.entrypoints.llm",
     "LLMEngine": "pyorch.engine.llm_engine",
+    "AsyncLLM": "pyorch.engine.async_llm",
     "EngineArgs": "pyorch.engine.arg_utils",
     "SamplingParams": "pyorch.sampling_params",
     "RequestOutput": "pyorch.outputs",

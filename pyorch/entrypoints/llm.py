@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from pyorch.engine.arg_utils import EngineArgs
 from pyorch.engine.llm_engine import LLMEngine, PromptType
 from pyorch.outputs import RequestOutput
-from pyorch.sampling_params import SamplingParams
+from pyorch.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = list[dict[str, Any]]
 
@@ -66,6 +66,10 @@ class LLM:
         request_ids = []
         try:
             for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                if params is not None and params.output_kind != RequestOutputKind.FINAL_ONLY:
+                    # generate() returns whole outputs: the engine need not build the others.
+                    params = params.clone()
+                    params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._counter))
                 self.llm_engine.add_request(request_id, prompt, params,
                                             priority=priority[i] if priority else 0)

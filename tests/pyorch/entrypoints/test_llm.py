@@ -192,3 +192,19 @@ def test_gpu_kv_cache_sized_by_profiling(tiny_model):
     for prompt, out in zip(prompts, outputs):
         _assert_greedy_matches(hf, prompt, out.outputs[0].token_ids, MAX_TOKENS)
     _assert_pool_empty(llm)
+
+
+def test_generate_returns_whole_outputs_for_any_output_kind(tiny_model):
+    """LLM.generate returns complete outputs even when asked for DELTA or FINAL_ONLY."""
+    from pyorch.sampling_params import RequestOutputKind
+
+    path, hf = tiny_model
+    llm = _make_llm(path)
+    prompt = {"prompt_token_ids": _prompts(hf.config.vocab_size, [9], seed=5)[0]}
+    outs = {kind: llm.generate([prompt], _greedy(7, output_kind=kind), use_tqdm=False)[0]
+            for kind in RequestOutputKind}
+    want = outs[RequestOutputKind.CUMULATIVE].outputs[0].token_ids
+    assert len(want) == 7
+    for out in outs.values():
+        assert out.finished and out.outputs[0].token_ids == want
+    _assert_pool_empty(llm)
