@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 import pyorch
 from pyorch.engine.exceptions import EngineDeadError

@@ -117,6 +117,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _add(parser, "--config", metavar="FILE.yaml", default=None,
          help="YAML file of flags (keys are long flag names); command-line flags override it")
 
+    _add_server_args(parser)
+    _add_engine_args(parser)
+    _install_config_expansion(parser)
+    return parser
+
+
+def _add_server_args(parser: argparse.ArgumentParser) -> None:
     server = parser.add_argument_group("server", "HTTP server and OpenAI API")
     _add(server, "--host", default="0.0.0.0", help="address to bind (default: %(default)s)")
     _add(server, "--port", type=int, default=8000,
@@ -145,6 +152,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
          choices=["critical", "error", "warning", "info", "debug", "trace"],
          help="uvicorn's log level (default: %(default)s)")
 
+
+
+def _add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """EngineArgs' flags, vLLM's names."""
     model = parser.add_argument_group("model", "what to load and how")
     _add(model, "--model", default=None, help=argparse.SUPPRESS)  # --config's `model:` key
     _add(model, "--tokenizer", default=None, help="tokenizer directory (default: the model's)")
@@ -197,9 +208,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _add(par, "--pipeline-parallel-size", short="-pp",
          type=_parallel_size("--pipeline-parallel-size"), default=1,
          help="pipeline stages (only 1 today)")
-
-    _install_config_expansion(parser)
-    return parser
 
 
 # ---- --config FILE.yaml ------------------------------------------------------------------------

@@ -185,9 +185,12 @@ def test_metrics_names_and_counts(client, http):
 
 # ---- servers of their own -----------------------------------------------------------------------
 def test_api_key_config_file_and_sigterm(tmp_path):
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}assistant:{% endif %}")
     config = tmp_path / "serve.yaml"
     config.write_text("served_model_name: [pyorch-test, alias]\napi-key: sesame\nport: 1\n"
-                      "enable-prefix-caching: false\nroot_path: /api\n")
+                      f"enable-prefix-caching: false\nroot_path: /api\nchat-template: {template}\n")
     srv = start_server(tmp_path, "auth", ["--config", str(config), "--port", "0"]).wait_ready()
     try:
         assert srv.url.endswith("/api")  # root_path from the file
@@ -199,6 +202,10 @@ def test_api_key_config_file_and_sigterm(tmp_path):
             assert r.status_code == 401 and r.json()["error"]["code"] == 401
         r = httpx.post(base + "/v1/completions", json={"prompt": "x"})
         assert r.status_code == 401
+        ids = httpx.post(base + "/tokenize",  # --chat-template from the file
+                         json={"messages": [{"role": "user", "content": "hi"}]}).json()["tokens"]
+        text = httpx.post(base + "/detokenize", json={"tokens": ids}).json()["prompt"]
+        assert text == "user: hi\nassistant:"
         with openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0) as bad:
             with pytest.raises(openai.AuthenticationError):
                 bad.models.list()
