@@ -84,8 +84,8 @@ def decode_weights(model: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
             if type(m) is VocabParallelEmbedding and m.weight.data_ptr() not in head_ptrs}
     seen: set[int] = set()
     read_bytes = 0
-    for p in list(model.parameters()) + list(model.buffers()):
-        if p.data_ptr() in seen or p.data_ptr() in skip or not p.is_floating_point():
+    for p in model.parameters():  # buffers (rotary cos/sin tables) are gathered by position
+        if p.data_ptr() in seen or p.data_ptr() in skip:
             continue
         seen.add(p.data_ptr())
         read_bytes += p.numel() * p.element_size()

@@ -8,8 +8,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 # Small enough that a generate of a few tokens takes milliseconds on 2 cores.
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=64,
             max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
             bos_token_id=1, eos_token_id=2)
 
@@ -33,5 +33,5 @@ def tiny_model_dir(tmp_path_factory) -> str:
 def tiny_config_dir(tmp_path_factory) -> str:
     """config.json only, for --load-format dummy."""
     path = tmp_path_factory.mktemp("tiny_llama_config")
-    transformers.LlamaConfig(**TINY).save_pretrained(path)
+    transformers.LlamaConfig(**TINY, architectures=["LlamaForCausalLM"]).save_pretrained(path)
     return str(path)
