@@ -172,6 +172,10 @@ def main(args: argparse.Namespace) -> int:
     vocab = int(load_hf_config(model_path).vocab_size)
     prompts = common.random_token_prompts([args.input_len] * args.batch_size, vocab, seed)
 
+    # Before the engine takes its share of device memory (gpu_memory_utilization).
+    copy_device = torch.device(device_name)
+    copy = copy_bandwidth(copy_device, args.copy_bytes or (2**30 if copy_device.type == "cuda"
+                                                           else 2**28))
     llm = LLM(model_path, **common.engine_kwargs(args, device=device_name,
                                                  max_num_seqs=args.max_num_seqs or args.batch_size))
     _time_generate(llm, prompts, args.output_len, args.num_iters_warmup)
@@ -183,7 +187,6 @@ def main(args: argparse.Namespace) -> int:
     model = llm.llm_engine.model_runner.model
     device = next(model.parameters()).device
     read_bytes, weights = decode_weights(model)
-    copy = copy_bandwidth(device, args.copy_bytes or (2**30 if device.type == "cuda" else 2**28))
     floor_ms = read_bytes / copy["bytes_per_s"] * 1e3
     chain = gemm_chain(weights, args.batch_size, device)
     chain_ms = chain.get("cuda_graph_ms", chain["eager_ms"])

@@ -94,8 +94,12 @@ class PyorchRunner:
         return {"elapsed_s": elapsed, "output_tokens": output_tokens}
 
     def close(self) -> None:
+        import torch
+
         del self.llm
         gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the next engine sizes its KV cache from free memory
 
 
 class HFRunner:
