@@ -246,5 +246,5 @@ def median(values: Sequence[float]) -> float:
 def parse_int_list(text: str) -> list[int]:
     values = [int(v) for v in text.split(",") if v.strip()]
     if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas: {text!r}")
+        raise argparse.ArgumentTypeError(f"expected positive integers, comma-separated: {text!r}")
     return values

@@ -206,7 +206,8 @@ def main(args: argparse.Namespace) -> int:
         "dtype": str(llm.llm_engine.config.model_config.dtype),
     }
     print(f"batch {args.batch_size}, in {args.input_len}, out {args.output_len}: request "
-          f"{full_s * 1e3:.1f} ms (median of {args.num_iters}), {summary['ms_per_output_token']:.2f} "
+          f"{full_s * 1e3:.1f} ms (median of {args.num_iters}), "
+          f"{summary['ms_per_output_token']:.2f} "
           f"ms per output token, decode {decode_ms:.2f} ms/token")
     print(f"weight-read floor: {read_bytes / 1e9:.3f} GB / {copy['bytes_per_s'] / 1e9:.1f} GB/s "
           f"(copy, read+written) = {floor_ms:.3f} ms -> decode is {decode_ms / floor_ms:.2f}x")

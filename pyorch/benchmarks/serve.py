@@ -20,7 +20,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 from pyorch.benchmarks import common
 from pyorch.benchmarks.serve_client import (

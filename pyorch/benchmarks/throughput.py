@@ -265,7 +265,8 @@ def main(args: argparse.Namespace) -> int:
     ratios = compare(rows, args.hf_best)
     for r in ratios:
         print(f"pyorch (batch {r['pyorch_batch_size']}) / transformers (batch "
-              f"{r['transformers_batch_size']}): {r['output_tokens_per_s_ratio']:.2f}x output tok/s")
+              f"{r['transformers_batch_size']}): {r['output_tokens_per_s_ratio']:.2f}x "
+              "output tok/s")
     json_path, png_path = common.output_paths(NAME, device, args.output_json)
     doc = {"benchmark": NAME, "model": model, "args": common.args_dict(args), "env": env,
            "rows": rows, "summary": {"ratios": ratios, **info}}

@@ -206,7 +206,8 @@ def test_sweep_against_fake_server(tmp_path):
     with FakeServer(fail_every=4) as server:
         args = _parse(["--base-url", server.url, "--prompt-format", "token-ids",
                        "--vocab-size", "100", "--num-prompts", "6", "--random-input-len", "8",
-                       "--random-output-len", "4", "--request-rates", "inf,20", "--max-concurrency", "4",
+                       "--random-output-len", "4", "--request-rates", "inf,20",
+                       "--max-concurrency", "4",
                        "--output-json", str(out)])
         rc = serve.main(args)
     assert rc == 1  # some requests failed, by design
