@@ -80,7 +80,7 @@ def _concurrent_prompts() -> list[str]:
 
 def test_32_concurrent_clients_equal_sequential(server, client):
     prompts = _concurrent_prompts()
-    sequential = [client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=4,
+    sequential = [client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=3,
                                             temperature=0).choices[0].text for p in prompts]
 
     async def run_all() -> list[str]:
@@ -89,10 +89,10 @@ def test_32_concurrent_clients_equal_sequential(server, client):
             async def one(i: int, p: str) -> str:
                 if i % 2:  # half of the clients stream
                     stream = await aclient.completions.create(
-                        model=MODEL_NAME, prompt=p, max_tokens=4, temperature=0, stream=True)
+                        model=MODEL_NAME, prompt=p, max_tokens=3, temperature=0, stream=True)
                     return "".join([c.choices[0].text async for c in stream if c.choices])
                 out = await aclient.completions.create(model=MODEL_NAME, prompt=p,
-                                                       max_tokens=4, temperature=0)
+                                                       max_tokens=3, temperature=0)
                 return out.choices[0].text
 
             return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -184,14 +184,27 @@ def test_metrics_names_and_counts(client, http):
 
 
 # ---- servers of their own -----------------------------------------------------------------------
-def test_api_key_config_file_and_sigterm(tmp_path):
+@pytest.fixture(scope="module")
+def side_servers(tmp_path_factory):
+    """The two servers that tests stop or break, started together to overlap their start-up."""
+    tmp_path = tmp_path_factory.mktemp("side")
     template = tmp_path / "plain.jinja"
     template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                         "{% if add_generation_prompt %}assistant:{% endif %}")
     config = tmp_path / "serve.yaml"
     config.write_text("served_model_name: [pyorch-test, alias]\napi-key: sesame\nport: 1\n"
                       f"enable-prefix-caching: false\nroot_path: /api\nchat-template: {template}\n")
-    srv = start_server(tmp_path, "auth", ["--config", str(config), "--port", "0"]).wait_ready()
+    auth = start_server(tmp_path, "auth", ["--config", str(config), "--port", "0"])
+    doomed = start_server(tmp_path, "doomed", [])
+    try:
+        yield {"auth": auth.wait_ready(), "doomed": doomed.wait_ready()}
+    finally:
+        auth.terminate()
+        doomed.terminate()
+
+
+def test_api_key_config_file_and_sigterm(side_servers):
+    srv = side_servers["auth"]
     try:
         assert srv.url.endswith("/api")  # root_path from the file
         base = srv.url[: -len("/api")]
@@ -232,8 +245,8 @@ def test_api_key_config_file_and_sigterm(tmp_path):
         srv.terminate()
 
 
-def test_engine_death_is_reported_and_the_server_exits(tmp_path):
-    srv = start_server(tmp_path, "doomed", []).wait_ready()
+def test_engine_death_is_reported_and_the_server_exits(side_servers):
+    srv = side_servers["doomed"]
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as h:
             body = {"prompt": "Tell me a story.", "max_tokens": 200, "ignore_eos": True,
