@@ -242,7 +242,11 @@ class EngineCoreProc:
 
 def run_engine_core(config: Any, sock: socket.socket, parent_pid: int) -> None:
     """Entry point of the engine-core process (multiprocessing, spawn context)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end owns Ctrl-C and shuts us down
+    # The front end owns Ctrl-C and SIGTERM (a process-group SIGTERM from systemd or `timeout`
+    # reaches us too) and shuts us down after in-flight requests finish; we also exit on socket
+    # EOF or when the parent dies, and its shutdown falls back to SIGKILL.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s engine-core %(levelname)s %(message)s")
     sock.setblocking(True)

@@ -180,7 +180,12 @@ class OutputProcessor:
             # The scheduler finishes with "stop" only on EOS or a stop token id.
             stop_terminated = out.finish_reason == "stop"
             stop_str = child.detokenizer.update(list(out.new_token_ids), stop_terminated)
-            if out.finish_reason is not None:
+            if stop_str is not None and out.finish_reason in (None, "length"):
+                # A stop string completed by the last allowed token is still a stop (as vLLM).
+                child.finish_reason, child.stop_reason = "stop", stop_str
+                if out.finish_reason is None:
+                    stopped.append(out.req_id)
+            elif out.finish_reason is not None:
                 child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
             elif stop_str is not None:
                 child.finish_reason, child.stop_reason = "stop", stop_str

@@ -138,3 +138,16 @@ def test_output_kind_validation():
     assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind=7)
+
+
+def test_stop_string_on_the_last_allowed_token_is_a_stop():
+    """The core finishes with "length" on the step whose token completes a stop string: the
+    request reports "stop" with that string (as vLLM), and the core need not be told again."""
+    op, (cid,) = _processor(RequestOutputKind.CUMULATIVE, stop=["cd"])
+    for tokens in STEPS[:3]:
+        op.process_outputs([_out(cid, tokens)])
+    outs, stopped = op.process_outputs([_out(cid, [4], finish="length")])
+    assert stopped == []
+    done = outs[-1].outputs[0]
+    assert outs[-1].finished and (done.finish_reason, done.stop_reason) == ("stop", "cd")
+    assert done.text == "ab"
