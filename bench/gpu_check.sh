@@ -103,7 +103,7 @@ if [ -n "$ENGINE_MODEL" ]; then
     --output-json "$OUT_DIR/latency.json" > "$OUT_DIR/latency.log" 2>&1 || status=1
   tail -15 "$OUT_DIR/latency.log"
   timeout "${ENGINE_BENCH_TIMEOUT:-240}" python3 -m pyorch.cli.main bench throughput "${common[@]}" \
-    --input-len 128 --output-len 128 --num-prompts 1000 --skip-hf --max-model-len 2048 \
+    --input-len 128 --output-len 128 --num-prompts 1000 --skip-hf --hf-best --max-model-len 2048 \
     --output-json "$OUT_DIR/throughput_128_128.json" > "$OUT_DIR/throughput.log" 2>&1 || status=1
   tail -15 "$OUT_DIR/throughput.log"
 fi

@@ -41,6 +41,22 @@ def _get_added_token_ids(tokenizer: Any) -> frozenset[int]:
     return ids
 
 
+def _backend_decoder(tokenizer: Any) -> Any:
+    """The `tokenizers.Tokenizer` behind a fast transformers tokenizer, or None.
+
+    With clean_up_tokenization_spaces=False a fast tokenizer's `decode` is exactly the backend's
+    `decode` after argument normalisation that costs several times the decode itself; calling the
+    backend directly keeps detokenization (two decodes per generated token) off the step's
+    critical path. Slow (Python) tokenizers keep going through `decode`.
+    """
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # pragma: no cover - transformers requires tokenizers
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
 def check_stop_strings(
     output_text: str, new_char_count: int, stop: list[str], include_in_output: bool
 ) -> tuple[str, int] | None:
@@ -114,6 +130,7 @@ class IncrementalDetokenizer:
         self._added_ids: frozenset[int] = frozenset()
         if self.tokenizer is not None and not self.spaces_between_special_tokens:
             self._added_ids = _get_added_token_ids(self.tokenizer)
+        self._backend = _backend_decoder(self.tokenizer)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -205,6 +222,8 @@ class IncrementalDetokenizer:
 
     def _decode_plain(self, token_ids: list[int]) -> str:
         assert self.tokenizer is not None
+        if self._backend is not None:
+            return self._backend.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(
             token_ids, skip_special_tokens=self.skip_special_tokens,
             clean_up_tokenization_spaces=False,

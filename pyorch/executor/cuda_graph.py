@@ -30,9 +30,15 @@ _MAX_DEFAULT_CAPTURE = 512
 
 
 def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
-    """vLLM's list: 1, 2, 4, then multiples of 8, up to min(512, 2 * max_num_seqs, token budget)."""
-    limit = min(_MAX_DEFAULT_CAPTURE, max(1, 2 * max_num_seqs), max_num_batched_tokens)
-    sizes = [s for s in (1, 2, 4) if s <= limit] + list(range(8, limit + 1, 8))
+    """1, 2, 4, multiples of 8 up to 256, then multiples of 16 (vLLM's list), up to
+    min(512, 2 * max_num_seqs) for small mixed batches, and further up to max_num_seqs so that
+    every decode-only batch replays a graph; never past the token budget."""
+    limit = max(min(_MAX_DEFAULT_CAPTURE, 2 * max_num_seqs), max_num_seqs)
+    limit = max(1, min(limit, max_num_batched_tokens))
+    sizes = [s for s in (1, 2, 4) if s <= limit] + list(range(8, min(limit, 256) + 1, 8))
+    sizes += list(range(272, limit + 1, 16))
+    if sizes[-1] < limit:  # the largest batch itself, so it never runs eagerly
+        sizes.append(limit)
     return sizes
 
 

@@ -85,8 +85,12 @@ def make_batch(
     )
 
 
-def run_op(b: dict, causal: bool = True, sliding_window: int = 0, soft_cap: float = 0.0) -> torch.Tensor:
+def run_op(b: dict, causal: bool = True, sliding_window: int = 0, soft_cap: float = 0.0,
+           out_view: bool = False) -> torch.Tensor:  # fmt: skip
     out = torch.full_like(b["query"], SENTINEL, memory_format=torch.contiguous_format)
+    if out_view:  # token stride past num_heads * head_size, head stride past head_size
+        t, h, d = out.shape
+        out = torch.full((t, h + 1, d + 8), SENTINEL, dtype=out.dtype, device=out.device)[:, 1:, 8:]
     scale = 1.0 / math.sqrt(b["query"].shape[-1])
     _ops.paged_attention(
         out, b["query"], b["key_cache"], b["value_cache"], b["query_start_loc"], b["seq_lens"],
@@ -213,6 +217,117 @@ def test_decode_rows_per_cta(device: str, head_size: int, num_heads: int, num_kv
     check(b, run_op(b, True, sliding_window), True, sliding_window)
 
 
+# Prefill rows (q_len * group_size > 16; paged_prefill_kernel on CUDA, 128-row CTAs over 64-key
+# tiles): several row tiles and KV tiles per sequence, chunked prefills over a cached prefix
+# (130 over 1070), 17-row and 20-row sequences at the decode boundary, decodes (1, 4) beside them.
+PREFILL_MIXED = [(300, 300), (1, 700), (130, 1200), (17, 17), (5, 900), (4, 50), (0, 9), (64, 64)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_idx", [0, 1])
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(3, 3), (12, 4), (16, 2)])
+def test_prefill_batch(device: str, dtype_idx: int, head_size: int, num_heads: int,
+                       num_kv_heads: int) -> None:  # fmt: skip
+    dtype = dtypes_for(device)[dtype_idx]
+    b = make_batch(PREFILL_MIXED, num_heads, num_kv_heads, head_size, 16, dtype, device,
+                   query_view=True)  # fmt: skip
+    check(b, run_op(b, out_view=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_long(device: str) -> None:
+    """1000+ token prefills: many CTAs per sequence, heavy (late) row tiles first."""
+    b = make_batch([(1100, 1100), (2, 1300), (700, 1500)], 8, 2, 128, 16, torch.bfloat16, device)
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size", [1, 24, 64])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_prefill_block_sizes(device: str, block_size: int, kv_cache_dtype: str) -> None:
+    b = make_batch(PREFILL_MIXED, 8, 2, 96, block_size, dtypes_for(device)[1], device,
+                   kv_cache_dtype)  # fmt: skip
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_idx", [0, 1])
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+def test_prefill_fp8(device: str, dtype_idx: int, head_size: int) -> None:
+    b = make_batch(PREFILL_MIXED, 8, 2, head_size, 16, dtypes_for(device)[dtype_idx], device,
+                   "fp8")  # fmt: skip
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sliding_window", [1, 37, 200])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("soft_cap", [0.0, 30.0])
+def test_prefill_window_and_cap(device: str, sliding_window: int, causal: bool,
+                                soft_cap: float) -> None:  # fmt: skip
+    b = make_batch(PREFILL_MIXED, 8, 2, 64, 16, dtypes_for(device)[1], device)
+    b["query"] = b["query"] * 3  # large scores, so that the cap bites
+    check(b, run_op(b, causal, sliding_window, soft_cap), causal, sliding_window, soft_cap)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", [80, 128])
+def test_prefill_split_kv(device: str, head_size: int) -> None:
+    """Few CTAs and long contexts: CUDA splits the KV range of prefill and decode rows alike."""
+    b = make_batch([(40, 3000), (1, 2500), (9, 2000)], 4, 1, head_size, 16, torch.bfloat16, device)
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_decode_many_splits(device: str, block_size: int, kv_cache_dtype: str) -> None:
+    """Pure decode at long context: CUDA runs only the decode kernel and splits each sequence's
+    keys over up to dozens of CTAs (whole 64-key chunks each). A 20011-token sequence (not a
+    multiple of 16, 64 or the block size) beside short ones whose later splits are empty."""
+    spec = [(1, 20011), (1, 1), (1, 63), (1, 1000), (1, 4097)]
+    b = make_batch(spec, 32, 8, 128, block_size, torch.bfloat16, device, kv_cache_dtype)
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("max_seq_len", [0, 1, 32768])
+def test_decode_seq_len_hint(device: str, max_seq_len: int) -> None:
+    """The split count comes from the max_seq_len hint, not the real lengths: a pessimistic hint
+    (as CUDA graphs pass, max_model_len) leaves most splits empty, a tiny one gives one split."""
+    spec = [(1, 700), (1, 2500), (1, 33)]
+    b = make_batch(spec, 16, 4, 128, 16, torch.bfloat16, device)
+    b["max_seq_len"] = max_seq_len
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_decode_head_sizes(device: str, head_size: int, kv_cache_dtype: str,
+                           block_size: int) -> None:  # fmt: skip
+    """Decode rows (1-2 query tokens, GQA 4 and 8) for every head size, bf16 and fp8 KV, with a
+    long sequence that splits; fp16 queries so that both dtypes take the decode kernel."""
+    spec = [(1, 3001), (1, 17), (2, 200), (1, 1)]
+    for num_heads, num_kv_heads, dtype in [(16, 4, torch.float16), (16, 2, torch.bfloat16)]:
+        if device == "cpu" and dtype == torch.float16:
+            dtype = torch.float32
+        b = make_batch(spec, num_heads, num_kv_heads, head_size, block_size, dtype, device,
+                       kv_cache_dtype)  # fmt: skip
+        check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_beside_prefill_splits(device: str) -> None:
+    """A mixed batch whose decode rows go to the decode kernel and whose prefill rows go to the
+    general kernel, both writing split partials that one merge combines."""
+    spec = [(1, 9000), (40, 300), (1, 5), (3, 4000), (17, 17)]
+    b = make_batch(spec, 32, 8, 128, 32, torch.bfloat16, device, "fp8")
+    check(b, run_op(b))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_unsupported_head_size(device: str) -> None:
     b = make_batch([(1, 5)], 4, 4, 72, 16, dtypes_for(device)[1], device)
@@ -265,6 +380,34 @@ def test_cuda_graph_capture(device: str) -> None:
     b["query"].normal_()
     b["seq_lens"].sub_(torch.tensor([100, 50], dtype=torch.int32, device=device))
     b["v_scale"].fill_(0.07)
+    out.fill_(SENTINEL)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(b, out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cuda_graph_capture_mixed(device: str) -> None:
+    """A mixed batch captured with a loose max_query_len (as the runner captures), replayed after
+    the cached prefix grew: the prefill and decode kernels read every range from device data."""
+    if device != "cuda":
+        pytest.skip("CUDA graphs only")
+    b = make_batch([(40, 600), (1, 300), (200, 900)], 16, 4, 128, 16, torch.bfloat16, device)
+    out = torch.full_like(b["query"], SENTINEL)
+    args = [b[k] for k in ("query", "key_cache", "value_cache", "query_start_loc", "seq_lens",
+                           "block_table")]  # fmt: skip
+    call = lambda: _ops.paged_attention(out, *args, 512, 4096, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
+                                        "auto", b["k_scale"], b["v_scale"])  # fmt: skip
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    b["query"].normal_()
+    b["seq_lens"].sub_(torch.tensor([30, 0, 150], dtype=torch.int32, device=device))
     out.fill_(SENTINEL)
     graph.replay()
     torch.cuda.synchronize()

@@ -220,3 +220,19 @@ def test_check_stop_strings():
     assert check_stop_strings("hello world", 3, ["hell"], False) is None
     # The earliest match wins.
     assert check_stop_strings("a stop b halt", 13, ["halt", "stop"], False) == ("stop", 2)
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_backend_decode_equals_tokenizer_decode(smollm2, skip_special_tokens):
+    """The fast path (the tokenizers backend) gives exactly what `tokenizer.decode` gives."""
+    params = SamplingParams(skip_special_tokens=skip_special_tokens)
+    detok = IncrementalDetokenizer(smollm2, [1, 2], params)
+    assert detok._backend is smollm2._tokenizer
+    rng = random.Random(7)
+    special = list(smollm2.get_added_vocab().values())
+    for _ in range(50):
+        ids = [rng.randrange(len(smollm2)) for _ in range(rng.randint(1, 12))]
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(special))
+        expected = smollm2.decode(ids, skip_special_tokens=skip_special_tokens,
+                                  clean_up_tokenization_spaces=False)
+        assert detok._decode_plain(ids) == expected

@@ -17,7 +17,11 @@ def test_default_capture_sizes():
     assert default_capture_sizes(256, 8192)[:5] == [1, 2, 4, 8, 16]
     assert default_capture_sizes(256, 8192)[-1] == 512
     assert default_capture_sizes(4, 8192) == [1, 2, 4, 8]  # up to 2 * max_num_seqs
-    assert default_capture_sizes(256, 100)[-1] == 96  # within the token budget
+    assert default_capture_sizes(256, 100)[-1] == 100  # within the token budget, which is covered
+    assert default_capture_sizes(3, 8192) == [1, 2, 4, 6]
+    # Beyond 512 up to max_num_seqs, so a decode of every sequence replays a graph.
+    big = default_capture_sizes(1024, 16384)
+    assert big[-1] == 1024 and 1008 in big and 520 not in big and 528 in big
     assert default_capture_sizes(1, 1) == [1]
 
 
