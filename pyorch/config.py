@@ -107,6 +107,8 @@ class SchedulerConfig:
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # "fcfs" | "priority"
+    # Schedule and launch step N+1 before step N's tokens are read (overlaps host and device).
+    async_scheduling: bool = False
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:

@@ -83,15 +83,20 @@ class PyorchRunner:
 
     def run(self, prompts: list[list[int]]) -> dict[str, Any]:
         self.llm.reset_prefix_cache()  # repeats must prefill again, not hit the prefix cache
+        core, runner = self.llm.llm_engine.engine_core, self.llm.llm_engine.model_runner
+        steps0, wait0 = core.num_steps, runner.wait_seconds
         start = time.perf_counter()
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params,
                                     use_tqdm=False)
         elapsed = time.perf_counter() - start
+        steps = max(core.num_steps - steps0, 1)
+        host_ms = (elapsed - (runner.wait_seconds - wait0)) / steps * 1e3
         output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         if output_tokens != len(prompts) * self.output_len:
             raise RuntimeError(f"pyorch generated {output_tokens} tokens, "
                                f"expected {len(prompts) * self.output_len}")
-        return {"elapsed_s": elapsed, "output_tokens": output_tokens}
+        return {"elapsed_s": elapsed, "output_tokens": output_tokens, "engine_steps": steps,
+                "host_ms_per_step": host_ms}
 
     def close(self) -> None:
         import torch
@@ -153,6 +158,9 @@ def _summarize(engine: str, batch_size: int, prompts: list[list[int]],
     row = _row(engine, batch_size, len(prompts), common.median(times), sum(map(len, prompts)),
                samples[0]["output_tokens"], dtype=str(dtype))
     row["elapsed_s_all"] = times
+    if "engine_steps" in samples[0]:  # pyorch: steps and CPU time per step (not blocked on
+        row["engine_steps"] = samples[0]["engine_steps"]  # the device), from the first run
+        row["host_ms_per_step"] = samples[0]["host_ms_per_step"]
     print(_format_row(row))
     return row
 
@@ -172,7 +180,11 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
 
     def record(engine: str, size: int, sample: dict[str, Any]) -> None:
         samples.setdefault((engine, size), []).append(sample)
-        print(f"  {engine} batch {size}: {sample['elapsed_s']:.2f} s", flush=True)
+        extra = ""
+        if "engine_steps" in sample:
+            extra = (f", {sample['engine_steps']} steps, CPU {sample['host_ms_per_step']:.2f} "
+                     "ms/step not blocked on the device")
+        print(f"  {engine} batch {size}: {sample['elapsed_s']:.2f} s{extra}", flush=True)
 
     for size in sizes:
         runner = PyorchRunner(args, model, device, warmup_prompts, size)

@@ -48,6 +48,8 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     device: str = "auto"  # "auto" (CUDA when available), "cuda", "cpu"
+    # None: on for CUDA (overlaps scheduling with the GPU), off on the CPU (nothing to overlap)
+    async_scheduling: Optional[bool] = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -93,6 +95,8 @@ class EngineArgs:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
+            async_scheduling=(device != "cpu" if self.async_scheduling is None
+                              else bool(self.async_scheduling)),
         )
         scheduler_config.validate()
         return EngineConfig(model_config, cache_config, scheduler_config, parallel)

@@ -14,13 +14,14 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from pyorch.config import EngineConfig
 from pyorch.engine.request import Request, RequestStatus
 from pyorch.engine.scheduler import Scheduler
-from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerStats
-from pyorch.executor.model_runner import ModelRunner
+from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerOutput, SchedulerStats
+from pyorch.executor.model_runner import ModelRunner, StepHandle
+from pyorch.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,16 @@ class EngineCoreOutputs:
     scheduled_new_req_ids: list[str] = field(default_factory=list)
 
 
+def needs_token_history(params: SamplingParams) -> bool:
+    """Sampling that reads the request's output tokens on the host (or returns prompt logprobs,
+    whose bookkeeping follows the scheduled chunks), so its previous token must have landed."""
+    return bool(
+        params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        or params.repetition_penalty != 1.0 or params.min_tokens > 0
+        or params.bad_words or params.prompt_logprobs is not None
+    )
+
+
 class EngineCore:
     """Loads the model and the KV cache, then runs steps over the queued requests."""
 
@@ -49,6 +60,9 @@ class EngineCore:
             config.scheduler_config, config.cache_config, num_blocks
         )
         self.num_steps = 0
+        # Async scheduling: step N+1 is scheduled and launched before step N's tokens are read.
+        self.async_scheduling = config.scheduler_config.async_scheduling
+        self._in_flight: Optional[tuple[SchedulerOutput, StepHandle]] = None
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -71,18 +85,52 @@ class EngineCore:
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> EngineCoreOutputs:
+        """One engine step. Synchronous: schedule, run, wait, update. With async scheduling the
+        step schedules and launches the next batch first, then waits for the batch launched by
+        the previous call and returns its outputs (so host work overlaps the device's)."""
         scheduled_time = time.time()
+        if not self.async_scheduling:
+            scheduler_output = self.scheduler.schedule()
+            handle = self.model_runner.execute_model(scheduler_output)
+            return self._finish(scheduler_output, handle, scheduled_time, scheduler_output)
+        previous = self._in_flight
+        if previous is not None and self._must_wait_first():
+            self._in_flight = None
+            return self._finish(*previous, scheduled_time, None)
         scheduler_output = self.scheduler.schedule()
-        runner_output = self.model_runner.execute(scheduler_output)
+        handle = self.model_runner.execute_model(scheduler_output)
+        self._in_flight = (scheduler_output, handle)
+        if previous is None:
+            self.num_steps += 1
+            return EngineCoreOutputs(
+                outputs=[], scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
+                scheduled_time=scheduled_time,
+                scheduled_new_req_ids=[r.req_id for r in scheduler_output.scheduled_new_reqs])
+        return self._finish(*previous, scheduled_time, scheduler_output)
+
+    def _finish(self, scheduler_output: SchedulerOutput, handle: StepHandle,
+                scheduled_time: float,
+                newly_scheduled: Optional[SchedulerOutput]) -> EngineCoreOutputs:
+        runner_output = self.model_runner.resolve(handle)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self.num_steps += 1
+        new_ids = [r.req_id for r in newly_scheduled.scheduled_new_reqs] if newly_scheduled else []
         return EngineCoreOutputs(
             outputs=outputs,
             scheduler_stats=self.scheduler.make_stats(),
             timestamp=time.time(),
             scheduled_time=scheduled_time,
-            scheduled_new_req_ids=[r.req_id for r in scheduler_output.scheduled_new_reqs],
+            scheduled_new_req_ids=new_ids,
         )
+
+    def _must_wait_first(self) -> bool:
+        """Whether the in-flight step must land before the next is scheduled: some running
+        request samples from its token history (penalties, bad words, min_tokens) or returns
+        prompt logprobs, which the host must see up to date; or nothing is left to schedule."""
+        running = self.scheduler.running
+        if not running and not self.scheduler.waiting:
+            return True
+        return any(needs_token_history(r.sampling_params) for r in running)
 
     # ---- control and introspection -----------------------------------------------------------
     def make_stats(self) -> SchedulerStats:

@@ -236,7 +236,7 @@ class EngineCoreProc:
         def failing_execute(scheduler_output: Any) -> Any:
             raise RuntimeError("injected failure in model_runner.execute (test hook)")
 
-        self.core.model_runner.execute = failing_execute
+        self.core.model_runner.execute_model = failing_execute
         return True
 
 

@@ -72,6 +72,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self._all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens sampled by steps still in flight (async scheduling): scheduled past, not yet
+        # appended. The scheduler plans with num_tokens + num_output_placeholders.
+        self.num_output_placeholders = 0
         # Prefix-cache hit (tokens) when first scheduled; -1 until then (vLLM's convention).
         self.num_cached_tokens = -1
         self.num_preemptions = 0
@@ -95,6 +98,16 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    def at_length_cap(self, max_model_len: int) -> bool:
+        """True when the tokens in flight already reach max_tokens or max_model_len: the request
+        will finish when they land, so scheduling it again would compute a token to discard."""
+        if self.num_output_placeholders == 0:
+            return False
+        if self.max_tokens is not None and (
+                self.num_output_tokens + self.num_output_placeholders >= self.max_tokens):
+            return True
+        return self.num_tokens + self.num_output_placeholders >= max_model_len
 
     @property
     def use_prefix_cache(self) -> bool:

@@ -186,7 +186,12 @@ class Scheduler:
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
-            num_new = self._num_new_tokens(request.num_tokens - request.num_computed_tokens, budget)
+            num_wanted = (request.num_tokens + request.num_output_placeholders
+                          - request.num_computed_tokens)
+            if num_wanted <= 0 or request.at_length_cap(self.max_model_len):
+                idx += 1  # (async) waits for its in-flight token, which may finish it
+                continue
+            num_new = self._num_new_tokens(num_wanted, budget)
             while True:
                 blocks = self.kv_cache_manager.allocate_slots(request, num_new)
                 if blocks is not None:
@@ -295,9 +300,13 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
         )
         self.finished_req_ids = set()
-        # The tokens count as computed from now on; their KV is cached after the step ran.
+        # The tokens count as computed from now on; their KV is cached after the step ran. A
+        # request scheduled up to its last token samples one: a placeholder until it lands.
         for req_id, n in num_scheduled.items():
-            self.requests[req_id].num_computed_tokens += n
+            request = self.requests[req_id]
+            request.num_computed_tokens += n
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1
         return output
 
     def update_from_output(
@@ -313,12 +322,19 @@ class Scheduler:
         stopped = False
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
-            if request is None or request.status != RequestStatus.RUNNING:
-                continue  # aborted after it was scheduled
-            # The step wrote these tokens' KV: their full blocks may now serve other requests.
-            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            if request is None or request.is_finished():
+                continue  # finished or aborted after it was scheduled
             row = row_of.get(req_id)
             sampled = runner_output.sampled_token_ids[row] if row is not None else []
+            request.num_output_placeholders = max(0, request.num_output_placeholders
+                                                  - len(sampled))
+            running = request.status == RequestStatus.RUNNING
+            if running:
+                # The step wrote these tokens' KV: their full blocks may now serve other
+                # requests (only tokens whose ids are known: later ones are still in flight).
+                self.kv_cache_manager.cache_blocks(
+                    request, min(request.num_computed_tokens, request.num_tokens))
+            # (A request preempted while this step was in flight still takes its token.)
             new_token_ids: list[int] = []
             for token_id in sampled:
                 request.append_output_token_ids(token_id)
@@ -342,6 +358,8 @@ class Scheduler:
                     )
                 )
             if request.is_finished():
+                if not running:
+                    self.waiting.remove(request)
                 self._free_request(request)
         if stopped:
             self.running = [r for r in self.running if not r.is_finished()]

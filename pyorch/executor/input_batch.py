@@ -29,6 +29,9 @@ class CachedRequestState:
     generator: Optional[torch.Generator]
     block_ids: list[int]
     num_computed_tokens: int
+    # Tokens sampled by launched steps whose values have not reached the host yet (async
+    # scheduling): positions [num_tokens, num_tokens + num_pending) are known only on the device.
+    num_pending: int = 0
     # token ids as a growing numpy array: prompt then outputs (avoids list concatenation per step)
     token_ids: np.ndarray = field(init=False)
     num_tokens: int = field(init=False)
@@ -63,6 +66,9 @@ _FIELDS = (
     ("query_start_loc", np.int32),
     ("seq_lens", np.int32),
     ("block_table", np.int32),
+    # (async scheduling) input_ids[pending_dst[k]] = previous step's sampled[pending_src[k]]
+    ("pending_dst", np.int64),
+    ("pending_src", np.int64),
 )
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 
@@ -89,7 +95,8 @@ class StepBuffers:
 
     @staticmethod
     def _counts(num_tokens: int, num_seqs: int, table_size: int) -> list[int]:
-        return [num_tokens, num_tokens, num_tokens, num_seqs, num_seqs + 1, num_seqs, table_size]
+        return [num_tokens, num_tokens, num_tokens, num_seqs, num_seqs + 1, num_seqs, table_size,
+                num_seqs, num_seqs]
 
     def layout(self, num_tokens: int, num_seqs: int, table_width: int) -> dict[str, tuple]:
         """Byte offsets of each field for this step's sizes (8-byte aligned)."""

@@ -33,6 +33,7 @@ from pyorch.forward_context import AttentionMetadata, set_forward_context
 from pyorch.layers.attention import Attention
 from pyorch.layers.sampler import (
     LogprobsLists,
+    LogprobsTensors,
     Sampler,
     SamplingMetadata,
     SamplingRow,
@@ -49,6 +50,48 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     logprobs: list[Optional[LogprobsLists]] = field(default_factory=list)  # one row per request
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # this step's chunk
+
+
+@dataclass
+class StepHandle:
+    """A launched step: which rows sample, and their tokens on their way to the host.
+
+    The sampled ids stay on the device too (`sampled_device`), where the next step reads the
+    inputs of requests scheduled before these tokens reached the host."""
+
+    req_ids: list[str]
+    sampled_rows: list[int]  # rows of req_ids that sample, in sampler order
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    sampled_device: Optional[torch.Tensor] = None  # [len(sampled_rows)] int64
+    sampled_row_of: dict[str, int] = field(default_factory=dict)  # req_id -> sampler row
+    _host_tokens: Optional[torch.Tensor] = None
+    _host_logprobs: Optional[LogprobsTensors] = None
+    _event: Optional[torch.cuda.Event] = None
+
+    def to_host(self, tokens: torch.Tensor, logprobs: Optional[LogprobsTensors]) -> None:
+        """Starts the device -> host copies (pinned, non-blocking) and marks their end."""
+        if tokens.device.type != "cuda":
+            self._host_tokens, self._host_logprobs = tokens, logprobs
+            return
+        self._host_tokens = _pinned_copy(tokens)
+        if logprobs is not None:
+            self._host_logprobs = LogprobsTensors(*(_pinned_copy(t) for t in logprobs))
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def wait(self) -> tuple[list[int], Optional[LogprobsLists]]:
+        """The sampled token ids (and logprobs), once the copies landed."""
+        if self._event is not None:
+            self._event.synchronize()  # the step's one wait on the device
+        tokens = self._host_tokens.tolist()
+        entries = self._host_logprobs.tolists() if self._host_logprobs is not None else None
+        return tokens, entries
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def _step_seed(seed: int, index: int) -> int:
@@ -81,6 +124,10 @@ class ModelRunner:
         self.attn_layers: list[Attention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cuda_graphs: Optional[CUDAGraphRunner] = None
+        self._last_step: Optional[StepHandle] = None  # the last step that sampled
+        # Host time spent blocked on the device's sampled tokens (the step's one wait): the rest
+        # of a step's wall time is host work (benchmarks report it as CPU time per step).
+        self.wait_seconds = 0.0
 
     # ---- start-up -----------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -247,9 +294,10 @@ class ModelRunner:
         if graph_size is None:
             table.fill(0)  # (a graph step skips this: no kernel reads past a row's blocks)
         bs = self.block_size
-        offset, num_logits, max_q, max_s = 0, 0, 0, 0
+        offset, num_logits, max_q, max_s, num_pending = 0, 0, 0, 0, 0
         sampled_rows: list[int] = []
         host["query_start_loc"][0] = 0
+        last_rows = self._last_step.sampled_row_of if self._last_step is not None else {}
         for i, req_id in enumerate(req_ids):
             state = self.requests[req_id]
             n = so.num_scheduled_tokens[req_id]
@@ -257,14 +305,24 @@ class ModelRunner:
             end = start + n
             pos = np.arange(start, end, dtype=np.int64)
             blocks = np.asarray(state.block_ids, dtype=np.int64)
-            host["input_ids"][offset : offset + n] = state.token_ids[start:end]
+            known = min(end, state.num_tokens)
+            host["input_ids"][offset : offset + known - start] = state.token_ids[start:known]
+            if end > known:
+                # The one token still in flight: the last step's sample, copied on the device.
+                if end - known != 1 or state.num_pending != 1 or req_id not in last_rows:
+                    raise RuntimeError(
+                        f"request {req_id}: positions [{known}, {end}) are not known to the "
+                        f"runner ({state.num_pending} pending)")
+                host["pending_dst"][num_pending] = offset + known - start
+                host["pending_src"][num_pending] = last_rows[req_id]
+                num_pending += 1
             host["positions"][offset : offset + n] = pos
             host["slot_mapping"][offset : offset + n] = blocks[pos // bs] * bs + pos % bs
             table[i, : len(blocks)] = blocks
             host["seq_lens"][i] = end
             offset += n
             host["query_start_loc"][i + 1] = offset
-            if end == state.num_tokens:  # caught up: this request samples a token
+            if end == state.num_tokens + state.num_pending:  # caught up: samples a token
                 host["logits_indices"][num_logits] = offset - 1
                 num_logits += 1
                 sampled_rows.append(i)
@@ -277,6 +335,9 @@ class ModelRunner:
             host["query_start_loc"][num_seqs + 1 :] = num_tokens
             host["seq_lens"][num_seqs:] = 0
         dev = self.buffers.to_device(layout)
+        if num_pending:
+            src = self._last_step.sampled_device.index_select(0, dev["pending_src"][:num_pending])
+            dev["input_ids"].index_copy_(0, dev["pending_dst"][:num_pending], src)
         meta = AttentionMetadata(
             slot_mapping=dev["slot_mapping"], query_start_loc=dev["query_start_loc"],
             seq_lens=dev["seq_lens"], block_table=dev["block_table"].view(pad_seqs, width),
@@ -286,12 +347,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Runs one step and waits for its tokens (the synchronous engine's step)."""
+        return self.resolve(self.execute_model(so))
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> "StepHandle":
+        """Applies the diff, launches the step (forward, sampling, the tokens' copy to the host)
+        and returns without waiting for the device: `resolve` gives the tokens.
+
+        A request may be scheduled before the token of the previous step is known (async
+        scheduling): its input for that position is the previous step's sample, copied on the
+        device, so the previous step need not be resolved first (steps run in stream order)."""
         self._update_states(so)
         req_ids = [r for r in so.scheduled_cached_reqs.req_ids] + [
             n.req_id for n in so.scheduled_new_reqs
         ]
         if not req_ids:
-            return ModelRunnerOutput([], [])
+            return StepHandle(req_ids=[], sampled_rows=[])
         graph_size = None
         if self.cuda_graphs is not None:
             graph_size = self.cuda_graphs.padded_size(so.total_num_scheduled_tokens)
@@ -302,9 +374,8 @@ class ModelRunner:
             with set_forward_context(meta):
                 hidden = self.model(dev["input_ids"], dev["positions"])
 
-        prompt_logprobs = self._prompt_logprobs(req_ids, so, hidden)
-        sampled: list[list[int]] = [[] for _ in req_ids]
-        logprobs: list[Optional[LogprobsLists]] = [None for _ in req_ids]
+        handle = StepHandle(req_ids=req_ids, sampled_rows=sampled_rows,
+                            prompt_logprobs=self._prompt_logprobs(req_ids, so, hidden))
         if sampled_rows:
             logits = self.model.compute_logits(hidden[logits_indices]).float()
             states = [self.requests[req_ids[i]] for i in sampled_rows]
@@ -313,19 +384,38 @@ class ModelRunner:
                     # Seeded streams are keyed by (seed, output index): the same seed gives the
                     # same tokens whatever else is batched, and after a preemption too.
                     s.generator.manual_seed(_step_seed(s.sampling_params.seed,
-                                                       len(s.output_token_ids)))
+                                                       len(s.output_token_ids) + s.num_pending))
             rows = [SamplingRow(s.sampling_params, s.prompt_token_ids, s.output_token_ids,
                                 s.generator) for s in states]
             metadata = SamplingMetadata.from_requests(rows, logits.shape[-1], logits.device)
             out = self.sampler(logits, metadata)
-            token_ids = out.sampled_token_ids.tolist()  # the step's one device -> host sync
-            entries = out.logprobs.tolists() if out.logprobs is not None else None
-            for j, (i, state) in enumerate(zip(sampled_rows, states)):
-                state.append_token(token_ids[j])
+            handle.sampled_device = out.sampled_token_ids
+            handle.sampled_row_of = {req_ids[i]: j for j, i in enumerate(sampled_rows)}
+            handle.to_host(out.sampled_token_ids, out.logprobs)
+            for s in states:
+                s.num_pending += 1
+            self._last_step = handle
+        return handle
+
+    def resolve(self, handle: "StepHandle") -> ModelRunnerOutput:
+        """Waits for a launched step's tokens and appends them to the runner's requests."""
+        req_ids, sampled_rows = handle.req_ids, handle.sampled_rows
+        sampled: list[list[int]] = [[] for _ in req_ids]
+        logprobs: list[Optional[LogprobsLists]] = [None for _ in req_ids]
+        if sampled_rows:
+            start = time.perf_counter()
+            token_ids, entries = handle.wait()
+            self.wait_seconds += time.perf_counter() - start
+            for j, i in enumerate(sampled_rows):
                 sampled[i] = [token_ids[j]]
+                state = self.requests.get(req_ids[i])
+                if state is None:  # dropped (finished, aborted, preempted) while in flight
+                    continue
+                state.num_pending -= 1
+                state.append_token(token_ids[j])
                 if entries is not None and state.sampling_params.logprobs is not None:
                     logprobs[i] = entries.slice(j, j + 1)
-        return ModelRunnerOutput(req_ids, sampled, logprobs, prompt_logprobs)
+        return ModelRunnerOutput(req_ids, sampled, logprobs, handle.prompt_logprobs)
 
     def _profile_sampler(self, logits: torch.Tensor) -> None:
         """The sampler's most memory-hungry path: top-k/top-p sorting and logprobs on every row."""

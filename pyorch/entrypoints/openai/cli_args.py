@@ -174,6 +174,8 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add(model, "--seed", type=int, default=0, help="engine random seed (default: %(default)s)")
     _add(model, "--enforce-eager", "flag", action="store_true",
          help="never capture CUDA graphs")
+    _add(model, "--async-scheduling", "bool", action=argparse.BooleanOptionalAction, default=None,
+         help="schedule step N+1 while the GPU runs step N (default: on for CUDA, off on CPU)")
     _add(model, "--device", default="auto", choices=["auto", "cuda", "cpu"],
          help="auto = CUDA when available (default: %(default)s)")
 
@@ -322,6 +324,7 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         scheduling_policy=args.scheduling_policy, load_format=args.load_format,
         enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, device=args.device,
+        async_scheduling=args.async_scheduling,
     )
 
 

@@ -105,12 +105,13 @@ def _greedy(max_tokens: int = MAX_TOKENS, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("mode", ["default", "chunked16", "no_prefix_cache"])
-def test_greedy_matches_transformers(tiny_model, mode):
+def test_greedy_matches_transformers(tiny_model, mode, async_scheduling):
     path, hf = tiny_model
     kwargs = {"chunked16": dict(max_num_batched_tokens=16),
               "no_prefix_cache": dict(enable_prefix_caching=False)}.get(mode, {})
-    llm = _make_llm(path, **kwargs)
+    llm = _make_llm(path, async_scheduling=async_scheduling, **kwargs)
     prompts = _prompts(hf.config.vocab_size)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), use_tqdm=False)
     for prompt, out in zip(prompts, outputs):
@@ -120,9 +121,10 @@ def test_greedy_matches_transformers(tiny_model, mode):
     _assert_pool_empty(llm)
 
 
-def test_prefix_cache_hits_and_matches(tiny_model):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_prefix_cache_hits_and_matches(tiny_model, async_scheduling):
     path, hf = tiny_model
-    llm = _make_llm(path)
+    llm = _make_llm(path, async_scheduling=async_scheduling)
     shared = _prompts(hf.config.vocab_size, [48], seed=5)[0]
     tails = _prompts(hf.config.vocab_size, [5, 9, 20], seed=6)
     first = llm.generate([{"prompt_token_ids": shared + tails[0]}], _greedy(), use_tqdm=False)[0]
@@ -134,10 +136,12 @@ def test_prefix_cache_hits_and_matches(tiny_model):
     _assert_pool_empty(llm)
 
 
-def test_preemption_keeps_outputs_exact(tiny_model):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_preemption_keeps_outputs_exact(tiny_model, async_scheduling):
     path, hf = tiny_model
     # 12 usable blocks of 16 tokens for 6 requests that each need up to 6 blocks: must preempt.
-    llm = _make_llm(path, num_gpu_blocks_override=13, max_model_len=128)
+    llm = _make_llm(path, num_gpu_blocks_override=13, max_model_len=128,
+                    async_scheduling=async_scheduling)
     prompts = _prompts(hf.config.vocab_size, [40, 50, 60, 33, 45, 70], seed=9)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(24), use_tqdm=False)
     assert llm.llm_engine.scheduler.num_preemptions > 0
