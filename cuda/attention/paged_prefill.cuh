@@ -22,10 +22,10 @@
 // zero-filled keys past the end) are applied only on tiles that cross a row's bounds. Scores stay
 // in the log2 domain with the softmax scale folded into the exp2's FMA.
 //
-// NOTE(prefill): the tensor-core part is prefill_scores + prefill_pv (QK^T and PV of one warp's
-// rows against one KV tile). A Hopper wgmma version replaces those two and the warp layout (one
-// warpgroup per 64 rows, K/V read by wgmma straight from swizzled shared memory, TMA or cp.async
-// producers) while keeping the work decomposition, the paged loads and the epilogue below.
+// NOTE(prefill): the tensor-core part is prefill_scores + prefill_pv (Q K^T and P V of one warp's
+// rows against one KV tile). paged_prefill_sm90.cuh replaces exactly those two (and the shared-
+// memory layout, Tr::*_chunk_offset) with Hopper wgmma and reuses everything else here;
+// attention.cu launches it where its tiles fit, this kernel for the rest (head 80/96, fp8 caches).
 #pragma once
 
 #include <algorithm>
@@ -78,6 +78,14 @@ struct PrefillTile {
       sizeof(T) * (kQElems + 2 * kTTiles * kKvTileElems) + 2 * kStages * kRawTileBytes;
   static constexpr int kSTiles = kBlockN / 8;    // 8-key n-tiles of a warp's scores
   static constexpr int kOTiles = HEAD_SIZE / 8;  // 8-wide n-tiles of a warp's output
+
+  // Byte offsets of 16-byte chunk `col` of Q row `row` / of KV tile row `key` (fp8: raw rows).
+  static __device__ __forceinline__ int q_chunk_offset(int row, int col) {
+    return row * kRowStride * static_cast<int>(sizeof(T)) + col * 16;
+  }
+  static __device__ __forceinline__ int kv_chunk_offset(int key, int col) {
+    return key * (kFp8 ? HEAD_SIZE : kRowStride * static_cast<int>(sizeof(T))) + col * 16;
+  }
 
   static_assert(sizeof(T) == 2, "the tensor-core path takes fp16/bf16");
   static_assert(HEAD_SIZE % 16 == 0 && kBlockN % 16 == 0, "mma k-steps of 16");
@@ -162,7 +170,8 @@ __device__ bool locate_prefill_tile(const AttnArgs& a, WorkTile& w, int& kv_head
   return true;
 }
 
-// cp.async of the CTA's query rows into q_smem [kBlockM][kRowStride]; padding rows become zeros.
+// cp.async of the CTA's query rows into q_smem (layout: Tr::q_chunk_offset); padding rows become
+// zeros.
 template <class Tr, typename T>
 __device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head, T* q_smem) {
   constexpr int kChunksPerRow = Tr::kOTiles * 8 / Tr::kChunkElems;
@@ -178,15 +187,16 @@ __device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head
       const int64_t head = static_cast<int64_t>(kv_head) * a.group_size + row % a.group_size;
       src += token * a.p.q_token_stride + head * a.p.q_head_stride + col * Tr::kChunkElems;
     }
-    attn::cp_async_16(q_smem + r * Tr::kRowStride + col * Tr::kChunkElems, src, valid);
+    attn::cp_async_16(reinterpret_cast<char*>(q_smem) + Tr::q_chunk_offset(r, col), src, valid);
   }
 }
 
-// cp.async of keys [k0, k0 + kBlockN) through the block table into padded T tiles, or raw
-// [kBlockN][HEAD_SIZE] byte tiles for fp8. Keys >= kv_hi are zero-filled and never read: their
-// block-table entries may be stale. Each thread copies one 16-byte column of kKeysPerThread
-// consecutive keys, so it looks up one block and then steps through it (a warp instruction still
-// reads whole cache rows); a power-of-two block size (the usual case) takes a shift.
+// cp.async of keys [k0, k0 + kBlockN) through the block table into T tiles (layout:
+// Tr::kv_chunk_offset), or raw [kBlockN][HEAD_SIZE] byte tiles for fp8. Keys >= kv_hi are
+// zero-filled and never read: their block-table entries may be stale. Each thread copies one
+// 16-byte column of kKeysPerThread consecutive keys, so it looks up one block and then steps
+// through it (a warp instruction still reads whole cache rows); a power-of-two block size (the
+// usual case) takes a shift.
 template <class Tr, typename CacheT>
 __device__ __forceinline__ void load_prefill_kv(const AttnArgs& a, const WorkTile& w, int kv_head,
                                                 int tile, void* k_dst, void* v_dst) {
@@ -194,7 +204,6 @@ __device__ __forceinline__ void load_prefill_kv(const AttnArgs& a, const WorkTil
   constexpr int kChunksPerRow = kHeadSize / Tr::kCacheChunkElems;
   constexpr int kRowsPerPass = Tr::kThreads / kChunksPerRow;
   constexpr int kKeysPerThread = (Tr::kBlockN + kRowsPerPass - 1) / kRowsPerPass;
-  constexpr int kDstRowBytes = Tr::kFp8 ? kHeadSize : Tr::kRowStride * 2;
   static_assert(kRowsPerPass >= 1, "a cache row fits one pass of the CTA");
   const int r = threadIdx.x / kChunksPerRow;
   const int col = threadIdx.x % kChunksPerRow;
@@ -218,14 +227,13 @@ __device__ __forceinline__ void load_prefill_kv(const AttnArgs& a, const WorkTil
     k_src = k_cache + block * p.k_block_stride + offset * p.k_token_stride + k_col;
     v_src = v_cache + block * p.v_block_stride + offset * p.v_token_stride + v_col;
   }
-  char* k_row = static_cast<char*>(k_dst) + n0 * kDstRowBytes + col * 16;
-  char* v_row = static_cast<char*>(v_dst) + n0 * kDstRowBytes + col * 16;
 #pragma unroll
   for (int i = 0; i < kKeysPerThread; ++i) {
     if (Tr::kBlockN % kRowsPerPass != 0 && n0 + i >= Tr::kBlockN) break;
     const bool valid = key < w.kv_hi;
-    attn::cp_async_16(k_row + i * kDstRowBytes, valid ? k_src : k_cache, valid);
-    attn::cp_async_16(v_row + i * kDstRowBytes, valid ? v_src : v_cache, valid);
+    const int dst = Tr::kv_chunk_offset(n0 + i, col);
+    attn::cp_async_16(static_cast<char*>(k_dst) + dst, valid ? k_src : k_cache, valid);
+    attn::cp_async_16(static_cast<char*>(v_dst) + dst, valid ? v_src : v_cache, valid);
     ++key;
     k_src += p.k_token_stride;
     v_src += p.v_token_stride;
