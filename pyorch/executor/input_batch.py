@@ -32,6 +32,7 @@ class CachedRequestState:
     # Tokens sampled by launched steps whose values have not reached the host yet (async
     # scheduling): positions [num_tokens, num_tokens + num_pending) are known only on the device.
     num_pending: int = 0
+    table_row: int = -1  # this request's row of the runner's BlockTable
     # token ids as a growing numpy array: prompt then outputs (avoids list concatenation per step)
     token_ids: np.ndarray = field(init=False)
     num_tokens: int = field(init=False)
@@ -55,6 +56,30 @@ class CachedRequestState:
         self.token_ids[self.num_tokens] = token_id
         self.num_tokens += 1
         self.output_token_ids.append(token_id)
+
+
+class BlockTable:
+    """Block ids of every request the runner holds, one row each ([rows, max_blocks] int32,
+    zeros past a request's blocks), updated from the scheduler's diffs; a step gathers its
+    rows with one indexed copy. Rows are recycled; the table grows if more are needed."""
+
+    def __init__(self, num_rows: int, max_blocks_per_seq: int):
+        self.table = np.zeros((max(1, num_rows), max_blocks_per_seq), dtype=np.int32)
+        self._free = list(range(len(self.table) - 1, -1, -1))
+
+    def acquire(self) -> int:
+        if not self._free:
+            old = len(self.table)
+            self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+            self._free = list(range(len(self.table) - 1, old - 1, -1))
+        return self._free.pop()
+
+    def append(self, row: int, num_blocks: int, block_ids: list[int]) -> None:
+        self.table[row, num_blocks : num_blocks + len(block_ids)] = block_ids
+
+    def release(self, row: int, num_blocks: int) -> None:
+        self.table[row, :num_blocks] = 0
+        self._free.append(row)
 
 
 # Layout of the packed step buffer: (name, dtype); sizes are given per step.

@@ -22,7 +22,7 @@ from pyorch.executor.cuda_graph import (
     default_capture_sizes,
     normalize_capture_sizes,
 )
-from pyorch.executor.input_batch import CachedRequestState, StepBuffers
+from pyorch.executor.input_batch import BlockTable, CachedRequestState, StepBuffers
 from pyorch.executor.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     KVCacheSpec,
@@ -125,6 +125,7 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cuda_graphs: Optional[CUDAGraphRunner] = None
         self._last_step: Optional[StepHandle] = None  # the last step that sampled
+        self.block_table = BlockTable(self.max_num_seqs, self.max_blocks_per_seq)
         # Host time spent blocked on the device's sampled tokens (the step's one wait): the rest
         # of a step's wall time is host work (benchmarks report it as CPU time per step).
         self.wait_seconds = 0.0
@@ -253,37 +254,56 @@ class ModelRunner:
     # ---- one step -----------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
-            self.requests.pop(req_id, None)
+            state = self.requests.pop(req_id, None)
+            if state is not None:
+                self.block_table.release(state.table_row, len(state.block_ids))
         for new in so.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
             if params.seed is not None:
                 generator = torch.Generator(device=self.device)
-            self.requests[new.req_id] = CachedRequestState(
+            state = CachedRequestState(
                 req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
                 output_token_ids=list(new.output_token_ids), sampling_params=params,
                 generator=generator, block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
             )
+            state.table_row = self.block_table.acquire()
+            self.block_table.append(state.table_row, 0, state.block_ids)
+            self.requests[new.req_id] = state
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
         ):
             state = self.requests[req_id]
-            state.block_ids.extend(new_blocks)
+            if new_blocks:
+                self.block_table.append(state.table_row, len(state.block_ids), new_blocks)
+                state.block_ids.extend(new_blocks)
             state.num_computed_tokens = num_computed
 
     def _prepare_inputs(self, req_ids: list[str], so: SchedulerOutput,
                         graph_size: Optional[int] = None):
         """Packs the step's inputs into the pinned host buffer and copies them to the device.
 
+        Vectorized over the batch: positions, slot mapping, block table, sequence lengths and
+        the sampled rows come from a few numpy operations on per-row arrays; only the input ids
+        are gathered row by row (one scalar per decode row).
+
         With graph_size, the layout is the one the CUDA graph of that size reads: graph_size
         tokens, min(graph_size, max_num_seqs) sequences, full-width block table, and the padding
         made inert (no KV written, no query rows)."""
         num_tokens = so.total_num_scheduled_tokens
         num_seqs = len(req_ids)
+        states = [self.requests[r] for r in req_ids]
+        sched = so.num_scheduled_tokens
+        n = np.fromiter((sched[r] for r in req_ids), np.int64, num_seqs)
+        start = np.fromiter((st.num_computed_tokens for st in states), np.int64, num_seqs)
+        known = np.fromiter((st.num_tokens for st in states), np.int64, num_seqs)
+        pending = np.fromiter((st.num_pending for st in states), np.int64, num_seqs)
+        rows = np.fromiter((st.table_row for st in states), np.int64, num_seqs)
+        end = start + n
         if graph_size is None:
-            width = max(len(self.requests[r].block_ids) for r in req_ids)
+            width = max(len(st.block_ids) for st in states)
             pad_tokens, pad_seqs = num_tokens, num_seqs
         else:
             width = self.max_blocks_per_seq
@@ -291,49 +311,54 @@ class ModelRunner:
         layout = self.buffers.layout(pad_tokens, pad_seqs, width)
         host = self.buffers.host_views(layout)
         table = host["block_table"].reshape(pad_seqs, width)
-        if graph_size is None:
-            table.fill(0)  # (a graph step skips this: no kernel reads past a row's blocks)
+        # Rows hold zeros past each request's blocks (see BlockTable.release).
+        table[:num_seqs] = self.block_table.table[rows, :width]
+
+        cu = np.cumsum(n)
+        offsets = cu - n
+        positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(offsets - start, n)
+        token_rows = np.repeat(rows, n)
         bs = self.block_size
-        offset, num_logits, max_q, max_s, num_pending = 0, 0, 0, 0, 0
-        sampled_rows: list[int] = []
+        host["positions"][:num_tokens] = positions
+        host["slot_mapping"][:num_tokens] = (
+            self.block_table.table[token_rows, positions // bs].astype(np.int64) * bs
+            + positions % bs)
+        host["seq_lens"][:num_seqs] = end
         host["query_start_loc"][0] = 0
+        host["query_start_loc"][1 : num_seqs + 1] = cu
+        sampled = end == known + pending  # caught up: these rows sample a token
+        sampled_rows = np.flatnonzero(sampled)
+        num_logits = len(sampled_rows)
+        host["logits_indices"][:num_logits] = cu[sampled_rows] - 1
+
+        input_ids = host["input_ids"]
         last_rows = self._last_step.sampled_row_of if self._last_step is not None else {}
-        for i, req_id in enumerate(req_ids):
-            state = self.requests[req_id]
-            n = so.num_scheduled_tokens[req_id]
-            start = state.num_computed_tokens
-            end = start + n
-            pos = np.arange(start, end, dtype=np.int64)
-            blocks = np.asarray(state.block_ids, dtype=np.int64)
-            known = min(end, state.num_tokens)
-            host["input_ids"][offset : offset + known - start] = state.token_ids[start:known]
-            if end > known:
+        num_pending = 0
+        for i, st in enumerate(states):
+            a, b, k = int(start[i]), int(end[i]), int(known[i])
+            o = int(offsets[i])
+            if b - a == 1 and b <= k:  # a decode row whose input token is known
+                input_ids[o] = st.token_ids[a]
+                continue
+            m = min(b, k)
+            input_ids[o : o + m - a] = st.token_ids[a:m]
+            if b > m:
                 # The one token still in flight: the last step's sample, copied on the device.
-                if end - known != 1 or state.num_pending != 1 or req_id not in last_rows:
+                if b - m != 1 or st.num_pending != 1 or st.req_id not in last_rows:
                     raise RuntimeError(
-                        f"request {req_id}: positions [{known}, {end}) are not known to the "
-                        f"runner ({state.num_pending} pending)")
-                host["pending_dst"][num_pending] = offset + known - start
-                host["pending_src"][num_pending] = last_rows[req_id]
+                        f"request {st.req_id}: positions [{m}, {b}) are not known to the "
+                        f"runner ({st.num_pending} pending)")
+                host["pending_dst"][num_pending] = o + m - a
+                host["pending_src"][num_pending] = last_rows[st.req_id]
                 num_pending += 1
-            host["positions"][offset : offset + n] = pos
-            host["slot_mapping"][offset : offset + n] = blocks[pos // bs] * bs + pos % bs
-            table[i, : len(blocks)] = blocks
-            host["seq_lens"][i] = end
-            offset += n
-            host["query_start_loc"][i + 1] = offset
-            if end == state.num_tokens + state.num_pending:  # caught up: samples a token
-                host["logits_indices"][num_logits] = offset - 1
-                num_logits += 1
-                sampled_rows.append(i)
-            max_q, max_s = max(max_q, n), max(max_s, end)
         if pad_tokens > num_tokens:
-            host["input_ids"][num_tokens:] = 0
+            input_ids[num_tokens:] = 0
             host["positions"][num_tokens:] = 0
             host["slot_mapping"][num_tokens:] = -1
         if pad_seqs > num_seqs:
             host["query_start_loc"][num_seqs + 1 :] = num_tokens
             host["seq_lens"][num_seqs:] = 0
+            table[num_seqs:] = 0
         dev = self.buffers.to_device(layout)
         if num_pending:
             src = self._last_step.sampled_device.index_select(0, dev["pending_src"][:num_pending])
@@ -341,9 +366,9 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=dev["slot_mapping"], query_start_loc=dev["query_start_loc"],
             seq_lens=dev["seq_lens"], block_table=dev["block_table"].view(pad_seqs, width),
-            max_query_len=max_q, max_seq_len=max_s,
+            max_query_len=int(n.max()), max_seq_len=int(end.max()),
         )
-        return dev, meta, dev["logits_indices"][:num_logits], sampled_rows
+        return dev, meta, dev["logits_indices"][:num_logits], sampled_rows.tolist()
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:

@@ -1,0 +1,83 @@
+"""GPU time against wall time of steady-state engine steps (torch.profiler): is a step bound by
+the device or by the host? Fills the batch with `--num-prompts` requests, steps until every
+prompt is prefilled, then profiles `--steps` decode steps and prints the kernels by GPU time,
+the host ops by CPU time, and GPU busy time per step against wall time per step.
+
+    python bench/profile_gpu.py --model MODEL_DIR --num-prompts 1000 [--out DIR]
+
+A developer's tool (the figures to report come from `pyorch bench`); with --out it writes the
+tables and a Chrome trace there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from pyorch import SamplingParams
+from pyorch.engine.arg_utils import EngineArgs
+from pyorch.engine.llm_engine import LLMEngine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--num-prompts", type=int, default=1000)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--max-num-seqs", type=int, default=1024)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                        default=True)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=args.model, load_format="dummy", dtype="bfloat16", max_model_len=2048,
+        max_num_seqs=args.max_num_seqs, async_scheduling=args.async_scheduling))
+    vocab = engine.config.model_config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
+    for i in range(args.num_prompts):
+        ids = torch.randint(100, vocab - 100, (args.input_len,), generator=gen).tolist()
+        engine.add_request(str(i), {"prompt_token_ids": ids}, params)
+    scheduler = engine.scheduler
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.requests.values()):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+
+    walls = []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            engine.step()
+            walls.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    wall_ms = 1e3 * sum(walls) / len(walls)
+    lines = [
+        f"batch {len(scheduler.running)} decode, async {args.async_scheduling}: wall "
+        f"{wall_ms:.2f} ms/step (profiled), GPU kernels {gpu_us / 1e3 / args.steps:.2f} ms/step "
+        f"-> GPU busy {100 * gpu_us / 1e3 / args.steps / wall_ms:.0f}%",
+        "", "== by GPU time",
+        events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60),
+        "== by CPU time",
+        events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60),
+    ]
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "profile_gpu.txt"), "w") as f:
+            f.write(report)
+        prof.export_chrome_trace(os.path.join(args.out, "profile_gpu_trace.json"))
+
+
+if __name__ == "__main__":
+    main()
