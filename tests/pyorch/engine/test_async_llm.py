@@ -220,7 +220,8 @@ def test_abort_mid_stream_frees_all_blocks(engine, loop, how):
 
 
 def test_bad_requests_raise_before_queueing(engine, loop):
-    good = greedy(max_tokens=30)
+    # Long enough to still be running when the duplicate id arrives, however fast steps are.
+    good = greedy(max_tokens=200)
 
     async def main():
         good_task = asyncio.ensure_future(collect(engine, PROMPTS[0], good, "good"))
@@ -239,7 +240,7 @@ def test_bad_requests_raise_before_queueing(engine, loop):
         info = await engine.get_kv_cache_info()
         assert info["num_unfinished_requests"] <= 1  # only the good request ever got queued
         outs = await good_task
-        assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 30
+        assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 200
 
     run(loop, main())
     run(loop, assert_idle(engine))
