@@ -3,6 +3,11 @@
 //            a single --context applies to every batch). Rows give time_us, KV GB/s (KV bytes read
 //            + q/out bytes) and pct_of_copy against the in-run device-to-device copy.
 //            graph_us / graph_pct_of_copy: the same call replayed from a CUDA graph.
+//            Both time one call on an idle GPU, so the launch latency is in them (and a KV that
+//            fits in L2 stays there between calls). steady_us / steady_pct_of_copy: 20 calls
+//            back to back in one graph, per call, cycling through copies of the KV cache that
+//            together exceed L2 several times: the kernels' own time, from HBM, as inside a
+//            model's forward pass.
 //   prefill: --mode prefill --batch 1 --context 4096,8192: causal self-attention of whole prompts;
 //            rows give TFLOP/s counting 4 * q * k * d / 2 per head (the causal half).
 // Other flags: --num-heads 32 --num-kv-heads 8 --head-size 128 --block-size 16 --dtype bf16|fp16
@@ -120,6 +125,36 @@ void bench_one(const Shape& s, int64_t batch, int64_t context, int64_t q_len, bo
       prefill ? 3 : 10, prefill ? 10 : 50);
   BENCH_CHECK(cudaGraphExecDestroy(graph_exec));
   BENCH_CHECK(cudaGraphDestroy(graph));
+  const double kv_bytes = 2.0 * batch * context * s.num_kv_heads * s.head_size * (s.fp8 ? 1 : 2);
+  double steady_us = 0;
+  if (!prefill) {
+    // Copies of the cache (beyond the first) so that 20 calls stream at least 256 MB apart.
+    const int copies = static_cast<int>(std::min(20.0, std::ceil(256e6 / kv_bytes)));
+    std::vector<std::pair<void*, void*>> caches = {{k_cache, v_cache}};
+    for (int c = 1; c < copies; ++c) {
+      caches.push_back({device_random(cache_elems, s.fp8 ? 1 : 2, s.fp8 ? 2 : kind, 11 + 2 * c),
+                        device_random(cache_elems, s.fp8 ? 1 : 2, s.fp8 ? 2 : kind, 12 + 2 * c)});
+    }
+    constexpr int kSteadyCalls = 20;
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kSteadyCalls; ++i) {
+      pyorch::PagedAttentionParams pi = p;
+      pi.key_cache = caches[i % copies].first;
+      pi.value_cache = caches[i % copies].second;
+      BENCH_CHECK(pyorch::paged_attention(pi, workspace, ws_bytes, stream));
+    }
+    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&graph_exec, graph, 0));
+    steady_us = pyorch::bench::time_us(
+        [&](cudaStream_t st) { BENCH_CHECK(cudaGraphLaunch(graph_exec, st)); }, stream, 3, 15) /
+        kSteadyCalls;
+    BENCH_CHECK(cudaGraphExecDestroy(graph_exec));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    for (int c = 1; c < copies; ++c) {
+      BENCH_CHECK(cudaFree(caches[c].first));
+      BENCH_CHECK(cudaFree(caches[c].second));
+    }
+  }
 
   Report::Row row = {{"op", "paged_attention"}, {"mode", prefill ? "prefill" : "decode"},
                      {"dtype", s.bf16 ? "bf16" : "fp16"}, {"kv_dtype", s.fp8 ? "fp8" : "auto"},
@@ -133,12 +168,14 @@ void bench_one(const Shape& s, int64_t batch, int64_t context, int64_t q_len, bo
     row.push_back({"TFLOP/s", Report::fmt(flops / (us * 1e6), 1)});
     row.push_back({"graph_TFLOP/s", Report::fmt(flops / (graph_us * 1e6), 1)});
   } else {
-    const double kv_bytes = 2.0 * batch * context * s.num_kv_heads * s.head_size * (s.fp8 ? 1 : 2);
     const double gbs = (kv_bytes + 2.0 * q_elems * 2) / (us * 1e3);
     row.push_back({"GB/s", Report::fmt(gbs, 1)});
     row.push_back({"pct_of_copy", Report::fmt(100.0 * gbs / copy_gbs, 1)});
     const double graph_gbs = (kv_bytes + 2.0 * q_elems * 2) / (graph_us * 1e3);
     row.push_back({"graph_pct_of_copy", Report::fmt(100.0 * graph_gbs / copy_gbs, 1)});
+    row.push_back({"steady_us", Report::fmt(steady_us)});
+    const double steady_gbs = (kv_bytes + 2.0 * q_elems * 2) / (steady_us * 1e3);
+    row.push_back({"steady_pct_of_copy", Report::fmt(100.0 * steady_gbs / copy_gbs, 1)});
   }
   row.push_back({"splits_workspace_MB", Report::fmt(ws_bytes / 1e6, 2)});
   report.add(row);

@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/merge_attn_states.cuh"
 #include "attention/paged_attention.cuh"
+#include "attention/paged_decode.cuh"
+#include "attention/paged_prefill.cuh"
+#include "attention/paged_prefill_sm90.cuh"
 #include "pyorch/attention.h"
 
 namespace pyorch {
@@ -13,12 +17,16 @@ namespace {
 
 using kernels::AttnArgs;
 using kernels::AttnTile;
+using kernels::DecodeTile;
 
 // Splitting the KV range pays when the (tile, kv head) CTAs cannot fill the GPU: aim for
 // kWavesTarget CTAs per SM, keep at least kMinTilesPerSplit KV tiles per split.
 constexpr int64_t kWavesTarget = 2;
 constexpr int64_t kMinTilesPerSplit = 2;
 constexpr int64_t kMaxSplits = kernels::kMaxKvSplits;
+// Decode splits: at least this many 64-key chunks each (a CTA's fixed cost, the query load, the
+// first load's latency and the warp merge, is then under half its streaming time).
+constexpr int64_t kMinDecodeChunksPerSplit = 2;
 
 constexpr int kMaxDevices = 64;
 
@@ -61,9 +69,41 @@ bool supported_head_size(int64_t head_size) {
   }
 }
 
+// Every sequence has at most one m16 tile of rows (by the max_query_len hint): only
+// paged_decode_kernel runs.
+bool all_decode_rows(const PagedAttentionParams& p) {
+  const int64_t group_size = p.num_heads / p.num_kv_heads;
+  const int64_t max_q = std::max<int64_t>(1, std::min(p.max_query_len, p.num_tokens));
+  return max_q * group_size <= kernels::kDecodeMaxRows;
+}
+
+// A pure decode batch: one wave of decode CTAs, at most one per SM, each over whole 64-key
+// chunks. Measured on H100 (Llama-3-8B shapes, % of copy in a CUDA graph): one CTA per SM beats
+// filling both resident slots (1x32k: 16 splits 74%, 32 splits 72%; 16x1k: no split 73%, 2 splits
+// 65%; 1x4k: 16 splits 38%, 32 splits 34%); a second CTA per SM adds more partials, merge work
+// and imbalance than bandwidth. Rounded up when one CTA per SM would leave over a quarter of the
+// SMs idle (too few CTAs to saturate HBM: 8 splits at 1x32k reach only 55%). fp8 caches aim at
+// two CTAs per SM instead: unpacking to bf16 makes each warp issue-bound, so a second CTA's warps
+// are worth its merge work (1x32k: 32 splits 47%, 16 splits 36%; 16x1k: 2 splits 44%, none 37%).
+int64_t choose_decode_splits(const PagedAttentionParams& p) {
+  const int64_t ctas = std::max<int64_t>(1, p.num_seqs * p.num_kv_heads);
+  const int64_t target =
+      num_sms_of_current_device() * (p.kv_cache_dtype == KVCacheDType::kFp8E4M3 ? 2 : 1);
+  const int64_t chunks = (std::max<int64_t>(p.max_seq_len, 0) + kernels::kDecodeChunkKeys - 1) /
+                         kernels::kDecodeChunkKeys;
+  int64_t splits = target / ctas;
+  if (4 * splits * ctas < 3 * target) splits += 1;
+  splits = std::min(splits, chunks / kMinDecodeChunksPerSplit);
+  splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  // As many splits as the chunks fill: ceil(chunks / splits) chunks each, no empty tail split.
+  const int64_t per_split = (chunks + splits - 1) / splits;
+  return std::max<int64_t>(1, (chunks + per_split - 1) / std::max<int64_t>(per_split, 1));
+}
+
 // Depends on host-side fields only, so workspace_size() and the launch always agree.
 int64_t choose_num_splits(const PagedAttentionParams& p) {
   if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) return 1;
+  if (all_decode_rows(p)) return choose_decode_splits(p);
   const int64_t group_size = p.num_heads / p.num_kv_heads;
   const int64_t max_q = std::max<int64_t>(1, std::min(p.max_query_len, p.num_tokens));
   const int64_t block_m = kernels::kAttnBlockM;
@@ -83,27 +123,95 @@ size_t partial_output_elems(const PagedAttentionParams& p, int64_t num_splits) {
   return static_cast<size_t>(num_splits * p.num_tokens * p.num_heads * p.head_size);
 }
 
+// The decode sequences (1..16 query rows) of the call: grid (num_seqs * num_kv_heads, splits).
 template <typename T, typename CacheT, int HEAD_SIZE>
-cudaError_t launch_paged_attention(const PagedAttentionParams& p, int num_splits,
-                                   float* o_partial, float* lse_partial, cudaStream_t stream) {
-  using Tile = AttnTile<T, CacheT, HEAD_SIZE>;
-  auto* kernel = &kernels::paged_attention_kernel<T, CacheT, HEAD_SIZE>;
+cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
+  using Tile = DecodeTile<T, CacheT, HEAD_SIZE>;
+  auto* kernel = &kernels::paged_decode_kernel<T, CacheT, HEAD_SIZE>;
   if (Tile::kSmemBytes > 48 * 1024) {
     static std::atomic<uint64_t> smem_configured{0};  // one per instantiation
     PYORCH_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Tile::kSmemBytes, smem_configured));
   }
-  const AttnArgs args{p, static_cast<int>(p.num_heads / p.num_kv_heads), num_splits, o_partial,
-                      lse_partial};
-  const dim3 grid(static_cast<unsigned>(kernels::attn_grid_tiles(p)),
-                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(num_splits));
+  const int64_t ctas = args.p.num_seqs * args.p.num_kv_heads;
+  if (ctas > INT32_MAX) PYORCH_INVALID("paged_attention: %lld decode CTAs", (long long)ctas);
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.num_splits));
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args);
-  PYORCH_RETURN_IF_ERROR(cudaGetLastError());
+  return cudaGetLastError();
+}
+
+// Combines the split partials into `out`. Programmatic dependent launch: the merge grid may start
+// while the attention kernel before it drains (paged_decode_kernel lets it), and waits for that
+// kernel's results in griddepcontrol.wait, so its launch latency hides behind the attention.
+template <typename T>
+cudaError_t launch_split_kv_merge(const PagedAttentionParams& p, int num_splits,
+                                  const float* o_partial, const float* lse_partial,
+                                  cudaStream_t stream) {
+  if (p.head_size % 4 != 0) PYORCH_INVALID("paged_attention: merge needs head_size % 4 == 0");
+  const int64_t pairs = p.num_tokens * p.num_heads;
+  cudaLaunchConfig_t config = {};
+  config.gridDim =
+      dim3(static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps));
+  config.blockDim = dim3(kernels::kMergeThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, &kernels::merge_split_kv_kernel<T>, static_cast<T*>(p.out),
+                            o_partial, lse_partial, p.query_start_loc, p.num_seqs, p.num_tokens,
+                            p.num_heads, p.head_size, num_splits, p.out_token_stride,
+                            p.out_head_stride);
+}
+
+static_assert(kernels::kPrefillRowsAbove == kernels::kDecodeMaxRows,
+              "every sequence goes to exactly one of the prefill and decode kernels");
+
+// One prefill kernel over the prefill-like sequences (q_len * group_size > 16) of the call: grid
+// (upper bound of their tiles * num_kv_heads, splits); the CTAs of decode sequences exit after
+// the search.
+template <class Tile, typename Kernel>
+cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStream_t stream) {
+  if (Tile::kSmemBytes > 48 * 1024) {
+    static std::atomic<uint64_t> smem_configured{0};  // one per Tile
+    PYORCH_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Tile::kSmemBytes, smem_configured));
+  }
+  const int64_t ctas = kernels::prefill_grid_tiles<Tile>(args.p) * args.p.num_kv_heads;
+  if (ctas > INT32_MAX) PYORCH_INVALID("paged_attention: %lld prefill CTAs", (long long)ctas);
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.num_splits));
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// The wgmma kernel where its tiles fit (whole 64-element panels, fp16/bf16 caches); the mma.sync
+// kernel for head sizes 80/96 and fp8 caches. Both cover every case of the op (any block size,
+// sliding window, soft cap, group size, split KV).
+template <typename T, typename CacheT, int HEAD_SIZE>
+cudaError_t launch_paged_prefill(const AttnArgs& args, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, CacheT> && HEAD_SIZE % 64 == 0) {
+    using Shape = kernels::PrefillSm90Shape<HEAD_SIZE>;
+    return launch_prefill_kernel<kernels::PrefillSm90Tile<T, HEAD_SIZE, Shape>>(
+        &kernels::paged_prefill_sm90_kernel<T, HEAD_SIZE, Shape>, args, stream);
+  } else {
+    using Shape = kernels::PrefillShape<HEAD_SIZE>;
+    return launch_prefill_kernel<kernels::PrefillTile<T, CacheT, HEAD_SIZE, Shape>>(
+        &kernels::paged_prefill_kernel<T, CacheT, HEAD_SIZE, Shape>, args, stream);
+  }
+}
+
+template <typename T, typename CacheT, int HEAD_SIZE>
+cudaError_t launch_paged_attention(const PagedAttentionParams& p, int num_splits,
+                                   float* o_partial, float* lse_partial, cudaStream_t stream) {
+  // Decode sequences go to paged_decode_kernel, launched last so that the merge overlaps it.
+  const AttnArgs args{p, static_cast<int>(p.num_heads / p.num_kv_heads), num_splits, o_partial,
+                      lse_partial, /*skip_decode_seqs=*/true};
+  // Prefill sequences go to the prefill kernels (launch_paged_prefill).
+  if (!all_decode_rows(p)) {
+    PYORCH_RETURN_IF_ERROR((launch_paged_prefill<T, CacheT, HEAD_SIZE>(args, stream)));
+  }
+  PYORCH_RETURN_IF_ERROR((launch_paged_decode<T, CacheT, HEAD_SIZE>(args, stream)));
   if (num_splits > 1) {
-    const int64_t pairs = p.num_tokens * p.num_heads;
-    const unsigned blocks = static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps);
-    kernels::merge_split_kv_kernel<T><<<blocks, kernels::kMergeThreads, 0, stream>>>(
-        static_cast<T*>(p.out), o_partial, lse_partial, p.query_start_loc, p.num_seqs,
-        p.num_tokens, p.num_heads, p.head_size, num_splits, p.out_token_stride, p.out_head_stride);
+    PYORCH_RETURN_IF_ERROR(launch_split_kv_merge<T>(p, num_splits, o_partial, lse_partial, stream));
   }
   return cudaGetLastError();
 }

@@ -71,8 +71,11 @@ constexpr int kMaxKvSplits = 2 * kWarpSize;
 // out[token, head] = sum_s e^{lse_s - M} o_s / sum_s e^{lse_s - M} over the num_splits partials of
 // paged_attention, for tokens in [query_start_loc[0], query_start_loc[num_seqs]) only: the rows
 // past it are padding and stay untouched. Lane s computes split s's weight once; the loop over
-// splits then only broadcasts weights and issues independent loads (unrolled, so several are in
-// flight). An empty split wrote lse -inf and zeros, so its weight 0 needs no special case.
+// splits then only broadcasts weights and issues independent 16-byte loads (unrolled by 16, so a
+// decode call's splits are all in flight). An empty split wrote lse -inf and zeros, so its
+// weight 0 needs no special case.
+// Launched with programmatic dependent launch behind the attention kernel: griddepcontrol.wait
+// holds it until that grid has finished and its partials are visible (a no-op otherwise).
 template <typename T>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_split_kv_kernel(T* __restrict__ out,                    // [num_tokens, num_heads, head_size]
@@ -82,6 +85,7 @@ __global__ void __launch_bounds__(kMergeThreads)
                           int64_t num_seqs, int64_t num_tokens, int64_t num_heads,
                           int64_t head_size, int num_splits, int64_t out_token_stride,
                           int64_t out_head_stride) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (pair >= num_tokens * num_heads) return;
@@ -101,17 +105,32 @@ __global__ void __launch_bounds__(kMergeThreads)
   const float w0 = expf(lse0 - max_lse);  // 0 for an empty split or a lane past num_splits
   const float w1 = expf(lse1 - max_lse);
   const float inv_sum = 1.f / warp_reduce_sum(w0 + w1);
-  const float* src = o_partial + pair * head_size;
-  for (int64_t d0 = 0; d0 < head_size; d0 += kWarpSize) {  // uniform trip count: shuffles below
-    const int64_t d = d0 + lane;
-    const bool valid = d < head_size;
-    float acc = 0.f;
-#pragma unroll 8
+  // 4 dims per lane and load (head_size % 4 == 0: the launcher checks it).
+  const float4* src = reinterpret_cast<const float4*>(o_partial + pair * head_size);
+  const int64_t num_vec = head_size / 4;
+  const int64_t vec_split_stride = split_stride * num_vec;
+  for (int64_t v0 = 0; v0 < num_vec; v0 += kWarpSize) {  // uniform trip count: shuffles below
+    const int64_t v = v0 + lane;
+    const bool valid = v < num_vec;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
     for (int s = 0; s < num_splits; ++s) {
       const float w = __shfl_sync(0xffffffffu, s < kWarpSize ? w0 : w1, s % kWarpSize);
-      if (valid) acc += w * src[s * split_stride * head_size + d];
+      if (valid) {
+        const float4 x = src[s * vec_split_stride + v];
+        acc.x += w * x.x;
+        acc.y += w * x.y;
+        acc.z += w * x.z;
+        acc.w += w * x.w;
+      }
     }
-    if (valid) dst[d] = from_float<T>(acc * inv_sum);
+    if (valid) {
+      T* d = dst + 4 * v;
+      d[0] = from_float<T>(acc.x * inv_sum);
+      d[1] = from_float<T>(acc.y * inv_sum);
+      d[2] = from_float<T>(acc.z * inv_sum);
+      d[3] = from_float<T>(acc.w * inv_sum);
+    }
   }
 }
 

@@ -20,6 +20,11 @@
 // mixed batches take it too) gives every warp the same 16 rows and a quarter of each KV tile's
 // keys; each warp keeps its own running max, sum and output, and the four are merged through
 // shared memory at the end (decode_store_rows).
+//
+// NOTE(decode): attention.cu now sends the sequences with at most 16 rows to
+// paged_decode_kernel (paged_decode.cuh: per-warp cp.async rings, one CTA per (sequence, kv head,
+// split)) and the rest to paged_prefill_kernel; this file keeps the shared building blocks
+// (AttnArgs, WorkTile, compute_scores, online_softmax, accumulate_pv) that those kernels use.
 #pragma once
 
 #include <cmath>
@@ -78,6 +83,8 @@ struct AttnArgs {
   int num_splits;      // KV slices per (tile, kv head); 1: write `out` directly
   float* o_partial;    // [num_splits, num_tokens, num_heads, head_size] when num_splits > 1
   float* lse_partial;  // [num_splits, num_tokens, num_heads] when num_splits > 1
+  // Leave the sequences with 1..16 query rows (q_len * group_size) to paged_decode_kernel.
+  bool skip_decode_seqs;
 };
 
 // What one CTA computes: rows [row0, row0 + kBlockM) of sequence `seq` (clipped to num_rows)
@@ -130,6 +137,7 @@ __device__ bool locate_work_tile(const AttnArgs& a, WorkTile& w) {
   const int64_t q_end = min(static_cast<int64_t>(p.query_start_loc[lo + 1]), p.num_tokens);
   const int q_len = q_end > q_start ? static_cast<int>(q_end - q_start) : 0;
   if (bid < base || (bid - base) * kAttnBlockM >= static_cast<int64_t>(q_len) * G) return false;
+  if (a.skip_decode_seqs && q_len * G <= 16) return false;  // paged_decode_kernel's
   w.seq = lo;
   w.q_start = q_start;
   w.num_rows = q_len * G;
@@ -285,13 +293,24 @@ __device__ void compute_scores(const T* q_rows, const T* k_rows, float (&s)[NKEY
 
 // Scales/caps/masks the scores, updates the running max m and (thread-partial) sum l of both
 // rows, rescales o, and leaves the probabilities exp2(x - m) in s. k0: the key of s[0].
+// upper_rows = false (warp-uniform): the tile's rows 8-15 are padding (a decode CTA of <= 8 rows)
+// and get probability 0 without the work. o is rescaled only when some row's max moved, which
+// a long sequence's scores soon stop doing.
 template <class Tr, int NKEYS>
-__device__ void online_softmax(float (&s)[NKEYS / 8][4], float (&o)[Tr::kOTiles][4],
-                               float (&m)[2], float (&l)[2], const RowBounds& rb, int k0,
-                               bool need_mask, const ScoreMap& sm) {
+__device__ __forceinline__ void online_softmax(float (&s)[NKEYS / 8][4],
+                                               float (&o)[Tr::kOTiles][4], float (&m)[2],
+                                               float (&l)[2], const RowBounds& rb, int k0,
+                                               bool need_mask, const ScoreMap& sm,
+                                               bool upper_rows = true) {
   const int lane = threadIdx.x % kWarpSize;
+  float alpha[2] = {1.f, 1.f};
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
+    if (i == 1 && !upper_rows) {
+#pragma unroll
+      for (int j = 0; j < NKEYS / 8; ++j) s[j][2] = s[j][3] = 0.f;
+      break;
+    }
     float row_max = -INFINITY;
 #pragma unroll
     for (int j = 0; j < NKEYS / 8; ++j) {
@@ -310,7 +329,7 @@ __device__ void online_softmax(float (&s)[NKEYS / 8][4], float (&o)[Tr::kOTiles]
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
     const float m_new = fmaxf(m[i], row_max);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: avoid inf - inf
-    const float alpha = exp2f(m[i] - m_use);
+    alpha[i] = exp2f(m[i] - m_use);
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NKEYS / 8; ++j) {
@@ -321,12 +340,16 @@ __device__ void online_softmax(float (&s)[NKEYS / 8][4], float (&o)[Tr::kOTiles]
         sum += p;
       }
     }
-    l[i] = l[i] * alpha + sum;
+    l[i] = l[i] * alpha[i] + sum;
     m[i] = m_new;
+  }
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
     for (int j = 0; j < Tr::kOTiles; ++j) {
-      o[j][2 * i] *= alpha;
-      o[j][2 * i + 1] *= alpha;
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
     }
   }
 }

@@ -21,6 +21,8 @@ _BENCH = {
     "latency": ("pyorch.benchmarks.latency", "batch-1 decode latency against the weight-read floor"),
     "startup": ("pyorch.benchmarks.startup", "cold start to ready"),
     "serve": ("pyorch.benchmarks.serve", "load generator for any OpenAI-compatible server"),
+    "attention": ("pyorch.benchmarks.attention",
+                  "decode attention: pyorch, paged_attention_v2 and torch SDPA on the same data"),
 }
 
 

@@ -39,8 +39,8 @@ struct PagedAttentionParams {
   int64_t out_token_stride, out_head_stride;
   int64_t k_block_stride, k_token_stride, k_head_stride;
   int64_t v_block_stride, v_token_stride, v_head_stride;
-  int64_t max_query_len;            // host hints, upper bounds, used only to pick the KV split
-  int64_t max_seq_len;
+  int64_t max_query_len;            // host hints, upper bounds: pick the KV split, and a call
+  int64_t max_seq_len;              // with max_query_len * G <= 16 runs only the decode kernel
   float scale;                      // softmax scale applied to q.k
   bool causal;                      // false: every query sees all seq_len keys
   int32_t sliding_window;           // > 0: only keys with position > pos - sliding_window
