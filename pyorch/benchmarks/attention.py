@@ -184,7 +184,8 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     for batch, context in zip(args.batch, contexts):
         kv_bytes = 2 * batch * context * args.num_kv_heads * args.head_size * 2
-        row = Row(args, batch, context, copies=max(1, math.ceil(ROTATION_BYTES / kv_bytes)))
+        copies = min(GRAPH_CALLS, max(1, math.ceil(ROTATION_BYTES / kv_bytes)))
+        row = Row(args, batch, context, copies)
         want = row.result("sdpa").float() if "sdpa" in ops else None
         for op in ops:
             eager_ms = common.median(_event_times(row.call(op, 0), args.iters))
