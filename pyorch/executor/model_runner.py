@@ -402,7 +402,8 @@ class ModelRunner:
         handle = StepHandle(req_ids=req_ids, sampled_rows=sampled_rows,
                             prompt_logprobs=self._prompt_logprobs(req_ids, so, hidden))
         if sampled_rows:
-            logits = self.model.compute_logits(hidden[logits_indices]).float()
+            # The model's dtype: the sampler upcasts only where it needs float32.
+            logits = self.model.compute_logits(hidden[logits_indices])
             states = [self.requests[req_ids[i]] for i in sampled_rows]
             for s in states:
                 if s.generator is not None:

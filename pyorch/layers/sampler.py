@@ -367,12 +367,17 @@ class Sampler(nn.Module):
 
     def forward(
         self,
-        logits: torch.Tensor,  # [num_rows, vocab_size]; not modified
+        logits: torch.Tensor,  # [num_rows, vocab_size], any float dtype; not modified
         metadata: SamplingMetadata,
     ) -> SamplerOutput:
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.to(torch.float32).log_softmax(dim=-1)
+        elif (metadata.all_greedy and metadata.allowed_token_ids_mask is None
+              and metadata.banned is None and metadata.bias is None and metadata.no_penalties):
+            # Plain greedy: argmax of the model's own dtype (the float32 upcast is exact, so the
+            # pick is the same) without a float32 copy of the logits.
+            return SamplerOutput(sampled_token_ids=logits.argmax(dim=-1), logprobs=None)
         logits = logits.to(torch.float32, copy=True)
         if metadata.allowed_token_ids_mask is not None:
             logits.masked_fill_(metadata.allowed_token_ids_mask, float("-inf"))

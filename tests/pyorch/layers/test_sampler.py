@@ -47,6 +47,20 @@ def test_greedy_is_argmax(device, vocab_size):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_greedy_on_bfloat16_logits_matches_float32(device):
+    """Plain greedy samples the model's dtype directly: the same pick as on the float32 upcast,
+    ties included (the first maximum)."""
+    logits = torch.randn(33, 517).to(torch.bfloat16)
+    logits[3, [10, 400]] = 9.0  # a tie: the first index wins, as on float32
+    out = _sample(logits, [SamplingParams(temperature=0.0)] * 33, device)
+    assert torch.equal(out.sampled_token_ids.cpu(), logits.float().argmax(-1))
+    assert out.sampled_token_ids[3].item() == 10
+    # With logprobs the float32 path runs; same tokens.
+    out = _sample(logits, [SamplingParams(temperature=0.0, logprobs=2)] * 33, device)
+    assert torch.equal(out.sampled_token_ids.cpu(), logits.float().argmax(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_mixed_greedy_and_random_rows(device):
     logits = torch.randn(6, 50)
     params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0) for i in range(6)]
