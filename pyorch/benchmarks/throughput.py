@@ -30,6 +30,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random-range-ratio", type=float, default=0.0,
                         help="prompt lengths uniform in [L*(1-r), L*(1+r)]")
     parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="pyorch's sampling temperature (default 0: greedy, as the "
+                             "transformers baseline; vLLM's `bench throughput` samples at 1.0, "
+                             "top_p 1.0)")
     parser.add_argument("--hf-batch-sizes", type=common.parse_int_list, default=[1, 16],
                         help="comma-separated batch sizes run by both engines (default 1,16)")
     parser.add_argument("--hf-best", action="store_true",
@@ -77,7 +81,8 @@ class PyorchRunner:
         detok = not args.disable_detokenize
         self.output_len = args.output_len
         self.params = SamplingParams(max_tokens=args.output_len, ignore_eos=True,
-                                     temperature=0.0, detokenize=detok)
+                                     temperature=args.temperature, top_p=1.0,
+                                     detokenize=detok)
         warm = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0, detokenize=detok)
         self.llm.generate([{"prompt_token_ids": p} for p in warmup_prompts], warm, use_tqdm=False)
 
