@@ -21,17 +21,22 @@
 
 namespace pyorch::kernels {
 
-// Two warpgroups (128 rows) per CTA over 64-key tiles; two CTAs per SM for head sizes <= 128,
-// so that one CTA's softmax runs under the other's MMAs (the kernel waits for each wgmma group).
-// NOTE(prefill): measured on H100 (bf16, head 128, causal 8k, TFLOP/s): this shape 404 (128
-// registers: ptxas spills 24 bytes and serializes the wgmma's, still the fastest); 1 CTA/SM with
-// 128-key tiles 373, with 64-key tiles 310; 3 warpgroups x 64-key tiles 365.
+// CTA shape for head sizes <= 128: {warpgroups of 64 rows, keys per KV tile, stages, CTAs per
+// SM}. Several CTAs per SM let one CTA's softmax run under another's MMAs (each warpgroup waits
+// for its wgmma groups). Head 256 (128 fp32 O registers per thread) keeps one CTA per SM.
+// NOTE(prefill): H100, bf16, head 128, 32/8 heads, causal, TFLOP/s at 8k / 4k (direct launch):
+// {2, 64, 2, 2} 401 / 361 (128 registers: ptxas spills 24 bytes and serializes the wgmma's, still
+// the fastest); {2, 128, 2, 1} 373 / 338; {1, 64, 2, 2} 337 / 309; {2, 32, 2, 2} 319 / 296;
+// {2, 32, 3, 2} 317 / 295; {1, 32, 2, 4} 300 / 280; the mma.sync kernel 329 / 303.
+constexpr int kPrefillSm90SmallShape[4] = {2, 64, 2, 2};
+
 template <int HEAD_SIZE>
 struct PrefillSm90Shape {
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kBlockN = 64;
-  static constexpr int kStages = 2;
-  static constexpr int kMinBlocksPerSm = HEAD_SIZE <= 128 ? 2 : 1;  // head 256: 128 O registers
+  static constexpr bool kSmall = HEAD_SIZE <= 128;
+  static constexpr int kWarpGroups = kSmall ? kPrefillSm90SmallShape[0] : 2;
+  static constexpr int kBlockN = kSmall ? kPrefillSm90SmallShape[1] : 64;
+  static constexpr int kStages = kSmall ? kPrefillSm90SmallShape[2] : 2;
+  static constexpr int kMinBlocksPerSm = kSmall ? kPrefillSm90SmallShape[3] : 1;
 };
 
 template <typename T, int HEAD_SIZE, class Shape>

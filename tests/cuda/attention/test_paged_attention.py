@@ -245,8 +245,11 @@ def test_prefill_long(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block_size", [1, 24, 64])
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_prefill_block_sizes(device: str, block_size: int, kv_cache_dtype: str) -> None:
-    b = make_batch(PREFILL_MIXED, 8, 2, 96, block_size, dtypes_for(device)[1], device,
+@pytest.mark.parametrize("head_size", [96, 128])
+def test_prefill_block_sizes(device: str, block_size: int, kv_cache_dtype: str,
+                             head_size: int) -> None:  # fmt: skip
+    """Both CUDA prefill kernels (wgmma: head 128 with a 16-bit cache; mma.sync: the rest)."""
+    b = make_batch(PREFILL_MIXED, 8, 2, head_size, block_size, dtypes_for(device)[1], device,
                    kv_cache_dtype)  # fmt: skip
     check(b, run_op(b))
 
