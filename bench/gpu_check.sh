@@ -96,16 +96,37 @@ if [ "$RUN_BENCH" = 1 ]; then
   fi
 fi
 if [ -n "$ENGINE_MODEL" ]; then
-  echo "== pyorch bench latency / throughput on $ENGINE_MODEL (dummy bf16 weights)"
+  echo "== pyorch bench latency / throughput / startup / serve on $ENGINE_MODEL (dummy bf16)"
   common=(--model "$ENGINE_MODEL" --load-format dummy --dtype bfloat16)
-  timeout "${ENGINE_BENCH_TIMEOUT:-240}" python3 -m pyorch.cli.main bench latency "${common[@]}" \
+  T=${ENGINE_BENCH_TIMEOUT:-240}
+  timeout "$T" python3 -m pyorch.cli.main bench latency "${common[@]}" \
     --input-len 128 --output-len 256 --batch-size 1 --max-model-len 2048 \
     --output-json "$OUT_DIR/latency.json" > "$OUT_DIR/latency.log" 2>&1 || status=1
-  tail -15 "$OUT_DIR/latency.log"
-  timeout "${ENGINE_BENCH_TIMEOUT:-240}" python3 -m pyorch.cli.main bench throughput "${common[@]}" \
-    --input-len 128 --output-len 128 --num-prompts 1000 --skip-hf --hf-best --max-model-len 2048 \
-    --output-json "$OUT_DIR/throughput_128_128.json" > "$OUT_DIR/throughput.log" 2>&1 || status=1
-  tail -15 "$OUT_DIR/throughput.log"
+  grep -v tokenizer "$OUT_DIR/latency.log" | tail -6
+  # 128/128 x 1000 at pyorch's own max_num_seqs: greedy, then vLLM's bench sampling (T=1.0).
+  for temp in 0 1; do
+    timeout "$T" python3 -m pyorch.cli.main bench throughput "${common[@]}" \
+      --input-len 128 --output-len 128 --num-prompts 1000 --skip-hf --hf-best \
+      --max-model-len 2048 --temperature $temp --no-plot \
+      --output-json "$OUT_DIR/throughput_128_128_t$temp.json" > "$OUT_DIR/throughput_t$temp.log" \
+      2>&1 || status=1
+    grep -E "batch|Captured" "$OUT_DIR/throughput_t$temp.log" | tail -3
+  done
+  timeout "$T" python3 -m pyorch.cli.main bench startup "${common[@]}" --max-model-len 2048 \
+    --num-iters 1 --num-iters-warmup 1 --output-json "$OUT_DIR/startup.json" \
+    > "$OUT_DIR/startup.log" 2>&1 || status=1
+  grep -v tokenizer "$OUT_DIR/startup.log" | tail -8
+  if [ -n "${SERVE_BENCH:-}" ]; then  # pyorch-serve on the GPU, swept by pyorch bench serve
+    python3 -m pyorch.cli.main serve "$ENGINE_MODEL" --load-format dummy --dtype bfloat16 \
+      --max-model-len 2048 --port 18000 --disable-log-requests > "$OUT_DIR/serve_server.log" 2>&1 &
+    server=$!
+    timeout "$T" python3 -m pyorch.cli.main bench serve --port 18000 --random-input-len 128 \
+      --random-output-len 128 --num-prompts 200 --request-rates 8,32,inf \
+      --ready-check-timeout-sec 120 --output-json "$OUT_DIR/serve.json" > "$OUT_DIR/serve.log" \
+      2>&1 || status=1
+    tail -8 "$OUT_DIR/serve.log"
+    kill -TERM $server; wait $server
+  fi
 fi
 echo "$GPU" > "$OUT_DIR/gpu_name.txt"
 exit $status
