@@ -9,6 +9,10 @@
 # on MODEL_DIR with dummy bf16 weights (e.g. a copy of shared/tools/vllm-peer/llama3-8b-dummy).
 #
 # Wheels missing on an offline machine can be dropped in .whl/ (installed to /tmp/site first).
+#
+# On a device with a 10-minute limit per command, build and test in two calls on the same warm
+# machine: the build (with the wgmma kernels) plus the whole suite (~3,300 tests, ~450 s on an
+# H100) no longer fit in one: `--no-tests --no-bench` first, then `--no-build --no-bench`.
 set -uo pipefail
 OUT_DIR=${1:?usage: bash bench/gpu_check.sh OUT_DIR [--no-tests] [--no-bench]}
 shift
