@@ -16,7 +16,6 @@ namespace pyorch {
 namespace {
 
 using kernels::AttnArgs;
-using kernels::AttnTile;
 using kernels::DecodeTile;
 
 // Splitting the KV range pays when the (tile, kv head) CTAs cannot fill the GPU: aim for
@@ -204,7 +203,7 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, int num_splits
                                    float* o_partial, float* lse_partial, cudaStream_t stream) {
   // Decode sequences go to paged_decode_kernel, launched last so that the merge overlaps it.
   const AttnArgs args{p, static_cast<int>(p.num_heads / p.num_kv_heads), num_splits, o_partial,
-                      lse_partial, /*skip_decode_seqs=*/true};
+                      lse_partial};
   // Prefill sequences go to the prefill kernels (launch_paged_prefill).
   if (!all_decode_rows(p)) {
     PYORCH_RETURN_IF_ERROR((launch_paged_prefill<T, CacheT, HEAD_SIZE>(args, stream)));

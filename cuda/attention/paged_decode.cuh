@@ -40,7 +40,7 @@ struct DecodeTile {
   static constexpr bool kFp8 = std::is_same_v<CacheT, uint8_t>;
   static constexpr int kWarps = kDecodeWarps;
   static constexpr int kThreads = kWarps * kWarpSize;
-  // Padded T row, as in AttnTile: conflict-free ldmatrix for every supported head size.
+  // Padded T row (16 bytes per row of shift): conflict-free ldmatrix for every head size.
   static constexpr int kRowStride = HEAD_SIZE + 16 / sizeof(T);
   static constexpr int kOTiles = HEAD_SIZE / 8;
   static constexpr int kChunkElems = 16 / sizeof(T);
@@ -75,7 +75,7 @@ struct DecodeTile {
 
 // Rows, key range and this split's 16-key tiles of one decode sequence; false if the sequence is
 // not the decode kernel's (no query, or more rows than one m16 tile). Same clamps as
-// locate_work_tile, which skips exactly these sequences when args.skip_decode_seqs is set.
+// locate_prefill_tile (paged_prefill.cuh), which skips exactly these sequences.
 __device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, WorkTile& w) {
   const PagedAttentionParams& p = a.p;
   const int64_t q_start = min(static_cast<int64_t>(p.query_start_loc[seq]), p.num_tokens);
