@@ -128,11 +128,23 @@ def prompt_of(n: int, seed: int = 0) -> list[int]:
     return [1 + (seed * 7919 + i * 104729) % (VOCAB - 1) for i in range(n)]
 
 
-def run(sched: Scheduler, runner: FakeRunner, max_steps: int = 2000) -> dict[str, Any]:
-    """Steps until idle, checking per-step limits. Returns outputs, finish info and step log."""
+def run(sched: Scheduler, runner: FakeRunner, max_steps: int = 2000,
+        async_scheduling: bool = False) -> dict[str, Any]:
+    """Steps until idle, checking per-step limits. Returns outputs, finish info and step log.
+
+    async_scheduling: step N+1 is scheduled (and run) before step N's output is applied, as
+    EngineCore does with async scheduling; the last in-flight step is applied at the end."""
     tokens: dict[str, list[int]] = {}
     finish: dict[str, tuple] = {}
     steps: list[SchedulerOutput] = []
+
+    def apply(so: SchedulerOutput, out: FakeRunnerOutput) -> None:
+        for o in sched.update_from_output(so, out):
+            tokens.setdefault(o.req_id, []).extend(o.new_token_ids)
+            if o.finish_reason is not None:
+                finish[o.req_id] = (o.finish_reason, o.stop_reason, o.num_cached_tokens)
+
+    in_flight = None
     for _ in range(max_steps):
         if not sched.has_unfinished_requests():
             break
@@ -141,12 +153,18 @@ def run(sched: Scheduler, runner: FakeRunner, max_steps: int = 2000) -> dict[str
         assert so.total_num_scheduled_tokens <= sched.max_num_batched_tokens
         assert len(so.num_scheduled_tokens) <= sched.max_num_seqs
         steps.append(so)
-        for out in sched.update_from_output(so, runner.execute(so)):
-            tokens.setdefault(out.req_id, []).extend(out.new_token_ids)
-            if out.finish_reason is not None:
-                finish[out.req_id] = (out.finish_reason, out.stop_reason, out.num_cached_tokens)
+        out = runner.execute(so)
+        if not async_scheduling:
+            apply(so, out)
+            continue
+        if in_flight is not None:
+            apply(*in_flight)
+        in_flight = (so, out)
     else:
         raise AssertionError("the scheduler did not drain")
+    if in_flight is not None:
+        apply(*in_flight)  # tokens of requests that already finished: dropped
+    assert all(r.num_output_placeholders == 0 for r in sched.requests.values())
     return {"tokens": tokens, "finish": finish, "steps": steps}
 
 
@@ -455,3 +473,60 @@ def test_prompt_logprobs_not_repeated_after_preemption(make_scheduler):
             if out.new_prompt_logprobs is not None:
                 seen.extend(out.new_prompt_logprobs.rows)
     assert seen == list(range(19))
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+@pytest.mark.parametrize("num_blocks", [200, 13])
+def test_async_scheduling_gives_the_same_outputs(make_scheduler, prefix_caching, num_blocks):
+    """Scheduling step N+1 before step N's tokens land (placeholders) changes nothing the
+    requests see: same tokens and finish reasons, every KV read is the request's own (the fake
+    runner checks each slot), prefix hits only over known tokens, preemptions with a token in
+    flight keep it, and no block leaks (fixture teardown)."""
+    scripts = {"s1": [7, 8, EOS, 9], "s2": [5, 6, 7, 8, 9, 10]}
+
+    def workload(async_scheduling: bool) -> tuple[dict[str, Any], Scheduler]:
+        sched = make_scheduler(num_blocks=num_blocks, max_model_len=48,
+                               enable_prefix_caching=prefix_caching, max_num_batched_tokens=24)
+        shared = prompt_of(12, 5)
+        for i in range(5):
+            sched.add_request(req(f"r{i}", prompt_of(10 + 3 * i, i % 3), arrival=i,
+                                  max_tokens=20, ignore_eos=True))
+        sched.add_request(req("p1", shared + [1, 2], arrival=5, max_tokens=6))
+        sched.add_request(req("p2", shared + [3], arrival=6, max_tokens=6))
+        sched.add_request(req("s1", prompt_of(9, 1), arrival=7, max_tokens=10))
+        sched.add_request(req("s2", prompt_of(7, 2), arrival=8, max_tokens=10,
+                              stop_token_ids=[8]))
+        sched.add_request(req("cap", prompt_of(40, 4), arrival=9, max_tokens=100,
+                              ignore_eos=True))
+        return run(sched, FakeRunner(BS, script=scripts), async_scheduling=async_scheduling), sched
+
+    sync, _ = workload(False)
+    got, sched = workload(True)
+    assert got["tokens"] == sync["tokens"]
+    # (Prefix-hit sizes may differ: blocks are cached when a step's output lands, later here.)
+    assert {k: v[:2] for k, v in got["finish"].items()} == {
+        k: v[:2] for k, v in sync["finish"].items()}
+    assert got["finish"]["s1"][:2] == ("stop", None) and got["tokens"]["s1"] == [7, 8, EOS]
+    assert got["finish"]["s2"][:2] == ("stop", 8) and got["finish"]["cap"][0] == "length"
+    assert len(got["tokens"]["cap"]) == 8  # max_model_len 48, never one token past it
+    if num_blocks == 13:
+        assert sched.make_stats().num_preemptions > 0
+    # Requests ran in consecutive steps before their previous token had landed.
+    assert any(set(a.num_scheduled_tokens) & set(b.num_scheduled_tokens)
+               for a, b in zip(got["steps"], got["steps"][1:]))
+
+
+def test_async_placeholder_stops_at_max_tokens(make_scheduler):
+    sched = make_scheduler()
+    sched.add_request(req("a", prompt_of(6), max_tokens=2, ignore_eos=True))
+    first = sched.schedule()  # the prompt: samples output 1
+    assert sched.requests["a"].num_output_placeholders == 1
+    second = sched.schedule()  # output 1's input, before it landed: samples output 2
+    assert second.num_scheduled_tokens == {"a": 1}
+    assert sched.requests["a"].num_output_placeholders == 2
+    assert sched.schedule().total_num_scheduled_tokens == 0  # output 3 would pass max_tokens
+    runner = FakeRunner(BS)
+    out1, out2 = runner.execute(first), runner.execute(second)
+    assert [o.new_token_ids for o in sched.update_from_output(first, out1)] == [out1.sampled_token_ids[0]]
+    outs = sched.update_from_output(second, out2)
+    assert outs[0].finish_reason == "length" and not sched.has_unfinished_requests()
