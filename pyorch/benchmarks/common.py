@@ -248,3 +248,10 @@ def parse_int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, comma-separated: {text!r}")
     return values
+
+
+def format_phases(phases: dict[str, float]) -> str:
+    """One line of an engine step's phases in ms (StepTimings.per_step_ms)."""
+    from pyorch.metrics.stats import StepTimings
+
+    return " ".join(f"{k} {phases[k]:.2f}" for k in StepTimings.PHASES)

@@ -179,12 +179,12 @@ def main(args: argparse.Namespace) -> int:
     llm = LLM(model_path, **common.engine_kwargs(args, device=device_name,
                                                  max_num_seqs=args.max_num_seqs or args.batch_size))
     _time_generate(llm, prompts, args.output_len, args.num_iters_warmup)
-    core, runner = llm.llm_engine.engine_core, llm.llm_engine.model_runner
-    steps0, wait0 = core.num_steps, runner.wait_seconds
+    core = llm.llm_engine.engine_core
+    before = core.timings.snapshot()
     full = _time_generate(llm, prompts, args.output_len, args.num_iters)
-    num_steps = max(core.num_steps - steps0, 1)
-    # Host (CPU) time per step: the wall time the engine was not blocked on the device.
-    host_ms_per_step = (sum(full) - (runner.wait_seconds - wait0)) / num_steps * 1e3
+    phases = core.timings.per_step_ms(before)  # host phases per step (+ the wait on the device)
+    num_steps = max(phases["steps"], 1)
+    host_ms_per_step = phases["host"]
     prefill = _time_generate(llm, prompts, 1, args.num_iters)
     full_s, prefill_s = common.median(full), common.median(prefill)
     decode_ms = (full_s - prefill_s) / (args.output_len - 1) * 1e3
@@ -211,15 +211,16 @@ def main(args: argparse.Namespace) -> int:
         "dtype": str(llm.llm_engine.config.model_config.dtype),
         "engine_steps_per_request": num_steps / args.num_iters,
         "host_ms_per_step": host_ms_per_step,
+        "step_phases_ms": phases,
         "async_scheduling": core.async_scheduling,
     }
     print(f"batch {args.batch_size}, in {args.input_len}, out {args.output_len}: request "
           f"{full_s * 1e3:.1f} ms (median of {args.num_iters}), "
           f"{summary['ms_per_output_token']:.2f} "
           f"ms per output token, decode {decode_ms:.2f} ms/token")
-    print(f"CPU time per engine step (not blocked on the device): {host_ms_per_step:.2f} ms "
-          f"over {num_steps / args.num_iters:.0f} steps per request (async scheduling "
-          f"{'on' if core.async_scheduling else 'off'})")
+    print(f"CPU time per engine step: {host_ms_per_step:.2f} ms over "
+          f"{num_steps / args.num_iters:.0f} steps per request (async scheduling "
+          f"{'on' if core.async_scheduling else 'off'}): {common.format_phases(phases)}")
     print(f"weight-read floor: {read_bytes / 1e9:.3f} GB / {copy['bytes_per_s'] / 1e9:.1f} GB/s "
           f"(copy, read+written) = {floor_ms:.3f} ms -> decode is {decode_ms / floor_ms:.2f}x")
     graph = f", CUDA graph {chain['cuda_graph_ms']:.3f} ms" if "cuda_graph_ms" in chain else ""

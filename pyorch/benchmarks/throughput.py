@@ -88,20 +88,20 @@ class PyorchRunner:
 
     def run(self, prompts: list[list[int]]) -> dict[str, Any]:
         self.llm.reset_prefix_cache()  # repeats must prefill again, not hit the prefix cache
-        core, runner = self.llm.llm_engine.engine_core, self.llm.llm_engine.model_runner
-        steps0, wait0 = core.num_steps, runner.wait_seconds
+        core = self.llm.llm_engine.engine_core
+        before = core.timings.snapshot()
         start = time.perf_counter()
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params,
                                     use_tqdm=False)
         elapsed = time.perf_counter() - start
-        steps = max(core.num_steps - steps0, 1)
-        host_ms = (elapsed - (runner.wait_seconds - wait0)) / steps * 1e3
+        phases = core.timings.per_step_ms(before)
         output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         if output_tokens != len(prompts) * self.output_len:
             raise RuntimeError(f"pyorch generated {output_tokens} tokens, "
                                f"expected {len(prompts) * self.output_len}")
-        return {"elapsed_s": elapsed, "output_tokens": output_tokens, "engine_steps": steps,
-                "host_ms_per_step": host_ms}
+        return {"elapsed_s": elapsed, "output_tokens": output_tokens,
+                "engine_steps": phases["steps"], "host_ms_per_step": phases["host"],
+                "step_phases_ms": phases}
 
     def close(self) -> None:
         import torch
@@ -166,6 +166,7 @@ def _summarize(engine: str, batch_size: int, prompts: list[list[int]],
     if "engine_steps" in samples[0]:  # pyorch: steps and CPU time per step (not blocked on
         row["engine_steps"] = samples[0]["engine_steps"]  # the device), from the first run
         row["host_ms_per_step"] = samples[0]["host_ms_per_step"]
+        row["step_phases_ms"] = samples[0]["step_phases_ms"]
     print(_format_row(row))
     return row
 
@@ -187,8 +188,9 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
         samples.setdefault((engine, size), []).append(sample)
         extra = ""
         if "engine_steps" in sample:
-            extra = (f", {sample['engine_steps']} steps, CPU {sample['host_ms_per_step']:.2f} "
-                     "ms/step not blocked on the device")
+            extra = (f", {sample['engine_steps']} steps, CPU "
+                     f"{sample['host_ms_per_step']:.2f} ms/step: "
+                     f"{common.format_phases(sample['step_phases_ms'])}")
         print(f"  {engine} batch {size}: {sample['elapsed_s']:.2f} s{extra}", flush=True)
 
     for size in sizes:

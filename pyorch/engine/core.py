@@ -60,6 +60,7 @@ class EngineCore:
             config.scheduler_config, config.cache_config, num_blocks
         )
         self.num_steps = 0
+        self.timings = self.model_runner.timings  # host/device time per phase (benchmarks)
         # Async scheduling: step N+1 is scheduled and launched before step N's tokens are read.
         self.async_scheduling = config.scheduler_config.async_scheduling
         self._in_flight: Optional[tuple[SchedulerOutput, StepHandle]] = None
@@ -90,30 +91,40 @@ class EngineCore:
         the previous call and returns its outputs (so host work overlaps the device's)."""
         scheduled_time = time.time()
         if not self.async_scheduling:
-            scheduler_output = self.scheduler.schedule()
+            scheduler_output = self._schedule()
             handle = self.model_runner.execute_model(scheduler_output)
             return self._finish(scheduler_output, handle, scheduled_time, scheduler_output)
         previous = self._in_flight
         if previous is not None and self._must_wait_first():
             self._in_flight = None
             return self._finish(*previous, scheduled_time, None)
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._schedule()
         handle = self.model_runner.execute_model(scheduler_output)
         self._in_flight = (scheduler_output, handle)
         if previous is None:
             self.num_steps += 1
+            self.timings.steps += 1
             return EngineCoreOutputs(
                 outputs=[], scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
                 scheduled_time=scheduled_time,
                 scheduled_new_req_ids=[r.req_id for r in scheduler_output.scheduled_new_reqs])
         return self._finish(*previous, scheduled_time, scheduler_output)
 
+    def _schedule(self) -> SchedulerOutput:
+        start = time.perf_counter()
+        scheduler_output = self.scheduler.schedule()
+        self.timings.schedule += time.perf_counter() - start
+        return scheduler_output
+
     def _finish(self, scheduler_output: SchedulerOutput, handle: StepHandle,
                 scheduled_time: float,
                 newly_scheduled: Optional[SchedulerOutput]) -> EngineCoreOutputs:
+        start, waited = time.perf_counter(), self.timings.wait
         runner_output = self.model_runner.resolve(handle)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self.timings.update += time.perf_counter() - start - (self.timings.wait - waited)
         self.num_steps += 1
+        self.timings.steps += 1
         new_ids = [r.req_id for r in newly_scheduled.scheduled_new_reqs] if newly_scheduled else []
         return EngineCoreOutputs(
             outputs=outputs,

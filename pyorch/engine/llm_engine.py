@@ -103,6 +103,7 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         core_out = self.engine_core.step()
+        start = time.perf_counter()
         stats, self._pending_stats = self._pending_stats, IterationStats()
         self.output_processor.mark_scheduled(core_out.scheduled_new_req_ids,
                                              core_out.scheduled_time)
@@ -110,6 +111,7 @@ class LLMEngine:
         if stopped:  # stop strings found by the detokenizer
             self.engine_core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         record_stats(self.stat_loggers, core_out.scheduler_stats, stats)
+        self.engine_core.timings.output += time.perf_counter() - start
         return outputs
 
     def reset_prefix_cache(self) -> bool:

@@ -39,6 +39,7 @@ from pyorch.layers.sampler import (
     SamplingRow,
     compute_prompt_logprobs,
 )
+from pyorch.metrics.stats import StepTimings
 from pyorch.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -126,9 +127,8 @@ class ModelRunner:
         self.cuda_graphs: Optional[CUDAGraphRunner] = None
         self._last_step: Optional[StepHandle] = None  # the last step that sampled
         self.block_table = BlockTable(self.max_num_seqs, self.max_blocks_per_seq)
-        # Host time spent blocked on the device's sampled tokens (the step's one wait): the rest
-        # of a step's wall time is host work (benchmarks report it as CPU time per step).
-        self.wait_seconds = 0.0
+        # Time per phase of the runner's part of each step (EngineCore shares its own).
+        self.timings = StepTimings()
 
     # ---- start-up -----------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -383,16 +383,20 @@ class ModelRunner:
         A request may be scheduled before the token of the previous step is known (async
         scheduling): its input for that position is the previous step's sample, copied on the
         device, so the previous step need not be resolved first (steps run in stream order)."""
+        start = time.perf_counter()
         self._update_states(so)
         req_ids = [r for r in so.scheduled_cached_reqs.req_ids] + [
             n.req_id for n in so.scheduled_new_reqs
         ]
         if not req_ids:
+            self.timings.prepare += time.perf_counter() - start
             return StepHandle(req_ids=[], sampled_rows=[])
         graph_size = None
         if self.cuda_graphs is not None:
             graph_size = self.cuda_graphs.padded_size(so.total_num_scheduled_tokens)
         dev, meta, logits_indices, sampled_rows = self._prepare_inputs(req_ids, so, graph_size)
+        launched = time.perf_counter()
+        self.timings.prepare += launched - start
         if graph_size is not None:
             hidden = self.cuda_graphs.replay(graph_size)
         else:
@@ -421,6 +425,7 @@ class ModelRunner:
             for s in states:
                 s.num_pending += 1
             self._last_step = handle
+        self.timings.launch += time.perf_counter() - launched
         return handle
 
     def resolve(self, handle: "StepHandle") -> ModelRunnerOutput:
@@ -431,7 +436,7 @@ class ModelRunner:
         if sampled_rows:
             start = time.perf_counter()
             token_ids, entries = handle.wait()
-            self.wait_seconds += time.perf_counter() - start
+            self.timings.wait += time.perf_counter() - start
             for j, i in enumerate(sampled_rows):
                 sampled[i] = [token_ids[j]]
                 state = self.requests.get(req_ids[i])

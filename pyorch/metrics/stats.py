@@ -9,6 +9,7 @@ vLLM's metric names with the `pyorch:` prefix.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -48,3 +49,34 @@ class StatLoggerBase:
 
     def log(self) -> None:  # periodic summary (optional)
         pass
+
+
+@dataclass
+class StepTimings:
+    """Cumulative wall time of the engine's steps by phase, in seconds (benchmarks read it).
+
+    Everything but `wait` is host work; `launch` also absorbs any time the host is held up
+    launching kernels behind a full device queue. With async scheduling the host phases of step
+    N+1 run while the device computes step N, so a step costs max(host, device), not the sum.
+    """
+
+    steps: int = 0
+    schedule: float = 0.0  # Scheduler.schedule
+    prepare: float = 0.0  # runner: apply the diff, pack the inputs, host -> device copy
+    launch: float = 0.0  # runner: forward (graph replay or eager), logits, sampler
+    wait: float = 0.0  # blocked until the step's sampled tokens reached the host
+    update: float = 0.0  # runner + scheduler: append tokens, stop checks, free blocks
+    output: float = 0.0  # front end: detokenization, stop strings, RequestOutputs
+
+    PHASES = ("schedule", "prepare", "launch", "wait", "update", "output")
+
+    def snapshot(self) -> StepTimings:
+        return dataclasses.replace(self)
+
+    def per_step_ms(self, since: StepTimings) -> dict[str, float]:
+        """Milliseconds per step of each phase since `since`, plus `host` (all but wait)."""
+        steps = max(self.steps - since.steps, 1)
+        out = {k: (getattr(self, k) - getattr(since, k)) / steps * 1e3 for k in self.PHASES}
+        out["host"] = sum(v for k, v in out.items() if k != "wait")
+        out["steps"] = self.steps - since.steps
+        return out

@@ -132,3 +132,19 @@ def test_abort_while_in_flight(tiny_llama):
     want = _run(tiny_llama, False, _prompts([8, 16, 24], seed=11), params)
     assert finished["0"].outputs[0].token_ids == want[0][0]
     assert finished["2"].outputs[0].token_ids == want[2][0]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_step_timings_account_every_step(tiny_llama, async_scheduling):
+    llm = _llm(tiny_llama, async_scheduling)
+    core = llm.llm_engine.engine_core
+    before = core.timings.snapshot()
+    steps0 = core.num_steps
+    llm.generate(_prompts([5, 9, 30]), SamplingParams(temperature=0.0, max_tokens=6,
+                                                      ignore_eos=True), use_tqdm=False)
+    phases = core.timings.per_step_ms(before)
+    assert phases["steps"] == core.num_steps - steps0 > 0
+    assert all(phases[k] >= 0.0 for k in core.timings.PHASES)
+    assert phases["launch"] > 0.0 and phases["output"] > 0.0 and phases["schedule"] > 0.0
+    assert phases["host"] == pytest.approx(sum(phases[k] for k in core.timings.PHASES
+                                               if k != "wait"))
