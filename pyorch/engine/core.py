@@ -21,7 +21,6 @@ from pyorch.engine.request import Request, RequestStatus
 from pyorch.engine.scheduler import Scheduler
 from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerOutput, SchedulerStats
 from pyorch.executor.model_runner import ModelRunner, StepHandle
-from pyorch.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -36,16 +35,6 @@ class EngineCoreOutputs:
     scheduled_time: float = 0.0  # time.time() when the step was scheduled
     # Requests that (re)entered the batch this step: new ones and ones resumed after preemption.
     scheduled_new_req_ids: list[str] = field(default_factory=list)
-
-
-def needs_token_history(params: SamplingParams) -> bool:
-    """Sampling that reads the request's output tokens on the host (or returns prompt logprobs,
-    whose bookkeeping follows the scheduled chunks), so its previous token must have landed."""
-    return bool(
-        params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-        or params.repetition_penalty != 1.0 or params.min_tokens > 0
-        or params.bad_words or params.prompt_logprobs is not None
-    )
 
 
 class EngineCore:
@@ -141,7 +130,7 @@ class EngineCore:
         running = self.scheduler.running
         if not running and not self.scheduler.waiting:
             return True
-        return any(needs_token_history(r.sampling_params) for r in running)
+        return any(r.needs_token_history for r in running)
 
     # ---- control and introspection -----------------------------------------------------------
     def make_stats(self) -> SchedulerStats:

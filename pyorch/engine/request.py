@@ -66,6 +66,8 @@ class Request:
         self.priority = priority
         self.cache_salt = cache_salt
         self.max_tokens: int | None = sampling_params.max_tokens
+        # (async scheduling) its previous token must land before it is scheduled again
+        self.needs_token_history = needs_token_history(sampling_params)
 
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -136,6 +138,16 @@ class Request:
             f"Request({self.request_id!r}, status={self.status.name}, "
             f"num_tokens={self.num_tokens}, num_computed_tokens={self.num_computed_tokens})"
         )
+
+
+def needs_token_history(params: SamplingParams) -> bool:
+    """Sampling that reads the request's output tokens on the host (or returns prompt logprobs,
+    whose bookkeeping follows the scheduled chunks), so its previous token must have landed."""
+    return bool(
+        params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        or params.repetition_penalty != 1.0 or params.min_tokens > 0
+        or params.bad_words or params.prompt_logprobs is not None
+    )
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:
