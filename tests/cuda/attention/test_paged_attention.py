@@ -361,6 +361,19 @@ def test_opcheck(device: str) -> None:
     torch.library.opcheck(torch.ops.pyorch.paged_attention.default, args)
 
 
+def _capture(call) -> torch.cuda.CUDAGraph:
+    """Runs `call` once on a side stream (warm-up outside capture), then captures it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_cuda_graph_capture(device: str) -> None:
     """No host sync inside: the op (split-KV workspace included) captures and replays."""
@@ -372,14 +385,7 @@ def test_cuda_graph_capture(device: str) -> None:
                            "block_table")]  # fmt: skip
     call = lambda: _ops.paged_attention(out, *args, 1, 2000, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
                                         "fp8", b["k_scale"], b["v_scale"])  # fmt: skip
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = _capture(call)
     b["query"].normal_()
     b["seq_lens"].sub_(torch.tensor([100, 50], dtype=torch.int32, device=device))
     b["v_scale"].fill_(0.07)
@@ -401,14 +407,7 @@ def test_cuda_graph_capture_mixed(device: str) -> None:
                            "block_table")]  # fmt: skip
     call = lambda: _ops.paged_attention(out, *args, 512, 4096, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
                                         "auto", b["k_scale"], b["v_scale"])  # fmt: skip
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = _capture(call)
     b["query"].normal_()
     b["seq_lens"].sub_(torch.tensor([30, 0, 150], dtype=torch.int32, device=device))
     out.fill_(SENTINEL)
