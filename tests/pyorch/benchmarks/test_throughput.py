@@ -87,6 +87,28 @@ def test_dummy_weights_and_hf_best(tiny_config_dir, tmp_path):
         ours["output_tokens_per_s"] / theirs["output_tokens_per_s"])
 
 
+def test_hf_subset_and_probe_sizes(tiny_config_dir, tmp_path):
+    """transformers on the first --hf-num-prompts prompts, probing only --hf-probe-sizes; a best
+    probe that ran exactly those prompts is the row (no second run)."""
+    out = tmp_path / "tp.json"
+    args = _parse(["--model", tiny_config_dir, "--load-format", "dummy", "--input-len", "4",
+                   "--output-len", "3", "--num-prompts", "5", "--hf-best", "--max-num-seqs", "4",
+                   "--hf-probe-sizes", "2,1,64", "--hf-num-prompts", "2", "--disable-detokenize",
+                   "--no-plot", "--output-json", str(out), *ENGINE_FLAGS])
+    assert throughput.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["hf_num_prompts"] == 2
+    assert [p["batch_size"] for p in doc["summary"]["hf_probes"]] == [1, 2]  # 64 > 2 prompts
+    (ours,) = [r for r in doc["rows"] if r["engine"] == "pyorch"]
+    (theirs,) = [r for r in doc["rows"] if r["engine"] == "transformers"]
+    assert ours["num_requests"] == 5 and ours["output_tokens"] == 15
+    assert theirs["num_requests"] == 2 and theirs["output_tokens"] == 6
+    assert len(theirs["elapsed_s_all"]) == 1
+    best = max(doc["summary"]["hf_probes"], key=lambda p: p["output_tokens_per_s"])
+    if best["batch_size"] == 2:  # the probe's own timing was reused
+        assert theirs["output_tokens_per_s"] == pytest.approx(best["output_tokens_per_s"])
+
+
 def test_compare_pairs_by_batch_size():
     rows = [{"engine": "pyorch", "batch_size": 1, "output_tokens_per_s": 30.0},
             {"engine": "pyorch", "batch_size": 16, "output_tokens_per_s": 400.0},

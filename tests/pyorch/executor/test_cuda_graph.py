@@ -7,7 +7,12 @@ import gc
 import pytest
 import torch
 
-from pyorch.executor.cuda_graph import default_capture_sizes, normalize_capture_sizes
+from pyorch.executor.cuda_graph import (
+    CUDAGraphRunner,
+    default_capture_sizes,
+    default_max_mixed_size,
+    normalize_capture_sizes,
+)
 from tests.conftest import CUDA_AVAILABLE
 
 transformers = pytest.importorskip("transformers")
@@ -29,6 +34,36 @@ def test_normalize_capture_sizes():
     assert normalize_capture_sizes([8, 1, 8, 4096, 2], 1024) == [1, 2, 8]
     with pytest.raises(ValueError, match="positive"):
         normalize_capture_sizes([0, 4], 1024)
+
+
+def test_decode_and_mixed_graph_choice():
+    """Decode-only steps take decode graphs (up to max_num_seqs), mixed steps mixed graphs (up to
+    the mixed limit); what no captured graph covers runs eagerly."""
+    sizes = default_capture_sizes(1024, 16384)
+    runner = CUDAGraphRunner(lambda *a: None, sizes, 1024, 2048, torch.device("cpu"),
+                             max_mixed_size=default_max_mixed_size(1024))
+    assert runner.mixed_sizes[-1] == 512 and runner.decode_sizes[-1] == 1024
+    # Pretend every graph was captured (capture needs a GPU; the choice does not); the size-1
+    # mixed graph is the decode graph too (capture shares it).
+    runner.graphs = {s: object() for s in runner.mixed_sizes}
+    runner.decode_graphs = {s: object() for s in runner.decode_sizes}
+    runner.decode_graphs[1] = runner.graphs[1]
+    assert runner.padded_size(1000, decode_only=True) == 1008
+    assert runner.padded_size(1000, decode_only=False) is None  # a mixed batch of 1000: eager
+    assert runner.padded_size(300, decode_only=False) == 304
+    assert runner.padded_size(1, decode_only=True) == 1
+    assert runner.graph_for(1, True) is runner.graphs[1]
+    assert runner.graph_for(8, True) is runner.decode_graphs[8]
+    assert runner.graph_for(8, False) is runner.graphs[8]
+    assert runner.num_graphs == len(runner.mixed_sizes) + len(runner.decode_sizes) - 1
+    # A user's list: mixed graphs at every size, decode graphs only up to max_num_seqs.
+    user = CUDAGraphRunner(lambda *a: None, [1, 2, 4, 8, 64], 4, 2048, torch.device("cpu"))
+    assert user.mixed_sizes == [1, 2, 4, 8, 64] and user.decode_sizes == [1, 2, 4]
+    user.graphs = {s: object() for s in user.mixed_sizes}
+    user.decode_graphs = {s: object() for s in user.decode_sizes}
+    assert user.padded_size(3, decode_only=True) == 4
+    assert user.graph_for(4, True) is user.decode_graphs[4]
+    assert user.padded_size(65, decode_only=True) is None
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +103,13 @@ def test_graph_replay_matches_eager(tiny_llama):
     assert runner.cuda_graphs is not None and sorted(runner.cuda_graphs.graphs) == [
         1, 2, 4, 8, 16, 32, 64]
     assert runner.cuda_graphs.capture_seconds > 0
+    graphs = runner.cuda_graphs
+    assert sorted(graphs.decode_graphs) == [1, 2, 4, 8, 16]  # up to max_num_seqs
+    assert graphs.decode_graphs[1] is graphs.graphs[1] and graphs.num_graphs == 7 + 4
     outs = graphed.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
     assert runner.cuda_graphs.num_replays > 0
+    # The six sequences' joint decode steps replay the decode graph of 8: checked below.
+    assert runner.cuda_graphs.num_decode_replays > 0
     # A prefill alone (33 tokens) replays the 64-token graph: its prompt logprobs are checked too.
     check = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     before = runner.cuda_graphs.num_replays
