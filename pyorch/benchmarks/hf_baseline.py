@@ -56,7 +56,9 @@ def load_hf_model(model: str, load_format: str, dtype: torch.dtype, device: str,
     if load_format == "dummy":
         torch.manual_seed(seed)
         config = load_hf_config(model)
-        hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        # Built on the target device: initialising 8B random weights on the host takes minutes.
+        with torch.device(device):
+            hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         how = "from_config (dummy weights)"
     elif is_gguf(model):
         hf_model, how = _from_gguf(model, dtype)
