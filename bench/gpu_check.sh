@@ -128,7 +128,7 @@ if [ -n "$ENGINE_MODEL" ]; then
     grep -v tokenizer "$OUT_DIR/latency.log" | tail -6
   fi
   # 128/128 greedy and at vLLM's bench sampling (temperature 1.0); 1000/1000; 2048/128.
-  want t128 && throughput throughput_128_128_t0 128 128 2048 0 --hf-max-batch-size 256
+  want t128 && throughput throughput_128_128_t0 128 128 2048 0 --hf-probe-sizes 64,128,256
   want t128 && throughput throughput_128_128_t1 128 128 2048 1 --skip-hf
   want t1000 && throughput throughput_1000_1000 1000 1000 2048 0 --hf-probe-sizes 64,128 \
     --hf-num-prompts 128
