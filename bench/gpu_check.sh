@@ -130,7 +130,7 @@ if [ -n "$ENGINE_MODEL" ]; then
   # 128/128 greedy and at vLLM's bench sampling (temperature 1.0); 1000/1000; 2048/128.
   want t128 && throughput throughput_128_128_t0 128 128 2048 0 --hf-probe-sizes 64,128,256
   want t128 && throughput throughput_128_128_t1 128 128 2048 1 --skip-hf
-  want t1000 && throughput throughput_1000_1000 1000 1000 2048 0 --hf-probe-sizes 64,128 \
+  want t1000 && throughput throughput_1000_1000 1000 1000 2048 0 --hf-probe-sizes 128 \
     --hf-num-prompts 128
   want t2048 && throughput throughput_2048_128 2048 128 4096 0 --hf-probe-sizes 32,64,128 \
     --hf-num-prompts 128

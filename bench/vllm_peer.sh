@@ -16,7 +16,7 @@ mkdir -p "$OUT_DIR"
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 status=0
 want() { [[ ",$SETS," == *",$1,"* ]]; }
-vllm() { python3 -m vllm.entrypoints.cli.main "$@"; }
+VLLM=(python3 -m vllm.entrypoints.cli.main)
 T=${VLLM_BENCH_TIMEOUT:-400}
 
 if want startup; then
@@ -41,7 +41,7 @@ fi
 # temperature 1.0), 1000 prompts.
 throughput() {
   local name=$1 in=$2 out=$3 mml=$4
-  timeout "$T" vllm bench throughput --model "$MODEL" --load-format dummy --dtype bfloat16 \
+  timeout "$T" "${VLLM[@]}" bench throughput --model "$MODEL" --load-format dummy --dtype bfloat16 \
     --dataset-name random --random-input-len "$in" --random-output-len "$out" \
     --num-prompts 1000 --max-model-len "$mml" --output-json "$OUT_DIR/$name.json" \
     > "$OUT_DIR/$name.log" 2>&1 || status=1
@@ -49,7 +49,7 @@ throughput() {
 }
 want t128 && throughput vllm_throughput_128_128 128 128 2048
 if want latency; then
-  timeout "$T" vllm bench latency --model "$MODEL" --load-format dummy --dtype bfloat16 \
+  timeout "$T" "${VLLM[@]}" bench latency --model "$MODEL" --load-format dummy --dtype bfloat16 \
     --input-len 128 --output-len 256 --batch-size 1 --max-model-len 2048 \
     --num-iters-warmup 3 --num-iters 10 --output-json "$OUT_DIR/vllm_latency.json" \
     > "$OUT_DIR/vllm_latency.log" 2>&1 || status=1
