@@ -212,3 +212,24 @@ def test_generate_returns_whole_outputs_for_any_output_kind(tiny_model):
     for out in outs.values():
         assert out.finished and out.outputs[0].token_ids == want
     _assert_pool_empty(llm)
+
+
+def test_generate_freezes_the_gc_heap_only_while_it_runs(tiny_model):
+    path, hf = tiny_model
+    if hf.config.model_type != "llama":
+        pytest.skip("not model-specific")
+    llm = _make_llm(path)
+    engine, seen = llm.llm_engine, []
+    step = engine.step
+    engine.step = lambda: seen.append(gc.get_freeze_count()) or step()
+    prompt = {"prompt_token_ids": _prompts(hf.config.vocab_size, [9])[0]}
+    assert gc.get_freeze_count() == 0
+    llm.generate([prompt], _greedy(3), use_tqdm=False)
+    assert seen and all(count > 0 for count in seen) and gc.get_freeze_count() == 0
+    gc.freeze()  # someone else's freeze is left alone
+    try:
+        frozen = gc.get_freeze_count()
+        llm.generate([prompt], _greedy(3), use_tqdm=False)
+        assert gc.get_freeze_count() > frozen // 2  # (frozen objects freed meanwhile leave it)
+    finally:
+        gc.unfreeze()
