@@ -68,6 +68,10 @@ class Request:
         self.max_tokens: int | None = sampling_params.max_tokens
         # (async scheduling) its previous token must land before it is scheduled again
         self.needs_token_history = needs_token_history(sampling_params)
+        # What check_stop reads on every token, fixed when the request is made.
+        self.min_tokens = sampling_params.min_tokens
+        self.stop_eos_token_id = None if sampling_params.ignore_eos else eos_token_id
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
 
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -128,10 +132,10 @@ class Request:
         self._all_token_ids.extend(token_ids)
 
     def is_finished(self) -> bool:
-        return RequestStatus.is_finished(self.status)
+        return self.status > RequestStatus.PREEMPTED  # RequestStatus.is_finished, inlined
 
     def get_finish_reason(self) -> str | None:
-        return RequestStatus.get_finish_reason(self.status)
+        return _FINISH_REASONS.get(self.status)
 
     def __repr__(self) -> str:
         return (
@@ -156,18 +160,19 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     EOS (unless ignore_eos) and stop_token_ids count only once min_tokens tokens are out; the
     length caps (max_tokens, max_model_len) always apply. Stop strings are the detokenizer's job.
     """
-    params = request.sampling_params
-    if request.num_output_tokens >= params.min_tokens:
-        last_token_id = request.output_token_ids[-1]
-        if not params.ignore_eos and last_token_id == request.eos_token_id:
+    output_token_ids = request.output_token_ids
+    num_output_tokens = len(output_token_ids)
+    if num_output_tokens >= request.min_tokens:
+        last_token_id = output_token_ids[-1]
+        if last_token_id == request.stop_eos_token_id:
             request.status = RequestStatus.FINISHED_STOPPED
             return True
-        if last_token_id in (params.stop_token_ids or ()):
+        if last_token_id in request.stop_token_ids:
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = last_token_id
             return True
-    if request.num_tokens >= max_model_len or (
-        request.max_tokens is not None and request.num_output_tokens >= request.max_tokens
+    if len(request._all_token_ids) >= max_model_len or (
+        request.max_tokens is not None and num_output_tokens >= request.max_tokens
     ):
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True

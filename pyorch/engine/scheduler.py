@@ -183,17 +183,27 @@ class Scheduler:
         preempted = False
 
         # Running requests first, in order; preempt from the low-priority end when blocks run out.
+        kv = self.kv_cache_manager
+        req_to_blocks, block_size = kv.req_to_blocks, self.block_size
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
-            num_wanted = (request.num_tokens + request.num_output_placeholders
+            num_wanted = (len(request._all_token_ids) + request.num_output_placeholders
                           - request.num_computed_tokens)
-            if num_wanted <= 0 or request.at_length_cap(self.max_model_len):
+            if num_wanted <= 0 or (request.num_output_placeholders
+                                   and request.at_length_cap(self.max_model_len)):
                 idx += 1  # (async) waits for its in-flight token, which may finish it
                 continue
             num_new = self._num_new_tokens(num_wanted, budget)
-            while True:
-                blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            # The common decode step has room left in its last block: allocate_slots' first
+            # answer ([]), without the call.
+            held = req_to_blocks.get(request.request_id)
+            if held and request.num_computed_tokens + num_new <= len(held) * block_size:
+                blocks: list[int] | None = []
+            else:
+                blocks = None
+            while blocks is None:
+                blocks = kv.allocate_slots(request, num_new)
                 if blocks is not None:
                     break
                 victim = self._pick_victim()
@@ -302,9 +312,8 @@ class Scheduler:
         self.finished_req_ids = set()
         # The tokens count as computed from now on; their KV is cached after the step ran. A
         # request scheduled up to its last token samples one: a placeholder until it lands.
-        for req_id, n in num_scheduled.items():
-            request = self.requests[req_id]
-            request.num_computed_tokens += n
+        for request in (*scheduled_running, *scheduled_new):
+            request.num_computed_tokens += num_scheduled[request.request_id]
             if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
                 request.num_output_placeholders += 1
         return output
@@ -316,48 +325,61 @@ class Scheduler:
         requests. Returns one EngineCoreOutput per request with new tokens, prompt logprobs, or
         a finish."""
         row_of = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        sampled_token_ids = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs
         prompt_logprobs = runner_output.prompt_logprobs or {}
         outputs: list[EngineCoreOutput] = []
         stopped = False
+        # Per-request work runs for every request on every step: hoist what the loop reads.
+        get_request, get_row = self.requests.get, row_of.get
+        kv = self.kv_cache_manager
+        num_cached_blocks = kv.num_cached_blocks if kv.enable_caching else None
+        block_size, max_model_len = self.block_size, self.max_model_len
+        last_unfinished, running_status = RequestStatus.PREEMPTED, RequestStatus.RUNNING
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-            request = self.requests.get(req_id)
-            if request is None or request.is_finished():
+            request = get_request(req_id)
+            if request is None or request.status > last_unfinished:
                 continue  # finished or aborted after it was scheduled
-            row = row_of.get(req_id)
-            sampled = runner_output.sampled_token_ids[row] if row is not None else []
-            request.num_output_placeholders = max(0, request.num_output_placeholders
-                                                  - len(sampled))
-            running = request.status == RequestStatus.RUNNING
-            if running:
+            row = get_row(req_id)
+            sampled = sampled_token_ids[row] if row is not None else []
+            if request.num_output_placeholders:
+                request.num_output_placeholders = max(0, request.num_output_placeholders
+                                                      - len(sampled))
+            running = request.status == running_status
+            if running and num_cached_blocks is not None:
                 # The step wrote these tokens' KV: their full blocks may now serve other
                 # requests (only tokens whose ids are known: later ones are still in flight).
-                self.kv_cache_manager.cache_blocks(
-                    request, min(request.num_computed_tokens, request.num_tokens))
+                # The check is cache_blocks' own early return, without the call.
+                num_known = min(request.num_computed_tokens, len(request._all_token_ids))
+                if num_known // block_size > num_cached_blocks.get(req_id, 0):
+                    kv.cache_blocks(request, num_known)
             # (A request preempted while this step was in flight still takes its token.)
             new_token_ids: list[int] = []
             for token_id in sampled:
-                request.append_output_token_ids(token_id)
+                request.output_token_ids.append(token_id)
+                request._all_token_ids.append(token_id)
                 new_token_ids.append(token_id)
-                if check_stop(request, self.max_model_len):
+                if check_stop(request, max_model_len):
                     stopped = True
                     break
-            new_prompt_logprobs = self._new_prompt_logprobs(
-                request, num_tokens, prompt_logprobs.get(req_id)
-            )
-            if new_token_ids or new_prompt_logprobs is not None or request.is_finished():
+            new_prompt_logprobs = None
+            if prompt_logprobs:
+                new_prompt_logprobs = self._new_prompt_logprobs(
+                    request, num_tokens, prompt_logprobs.get(req_id))
+            finished = request.status > last_unfinished
+            if new_token_ids or new_prompt_logprobs is not None or finished:
                 outputs.append(
                     EngineCoreOutput(
-                        req_id=req_id,
-                        new_token_ids=new_token_ids,
-                        finish_reason=request.get_finish_reason(),
-                        stop_reason=request.stop_reason,
-                        new_logprobs=logprobs[row] if row is not None and logprobs else None,
-                        new_prompt_logprobs=new_prompt_logprobs,
-                        num_cached_tokens=max(request.num_cached_tokens, 0),
+                        req_id,
+                        new_token_ids,
+                        request.get_finish_reason() if finished else None,
+                        request.stop_reason,
+                        logprobs[row] if row is not None and logprobs else None,
+                        new_prompt_logprobs,
+                        max(request.num_cached_tokens, 0),
                     )
                 )
-            if request.is_finished():
+            if finished:
                 if not running:
                     self.waiting.remove(request)
                 self._free_request(request)
