@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from pyorch.layers.sampler import SamplingRow
 from pyorch.sampling_params import SamplingParams
 
 
@@ -36,8 +37,12 @@ class CachedRequestState:
     # token ids as a growing numpy array: prompt then outputs (avoids list concatenation per step)
     token_ids: np.ndarray = field(init=False)
     num_tokens: int = field(init=False)
+    # The sampler's view of the request, made once: it reads the live token lists above.
+    sampling_row: SamplingRow = field(init=False)
 
     def __post_init__(self) -> None:
+        self.sampling_row = SamplingRow(self.sampling_params, self.prompt_token_ids,
+                                        self.output_token_ids, self.generator)
         n = len(self.prompt_token_ids) + len(self.output_token_ids)
         self.token_ids = np.empty(max(16, 2 * n), dtype=np.int64)
         self.token_ids[: len(self.prompt_token_ids)] = self.prompt_token_ids

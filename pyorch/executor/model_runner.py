@@ -117,6 +117,8 @@ class ModelRunner:
         self.max_blocks_per_seq = _cdiv(self.model_config.max_model_len, self.block_size)
         self.vocab_size = self.model_config.vocab_size
         self.requests: dict[str, CachedRequestState] = {}
+        # Held requests that want prompt logprobs (most steps have none: no per-row scan then).
+        self._prompt_logprob_req_ids: set[str] = set()
         self.sampler = Sampler()
         self.buffers = StepBuffers(
             self.max_num_tokens, self.max_num_seqs, self.max_blocks_per_seq, self.device.type
@@ -260,6 +262,7 @@ class ModelRunner:
             state = self.requests.pop(req_id, None)
             if state is not None:
                 self.block_table.release(state.table_row, len(state.block_ids))
+                self._prompt_logprob_req_ids.discard(req_id)
         for new in so.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
@@ -274,6 +277,8 @@ class ModelRunner:
             state.table_row = self.block_table.acquire()
             self.block_table.append(state.table_row, 0, state.block_ids)
             self.requests[new.req_id] = state
+            if params.prompt_logprobs is not None:
+                self._prompt_logprob_req_ids.add(new.req_id)
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
@@ -299,9 +304,13 @@ class ModelRunner:
         num_seqs = len(req_ids)
         states = [self.requests[r] for r in req_ids]
         sched = so.num_scheduled_tokens
-        n = np.fromiter((sched[r] for r in req_ids), np.int64, num_seqs)
-        start = np.fromiter((st.num_computed_tokens for st in states), np.int64, num_seqs)
-        known = np.fromiter((st.num_tokens for st in states), np.int64, num_seqs)
+        # Python lists for the per-row loop below, numpy arrays for the vectorized part.
+        n_list = [sched[r] for r in req_ids]
+        start_list = [st.num_computed_tokens for st in states]
+        known_list = [st.num_tokens for st in states]
+        n = np.array(n_list, dtype=np.int64)
+        start = np.array(start_list, dtype=np.int64)
+        known = np.array(known_list, dtype=np.int64)
         pending = np.fromiter((st.num_pending for st in states), np.int64, num_seqs)
         rows = np.fromiter((st.table_row for st in states), np.int64, num_seqs)
         end = start + n
@@ -336,24 +345,28 @@ class ModelRunner:
 
         input_ids = host["input_ids"]
         last_rows = self._last_step.sampled_row_of if self._last_step is not None else {}
-        num_pending = 0
-        for i, st in enumerate(states):
-            a, b, k = int(start[i]), int(end[i]), int(known[i])
-            o = int(offsets[i])
-            if b - a == 1 and b <= k:  # a decode row whose input token is known
+        pending_dst: list[int] = []
+        pending_src: list[int] = []
+        for st, a, num, k, o in zip(states, start_list, n_list, known_list, offsets.tolist()):
+            b = a + num
+            if num == 1 and b <= k:  # a decode row whose input token is known
                 input_ids[o] = st.token_ids[a]
                 continue
             m = min(b, k)
-            input_ids[o : o + m - a] = st.token_ids[a:m]
+            if m > a:
+                input_ids[o : o + m - a] = st.token_ids[a:m]
             if b > m:
                 # The one token still in flight: the last step's sample, copied on the device.
-                if b - m != 1 or st.num_pending != 1 or st.req_id not in last_rows:
+                src = last_rows.get(st.req_id)
+                if b - m != 1 or st.num_pending != 1 or src is None:
                     raise RuntimeError(
                         f"request {st.req_id}: positions [{m}, {b}) are not known to the "
                         f"runner ({st.num_pending} pending)")
-                host["pending_dst"][num_pending] = o + m - a
-                host["pending_src"][num_pending] = last_rows[st.req_id]
-                num_pending += 1
+                pending_dst.append(o + m - a)
+                pending_src.append(src)
+        num_pending = len(pending_dst)
+        host["pending_dst"][:num_pending] = pending_dst
+        host["pending_src"][:num_pending] = pending_src
         if pad_tokens > num_tokens:
             input_ids[num_tokens:] = 0
             host["positions"][num_tokens:] = 0
@@ -419,8 +432,7 @@ class ModelRunner:
                     # same tokens whatever else is batched, and after a preemption too.
                     s.generator.manual_seed(_step_seed(s.sampling_params.seed,
                                                        len(s.output_token_ids) + s.num_pending))
-            rows = [SamplingRow(s.sampling_params, s.prompt_token_ids, s.output_token_ids,
-                                s.generator) for s in states]
+            rows = [s.sampling_row for s in states]
             metadata = SamplingMetadata.from_requests(rows, logits.shape[-1], logits.device)
             out = self.sampler(logits, metadata)
             handle.sampled_device = out.sampled_token_ids
@@ -435,21 +447,28 @@ class ModelRunner:
     def resolve(self, handle: "StepHandle") -> ModelRunnerOutput:
         """Waits for a launched step's tokens and appends them to the runner's requests."""
         req_ids, sampled_rows = handle.req_ids, handle.sampled_rows
-        sampled: list[list[int]] = [[] for _ in req_ids]
-        logprobs: list[Optional[LogprobsLists]] = [None for _ in req_ids]
-        if sampled_rows:
-            start = time.perf_counter()
-            token_ids, entries = handle.wait()
-            self.timings.wait += time.perf_counter() - start
+        logprobs: list[Optional[LogprobsLists]] = [None] * len(req_ids)
+        if not sampled_rows:
+            return ModelRunnerOutput(req_ids, [[] for _ in req_ids], logprobs,
+                                     handle.prompt_logprobs)
+        start = time.perf_counter()
+        token_ids, entries = handle.wait()
+        self.timings.wait += time.perf_counter() - start
+        if len(sampled_rows) == len(req_ids):  # every row sampled: sampled_rows is 0, 1, ...
+            sampled = [[t] for t in token_ids]
+        else:
+            sampled = [[] for _ in req_ids]
             for j, i in enumerate(sampled_rows):
                 sampled[i] = [token_ids[j]]
-                state = self.requests.get(req_ids[i])
-                if state is None:  # dropped (finished, aborted, preempted) while in flight
-                    continue
-                state.num_pending -= 1
-                state.append_token(token_ids[j])
-                if entries is not None and state.sampling_params.logprobs is not None:
-                    logprobs[i] = entries.slice(j, j + 1)
+        get_state = self.requests.get
+        for j, i in enumerate(sampled_rows):
+            state = get_state(req_ids[i])
+            if state is None:  # dropped (finished, aborted, preempted) while in flight
+                continue
+            state.num_pending -= 1
+            state.append_token(token_ids[j])
+            if entries is not None and state.sampling_params.logprobs is not None:
+                logprobs[i] = entries.slice(j, j + 1)
         return ModelRunnerOutput(req_ids, sampled, logprobs, handle.prompt_logprobs)
 
     def _profile_sampler(self, logits: torch.Tensor) -> None:
@@ -464,6 +483,8 @@ class ModelRunner:
                          hidden: torch.Tensor) -> dict[str, LogprobsLists]:
         """Logprobs of each next prompt token for requests that asked for prompt_logprobs."""
         result: dict[str, LogprobsLists] = {}
+        if not self._prompt_logprob_req_ids:
+            return result
         offset = 0
         for req_id in req_ids:
             state = self.requests[req_id]

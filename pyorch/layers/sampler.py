@@ -17,7 +17,7 @@ logit_bias, allowed ids) become index tensors on the CPU, applied with one index
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -74,13 +74,28 @@ class SamplingRow:
     """One request to sample for: its params, token history and (if seeded) its generator.
 
     The runner keeps `generator` across steps (see `make_generator`), so a seeded request's
-    random stream advances by one draw per sampled token wherever it sits in the batch.
+    random stream advances by one draw per sampled token wherever it sits in the batch. It may
+    keep the row itself too (the token lists are read, never copied): `greedy` and `plain` are
+    derived from `params` when the row is made, and params must not change afterwards.
     """
 
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     generator: torch.Generator | None = None
+    greedy: bool = field(init=False)
+    # Temperature / top-k / top-p / min-p / seed only: no logprobs, penalties, bad words,
+    # min_tokens, logit bias or allowed ids, so the row needs no per-row work beyond its knobs.
+    plain: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.greedy = p.temperature < _SAMPLING_EPS
+        self.plain = (
+            p.logprobs is None and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+            and p.repetition_penalty == 1.0 and not p.bad_words and not p.min_tokens
+            and not p.logit_bias and p.allowed_token_ids is None
+        )
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -141,17 +156,22 @@ class SamplingMetadata:
     ) -> SamplingMetadata:
         device = torch.device(device)
         params = [r.params for r in rows]
-        greedy = [p.temperature < _SAMPLING_EPS for p in params]
+        greedy = [r.greedy for r in rows]
         all_greedy, all_random = all(greedy), not any(greedy)
-        requested = [p.logprobs for p in params if p.logprobs is not None]
-        max_num_logprobs = None
-        if requested:
-            max_num_logprobs = vocab_size if -1 in requested else min(max(requested), vocab_size)
-        no_penalties = all(
-            p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-            and p.repetition_penalty == 1.0 for p in params
-        )
-        banned, bias = _sparse_edits(rows, vocab_size, device)
+        max_num_logprobs, no_penalties, banned, bias, allowed = None, True, None, None, None
+        # A batch of plain rows (the usual one) has no logprobs, penalties or sparse edits: skip
+        # the per-row scans that look for them.
+        if not all(r.plain for r in rows):
+            requested = [p.logprobs for p in params if p.logprobs is not None]
+            if requested:
+                max_num_logprobs = (vocab_size if -1 in requested
+                                    else min(max(requested), vocab_size))
+            no_penalties = all(
+                p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+                and p.repetition_penalty == 1.0 for p in params
+            )
+            banned, bias = _sparse_edits(rows, vocab_size, device)
+            allowed = _allowed_token_ids_mask(params, vocab_size, device)
         return cls(
             num_rows=len(rows), vocab_size=vocab_size, all_greedy=all_greedy,
             all_random=all_random,
@@ -159,8 +179,7 @@ class SamplingMetadata:
             **_random_knobs(rows, greedy, vocab_size, device),
             max_num_logprobs=max_num_logprobs, no_penalties=no_penalties,
             **_penalty_inputs(rows, no_penalties, vocab_size, device),
-            allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab_size, device),
-            banned=banned, bias=bias,
+            allowed_token_ids_mask=allowed, banned=banned, bias=bias,
         )
 
 

@@ -214,6 +214,46 @@ def test_generate_returns_whole_outputs_for_any_output_kind(tiny_model):
     _assert_pool_empty(llm)
 
 
+def _mixed_params(vocab: int) -> list[SamplingParams]:
+    """Plain rows (greedy, seeded random) batched with rows that need per-row sampling work
+    (penalties, logprobs, min_tokens with stop ids, logit bias, n=2) and an early stop id."""
+    seeded = dict(temperature=0.8, top_p=0.9, top_k=20, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [
+        _greedy(), _greedy(),
+        SamplingParams(seed=11, **seeded),
+        _greedy(repetition_penalty=1.3, frequency_penalty=0.2),
+        _greedy(logprobs=2),
+        _greedy(min_tokens=4, stop_token_ids=[3, 4, 5]),
+        SamplingParams(n=2, seed=5, logit_bias={7: 3.0}, **seeded),
+        _greedy(stop_token_ids=list(range(3, vocab, 3))),
+    ]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_mixed_batch_equals_each_request_alone(tiny_model, async_scheduling):
+    """The fast paths for batches of plain requests (sampling metadata, stop checks, output
+    processing) change nothing: a request gives the same outputs in a mixed batch as alone."""
+    path, hf = tiny_model
+    if hf.config.model_type != "llama":
+        pytest.skip("one architecture is enough: this tests the engine, not the model")
+    llm = _make_llm(path, async_scheduling=async_scheduling)
+    vocab = hf.config.vocab_size
+    params = _mixed_params(vocab)
+    prompts = [{"prompt_token_ids": p} for p in _prompts(vocab, [5, 17, 9, 23, 16, 7, 30, 12])]
+
+    def summary(out):
+        return [(c.index, c.token_ids, c.finish_reason, c.stop_reason,
+                 None if c.logprobs is None else [sorted(lp) for lp in c.logprobs])
+                for c in out.outputs]
+
+    batched = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, p, out in zip(prompts, params, batched):
+        alone = llm.generate([prompt], p, use_tqdm=False)[0]
+        assert summary(out) == summary(alone), p
+    assert any(o.outputs[0].finish_reason == "stop" for o in batched)
+    _assert_pool_empty(llm)
+
+
 def test_generate_freezes_the_gc_heap_only_while_it_runs(tiny_model):
     path, hf = tiny_model
     if hf.config.model_type != "llama":

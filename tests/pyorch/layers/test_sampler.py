@@ -328,3 +328,67 @@ def test_logits_not_modified_and_seeded_row_needs_generator(device):
     assert torch.equal(logits, before)
     with pytest.raises(ValueError, match="generator"):
         _sample(logits, [SamplingParams(seed=3), SamplingParams()], device)
+
+
+def _same_metadata(a: SamplingMetadata, b: SamplingMetadata) -> None:
+    for name, x in vars(a).items():
+        y = getattr(b, name)
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
+        elif name == "generators":  # each side made its own, from the same seeds
+            assert x.keys() == y.keys()
+            assert all(torch.equal(x[k].get_state(), y[k].get_state()) for k in x)
+        elif isinstance(x, tuple):
+            assert len(x) == len(y), name
+            for u, v in zip(x, y):
+                torch.testing.assert_close(u, v, rtol=0, atol=0, msg=name)
+        else:
+            assert x == y, name
+
+
+PLAIN_PARAMS = [
+    [SamplingParams(temperature=0.0)] * 3,
+    [SamplingParams(temperature=1.0)] * 3,
+    [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=5, seed=3),
+     SamplingParams(temperature=1.2, top_p=0.8, min_p=0.05), SamplingParams(logit_bias={})],
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("params_list", PLAIN_PARAMS, ids=["greedy", "random", "mixed"])
+def test_plain_rows_give_the_general_metadata(device, params_list):
+    """A batch of plain rows skips the scans for logprobs, penalties and edits: its metadata and
+    samples are those of the general path (forced by marking the same rows not plain)."""
+    vocab_size = 37
+
+    def rows(plain: bool) -> list[SamplingRow]:
+        out = []
+        for i, p in enumerate(params_list):
+            gen = make_generator(p.seed, device) if p.seed is not None else None
+            row = SamplingRow(p, [1, 2, i], [3, i], gen)
+            assert row.plain
+            row.plain = plain
+            out.append(row)
+        return out
+
+    fast = SamplingMetadata.from_requests(rows(True), vocab_size, device)
+    general = SamplingMetadata.from_requests(rows(False), vocab_size, device)
+    _same_metadata(fast, general)
+    logits = torch.randn(len(params_list), vocab_size, device=device)
+    torch.manual_seed(0)
+    fast_ids = Sampler()(logits, fast).sampled_token_ids
+    torch.manual_seed(0)
+    general_ids = Sampler()(logits, general).sampled_token_ids
+    assert fast_ids.tolist() == general_ids.tolist()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(logprobs=1), SamplingParams(presence_penalty=0.5),
+    SamplingParams(frequency_penalty=0.5), SamplingParams(repetition_penalty=1.2),
+    SamplingParams(bad_words=["x"]), SamplingParams(min_tokens=1, max_tokens=4),
+    SamplingParams(logit_bias={1: 1.0}), SamplingParams(allowed_token_ids=[1]),
+])
+def test_rows_with_per_row_work_are_not_plain(params):
+    assert not SamplingRow(params, [], []).plain
+    assert SamplingRow(SamplingParams(temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, seed=1),
+                       [], []).plain
