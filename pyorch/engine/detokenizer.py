@@ -41,6 +41,19 @@ def _get_added_token_ids(tokenizer: Any) -> frozenset[int]:
     return ids
 
 
+_one_token_texts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _get_one_token_texts(tokenizer: Any, skip_special_tokens: bool) -> dict[int, str]:
+    """token id -> decode([token id]) of a tokenizer (one dict per skip_special_tokens), shared
+    by its detokenizers; a tokenizer that cannot be weakly referenced gets a private dict."""
+    try:
+        per_flag = _one_token_texts.setdefault(tokenizer, {})
+    except TypeError:
+        return {}
+    return per_flag.setdefault(skip_special_tokens, {})
+
+
 def _backend_decoder(tokenizer: Any) -> Any:
     """The `tokenizers.Tokenizer` behind a fast transformers tokenizer, or None.
 
@@ -131,6 +144,10 @@ class IncrementalDetokenizer:
         if self.tokenizer is not None and not self.spaces_between_special_tokens:
             self._added_ids = _get_added_token_ids(self.tokenizer)
         self._backend = _backend_decoder(self.tokenizer)
+        self._one_token_texts: dict[int, str] = (
+            {} if self.tokenizer is None
+            else _get_one_token_texts(self.tokenizer, self.skip_special_tokens)
+        )
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -147,6 +164,12 @@ class IncrementalDetokenizer:
         in the output its text is not added, as in vLLM.
         """
         if not new_token_ids:
+            return None
+        if not self.stop and not stop_terminated and len(new_token_ids) == 1:
+            # The usual step (one token, no stop strings to look for): the loop below, unrolled.
+            self.token_ids.append(new_token_ids[0])
+            if self.tokenizer is not None:
+                self.output_text += self._decode_next()
             return None
         skipped_stop_token_id = None
         if stop_terminated and not self.include_stop_str_in_output:
@@ -205,6 +228,8 @@ class IncrementalDetokenizer:
         if not token_ids:
             return ""
         if not self._added_ids or self._added_ids.isdisjoint(token_ids):
+            if len(token_ids) == 1:
+                return self._decode_one(token_ids[0])
             return self._decode_plain(token_ids)
         # Decode runs of ordinary tokens and each added token separately, then concatenate.
         pieces: list[str] = []
@@ -219,6 +244,13 @@ class IncrementalDetokenizer:
             else:
                 run.append(token_id)
         return "".join(pieces)
+
+    def _decode_one(self, token_id: int) -> str:
+        # After each emitted token the prefix window is that one token: its text is cached.
+        text = self._one_token_texts.get(token_id)
+        if text is None:
+            text = self._one_token_texts[token_id] = self._decode_plain([token_id])
+        return text
 
     def _decode_plain(self, token_ids: list[int]) -> str:
         assert self.tokenizer is not None

@@ -164,11 +164,12 @@ class OutputProcessor:
         now = time.time()
         touched: dict[str, tuple[_Parent, set[str]]] = {}
         stopped: list[str] = []
+        get_parent_id, parents = self.child_to_parent.get, self.parents
         for out in core_outputs:
-            parent_id = self.child_to_parent.get(out.req_id)
+            parent_id = get_parent_id(out.req_id)
             if parent_id is None:
                 continue  # aborted meanwhile
-            parent = self.parents[parent_id]
+            parent = parents[parent_id]
             child = parent.children[out.req_id]
             if child.finish_reason is not None:
                 continue
@@ -176,10 +177,14 @@ class OutputProcessor:
                 self._record_tokens(parent, child, len(out.new_token_ids), now, iteration_stats)
             if out.num_cached_tokens is not None:
                 parent.num_cached_tokens = out.num_cached_tokens
-            child.logprobs.update_from_output(out.new_logprobs, out.new_prompt_logprobs)
+            if out.new_logprobs is not None or out.new_prompt_logprobs is not None:
+                child.logprobs.update_from_output(out.new_logprobs, out.new_prompt_logprobs)
             # The scheduler finishes with "stop" only on EOS or a stop token id.
             stop_terminated = out.finish_reason == "stop"
-            stop_str = child.detokenizer.update(list(out.new_token_ids), stop_terminated)
+            stop_str = child.detokenizer.update(out.new_token_ids, stop_terminated)
+            if (stop_str is None and out.finish_reason is None and len(parent.children) == 1
+                    and parent.output_kind == RequestOutputKind.FINAL_ONLY):
+                continue  # still running, and nothing to send until it finishes
             if stop_str is not None and out.finish_reason in (None, "length"):
                 # A stop string completed by the last allowed token is still a stop (as vLLM).
                 child.finish_reason, child.stop_reason = "stop", stop_str

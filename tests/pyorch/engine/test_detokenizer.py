@@ -236,3 +236,28 @@ def test_backend_decode_equals_tokenizer_decode(smollm2, skip_special_tokens):
         expected = smollm2.decode(ids, skip_special_tokens=skip_special_tokens,
                                   clean_up_tokenization_spaces=False)
         assert detok._decode_plain(ids) == expected
+
+
+def test_one_token_steps_equal_the_general_path(smollm2, metaspace, wordpiece):
+    """A one-token step without stop strings takes a short path (and a shared cache of
+    one-token texts): its text after every step is the general path's, which a stop string
+    that never matches forces."""
+    rng = random.Random(7)
+    for tokenizer in (smollm2, metaspace, wordpiece):
+        vocab_size = len(tokenizer)
+        for trial in range(20):
+            ids = [rng.randrange(vocab_size) for _ in range(rng.randint(1, 30))]
+            ids += [rng.randrange(4) for _ in range(trial % 3)]  # special tokens among them
+            prompt_ids = [rng.randrange(vocab_size) for _ in range(rng.randint(0, 6))]
+            for skip, spaces in ((True, True), (False, True), (False, False)):
+                kw = dict(skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+                fast = IncrementalDetokenizer(tokenizer, prompt_ids, SamplingParams(**kw))
+                general = IncrementalDetokenizer(
+                    tokenizer, prompt_ids, SamplingParams(stop=["\x00never\x00"], **kw))
+                for token_id in ids:
+                    assert fast.update([token_id], stop_terminated=False) is None
+                    assert general.update([token_id], stop_terminated=False) is None
+                    assert fast.output_text == general.output_text, (ids, prompt_ids, kw)
+                    assert (fast.prefix_offset, fast.read_offset) == (
+                        general.prefix_offset, general.read_offset)
+                assert fast.output_token_ids == general.output_token_ids == ids

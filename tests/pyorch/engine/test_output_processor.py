@@ -151,3 +151,28 @@ def test_stop_string_on_the_last_allowed_token_is_a_stop():
     done = outs[-1].outputs[0]
     assert outs[-1].finished and (done.finish_reason, done.stop_reason) == ("stop", "cd")
     assert done.text == "ab"
+
+
+def test_mixed_output_kinds_in_one_step():
+    """A running FINAL_ONLY request with one sequence is skipped outright; the outputs of the
+    others, and their order (first child seen first), are as before."""
+    op = OutputProcessor(_CharTokenizer())
+    for req_id, kind, n in (("f", RequestOutputKind.FINAL_ONLY, 1),
+                            ("c", RequestOutputKind.CUMULATIVE, 1),
+                            ("g", RequestOutputKind.FINAL_ONLY, 2),
+                            ("s", RequestOutputKind.FINAL_ONLY, 1)):
+        op.add_request(req_id, None, [1], SamplingParams(n=n, output_kind=kind, seed=1,
+                                                         stop=["b"] if req_id == "s" else None),
+                       EOS, vocab_size=64)
+
+    def step(*outs):
+        results, stopped = op.process_outputs([_out(*o) for o in outs])
+        return [(r.request_id, r.finished, [c.text for c in r.outputs]) for r in results], stopped
+
+    assert step(("0_g", [1]), ("f", [1]), ("c", [1]), ("1_g", [2]), ("s", [1])) == (
+        [("c", False, ["a"])], [])
+    assert step(("s", [2]), ("f", [2], "length"), ("0_g", [2], "length"), ("c", [2])) == (
+        [("s", True, ["a"]), ("f", True, ["ab"]), ("c", False, ["ab"])], ["s"])
+    assert step(("1_g", [3], "stop", 3), ("c", [3], "length")) == (
+        [("g", True, ["ab", "b"]), ("c", True, ["abc"])], [])
+    assert op.num_unfinished() == 0
