@@ -2,7 +2,7 @@
 
 import pytest
 
-from pyorch.sampling_params import SamplingParams, SamplingType
+from pyorch.sampling_params import RequestOutputKind, SamplingParams, SamplingType
 
 
 def test_defaults_match_vllm():
@@ -127,3 +127,23 @@ def test_clone_is_deep():
     q.all_stop_token_ids.add(9)
     assert p.stop == ["a"] and p.logit_bias == {1: 2.0} and p.all_stop_token_ids == {3}
     assert q.all_stop_token_ids == {3, 9}
+
+
+def test_clone_equals_deepcopy():
+    """clone() copies the usual field types by hand: the result is what copy.deepcopy gives,
+    with no container shared with the original."""
+    import copy
+
+    p = SamplingParams(n=2, stop=["a", "b"], stop_token_ids=[5, 6], bad_words=["x"],
+                       logit_bias={1: 2.0}, allowed_token_ids=[1, 2, 3], seed=4, logprobs=2,
+                       output_kind=RequestOutputKind.DELTA)
+    p.update_from_generation_config({"eos_token_id": [7, 8]}, model_eos_token_id=7)
+    p.update_from_tokenizer(_WordTokenizer())
+    p.extra = {"nested": [[1], {"k": (2, 3)}]}  # an attribute of no usual type
+    q = p.clone()
+    assert vars(q) == vars(copy.deepcopy(p))
+    for name, value in vars(p).items():
+        if isinstance(value, (list, set, dict)):
+            assert getattr(q, name) is not value, name
+    assert q.bad_words_token_ids[0] is not p.bad_words_token_ids[0]
+    assert q.extra["nested"][1] is not p.extra["nested"][1]
