@@ -26,6 +26,7 @@ socket EOF (the front end closed or died), or when its parent process is gone.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import io
 import logging
 import os
@@ -256,6 +257,11 @@ def run_engine_core(config: Any, sock: socket.socket, parent_pid: int) -> None:
         _send_quietly(sock, (STARTUP_ERROR, type(e).__name__, str(e), traceback.format_exc()))
         sys.exit(1)
     proc = EngineCoreProc(core, sock, parent_pid)
+    # The start-up heap (model, KV cache, imports) lives as long as this process: keep the
+    # collector's full collections off it, as vLLM's engine-core process does (LLM.generate
+    # does the same for the duration of a call).
+    gc.collect()
+    gc.freeze()
     try:
         proc.send((READY, core.ready_info()))
         proc.run_busy_loop()

@@ -215,8 +215,14 @@ class IncrementalDetokenizer:
         return ""
 
     def _decode_next(self) -> str:
-        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
-        new_text = self._decode(self.token_ids[self.prefix_offset :])
+        ids, start, read = self.token_ids, self.prefix_offset, self.read_offset
+        if self._added_ids:
+            prefix_text = self._decode(ids[start:read])
+            new_text = self._decode(ids[start:])
+        else:  # what _decode does without added ids, minus its checks: once per token
+            prefix_text = (self._decode_one(ids[start]) if read - start == 1
+                           else self._decode_plain(ids[start:read]) if read > start else "")
+            new_text = self._decode_plain(ids[start:])
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
             # Nothing visible yet, or a multi-byte character still incomplete: wait.
             return ""

@@ -108,12 +108,13 @@ class Request:
     def at_length_cap(self, max_model_len: int) -> bool:
         """True when the tokens in flight already reach max_tokens or max_model_len: the request
         will finish when they land, so scheduling it again would compute a token to discard."""
-        if self.num_output_placeholders == 0:
+        num_placeholders = self.num_output_placeholders
+        if num_placeholders == 0:
             return False
         if self.max_tokens is not None and (
-                self.num_output_tokens + self.num_output_placeholders >= self.max_tokens):
+                len(self.output_token_ids) + num_placeholders >= self.max_tokens):
             return True
-        return self.num_tokens + self.num_output_placeholders >= max_model_len
+        return len(self._all_token_ids) + num_placeholders >= max_model_len
 
     @property
     def use_prefix_cache(self) -> bool:

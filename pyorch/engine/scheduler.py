@@ -314,7 +314,8 @@ class Scheduler:
         # request scheduled up to its last token samples one: a placeholder until it lands.
         for request in (*scheduled_running, *scheduled_new):
             request.num_computed_tokens += num_scheduled[request.request_id]
-            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+            if request.num_computed_tokens == (len(request._all_token_ids)
+                                               + request.num_output_placeholders):
                 request.num_output_placeholders += 1
         return output
 
