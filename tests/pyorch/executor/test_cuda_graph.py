@@ -42,7 +42,7 @@ def test_decode_and_mixed_graph_choice():
     sizes = default_capture_sizes(1024, 16384)
     runner = CUDAGraphRunner(lambda *a: None, sizes, 1024, 2048, torch.device("cpu"),
                              max_mixed_size=default_max_mixed_size(1024))
-    assert runner.mixed_sizes[-1] == 512 and runner.decode_sizes[-1] == 1024
+    assert runner.mixed_sizes[-1] == 256 and runner.decode_sizes[-1] == 1024
     # Pretend every graph was captured (capture needs a GPU; the choice does not); the size-1
     # mixed graph is the decode graph too (capture shares it).
     runner.graphs = {s: object() for s in runner.mixed_sizes}
@@ -50,7 +50,9 @@ def test_decode_and_mixed_graph_choice():
     runner.decode_graphs[1] = runner.graphs[1]
     assert runner.padded_size(1000, decode_only=True) == 1008
     assert runner.padded_size(1000, decode_only=False) is None  # a mixed batch of 1000: eager
-    assert runner.padded_size(300, decode_only=False) == 304
+    assert runner.padded_size(300, decode_only=False) is None  # past the mixed limit: eager
+    assert runner.padded_size(250, decode_only=False) == 256
+    assert runner.padded_size(300, decode_only=True) == 304
     assert runner.padded_size(1, decode_only=True) == 1
     assert runner.graph_for(1, True) is runner.graphs[1]
     assert runner.graph_for(8, True) is runner.decode_graphs[8]
