@@ -17,9 +17,7 @@ per sequence, max_query_len = 1) launches only the decode attention kernel, whil
 also launches the prefill kernel's grid for the rows that could be prompt tokens; at batch 1000
 that empty grid alone cost 1 ms a step on an H100. Decode graphs are captured at every size up to
 max_num_seqs, mixed graphs at every size of the list (the default list stops the mixed ones at
-min(256, 2 * max_num_seqs): larger mixed batches are prefill-heavy and gain little). A decode
-graph's warm-up run is skipped where the mixed graph of its size ran one: same GEMM shapes, and
-the mixed run launched the decode attention kernel too.
+min(256, 2 * max_num_seqs): larger mixed batches are prefill-heavy and gain little).
 """
 
 from __future__ import annotations
@@ -140,7 +138,6 @@ class CUDAGraphRunner:
         stream = torch.cuda.Stream(self.device)
         # Largest first over both kinds: the pool's blocks are reused by everything after.
         # Size 1 is one decode token either way: its mixed graph is also the decode graph.
-        # Largest first; at one size the mixed graph before the decode graph (see the warm-up).
         order = sorted([(s, False) for s in self.mixed_sizes] +
                        [(s, True) for s in self.decode_sizes if s != 1 or 1 not in self.mixed_sizes],
                        key=lambda k: (-k[0], k[1]))
@@ -150,13 +147,11 @@ class CUDAGraphRunner:
             self._fill_dummy(inputs, size, num_seqs)
             meta = self._metadata(inputs, num_seqs, 1 if decode else size)
             # One eager run first: lazy initialisation (cuBLAS handles, workspaces, kernel
-            # modules) must not happen inside the capture. A decode graph whose size has a mixed
-            # graph needs none: that warm-up ran the same GEMMs and both attention kernels.
-            if not (decode and size in self.graphs):
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream), set_forward_context(meta):
-                    self.model(inputs["input_ids"], inputs["positions"])
-                torch.cuda.current_stream(self.device).wait_stream(stream)
+            # modules) must not happen inside the capture.
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream), set_forward_context(meta):
+                self.model(inputs["input_ids"], inputs["positions"])
+            torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with set_forward_context(meta), torch.cuda.graph(graph, pool=self.pool):
                 hidden = self.model(inputs["input_ids"], inputs["positions"])
