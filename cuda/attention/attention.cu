@@ -84,6 +84,9 @@ bool all_decode_rows(const PagedAttentionParams& p) {
 // SMs idle (too few CTAs to saturate HBM: 8 splits at 1x32k reach only 55%). fp8 caches aim at
 // two CTAs per SM instead: unpacking to bf16 makes each warp issue-bound, so a second CTA's warps
 // are worth its merge work (1x32k: 32 splits 47%, 16 splits 36%; 16x1k: 2 splits 44%, none 37%).
+// NOTE(decode): measured with the 4-warp CTA and merge_split_kv_kernel; a one-CTA-per-SM grid now
+// runs the 8-warp whole-SM shape and merges in the same launch (launch_paged_decode), and these
+// counts were not re-swept for it.
 int64_t choose_decode_splits(const PagedAttentionParams& p) {
   const int64_t ctas = std::max<int64_t>(1, p.num_seqs * p.num_kv_heads);
   const int64_t target =
@@ -122,20 +125,70 @@ size_t partial_output_elems(const PagedAttentionParams& p, int64_t num_splits) {
   return static_cast<size_t>(num_splits * p.num_tokens * p.num_heads * p.head_size);
 }
 
-// The decode sequences (1..16 query rows) of the call: grid (num_seqs * num_kv_heads, splits).
-template <typename T, typename CacheT, int HEAD_SIZE>
-cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
-  using Tile = DecodeTile<T, CacheT, HEAD_SIZE>;
-  auto* kernel = &kernels::paged_decode_kernel<T, CacheT, HEAD_SIZE>;
+// Workspace layout with num_splits > 1: o_partial, lse_partial (one float per (split, token,
+// head)), then for a pure decode batch the decode kernel's arrival slots, one 8-byte word per
+// (sequence, kv head), from a 16-byte boundary.
+size_t split_partials_bytes(const PagedAttentionParams& p, int64_t num_splits) {
+  return sizeof(float) * (partial_output_elems(p, num_splits) +
+                          static_cast<size_t>(num_splits * p.num_tokens * p.num_heads));
+}
+size_t decode_arrivals_offset(const PagedAttentionParams& p, int64_t num_splits) {
+  return (split_partials_bytes(p, num_splits) + 15) / 16 * 16;
+}
+size_t decode_arrivals_bytes(const PagedAttentionParams& p) {
+  return sizeof(unsigned long long) * static_cast<size_t>(p.num_seqs * p.num_kv_heads);
+}
+
+// A pure decode batch merges its split partials inside the decode launch (paged_decode.cuh); a
+// mixed one leaves them, with the prefill kernel's, to merge_split_kv_kernel.
+bool decode_merges_in_kernel(const PagedAttentionParams& p, int64_t num_splits) {
+  return num_splits > 1 && all_decode_rows(p);
+}
+
+// A fresh tag per call for the decode arrival slots (decode_arrive): 1 .. 2^48 - 1, never 0, so
+// that a slot the last CTA put back to 0 matches no call.
+unsigned long long next_decode_tag() {
+  static std::atomic<unsigned long long> counter{0};
+  constexpr unsigned long long kTags = (1ull << 48) - 1;
+  return counter.fetch_add(1, std::memory_order_relaxed) % kTags + 1;
+}
+
+template <class Tile, typename Kernel>
+cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
+                               const kernels::DecodeMergeArgs& merge, cudaStream_t stream) {
   if (Tile::kSmemBytes > 48 * 1024) {
-    static std::atomic<uint64_t> smem_configured{0};  // one per instantiation
+    static std::atomic<uint64_t> smem_configured{0};  // one per Tile
     PYORCH_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Tile::kSmemBytes, smem_configured));
   }
   const int64_t ctas = args.p.num_seqs * args.p.num_kv_heads;
   if (ctas > INT32_MAX) PYORCH_INVALID("paged_attention: %lld decode CTAs", (long long)ctas);
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.num_splits));
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args);
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args, merge);
   return cudaGetLastError();
+}
+
+// The decode sequences (1..16 query rows) of the call: grid (num_seqs * num_kv_heads, splits).
+// A grid that fits one CTA per SM (small batches, split long contexts) gets the whole-SM shape:
+// the 2-CTA shape would leave half of each SM's warps and shared memory unused. fp8 caches keep
+// the 2-CTA shape: choose_decode_splits gives them two CTAs per SM.
+template <typename T, typename CacheT, int HEAD_SIZE>
+cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
+  kernels::DecodeMergeArgs merge{nullptr, 0};
+  if (decode_merges_in_kernel(args.p, args.num_splits)) {
+    merge.arrivals = reinterpret_cast<unsigned long long*>(
+        reinterpret_cast<char*>(args.o_partial) + decode_arrivals_offset(args.p, args.num_splits));
+    merge.tag = next_decode_tag();
+  }
+  if constexpr (!std::is_same_v<CacheT, uint8_t>) {
+    const int64_t ctas = args.p.num_seqs * args.p.num_kv_heads * args.num_splits;
+    if (ctas <= num_sms_of_current_device()) {
+      constexpr int kWarps = kernels::DecodeBytes<T, CacheT, HEAD_SIZE>::kWholeSmWarps;
+      return launch_decode_grid<DecodeTile<T, CacheT, HEAD_SIZE, kWarps, 1>>(
+          &kernels::paged_decode_kernel<T, CacheT, HEAD_SIZE, kWarps, 1>, args, merge, stream);
+    }
+  }
+  return launch_decode_grid<DecodeTile<T, CacheT, HEAD_SIZE, 4, 2>>(
+      &kernels::paged_decode_kernel<T, CacheT, HEAD_SIZE, 4, 2>, args, merge, stream);
 }
 
 // Combines the split partials into `out`. Programmatic dependent launch: the merge grid may start
@@ -201,7 +254,8 @@ cudaError_t launch_paged_prefill(const AttnArgs& args, cudaStream_t stream) {
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_attention(const PagedAttentionParams& p, int num_splits,
                                    float* o_partial, float* lse_partial, cudaStream_t stream) {
-  // Decode sequences go to paged_decode_kernel, launched last so that the merge overlaps it.
+  // Decode sequences go to paged_decode_kernel, launched last so that the merge (a mixed batch's
+  // only: a pure decode batch merges inside the decode launch) overlaps it.
   const AttnArgs args{p, static_cast<int>(p.num_heads / p.num_kv_heads), num_splits, o_partial,
                       lse_partial};
   // Prefill sequences go to the prefill kernels (launch_paged_prefill).
@@ -209,7 +263,7 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, int num_splits
     PYORCH_RETURN_IF_ERROR((launch_paged_prefill<T, CacheT, HEAD_SIZE>(args, stream)));
   }
   PYORCH_RETURN_IF_ERROR((launch_paged_decode<T, CacheT, HEAD_SIZE>(args, stream)));
-  if (num_splits > 1) {
+  if (num_splits > 1 && !decode_merges_in_kernel(p, num_splits)) {
     PYORCH_RETURN_IF_ERROR(launch_split_kv_merge<T>(p, num_splits, o_partial, lse_partial, stream));
   }
   return cudaGetLastError();
@@ -232,9 +286,10 @@ cudaError_t dispatch_head_size(const PagedAttentionParams& p, int num_splits, fl
 size_t paged_attention_workspace_size(const PagedAttentionParams& p) {
   const int64_t num_splits = choose_num_splits(p);
   if (num_splits <= 1) return 0;
-  // o_partial, then lse_partial (one float per (split, token, head)).
-  return sizeof(float) * (partial_output_elems(p, num_splits) +
-                          static_cast<size_t>(num_splits * p.num_tokens * p.num_heads));
+  if (decode_merges_in_kernel(p, num_splits)) {
+    return decode_arrivals_offset(p, num_splits) + decode_arrivals_bytes(p);
+  }
+  return split_partials_bytes(p, num_splits);
 }
 
 cudaError_t paged_attention(const PagedAttentionParams& p, void* workspace, size_t workspace_bytes,

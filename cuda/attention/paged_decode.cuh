@@ -4,20 +4,28 @@
 //
 // Work decomposition. One CTA per (sequence, kv head, KV split), kv head fastest along grid.x, so
 // the CTAs that read the other heads of the same cache blocks run side by side. The CTA's 16 rows
-// (t * group_size + g, as in paged_attention.cuh) are shared by its 4 warps; the KV range of the
-// split is cut into 16-key warp tiles (one mma k-step), dealt round-robin to the warps, so the
-// four warps together read 64 consecutive keys at a time.
+// (t * group_size + g, as in paged_attention.cuh) are shared by its WARPS warps; the KV range of
+// the split is cut into 16-key warp tiles (one mma k-step), dealt round-robin to the warps, so the
+// warps together read WARPS * 16 consecutive keys at a time.
+//
+// Two shapes (DecodeTile): CTAS_PER_SM = 2, four warps with a ring sized for half of the SM's
+// shared memory (big batches: two CTAs per SM); CTAS_PER_SM = 1 when the whole grid fits one CTA
+// per SM (small batches, split long contexts): eight warps (four for head 256) sharing the whole
+// shared memory, twice the bytes in flight per SM. NOTE(decode): measured on H100 against the
+// 4-warp CTA, both with merge_split_kv_kernel: head 128 gains only at 1x4k (+1.7 points of copy in
+// a graph; 1x32k and 16x1k within 0.5, so neither warps nor bytes in flight limit those); head 64
+// at 1x32k went from 56 to 63% and head 256 from 82 to 84% with the in-launch merge below.
 //
 // Pipelines. Each warp streams its own tiles through its own kStages-deep cp.async ring and only
 // synchronizes with itself (__syncwarp), never with the other warps, so no warp waits on another
-// warp's loads and every warp keeps kStages - 1 tiles in flight. Shared memory per CTA is sized
-// for two CTAs per SM on Hopper (kDecodeSmemTarget). fp8 tiles land raw and each warp unpacks its
-// own tile into a private fp16/bf16 tile before the mma.
+// warp's loads and every warp keeps kStages - 1 tiles in flight. fp8 tiles land raw and each warp
+// unpacks its own tile into a private fp16/bf16 tile before the mma.
 //
 // Epilogue. The warps' (max, sum, output) of the same rows are merged through shared memory; the
-// CTA writes `out`, or with num_splits > 1 its normalized partial and log-sum-exp, which
-// merge_split_kv_kernel combines (launched with programmatic dependent launch, so its launch
-// overlaps this kernel: see griddepcontrol below).
+// CTA writes `out`, or with num_splits > 1 its normalized partial and log-sum-exp. The split
+// partials are combined in the same launch: the last CTA of a (sequence, kv head) to finish (an
+// arrival counter in the workspace, see decode_arrive) merges them into `out`. Only a mixed batch
+// (prefill rows beside, whose partials share the workspace) leaves them to merge_split_kv_kernel.
 #pragma once
 
 #include <cstdint>
@@ -27,23 +35,29 @@
 
 namespace pyorch::kernels {
 
-constexpr int kDecodeWarps = 4;
-constexpr int kDecodeWarpKeys = 16;                                 // keys per warp tile
-constexpr int kDecodeChunkKeys = kDecodeWarps * kDecodeWarpKeys;  // split granularity
-constexpr int kDecodeMaxRows = 16;                                 // one m16 tile
+constexpr int kDecodeWarpKeys = 16;  // keys per warp tile
+constexpr int kDecodeMaxRows = 16;   // one m16 tile
 constexpr int kDecodeMaxStages = 8;
-// Two CTAs per SM: Hopper has 228 KB of shared memory per SM and reserves 1 KB per CTA.
-constexpr size_t kDecodeSmemTarget = 113 * 1024;
+// The split heuristic's key chunk (attention.cu): one tile for each warp of the 4-warp shape.
+constexpr int kDecodeChunkKeys = 4 * kDecodeWarpKeys;
+// Hopper: 228 KB of shared memory per SM, 1 KB of it reserved per resident CTA.
+constexpr size_t kDecodeSmemPerSm = 228 * 1024;
+constexpr size_t kDecodeSmemPerCta = 1024;
 
-template <typename T, typename CacheT, int HEAD_SIZE, int STAGES = 0>
-struct DecodeTile {
+// What the split-KV merge of a launch needs beyond AttnArgs. arrivals == nullptr: the CTAs only
+// write their partials (a mixed batch; merge_split_kv_kernel combines them).
+struct DecodeMergeArgs {
+  unsigned long long* arrivals;  // [num_seqs * num_kv_heads] slots: (tag << 16) + CTAs arrived
+  unsigned long long tag;        // this call's tag, 1 .. 2^48 - 1 (see decode_arrive)
+};
+
+// Shared-memory pieces of a decode CTA; no checks, so that the host can size shapes that do not
+// fit (DecodeTile asserts on the ones it builds).
+template <typename T, typename CacheT, int HEAD_SIZE>
+struct DecodeBytes {
   static constexpr bool kFp8 = std::is_same_v<CacheT, uint8_t>;
-  static constexpr int kWarps = kDecodeWarps;
-  static constexpr int kThreads = kWarps * kWarpSize;
   // Padded T row (16 bytes per row of shift): conflict-free ldmatrix for every head size.
   static constexpr int kRowStride = HEAD_SIZE + 16 / sizeof(T);
-  static constexpr int kOTiles = HEAD_SIZE / 8;
-  static constexpr int kChunkElems = 16 / sizeof(T);
   static constexpr int kCacheRowBytes = HEAD_SIZE * static_cast<int>(sizeof(CacheT));
   static constexpr size_t kTTileBytes = sizeof(T) * kDecodeWarpKeys * kRowStride;
   static constexpr size_t kRawTileBytes = static_cast<size_t>(kDecodeWarpKeys) * kCacheRowBytes;
@@ -51,17 +65,42 @@ struct DecodeTile {
   static constexpr size_t kStageBytes = kFp8 ? 2 * kRawTileBytes : 2 * kTTileBytes;
   static constexpr size_t kUnpackBytes = kFp8 ? 2 * kTTileBytes : 0;  // per warp, fp8 only
   static constexpr size_t kQBytes = sizeof(T) * kDecodeMaxRows * kRowStride;
-  static constexpr int kAutoStages = static_cast<int>(
-      (kDecodeSmemTarget - kQBytes - kWarps * kUnpackBytes) / (kWarps * kStageBytes));
+  // Ring depth that fills the CTA's share of the SM (may be < 2: the shape does not fit).
+  static constexpr int stages_for(int warps, int ctas_per_sm) {
+    return static_cast<int>(
+        (kDecodeSmemPerSm / ctas_per_sm - kDecodeSmemPerCta - kQBytes - warps * kUnpackBytes) /
+        (warps * kStageBytes));
+  }
+  // Warps of a CTA that has the SM to itself: 8 where each still gets a 3-deep ring (two tiles in
+  // flight), else 4 (head 256) with the deeper ring.
+  static constexpr int kWholeSmWarps = stages_for(8, 1) >= 3 ? 8 : 4;
+};
+
+template <typename T, typename CacheT, int HEAD_SIZE, int WARPS = 4, int CTAS_PER_SM = 2>
+struct DecodeTile : DecodeBytes<T, CacheT, HEAD_SIZE> {
+  using B = DecodeBytes<T, CacheT, HEAD_SIZE>;
+  static constexpr bool kFp8 = B::kFp8;
+  static constexpr int kWarps = WARPS;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kRowStride = B::kRowStride;
+  static constexpr int kOTiles = HEAD_SIZE / 8;
+  static constexpr int kChunkElems = 16 / sizeof(T);
+  static constexpr int kCacheRowBytes = B::kCacheRowBytes;
+  static constexpr size_t kTTileBytes = B::kTTileBytes;
+  static constexpr size_t kStageBytes = B::kStageBytes;
+  static constexpr size_t kUnpackBytes = B::kUnpackBytes;
+  static constexpr size_t kQBytes = B::kQBytes;
+  static constexpr int kAutoStages = B::stages_for(WARPS, CTAS_PER_SM);
   static constexpr int kStages =
-      STAGES > 0 ? STAGES
-                 : (kAutoStages < 2 ? 2 : (kAutoStages > kDecodeMaxStages ? kDecodeMaxStages
-                                                                          : kAutoStages));
+      kAutoStages < 2 ? 2 : (kAutoStages > kDecodeMaxStages ? kDecodeMaxStages : kAutoStages);
   static constexpr size_t kWarpBytes = kStages * kStageBytes + kUnpackBytes;
-  // The epilogue reuses the warps' rings: [warps][16][HEAD_SIZE] outputs, [warps][16] max and sum.
-  static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kDecodeMaxRows * (HEAD_SIZE + 2);
+  // The epilogue reuses the warps' rings: [warps][16][HEAD_SIZE] outputs, [warps][16] max and
+  // sum; then the split merge's "last CTA" flag.
+  static constexpr size_t kMergeFloats =
+      static_cast<size_t>(kWarps) * kDecodeMaxRows * (HEAD_SIZE + 2);
+  static constexpr size_t kEpilogueBytes = sizeof(float) * kMergeFloats + 16;
   static constexpr size_t kRingBytes =
-      kWarps * kWarpBytes > kMergeBytes ? kWarps * kWarpBytes : kMergeBytes;
+      kWarps * kWarpBytes > kEpilogueBytes ? kWarps * kWarpBytes : kEpilogueBytes;
   static constexpr size_t kSmemBytes = kQBytes + kRingBytes;
 
   static_assert(sizeof(T) == 2, "the tensor-core path takes fp16/bf16");
@@ -69,13 +108,16 @@ struct DecodeTile {
   static_assert(kCacheRowBytes % 16 == 0, "whole 16-byte chunks per cache row");
   static_assert(kStageBytes % 16 == 0 && kWarpBytes % 16 == 0 && kQBytes % 16 == 0,
                 "16-byte aligned shared-memory tiles");
+  static_assert(CTAS_PER_SM == 1 || CTAS_PER_SM == 2, "one or two CTAs per SM");
   static_assert(kStages >= 2 && kStages <= kDecodeMaxStages, "ring depth");
-  static_assert(kSmemBytes <= 227 * 1024, "fits Hopper shared memory");
+  // Head 256 overshoots half the SM even at two stages: its CTAS_PER_SM = 2 shape runs one per SM.
+  static_assert(kSmemBytes <= kDecodeSmemPerSm - kDecodeSmemPerCta, "fits Hopper shared memory");
 };
 
 // Rows, key range and this split's 16-key tiles of one decode sequence; false if the sequence is
 // not the decode kernel's (no query, or more rows than one m16 tile). Same clamps as
 // locate_prefill_tile (paged_prefill.cuh), which skips exactly these sequences.
+template <int WARPS>
 __device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, WorkTile& w) {
   const PagedAttentionParams& p = a.p;
   const int64_t q_start = min(static_cast<int64_t>(p.query_start_loc[seq]), p.num_tokens);
@@ -96,12 +138,12 @@ __device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, W
   w.max_row_lo = win > 0 ? w.first_pos + q_len - win : 0;
   w.kv_hi = max(0, p.causal ? min(w.seq_len, w.first_pos + q_len) : w.seq_len);
   w.kv_lo = min(w.kv_hi, win > 0 ? max(0, w.first_pos - win + 1) : 0);
-  // Splits take whole 64-key chunks, so that the four warps stay balanced.
+  // Splits take whole chunks of one tile per warp, so that the warps stay balanced.
   const int num_tiles = (w.kv_hi - w.kv_lo + kDecodeWarpKeys - 1) / kDecodeWarpKeys;
-  const int num_chunks = (num_tiles + kDecodeWarps - 1) / kDecodeWarps;
+  const int num_chunks = (num_tiles + WARPS - 1) / WARPS;
   const int per_split = (num_chunks + a.num_splits - 1) / a.num_splits;
-  w.tile_begin = min(num_tiles, static_cast<int>(blockIdx.y) * per_split * kDecodeWarps);
-  w.tile_end = min(num_tiles, w.tile_begin + per_split * kDecodeWarps);
+  w.tile_begin = min(num_tiles, static_cast<int>(blockIdx.y) * per_split * WARPS);
+  w.tile_end = min(num_tiles, w.tile_begin + per_split * WARPS);
   return true;
 }
 
@@ -282,25 +324,119 @@ __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_
   }
 }
 
-// grid: (num_seqs * num_kv_heads, num_splits); block: kDecodeWarps warps; dynamic shared memory
-// DecodeTile::kSmemBytes. STAGES = 0 takes DecodeTile's ring depth; HEAD_MAJOR = false orders
-// grid.x sequence-fastest (kept for benchmarking the two orders against each other).
-template <typename T, typename CacheT, int HEAD_SIZE, int STAGES = 0, bool HEAD_MAJOR = true>
-__global__ void __launch_bounds__(kDecodeWarps* kWarpSize)
-    paged_decode_kernel(const __grid_constant__ AttnArgs a) {
-  using Tr = DecodeTile<T, CacheT, HEAD_SIZE, STAGES>;
+// Counts this CTA in at its (sequence, kv head) slot and returns how many of the slot's
+// num_splits CTAs have arrived, itself included. The workspace comes from a caching allocator
+// with anything in it, so a slot is only believed when its upper 48 bits hold this call's tag
+// (a fresh one per call, see next_decode_tag in attention.cu); any other value counts as none
+// arrived, and the first CTA to see one swaps in (tag, 1). Everyone after adds 1: an atomic add,
+// not a compare-and-swap loop, whose retries cost a round trip each when the 16 or more CTAs of a
+// slot finish together (measured: 3 us more at 1x4k). acq_rel: releases this CTA's partial
+// (ordered before by the caller's __syncthreads) and acquires the earlier arrivals'. The last CTA
+// puts 0 back, so that a CUDA graph, which replays the tag it was captured with, finds no stale
+// count of its own.
+__device__ __forceinline__ int decode_arrive(unsigned long long* slot, unsigned long long tag) {
+  unsigned long long seen;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(slot) : "memory");
+  while ((seen >> 16) != tag) {
+    const unsigned long long first = (tag << 16) + 1;
+    unsigned long long prev;
+    asm volatile("atom.acq_rel.gpu.global.cas.b64 %0, [%1], %2, %3;"
+                 : "=l"(prev) : "l"(slot), "l"(seen), "l"(first) : "memory");
+    if (prev == seen) return 1;
+    seen = prev;  // another CTA of the slot got there first (or the read was stale)
+  }
+  unsigned long long old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(old) : "l"(slot) : "memory");
+  return static_cast<int>(old & 0xffff) + 1;
+}
+
+// After decode_merge_warps has written this split's partial: the last CTA of the (sequence, kv
+// head) to arrive merges the num_splits partials of its rows into `out` (the sums of
+// merge_split_kv_kernel, e^{lse_s - max} o_s / sum_s e^{lse_s - max}); the others return. One
+// thread per (row, 4 dims) reads the splits kMergeBatch at a time, log-sum-exps and partials
+// together, with a running max, so that up to 16 splits cost one L2 round trip.
+template <class Tr, typename T>
+__device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg,
+                                    const WorkTile& w, int kv_head, float* scratch) {
+  constexpr int kHead = Tr::kOTiles * 8;
+  constexpr int kVecs = kHead / 4;  // float4 columns of a row
+  constexpr int kMergeBatch = 16;
+  int* is_last = reinterpret_cast<int*>(scratch + Tr::kMergeFloats);
+  __syncthreads();  // every thread's partial stores, before thread 0's release in decode_arrive
+  if (threadIdx.x == 0) {
+    const int arrived = decode_arrive(mg.arrivals + blockIdx.x, mg.tag);
+    *is_last = arrived == a.num_splits;
+    if (arrived == a.num_splits) mg.arrivals[blockIdx.x] = 0;  // all counted: ready for a replay
+  }
+  __syncthreads();  // the other CTAs' partials (acquired by thread 0), before the reads below
+  if (!*is_last) return;
+
+  const PagedAttentionParams& p = a.p;
+  const int64_t split_stride = p.num_tokens * p.num_heads;  // partial slots per split
+  for (int i = threadIdx.x; i < w.num_rows * kVecs; i += Tr::kThreads) {
+    const int r = i / kVecs;
+    const int v = i % kVecs;
+    const int64_t token = w.q_start + r / a.group_size;
+    const int64_t head = static_cast<int64_t>(kv_head) * a.group_size + r % a.group_size;
+    const int64_t slot = token * p.num_heads + head;  // in split 0
+    float run_max = -INFINITY, run_sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < a.num_splits; s0 += kMergeBatch) {
+      float lse[kMergeBatch];
+      float4 x[kMergeBatch];
+      // L2 reads (__ldcg): other SMs wrote these during this launch.
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        const int64_t at = (s0 + j) * split_stride + slot;
+        const bool valid = s0 + j < a.num_splits;
+        lse[j] = valid ? __ldcg(a.lse_partial + at) : -INFINITY;
+        x[j] = valid ? __ldcg(reinterpret_cast<const float4*>(a.o_partial + at * kHead) + v)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float new_max = run_max;
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) new_max = fmaxf(new_max, lse[j]);
+      if (new_max == -INFINITY) continue;  // no split so far saw a key
+      const float rescale = expf(run_max - new_max);  // 0 while run_max is -inf
+      run_sum *= rescale;
+      acc = make_float4(acc.x * rescale, acc.y * rescale, acc.z * rescale, acc.w * rescale);
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        const float e = expf(lse[j] - new_max);  // 0 for an empty split (its partial is zeros)
+        run_sum += e;
+        acc.x += e * x[j].x;
+        acc.y += e * x[j].y;
+        acc.z += e * x[j].z;
+        acc.w += e * x[j].w;
+      }
+      run_max = new_max;
+    }
+    const float inv = run_sum > 0.f ? 1.f / run_sum : 0.f;  // no split saw a key: zeros
+    T* dst = static_cast<T*>(p.out) + token * p.out_token_stride + head * p.out_head_stride + 4 * v;
+    reinterpret_cast<uint32_t*>(dst)[0] = attn::pack2<T>(acc.x * inv, acc.y * inv);
+    reinterpret_cast<uint32_t*>(dst)[1] = attn::pack2<T>(acc.z * inv, acc.w * inv);
+  }
+}
+
+// grid: (num_seqs * num_kv_heads, num_splits); block: WARPS warps; dynamic shared memory
+// DecodeTile<T, CacheT, HEAD_SIZE, WARPS, CTAS_PER_SM>::kSmemBytes.
+template <typename T, typename CacheT, int HEAD_SIZE, int WARPS, int CTAS_PER_SM>
+__global__ void __launch_bounds__(WARPS* kWarpSize)
+    paged_decode_kernel(const __grid_constant__ AttnArgs a,
+                        const __grid_constant__ DecodeMergeArgs mg) {
+  using Tr = DecodeTile<T, CacheT, HEAD_SIZE, WARPS, CTAS_PER_SM>;
   constexpr int kStages = Tr::kStages;
   extern __shared__ __align__(16) unsigned char smem[];
   T* q_smem = reinterpret_cast<T*>(smem);  // [16][kRowStride]
-  // Let the split-KV merge launch now; it waits (griddepcontrol.wait) for this grid to finish.
+  // A mixed batch's merge_split_kv_kernel may launch now; it waits (griddepcontrol.wait) for this
+  // grid to finish. A no-op otherwise.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   const int num_kv_heads = static_cast<int>(a.p.num_kv_heads);
-  const int num_seqs = static_cast<int>(a.p.num_seqs);
-  const int seq = HEAD_MAJOR ? blockIdx.x / num_kv_heads : blockIdx.x % num_seqs;
-  const int kv_head = HEAD_MAJOR ? blockIdx.x % num_kv_heads : blockIdx.x / num_seqs;
+  const int seq = blockIdx.x / num_kv_heads;
+  const int kv_head = blockIdx.x % num_kv_heads;
   WorkTile w;
-  if (!locate_decode_work(a, seq, w)) return;
+  if (!locate_decode_work<WARPS>(a, seq, w)) return;
 
   const int warp = threadIdx.x / kWarpSize;
   // [warps][kStages][K, V] rings, then (fp8) each warp's unpacked K and V tiles.
@@ -309,10 +445,10 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize)
   auto v_stage = [&](int s) { return ring + s * Tr::kStageBytes + Tr::kStageBytes / 2; };
   const int first_tile = w.tile_begin + warp;
   const int num_my_tiles =
-      first_tile < w.tile_end ? (w.tile_end - first_tile + kDecodeWarps - 1) / kDecodeWarps : 0;
+      first_tile < w.tile_end ? (w.tile_end - first_tile + WARPS - 1) / WARPS : 0;
   const bool one_block = a.p.block_size % kDecodeWarpKeys == 0 && w.kv_lo % kDecodeWarpKeys == 0;
   auto load = [&](int i) {  // the warp's i-th tile into ring slot i % kStages
-    const int key0 = w.kv_lo + (first_tile + i * kDecodeWarps) * kDecodeWarpKeys;
+    const int key0 = w.kv_lo + (first_tile + i * WARPS) * kDecodeWarpKeys;
     load_decode_kv<Tr, CacheT>(a, w, kv_head, key0, one_block, k_stage(i % kStages),
                                v_stage(i % kStages));
   };
@@ -349,7 +485,7 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize)
       k_tile = k_unpacked;
       v_tile = v_unpacked;
     }
-    const int k0 = w.kv_lo + (first_tile + i * kDecodeWarps) * kDecodeWarpKeys;
+    const int k0 = w.kv_lo + (first_tile + i * WARPS) * kDecodeWarpKeys;
     const bool need_mask = k0 + kDecodeWarpKeys > w.min_row_hi || k0 < w.max_row_lo;
     float s[kDecodeWarpKeys / 8][4];
     compute_scores<Tr, kDecodeWarpKeys>(q_smem, k_tile, s);
@@ -359,8 +495,11 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize)
   }
   attn::cp_async_wait<0>();
   __syncthreads();  // the epilogue's scratch overlays every warp's ring
-  decode_merge_warps<Tr, T>(a, w, kv_head, blockIdx.y, o, m, l, sm.v_scale,
-                            reinterpret_cast<float*>(smem + Tr::kQBytes));
+  float* scratch = reinterpret_cast<float*>(smem + Tr::kQBytes);
+  decode_merge_warps<Tr, T>(a, w, kv_head, blockIdx.y, o, m, l, sm.v_scale, scratch);
+  if (a.num_splits > 1 && mg.arrivals != nullptr) {
+    decode_merge_splits<Tr, T>(a, mg, w, kv_head, scratch);
+  }
 }
 
 }  // namespace pyorch::kernels

@@ -332,6 +332,69 @@ def test_decode_beside_prefill_splits(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size", [(8, 1, 128), (16, 2, 64), (8, 4, 256)]
+)
+def test_decode_split_merge_ragged(device: str, num_heads: int, num_kv_heads: int,
+                                   head_size: int) -> None:  # fmt: skip
+    """Pure decode with up to 64 splits per sequence (one or two kv heads: few CTAs), merged
+    inside the decode launch on CUDA: ragged lengths leave some sequences' later splits empty,
+    and one length is 1 (a single key in the first split only)."""
+    spec = [(1, 9001), (1, 1), (1, 2047), (1, 64), (1, 65), (1, 700)]
+    b = make_batch(spec, num_heads, num_kv_heads, head_size, 16, torch.bfloat16, device)
+    check(b, run_op(b))
+
+
+def _poison_cuda_allocator() -> None:
+    """Frees blocks full of random bytes, so that the next workspaces start as garbage."""
+    junk = [torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda") for n in
+            (1 << 12, 1 << 16, 1 << 18, 1 << 20, 3 << 20)]  # fmt: skip
+    del junk
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_split_merge_repeated(device: str) -> None:
+    """The in-launch merge's arrival slots live in a fresh, uninitialized workspace each call and
+    are counted per call: repeated calls, with garbage handed out as workspace, stay exact."""
+    if device != "cuda":
+        pytest.skip("the split merge is CUDA's")
+    for spec in ([(1, 5000)], [(1, 3000), (1, 17), (1, 1200)]):
+        b = make_batch(spec, 32, 8, 128, 16, torch.bfloat16, device)
+        first = run_op(b)
+        check(b, first)
+        for _ in range(3):
+            _poison_cuda_allocator()
+            out = run_op(b)
+            torch.testing.assert_close(out, first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_cuda_graph_decode_split_replays(device: str, kv_cache_dtype: str) -> None:
+    """A split decode captured once and replayed several times with new queries and lengths (the
+    graph replays the tag of its capture; the last CTA must leave each slot reset), with eager
+    calls of the same op between replays."""
+    if device != "cuda":
+        pytest.skip("CUDA graphs only")
+    b = make_batch([(1, 6000), (1, 900)], 16, 2, 128, 16, torch.bfloat16, device, kv_cache_dtype)
+    out = torch.full_like(b["query"], SENTINEL)
+    args = [b[k] for k in ("query", "key_cache", "value_cache", "query_start_loc", "seq_lens",
+                           "block_table")]  # fmt: skip
+    call = lambda: _ops.paged_attention(out, *args, 1, 8192, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
+                                        kv_cache_dtype, b["k_scale"], b["v_scale"])  # fmt: skip
+    graph = _capture(call)
+    for shrink in ([0, 0], [1000, 3], [2500, 890]):
+        b["query"].normal_()
+        b["seq_lens"].sub_(torch.tensor(shrink, dtype=torch.int32, device=device))
+        out.fill_(SENTINEL)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(b, out)
+        check(b, run_op(b))  # an eager call in between, on its own workspace
+        _poison_cuda_allocator()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_unsupported_head_size(device: str) -> None:
     b = make_batch([(1, 5)], 4, 4, 72, 16, dtypes_for(device)[1], device)
     with pytest.raises(RuntimeError, match="Unsupported head size: 72"):
