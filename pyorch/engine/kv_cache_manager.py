@@ -110,13 +110,17 @@ class KVCacheManager:
         """
         req_id = request.request_id
         req_blocks = self.req_to_blocks.get(req_id)
+        if req_blocks and not new_computed_blocks and (
+                request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+                <= len(req_blocks) * self.block_size):
+            return []  # the common decode step (every step, every request): room in the last block
         if new_computed_blocks and req_blocks:
             raise ValueError(f"request {req_id}: a prefix hit is only for a request without blocks")
         num_held = (len(req_blocks) if req_blocks else 0) + len(new_computed_blocks)
         num_total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_new_blocks = max(cdiv(num_total, self.block_size) - num_held, 0)
         if num_new_blocks == 0 and req_blocks is not None and not new_computed_blocks:
-            return []  # the common decode step: room left in the last block
+            return []  # an empty block list that needs none
         # Hit blocks nobody holds sit in the free queue: touching them removes them from it.
         num_evictable_hits = sum(1 for b in new_computed_blocks if self.pool.ref_count(b) == 0)
         if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
@@ -142,11 +146,12 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         req_id = request.request_id
-        req_blocks = self.req_to_blocks.get(req_id)
-        if not req_blocks:
+        # Called for every running request on every step: most calls fill no new block.
+        num_cached = self.num_cached_blocks.get(req_id)
+        if num_cached is None or num_computed_tokens // self.block_size <= num_cached:
             return
+        req_blocks = self.req_to_blocks[req_id]
         num_full = min(num_computed_tokens // self.block_size, len(req_blocks))
-        num_cached = self.num_cached_blocks[req_id]
         if num_full <= num_cached:
             return
         bs = self.block_size

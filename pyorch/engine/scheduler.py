@@ -184,7 +184,6 @@ class Scheduler:
 
         # Running requests first, in order; preempt from the low-priority end when blocks run out.
         kv = self.kv_cache_manager
-        req_to_blocks, block_size = kv.req_to_blocks, self.block_size
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
@@ -195,14 +194,7 @@ class Scheduler:
                 idx += 1  # (async) waits for its in-flight token, which may finish it
                 continue
             num_new = self._num_new_tokens(num_wanted, budget)
-            # The common decode step has room left in its last block: allocate_slots' first
-            # answer ([]), without the call.
-            held = req_to_blocks.get(request.request_id)
-            if held and request.num_computed_tokens + num_new <= len(held) * block_size:
-                blocks: list[int] | None = []
-            else:
-                blocks = None
-            while blocks is None:
+            while True:
                 blocks = kv.allocate_slots(request, num_new)
                 if blocks is not None:
                     break
@@ -334,8 +326,7 @@ class Scheduler:
         # Per-request work runs for every request on every step: hoist what the loop reads.
         get_request, get_row = self.requests.get, row_of.get
         kv = self.kv_cache_manager
-        num_cached_blocks = kv.num_cached_blocks if kv.enable_caching else None
-        block_size, max_model_len = self.block_size, self.max_model_len
+        max_model_len = self.max_model_len
         last_unfinished, running_status = RequestStatus.PREEMPTED, RequestStatus.RUNNING
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = get_request(req_id)
@@ -347,13 +338,11 @@ class Scheduler:
                 request.num_output_placeholders = max(0, request.num_output_placeholders
                                                       - len(sampled))
             running = request.status == running_status
-            if running and num_cached_blocks is not None:
+            if running:
                 # The step wrote these tokens' KV: their full blocks may now serve other
                 # requests (only tokens whose ids are known: later ones are still in flight).
-                # The check is cache_blocks' own early return, without the call.
-                num_known = min(request.num_computed_tokens, len(request._all_token_ids))
-                if num_known // block_size > num_cached_blocks.get(req_id, 0):
-                    kv.cache_blocks(request, num_known)
+                kv.cache_blocks(request, min(request.num_computed_tokens,
+                                             len(request._all_token_ids)))
             # (A request preempted while this step was in flight still takes its token.)
             new_token_ids: list[int] = []
             for token_id in sampled:
