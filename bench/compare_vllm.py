@@ -70,11 +70,9 @@ def rows(pyorch_dirs: list[str], vllm_dir: str) -> list[dict[str, Any]]:
 
 
 def plot(path: str, table: list[dict[str, Any]], title: str) -> None:
-    import matplotlib
+    from pyorch.benchmarks.common import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     names = [r["workload"] for r in table]
     speedups = [r["pyorch_over_vllm"] for r in table]
