@@ -235,7 +235,7 @@ def test_mixed_batch_equals_each_request_alone(tiny_model, async_scheduling):
     processing) change nothing: a request gives the same outputs in a mixed batch as alone."""
     path, hf = tiny_model
     if hf.config.model_type != "llama":
-        pytest.skip("one architecture is enough: this tests the engine, not the model")
+        pytest.skip("engine behaviour, not the model's: checked on the llama model only")
     llm = _make_llm(path, async_scheduling=async_scheduling)
     vocab = hf.config.vocab_size
     params = _mixed_params(vocab)
@@ -257,7 +257,7 @@ def test_mixed_batch_equals_each_request_alone(tiny_model, async_scheduling):
 def test_generate_freezes_the_gc_heap_only_while_it_runs(tiny_model):
     path, hf = tiny_model
     if hf.config.model_type != "llama":
-        pytest.skip("not model-specific")
+        pytest.skip("engine behaviour, not the model's: checked on the llama model only")
     llm = _make_llm(path)
     engine, seen = llm.llm_engine, []
     step = engine.step
