@@ -8,8 +8,10 @@
 # --engine-bench runs `pyorch bench ...` on MODEL_DIR with dummy bf16 weights (e.g. a copy of
 # shared/tools/vllm-peer/llama3-8b-dummy); --engine-sets picks which, comma-separated, from
 # latency, t128 (128/128 x 1000, greedy and temperature 1), t1000 (1000/1000), t2048 (2048/128),
-# startup, profile (torch.profiler of steady decode at batch 1 and 1000), serve (pyorch-serve
-# swept by `pyorch bench serve`); default latency,t128,t1000,t2048,startup.
+# startup (plus a cProfile of one more cold start), profile (torch.profiler of steady decode at
+# batch 1 and 1000), profile1500 (the same at 256 sequences of ~1.5k context), serve (pyorch-serve
+# swept by `pyorch bench serve`; SERVE_PROMPTS, SERVE_RATES); default latency,t128,t1000,t2048,
+# startup. ENGINE_SKIP_HF=1 leaves transformers out of the throughput sets.
 #
 # Wheels missing on an offline machine can be dropped in .whl/ (installed to /tmp/site first).
 #
@@ -117,7 +119,7 @@ if [ -n "$ENGINE_MODEL" ]; then
     local name=$1 in=$2 out=$3 mml=$4 temp=$5; shift 5
     timeout "$T" python3 -m pyorch.cli.main bench throughput "${common[@]}" \
       --input-len "$in" --output-len "$out" --num-prompts 1000 --hf-best "$@" \
-      --max-model-len "$mml" --temperature "$temp" \
+      --max-model-len "$mml" --temperature "$temp" ${ENGINE_SKIP_HF:+--skip-hf} \
       --output-json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.log" 2>&1 || status=1
     grep -E "batch|Captured|x output" "$OUT_DIR/$name.log" | tail -6
   }
@@ -137,6 +139,7 @@ if [ -n "$ENGINE_MODEL" ]; then
   if want startup; then
     timeout "$T" python3 -m pyorch.cli.main bench startup "${common[@]}" --max-model-len 2048 \
       --num-iters 1 --num-iters-warmup 1 --output-json "$OUT_DIR/startup.json" \
+      --cprofile "$OUT_DIR/startup_cprofile.txt" \
       > "$OUT_DIR/startup.log" 2>&1 || status=1
     grep -v tokenizer "$OUT_DIR/startup.log" | tail -8
   fi
@@ -147,12 +150,18 @@ if [ -n "$ENGINE_MODEL" ]; then
       head -40 "$OUT_DIR/profile_gpu_b$n.txt"
     done
   fi
+  if want profile1500; then  # steady decode in the 1000/1000 regime: 256 sequences, ~1.5k context
+    timeout "$T" python3 bench/profile_gpu.py --model "$ENGINE_MODEL" --num-prompts 256 \
+      --input-len 1500 > "$OUT_DIR/profile_gpu_b256_ctx1500.txt" 2>&1 || status=1
+    head -40 "$OUT_DIR/profile_gpu_b256_ctx1500.txt"
+  fi
   if want serve; then  # pyorch-serve on the GPU, swept by pyorch bench serve
     python3 -m pyorch.cli.main serve "$ENGINE_MODEL" --load-format dummy --dtype bfloat16 \
       --max-model-len 2048 --port 18000 --disable-log-requests > "$OUT_DIR/serve_server.log" 2>&1 &
     server=$!
     timeout "$T" python3 -m pyorch.cli.main bench serve --port 18000 --random-input-len 128 \
-      --random-output-len 128 --num-prompts 400 --request-rates 4,16,64,inf \
+      --random-output-len 128 --num-prompts "${SERVE_PROMPTS:-400}" \
+      --request-rates "${SERVE_RATES:-4,16,64,inf}" \
       --ready-check-timeout-sec 120 --output-json "$OUT_DIR/serve.json" > "$OUT_DIR/serve.log" \
       2>&1 || status=1
     tail -12 "$OUT_DIR/serve.log"

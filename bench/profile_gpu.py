@@ -50,6 +50,17 @@ def main() -> None:
     for _ in range(3):
         engine.step()
     torch.cuda.synchronize()
+    # Unprofiled first: host time per step by phase at this batch (the profiler slows the host).
+    from pyorch.benchmarks.common import format_phases
+    timings = engine.engine_core.timings
+    before, start = timings.snapshot(), time.perf_counter()
+    for _ in range(args.steps * 4):
+        engine.step()
+    torch.cuda.synchronize()
+    plain_ms = 1e3 * (time.perf_counter() - start) / (args.steps * 4)
+    phases = timings.per_step_ms(before)
+    unprofiled = (f"unprofiled, {phases['steps']} steps: wall {plain_ms:.2f} ms/step, host (CPU) "
+                  f"{phases['host']:.2f} ms/step: {format_phases(phases)}")
 
     walls = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -64,7 +75,7 @@ def main() -> None:
     lines = [
         f"batch {len(scheduler.running)} decode, async {args.async_scheduling}: wall "
         f"{wall_ms:.2f} ms/step (profiled), GPU kernels {gpu_us / 1e3 / args.steps:.2f} ms/step "
-        f"-> GPU busy {100 * gpu_us / 1e3 / args.steps / wall_ms:.0f}%",
+        f"-> GPU busy {100 * gpu_us / 1e3 / args.steps / wall_ms:.0f}%", unprofiled,
         "", "== by GPU time",
         events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60),
         "== by CPU time",

@@ -44,7 +44,16 @@ phases = {"interpreter_s": t_main - spawn, "import_torch_s": t_torch - t_main}
 if cfg["kind"] == "pyorch":
     import pyorch
     t_pyorch = time.time()
-    llm = pyorch.LLM(cfg["model"], **cfg["engine_kwargs"])
+    if cfg.get("cprofile"):  # where LLM(...) spends its time, by cumulative time per function
+        import cProfile, io, pstats
+        prof = cProfile.Profile()
+        llm = prof.runcall(pyorch.LLM, cfg["model"], **cfg["engine_kwargs"])
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
+        with open(cfg["cprofile"], "w") as f:
+            f.write(text.getvalue())
+    else:
+        llm = pyorch.LLM(cfg["model"], **cfg["engine_kwargs"])
     model = llm.llm_engine.model_runner.model
     dev = next(model.parameters()).device
     if dev.type == "cuda":
@@ -79,6 +88,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-iters", type=int, default=3)
     parser.add_argument("--num-iters-warmup", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
+    parser.add_argument("--cprofile", default=None, metavar="FILE",
+                        help="also run one extra cold start under cProfile (not timed) and "
+                             "write its top functions by cumulative time to FILE")
     parser.add_argument("--output-json", default=None,
                         help="result file (default bench/results/<device>/startup.json)")
     common.add_engine_args(parser)
@@ -115,6 +127,9 @@ def main(args: argparse.Namespace) -> int:
     weight_bytes = runs[0]["weight_bytes"]
     floor_cfg = {"kind": "floor", "device": device, "weight_bytes": weight_bytes}
     floors = [run_child(floor_cfg, args.timeout) for _ in range(args.num_iters)]
+    if args.cprofile:
+        run_child({**pyorch_cfg, "cprofile": os.path.abspath(args.cprofile)}, args.timeout)
+        print(f"wrote {args.cprofile}")
     ours, floor = _medians(runs), _medians(floors)
     ratio = ours["total_s"] / floor["total_s"]
     for name, med in (("pyorch LLM()", ours), ("floor: import torch + weight bytes", floor)):

@@ -102,6 +102,7 @@ class PyorchRunner:
         self.llm.reset_prefix_cache()  # repeats must prefill again, not hit the prefix cache
         core = self.llm.llm_engine.engine_core
         before = core.timings.snapshot()
+        preemptions_before = core.scheduler.num_preemptions
         start = time.perf_counter()
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params,
                                     use_tqdm=False)
@@ -111,9 +112,11 @@ class PyorchRunner:
         if output_tokens != len(prompts) * self.output_len:
             raise RuntimeError(f"pyorch generated {output_tokens} tokens, "
                                f"expected {len(prompts) * self.output_len}")
+        # Recomputed prefills after a preemption (KV cache full) are work the GPU does twice.
         return {"elapsed_s": elapsed, "output_tokens": output_tokens,
                 "engine_steps": phases["steps"], "host_ms_per_step": phases["host"],
-                "step_phases_ms": phases}
+                "step_phases_ms": phases,
+                "preemptions": core.scheduler.num_preemptions - preemptions_before}
 
     def close(self) -> None:
         import torch
@@ -189,6 +192,7 @@ def _summarize(engine: str, batch_size: int, prompts: list[list[int]],
         row["engine_steps"] = samples[0]["engine_steps"]  # the device), from the first run
         row["host_ms_per_step"] = samples[0]["host_ms_per_step"]
         row["step_phases_ms"] = samples[0]["step_phases_ms"]
+        row["preemptions"] = samples[0]["preemptions"]
     print(_format_row(row))
     return row
 
@@ -212,7 +216,8 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
         if "engine_steps" in sample:
             extra = (f", {sample['engine_steps']} steps, CPU "
                      f"{sample['host_ms_per_step']:.2f} ms/step: "
-                     f"{common.format_phases(sample['step_phases_ms'])}")
+                     f"{common.format_phases(sample['step_phases_ms'])}; "
+                     f"{sample['preemptions']} preemptions")
         print(f"  {engine} batch {size}: {sample['elapsed_s']:.2f} s{extra}", flush=True)
 
     for size in sizes:

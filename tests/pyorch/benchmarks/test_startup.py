@@ -25,9 +25,12 @@ def test_defaults():
 def test_run(tiny_model_dir, tmp_path):
     out = tmp_path / "startup.json"
     args = _parse(["--model", tiny_model_dir, "--num-iters", "1", "--num-iters-warmup", "0",
-                   "--output-json", str(out), *ENGINE_FLAGS])
+                   "--output-json", str(out), "--cprofile", str(tmp_path / "prof.txt"),
+                   *ENGINE_FLAGS])
     assert startup.main(args) == 0
     doc = json.loads(out.read_text())
+    prof = (tmp_path / "prof.txt").read_text()
+    assert "cumulative" in prof and "__init__" in prof  # LLM.__init__ and what it called
     ours = [r for r in doc["rows"] if r["kind"] == "pyorch"]
     floors = [r for r in doc["rows"] if r["kind"] == "floor"]
     assert len(ours) == 1 and len(floors) == 1
