@@ -68,6 +68,45 @@ __device__ __forceinline__ void fence_view_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Shared-memory mbarriers (the producer/consumer handshake of a warp-specialized kernel).
+// init before any use, made visible to the CTA by a __syncthreads.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(attn::smem_addr(bar)),
+               "r"(count)
+               : "memory");
+}
+// Release: this thread's earlier memory accesses happen before the phase completes.
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(
+                   attn::smem_addr(bar))
+               : "memory");
+}
+// Acquire: returns once the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = attn::smem_addr(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Moves this warpgroup's register budget to N per thread (sm_90a; the kernel needs a register
+// cap at entry, __launch_bounds__(threads, 1), and one warpgroup role per branch).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // ss: d (+)= A (smem, K-major) * B (smem, K-major); scale_d 0 overwrites d.
 // rs: d += A (registers, the mma.m16n8k16 A fragment of each warp's 16 rows) * B (smem, MN-major).
 // d: the m64nN fp32 accumulator, per warp the mma.m16n8k16 C fragments of its 16 rows, n-tile
