@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "attention/merge_attn_states.cuh"
@@ -222,13 +223,19 @@ static_assert(kernels::kPrefillRowsAbove == kernels::kDecodeMaxRows,
 // One prefill kernel over the prefill-like sequences (q_len * group_size > 16) of the call: grid
 // (upper bound of their tiles * num_kv_heads, splits); the CTAs of decode sequences exit after
 // the search.
+// A persistent kernel gets at most one CTA per SM and split, each walking the items.
 template <class Tile, typename Kernel>
-cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStream_t stream) {
+cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStream_t stream,
+                                  bool persistent = false) {
   if (Tile::kSmemBytes > 48 * 1024) {
     static std::atomic<uint64_t> smem_configured{0};  // one per Tile
     PYORCH_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Tile::kSmemBytes, smem_configured));
   }
-  const int64_t ctas = kernels::prefill_grid_tiles<Tile>(args.p) * args.p.num_kv_heads;
+  int64_t ctas = kernels::prefill_grid_tiles<Tile>(args.p) * args.p.num_kv_heads;
+  if (persistent) {
+    ctas = std::min<int64_t>(
+        ctas, std::max<int64_t>(1, num_sms_of_current_device() / std::max(1, args.num_splits)));
+  }
   if (ctas > INT32_MAX) PYORCH_INVALID("paged_attention: %lld prefill CTAs", (long long)ctas);
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.num_splits));
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args);
@@ -238,12 +245,48 @@ cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStre
 // The wgmma kernel where its tiles fit (whole 64-element panels, fp16/bf16 caches); the mma.sync
 // kernel for head sizes 80/96 and fp8 caches. Both cover every case of the op (any block size,
 // sliding window, soft cap, group size, split KV).
+template <typename T, int HEAD_SIZE, class Shape>
+cudaError_t launch_prefill_sm90(const AttnArgs& args, cudaStream_t stream) {
+  return launch_prefill_kernel<kernels::PrefillSm90Tile<T, HEAD_SIZE, Shape>>(
+      &kernels::paged_prefill_sm90_kernel<T, HEAD_SIZE, Shape>, args, stream,
+      Shape::kPersistent);
+}
+
+// TODO(prefill): tuning hook, bf16 head 128 only: PYORCH_PREFILL_SM90_VARIANT=N picks another
+// shape of the sm90 kernel for bench_paged_attention; drop once the shape is settled.
+int prefill_sm90_variant() {
+  static const int variant = [] {
+    const char* env = std::getenv("PYORCH_PREFILL_SM90_VARIANT");
+    return env ? std::atoi(env) : 0;
+  }();
+  return variant;
+}
+
+template <typename T>
+cudaError_t launch_prefill_sm90_variant(const AttnArgs& args, cudaStream_t stream, int variant) {
+  using kernels::PrefillSm90Shape;
+  switch (variant) {  // {BLOCK_N, STAGES, OVERLAP, PINGPONG, PERSISTENT}
+    case 1: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, true, false, true>>(args, stream);
+    case 2: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, true, true, false>>(args, stream);
+    case 3: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, false, true, true>>(args, stream);
+    case 4: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 128, 2, true, true, true>>(args, stream);
+    case 5: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 128, 3, true, true, true>>(args, stream);
+    case 6: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, true, false, false>>(args, stream);
+    case 7: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 3, true, true, true>>(args, stream);
+    case 8: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 128, 2, false, true, true>>(args, stream);
+    default: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128>>(args, stream);
+  }
+}
+
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_prefill(const AttnArgs& args, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, CacheT> && HEAD_SIZE % 64 == 0) {
-    using Shape = kernels::PrefillSm90Shape<HEAD_SIZE>;
-    return launch_prefill_kernel<kernels::PrefillSm90Tile<T, HEAD_SIZE, Shape>>(
-        &kernels::paged_prefill_sm90_kernel<T, HEAD_SIZE, Shape>, args, stream);
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && HEAD_SIZE == 128) {
+      if (const int variant = prefill_sm90_variant()) {
+        return launch_prefill_sm90_variant<T>(args, stream, variant);
+      }
+    }
+    return launch_prefill_sm90<T, HEAD_SIZE, kernels::PrefillSm90Shape<HEAD_SIZE>>(args, stream);
   } else {
     using Shape = kernels::PrefillShape<HEAD_SIZE>;
     return launch_prefill_kernel<kernels::PrefillTile<T, CacheT, HEAD_SIZE, Shape>>(

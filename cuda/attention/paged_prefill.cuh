@@ -101,11 +101,12 @@ __host__ __device__ constexpr int prefill_min_q_len(int group_size) {
 }
 
 // CTAs along grid.x per kv head: an upper bound of the tiles over all prefill-like sequences.
+// Host and device: the persistent sm90 kernel walks (tile, kv head) items up to this bound.
 template <class Tr>
-int64_t prefill_grid_tiles(const PagedAttentionParams& p) {
+__host__ __device__ int64_t prefill_grid_tiles(const PagedAttentionParams& p) {
   const int64_t group_size = p.num_heads / p.num_kv_heads;
-  const int64_t max_prefills =
-      std::min<int64_t>(p.num_seqs, p.num_tokens / prefill_min_q_len(static_cast<int>(group_size)));
+  const int64_t fit = p.num_tokens / prefill_min_q_len(static_cast<int>(group_size));
+  const int64_t max_prefills = p.num_seqs < fit ? p.num_seqs : fit;
   return p.num_tokens * group_size / Tr::kBlockM + max_prefills + 1;
 }
 
@@ -134,13 +135,14 @@ __device__ __forceinline__ KeySpan key_span(const PagedAttentionParams& p, int f
   return s;
 }
 
-// Finds this CTA's sequence, rows and KV tiles (fills w, kv_head); false: nothing to do.
+// Finds the sequence, rows and KV tiles of work item `item` (a grid.x index: tile * num_kv_heads
+// + kv head) in KV split blockIdx.y (fills w, kv_head); false: nothing to do.
 template <class Tr>
-__device__ bool locate_prefill_tile(const AttnArgs& a, WorkTile& w, int& kv_head) {
+__device__ bool locate_prefill_tile(const AttnArgs& a, int64_t item, WorkTile& w, int& kv_head) {
   const PagedAttentionParams& p = a.p;
   const int G = a.group_size;
-  const int64_t tile_idx = blockIdx.x / p.num_kv_heads;
-  kv_head = static_cast<int>(blockIdx.x % p.num_kv_heads);
+  const int64_t tile_idx = item / p.num_kv_heads;
+  kv_head = static_cast<int>(item % p.num_kv_heads);
   int lo = 0, hi = static_cast<int>(p.num_seqs) - 1;
   while (lo < hi) {  // the last sequence whose first tile is <= tile_idx
     const int mid = (lo + hi + 1) / 2;
@@ -487,7 +489,7 @@ __global__ void __launch_bounds__(Shape::kWarps* kWarpSize, Shape::kMinBlocksPer
 
   WorkTile w;
   int kv_head;
-  if (!locate_prefill_tile<Tr>(a, w, kv_head)) return;
+  if (!locate_prefill_tile<Tr>(a, blockIdx.x, w, kv_head)) return;
   auto k_dst = [&](int stage) -> void* {
     return Tr::kFp8 ? static_cast<void*>(raw + stage * Tr::kRawTileBytes)
                     : static_cast<void*>(k_smem + stage * Tr::kKvTileElems);

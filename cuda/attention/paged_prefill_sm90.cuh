@@ -1,5 +1,5 @@
-// The Hopper (sm_90a) variant of paged_prefill_kernel: the same work decomposition, paged loads,
-// masks, online softmax and epilogue (paged_prefill.cuh), with the two products on warpgroup MMA
+// The Hopper (sm_90a) variant of paged_prefill_kernel: the same work items, paged loads, masks,
+// online softmax and epilogue (paged_prefill.cuh), with the two products on warpgroup MMA
 // (wgmma.cuh). Each consumer warpgroup owns 64 query rows: S = Q K^T reads Q and K straight from
 // 128-byte-swizzled shared memory, P V takes P from registers (the S accumulator layout is the
 // A-fragment layout, so P never touches shared memory) and V from shared memory with the
@@ -8,11 +8,19 @@
 //
 // Warp specialization (FlashAttention-3's scheme, our code): warpgroup 0 is the producer, which
 // keeps only a few registers (setmaxnreg) and streams Q and the K/V tiles through a kStages ring;
-// a stage's `full` mbarrier completes when its copies have landed (each producer thread waits for
-// its own cp.async group, fences them to the async proxy and arrives), its `empty` mbarrier when
-// every consumer warp's wgmma's that read it have completed. The consumer warpgroups take the
-// freed registers and pipeline within the warpgroup: the softmax of tile j runs while the tensor
-// cores compute P V of tile j - 1, issued together with Q K^T of tile j.
+// a stage's `full` mbarrier completes when the producer threads' copies have landed
+// (cp.async.mbarrier.arrive, so the producer never waits for its own copies), its `empty`
+// mbarrier when every consumer warp's wgmma's that read it have completed. The consumer
+// warpgroups take the freed registers, and
+//  - overlap inside a warpgroup (kOverlap): the softmax of tile j runs while the tensor cores
+//    compute P V of tile j - 1, issued together with Q K^T of tile j;
+//  - ping-pong between the two (kPingPong): a warpgroup issues its products only in its turn,
+//    handed over by named barriers, so that one warpgroup's softmax runs under the other's
+//    products instead of both contending for the tensor cores and then both idling them;
+//  - persistence (kPersistent): one CTA per SM walks the (row tile, kv head) work items, in
+//    snake order over the CTAs (items come longest first within a sequence), with Q double
+//    buffered where it fits, so the next item's Q and first tiles load under this item's tail
+//    and its output stores.
 //
 // Head sizes 64, 128 and 256 (whole 64-element panels) with fp16/bf16 caches take this kernel;
 // head sizes 80/96 and fp8 caches stay on the mma.sync kernel (attention.cu routes them).
@@ -26,27 +34,27 @@
 namespace pyorch::kernels {
 
 constexpr int kWarpGroupThreads = 4 * kWarpSize;
+constexpr int kSchedBarrier = 1;  // named barriers kSchedBarrier + group: that group's turn
 
-// CTA shape: {consumer warpgroups of 64 rows, keys per KV tile, stages}, one CTA per SM (384
-// threads), the producer at kProducerRegs registers, each consumer thread at kConsumerRegs
-// (56 * 128 + 224 * 256 <= 64K; no spills). The pipeline keeps a tile's stage until P V of it
-// has run beside Q K^T of the next tile, so it needs 3 stages to load ahead.
+// CTA shape: 2 consumer warpgroups of 64 rows, BLOCK_N keys per KV tile, STAGES ring stages, one
+// CTA per SM (384 threads), the producer at kProducerRegs registers, each consumer thread at
+// kConsumerRegs (56 * 128 + 224 * 256 <= 64K).
 // NOTE(prefill): H100, bf16, head 128, 32/8 heads, causal, TFLOP/s at 4k / 8k / 4 x 2k (direct
-// launch), one run: this shape {2, 64, 4} 376 / 430 / 311; {2, 128, 3} 364 / 435 / 296 (20-byte
-// producer spill); {2, 64, 3} 352 / 394 / 293; {2, 128, 2} 279 / 311 / 246 (the load of tile j + 1
-// waits for P V of tile j - 1); torch SDPA flash 270 / 321 / 285. Before warp specialization
-// (every thread loading, no overlap inside a warpgroup, 2 CTAs per SM): {2, 64, 2} 358 / 394 / 322
-// (128 registers, ptxas spilled 24 bytes and serialized the wgmma's); earlier: {2, 128, 2, 1 CTA}
-// 338 / 373; {1, 64, 2, 2 CTAs} 309 / 337; the mma.sync kernel 303 / 329. At 4 x 2k the one CTA
-// per SM exposes each CTA's prologue (Q and the first tile) and tail: a persistent grid is next.
-template <int HEAD_SIZE>
+// launch), before ping-pong and persistence, one run: {64 keys, 4 stages} 376 / 430 / 311;
+// {128, 3} 364 / 435 / 296 (20-byte producer spill); {64, 3} 352 / 394 / 293; {128, 2} 279 / 311 /
+// 246; torch SDPA flash 270 / 321 / 285. Before warp specialization (every thread loading, 2 CTAs
+// per SM): {64, 2} 358 / 394 / 322.
+template <int HEAD_SIZE, int BLOCK_N = 64, int STAGES = (HEAD_SIZE <= 128 ? 4 : 2),
+          bool OVERLAP = (HEAD_SIZE <= 128), bool PINGPONG = true, bool PERSISTENT = true>
 struct PrefillSm90Shape {
   static constexpr int kConsumerGroups = 2;
-  static constexpr int kBlockN = 64;
-  static constexpr int kStages = HEAD_SIZE <= 128 ? 4 : 2;
-  // Head 256 (128 fp32 O registers per thread) has no room for the scores of a second tile: its
-  // consumers run Q K^T, softmax, P V in turn (the other warpgroup overlaps them).
-  static constexpr bool kOverlap = HEAD_SIZE <= 128;
+  static constexpr int kBlockN = BLOCK_N;
+  static constexpr int kStages = STAGES;
+  // Head 256 (128 fp32 O registers per thread) has no room for a second tile's probabilities:
+  // its warpgroups wait for P V before the softmax (ping-pong still overlaps the other's).
+  static constexpr bool kOverlap = OVERLAP;
+  static constexpr bool kPingPong = PINGPONG;
+  static constexpr bool kPersistent = PERSISTENT;
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
 };
@@ -65,16 +73,25 @@ struct PrefillSm90Tile {
   static constexpr int kBlockN = Shape::kBlockN;
   static constexpr int kStages = Shape::kStages;
   static constexpr bool kOverlap = Shape::kOverlap;
+  static constexpr bool kPingPong = Shape::kPingPong;
+  static constexpr bool kPersistent = Shape::kPersistent;
   static constexpr int kChunkElems = 16 / sizeof(T);
   static constexpr int kCacheChunkElems = kChunkElems;
   static constexpr int kSTiles = kBlockN / 8;
   static constexpr int kOTiles = HEAD_SIZE / 8;
   static constexpr int kQBytes = kBlockM * HEAD_SIZE * static_cast<int>(sizeof(T));
   static constexpr int kKvTileBytes = kBlockN * HEAD_SIZE * static_cast<int>(sizeof(T));
-  static constexpr int kBarrierBytes = 2 * kStages * static_cast<int>(sizeof(uint64_t));
+  static constexpr int kRingBytes = 2 * kStages * kKvTileBytes;
+  static constexpr int kMaxSmemBytes = 227 * 1024;
   // + one swizzle atom: the dynamic shared memory base is only 16-byte aligned.
+  static constexpr int kFixedBytes = wgmma::kSwizzleAtomBytes + kRingBytes + 64;
+  // Two Q buffers where they fit beside the ring (a persistent CTA loads the next item's Q early).
+  static constexpr int kQBuffers = kPersistent && kFixedBytes + 2 * kQBytes <= kMaxSmemBytes ? 2 : 1;
+  // full/empty per stage, q_full/q_empty per Q buffer.
+  static constexpr int kBarrierBytes =
+      (2 * kStages + 2 * kQBuffers) * static_cast<int>(sizeof(uint64_t));
   static constexpr size_t kSmemBytes =
-      wgmma::kSwizzleAtomBytes + kQBytes + 2 * kStages * kKvTileBytes + kBarrierBytes;
+      wgmma::kSwizzleAtomBytes + kQBuffers * kQBytes + kRingBytes + kBarrierBytes;
 
   static __device__ __forceinline__ int q_chunk_offset(int row, int col) {
     return wgmma::swizzled_chunk_offset(row, col, kBlockM);
@@ -86,13 +103,34 @@ struct PrefillSm90Tile {
   static_assert(sizeof(T) == 2, "wgmma takes fp16/bf16 here");
   static_assert(HEAD_SIZE % wgmma::kPanelElems == 0, "whole 64-element panels");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && HEAD_SIZE <= 256, "wgmma n <= 256");
+  static_assert(kConsumerGroups == 2, "the ping-pong hands turns between two warpgroups");
   static_assert(kStages >= 2, "the ring needs a stage to compute and one to fill");
-  static_assert(kSmemBytes <= 227 * 1024, "fits Hopper shared memory");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "fits Hopper shared memory");
   static_assert(Shape::kProducerRegs * kWarpGroupThreads +
                         Shape::kConsumerRegs * kWarpGroupThreads * kConsumerGroups <=
                     64 * 1024,
                 "the register file holds both roles");
 };
+
+// The CTA's pipeline barriers (shared memory) and how far it has got through them: tiles and Q
+// loads that went through the ring so far (the same counts in the producer and the consumers).
+struct Sm90Pipe {
+  uint64_t* full;     // [kStages] the stage's K/V tile landed (one arrival per producer thread)
+  uint64_t* empty;    // [kStages] the consumers are done with it (one arrival per consumer warp)
+  uint64_t* q_full;   // [kQBuffers] the buffer's Q rows landed
+  uint64_t* q_empty;  // [kQBuffers] the consumers' last Q K^T on it completed
+  int tiles;
+  int qs;
+};
+
+// The CTA's k-th work item (grid.x index of the non-persistent launch): snake order, so that the
+// CTAs that draw the longer item of one round draw the shorter one of the next.
+template <class Tr>
+__device__ __forceinline__ int64_t sm90_item(int k) {
+  if constexpr (!Tr::kPersistent) return k == 0 ? blockIdx.x : INT64_MAX;
+  const int64_t c = (k & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  return static_cast<int64_t>(k) * gridDim.x + c;
+}
 
 // Issues S[64 rows][kBlockN keys] = Q K^T (unscaled) of this warpgroup as one wgmma group.
 // q_desc/k_desc: descriptors of the warpgroup's first Q row and of the tile's first key (panel 0,
@@ -100,7 +138,6 @@ struct PrefillSm90Tile {
 template <class Tr, typename T>
 __device__ __forceinline__ void sm90_scores_issue(uint64_t q_desc, uint64_t k_desc,
                                                   float (&s)[Tr::kSTiles * 4]) {
-  wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < Tr::kOTiles / 2; ++kk) {
     const uint32_t step = (kk % 4) * 32;
@@ -118,7 +155,6 @@ __device__ __forceinline__ void sm90_scores_issue(uint64_t q_desc, uint64_t k_de
 template <class Tr, typename T>
 __device__ __forceinline__ void sm90_pv_issue(const uint32_t (&pa)[1][Tr::kBlockN / 16][4],
                                               uint64_t v_desc, float (&o)[Tr::kOTiles * 4]) {
-  wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
     wgmma::Wgmma<T, Tr::kHeadSize>::rs(o, pa[0][kk],
@@ -127,54 +163,38 @@ __device__ __forceinline__ void sm90_pv_issue(const uint32_t (&pa)[1][Tr::kBlock
   wgmma::commit();
 }
 
-// The producer warpgroup: Q with the first tile, then every KV tile of [tile_begin, tile_end)
-// into stage i % kStages once the consumers have freed it. A tile's full barrier is signalled
-// once the next tile's copies are in flight, so one tile is always on its way; but never later
-// than before blocking on an empty barrier: the consumers free tile i - 1 only after they got
-// tile i (P V of a tile runs beside Q K^T of the next), so with two stages, waiting to load tile
-// i + 1 before signalling tile i would deadlock.
+// The producer warpgroup's share of one work item: its Q rows into the next Q buffer, then every
+// KV tile of [tile_begin, tile_end) into the ring once the consumers freed the stage. Each
+// thread's copies complete on the barrier by cp.async.mbarrier.arrive, so the producer only ever
+// blocks on a free buffer.
 template <class Tr, typename T>
 __device__ __forceinline__ void sm90_produce(const AttnArgs& a, const WorkTile& w, int kv_head,
-                                             T* q_smem, unsigned char* kv_smem, uint64_t* full,
-                                             uint64_t* empty) {
+                                             unsigned char* q_smem, unsigned char* kv_smem,
+                                             const Sm90Pipe& pipe) {
   const int tid = threadIdx.x;
-  const int num_tiles = w.tile_end - w.tile_begin;
-  int signalled = 0;  // tiles [0, signalled) have had their full barrier arrived on
-  for (int i = 0; i < num_tiles; ++i) {
-    const int stage = i % Tr::kStages;
-    if (i >= Tr::kStages) {
-      if (signalled < i) {
-        attn::cp_async_wait<0>();
-        wgmma::fence_view_async_shared();
-        wgmma::mbarrier_arrive(&full[(i - 1) % Tr::kStages]);
-        signalled = i;
-      }
-      wgmma::mbarrier_wait(&empty[stage], (i / Tr::kStages - 1) & 1);
-    }
-    if (i == 0) load_prefill_q<Tr>(a, w, kv_head, q_smem, tid);
-    unsigned char* k_dst = kv_smem + 2 * stage * Tr::kKvTileBytes;
-    load_prefill_kv<Tr, T>(a, w, kv_head, w.tile_begin + i, k_dst, k_dst + Tr::kKvTileBytes, tid);
-    attn::cp_async_commit();
-    if (i > 0 && signalled < i) {
-      attn::cp_async_wait<1>();          // tile i - 1 landed (this thread's copies)
-      wgmma::fence_view_async_shared();  // ... and is visible to wgmma
-      wgmma::mbarrier_arrive(&full[(i - 1) % Tr::kStages]);
-      signalled = i;
-    }
+  const int qb = pipe.qs % Tr::kQBuffers;
+  if (pipe.qs >= Tr::kQBuffers) {
+    wgmma::mbarrier_wait(&pipe.q_empty[qb], (pipe.qs / Tr::kQBuffers - 1) & 1);
   }
-  if (signalled < num_tiles) {
-    attn::cp_async_wait<0>();
-    wgmma::fence_view_async_shared();
-    wgmma::mbarrier_arrive(&full[(num_tiles - 1) % Tr::kStages]);
+  load_prefill_q<Tr>(a, w, kv_head, reinterpret_cast<T*>(q_smem + qb * Tr::kQBytes), tid);
+  wgmma::cp_async_mbarrier_arrive(&pipe.q_full[qb]);
+  for (int tile = w.tile_begin; tile < w.tile_end; ++tile) {
+    const int n = pipe.tiles + tile - w.tile_begin;
+    const int stage = n % Tr::kStages;
+    if (n >= Tr::kStages) wgmma::mbarrier_wait(&pipe.empty[stage], (n / Tr::kStages - 1) & 1);
+    unsigned char* k_dst = kv_smem + 2 * stage * Tr::kKvTileBytes;
+    load_prefill_kv<Tr, T>(a, w, kv_head, tile, k_dst, k_dst + Tr::kKvTileBytes, tid);
+    wgmma::cp_async_mbarrier_arrive(&pipe.full[stage]);
   }
 }
 
-// A consumer warpgroup (group: 0..kConsumerGroups - 1) over its 64 rows. Every warp waits for and
-// frees every tile of the ring, computing only the tiles [first, last) its rows can see.
+// A consumer warpgroup (group: 0..1) over its 64 rows of one work item. Both warpgroups compute
+// every tile of [tile_begin, tile_end) (a tile that some rows cannot see is masked for them), so
+// that they take the same number of turns.
 template <class Tr, typename T>
 __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& w, int kv_head,
-                                             const T* q_smem, const unsigned char* kv_smem,
-                                             uint64_t* full, uint64_t* empty) {
+                                             const unsigned char* q_smem,
+                                             const unsigned char* kv_smem, const Sm90Pipe& pipe) {
   constexpr int kN = Tr::kBlockN;
   constexpr uint32_t kSbo = wgmma::kSwizzleAtomBytes;
   const int tid = threadIdx.x - kWarpGroupThreads;
@@ -183,22 +203,20 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
   const int warp_row0 = w.row0 + (tid / kWarpSize) * Tr::kWarpRows;
   const int G = a.group_size;
   const int group_row0 = w.row0 + group * 64;
-  const bool group_active = group_row0 < w.num_rows;  // warpgroup-uniform, as wgmma needs
+  // The mask test's bounds, over this warpgroup's rows; a warpgroup of padding rows masks all.
   KeySpan ks = {0, 0, 0, 0};
-  int first = w.tile_begin, last = w.tile_begin;
-  if (group_active) {
+  if (group_row0 < w.num_rows) {
     ks = key_span(a.p, w.first_pos, w.seq_len, group_row0 / G,
                   (min(group_row0 + 64, w.num_rows) - 1) / G);
-    first = max(w.tile_begin, (ks.lo - w.kv_lo) / kN);
-    last = max(first, min(w.tile_end, (ks.hi - w.kv_lo + kN - 1) / kN));
   }
+  const int first = w.tile_begin, last = w.tile_end;
   const ScoreMap sm = make_score_map<Tr>(a.p);
   const bool map_first = sm.soft_cap || !(sm.mul > 0.f);
   const float score_mul = map_first ? 1.f : sm.mul;
+  const int qb = pipe.qs % Tr::kQBuffers;
   const uint64_t q_desc = wgmma::make_desc(
-      reinterpret_cast<const unsigned char*>(q_smem) + group * 64 * wgmma::kPanelRowBytes, 16,
-      kSbo);
-  auto stage_of = [&](int tile) { return (tile - w.tile_begin) % Tr::kStages; };
+      q_smem + qb * Tr::kQBytes + group * 64 * wgmma::kPanelRowBytes, 16, kSbo);
+  auto stage_of = [&](int tile) { return (pipe.tiles + tile - first) % Tr::kStages; };
   auto k_desc = [&](int tile) {
     return wgmma::make_desc(kv_smem + 2 * stage_of(tile) * Tr::kKvTileBytes, 16, kSbo);
   };
@@ -207,10 +225,22 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
                             kN * wgmma::kPanelRowBytes, kSbo);
   };
   auto wait_full = [&](int tile) {
-    wgmma::mbarrier_wait(&full[stage_of(tile)], ((tile - w.tile_begin) / Tr::kStages) & 1);
+    wgmma::mbarrier_wait(&pipe.full[stage_of(tile)],
+                         ((pipe.tiles + tile - first) / Tr::kStages) & 1);
+    wgmma::fence_view_async_shared();  // the cp.async data, to the wgmma's (async proxy)
   };
   auto release = [&](int tile) {  // after this warp's wgmma's on the tile completed
-    if (lane == 0) wgmma::mbarrier_arrive(&empty[stage_of(tile)]);
+    if (lane == 0) wgmma::mbarrier_arrive(&pipe.empty[stage_of(tile)]);
+  };
+  auto release_q = [&]() {  // after this warp's last Q K^T of the item completed
+    if (lane == 0) wgmma::mbarrier_arrive(&pipe.q_empty[qb]);
+  };
+  // A turn: the stretch in which this warpgroup issues its products.
+  auto turn_begin = [&]() {
+    if constexpr (Tr::kPingPong) wgmma::named_barrier_sync(kSchedBarrier + group, 256);
+  };
+  auto turn_end = [&]() {
+    if constexpr (Tr::kPingPong) wgmma::named_barrier_arrive(kSchedBarrier + (group ^ 1), 256);
   };
 
   float o[1][Tr::kOTiles][4] = {};
@@ -219,9 +249,13 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
   auto o_flat = [&]() -> float(&)[Tr::kOTiles * 4] {
     return reinterpret_cast<float(&)[Tr::kOTiles * 4]>(o);
   };
+  using Scores = float[1][Tr::kSTiles][4];
+  using Probs = uint32_t[1][kN / 16][4];
+  auto s_flat = [](Scores& s) -> float(&)[Tr::kSTiles * 4] {
+    return reinterpret_cast<float(&)[Tr::kSTiles * 4]>(s);
+  };
   // Scores of `tile` -> probabilities (packed A fragments), with the rows' rescale factors.
-  auto probs = [&](int tile, float (&s)[1][Tr::kSTiles][4], float (&alpha)[1][2],
-                   uint32_t (&pa)[1][kN / 16][4]) {
+  auto probs = [&](int tile, Scores& s, float (&alpha)[1][2], Probs& pa) {
     const int k0 = w.kv_lo + tile * kN;
     if (map_first) {
 #pragma unroll
@@ -236,66 +270,63 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
     if (k0 + kN > ks.min_hi || k0 < ks.max_lo) mask_scores<Tr>(a, w, warp_row0, k0, s);
     prefill_probs<Tr, T>(s, m, l, score_mul, alpha, pa);
   };
-
-  for (int tile = w.tile_begin; tile < first; ++tile) {
+  // The turn that issues Q K^T of `tile` alone.
+  auto first_turn = [&](int tile, Scores& s) {
     wait_full(tile);
-    release(tile);
-  }
-  // One step of the pipeline: Q K^T of `tile` and P V of the tile before it (probabilities in
-  // pa_prev) in flight together, the softmax of `tile` into pa under the P V. The loop below
-  // alternates two pa arrays instead of copying pa back: ptxas serializes the wgmma's when the
-  // registers an in-flight wgmma reads are redefined, which a copy's coalescing would do.
-  using Probs = uint32_t[1][kN / 16][4];
-  auto step = [&](int tile, Probs& pa_prev, Probs& pa) {
-    wait_full(tile);
-    wgmma::fence_operands(o_flat());  // the last rescale lands before the wgmma fence
-    float s[1][Tr::kSTiles][4];
-    auto& s_flat = reinterpret_cast<float(&)[Tr::kSTiles * 4]>(s);
-    sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s_flat);
-    sm90_pv_issue<Tr, T>(pa_prev, v_desc(tile - 1), o_flat());
-    wgmma::wait<1>();  // the scores; P V of the previous tile runs under the softmax
-    wgmma::fence_operands(s_flat);
-    float alpha[1][2];
-    probs(tile, s, alpha, pa);
+    turn_begin();
+    wgmma::fence();
+    sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s_flat(s));
+    turn_end();
     wgmma::wait<0>();
-    wgmma::fence_operands(o_flat());
-    release(tile - 1);
-    prefill_rescale<Tr>(o, alpha);
+    wgmma::fence_operands(s_flat(s));
+    if (tile + 1 == last) release_q();
   };
-  // Q K^T of `tile` alone, then its softmax.
-  auto scores_probs = [&](int tile, float (&alpha)[1][2], Probs& pa) {
-    wait_full(tile);
-    float s[1][Tr::kSTiles][4];
-    auto& s_flat = reinterpret_cast<float(&)[Tr::kSTiles * 4]>(s);
-    sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s_flat);
-    wgmma::wait<0>();
-    wgmma::fence_operands(s_flat);
-    probs(tile, s, alpha, pa);
-  };
-  // The last P V, of the probabilities in pa (of tile last - 1).
-  auto finish = [&](Probs& pa) {
+  // The turn that issues P V of the last tile (probabilities in pa) alone.
+  auto last_turn = [&](Probs& pa) {
+    turn_begin();
     wgmma::fence_operands(o_flat());
+    wgmma::fence();
     sm90_pv_issue<Tr, T>(pa, v_desc(last - 1), o_flat());
+    turn_end();
     wgmma::wait<0>();
     wgmma::fence_operands(o_flat());
     release(last - 1);
   };
-  if constexpr (!Tr::kOverlap) {
-    for (int tile = first; tile < last; ++tile) {
+
+  wgmma::mbarrier_wait(&pipe.q_full[qb], (pipe.qs / Tr::kQBuffers) & 1);
+  if (first == last) {
+    release_q();
+  } else if constexpr (Tr::kOverlap) {
+    // Q K^T of `tile` and P V of the tile before it (probabilities in pa_prev) in one turn, the
+    // softmax of `tile` into pa under the P V. The loop alternates two pa arrays instead of
+    // copying pa back: ptxas serializes the wgmma's when the registers an in-flight wgmma reads
+    // are redefined, which a copy's coalescing would do.
+    auto step = [&](int tile, Probs& pa_prev, Probs& pa) {
+      Scores s;
+      wait_full(tile);
+      turn_begin();
+      wgmma::fence_operands(o_flat());  // the last rescale lands before the wgmma fence
+      wgmma::fence();
+      sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s_flat(s));
+      sm90_pv_issue<Tr, T>(pa_prev, v_desc(tile - 1), o_flat());
+      turn_end();
+      wgmma::wait<1>();  // the scores; P V of the previous tile runs under the softmax
+      wgmma::fence_operands(s_flat(s));
+      if (tile + 1 == last) release_q();
       float alpha[1][2];
-      Probs pa;
-      scores_probs(tile, alpha, pa);
-      prefill_rescale<Tr>(o, alpha);
-      wgmma::fence_operands(o_flat());
-      sm90_pv_issue<Tr, T>(pa, v_desc(tile), o_flat());
+      probs(tile, s, alpha, pa);
       wgmma::wait<0>();
       wgmma::fence_operands(o_flat());
-      release(tile);
-    }
-  } else if (first < last) {
+      release(tile - 1);
+      prefill_rescale<Tr>(o, alpha);
+    };
     Probs pa0, pa1;
-    float alpha[1][2];  // o is still zero
-    scores_probs(first, alpha, pa0);
+    {
+      Scores s;
+      float alpha[1][2];  // o is still zero
+      first_turn(first, s);
+      probs(first, s, alpha, pa0);
+    }
     int tile = first + 1;
     for (; tile + 1 < last; tile += 2) {
       step(tile, pa0, pa1);
@@ -303,16 +334,40 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
     }
     if (tile < last) {
       step(tile, pa0, pa1);
-      finish(pa1);
+      last_turn(pa1);
     } else {
-      finish(pa0);
+      last_turn(pa0);
     }
+  } else {
+    // P V of the tile before and Q K^T of `tile` in one turn, both waited for before the
+    // softmax: one pa array, the scores and the probabilities never live together with a
+    // second tile's.
+    Probs pa;
+    for (int tile = first; tile < last; ++tile) {
+      Scores s;
+      if (tile == first) {
+        first_turn(tile, s);
+      } else {
+        wait_full(tile);
+        turn_begin();
+        wgmma::fence_operands(o_flat());
+        wgmma::fence();
+        sm90_pv_issue<Tr, T>(pa, v_desc(tile - 1), o_flat());
+        sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s_flat(s));
+        turn_end();
+        wgmma::wait<0>();
+        wgmma::fence_operands(s_flat(s));
+        wgmma::fence_operands(o_flat());
+        release(tile - 1);
+        if (tile + 1 == last) release_q();
+      }
+      float alpha[1][2];
+      probs(tile, s, alpha, pa);
+      prefill_rescale<Tr>(o, alpha);
+    }
+    last_turn(pa);
   }
-  for (int tile = last; tile < w.tile_end; ++tile) {
-    wait_full(tile);
-    release(tile);
-  }
-  if (group_active) {
+  if (group_row0 < w.num_rows) {
     store_prefill_rows<Tr, T>(a, w, kv_head, warp_row0, o, m, l, sm.v_scale);
   }
 }
@@ -325,28 +380,61 @@ __global__ void __launch_bounds__((Shape::kConsumerGroups + 1) * kWarpGroupThrea
   const uint32_t misalign = attn::smem_addr(smem_base) % wgmma::kSwizzleAtomBytes;
   unsigned char* smem =
       smem_base + (misalign == 0 ? 0 : wgmma::kSwizzleAtomBytes - misalign);
-  T* q_smem = reinterpret_cast<T*>(smem);  // [panels][kBlockM][64], swizzled
-  // Stage st: K tile at kv_smem + 2 st * kKvTileBytes, V tile after it ([panels][kBlockN][64]).
-  unsigned char* kv_smem = smem + Tr::kQBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(kv_smem + 2 * Tr::kStages * Tr::kKvTileBytes);
-  uint64_t* empty = full + Tr::kStages;  // [kStages] each
+  // Q buffer b at smem + b kQBytes: [panels][kBlockM][64], swizzled. Stage st: K tile at
+  // kv_smem + 2 st * kKvTileBytes, V tile after it ([panels][kBlockN][64]).
+  unsigned char* kv_smem = smem + Tr::kQBuffers * Tr::kQBytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(kv_smem + Tr::kRingBytes);
+  Sm90Pipe pipe{bars, bars + Tr::kStages, bars + 2 * Tr::kStages,
+                bars + 2 * Tr::kStages + Tr::kQBuffers, 0, 0};
 
-  WorkTile w;
-  int kv_head;
-  if (!locate_prefill_tile<Tr>(a, w, kv_head)) return;  // CTA-uniform
+  const int64_t num_items = prefill_grid_tiles<Tr>(a.p) * a.p.num_kv_heads;
+  if (!Tr::kPersistent) {
+    WorkTile w;
+    int kv_head;
+    if (!locate_prefill_tile<Tr>(a, blockIdx.x, w, kv_head)) return;  // CTA-uniform
+  }
   if (threadIdx.x == 0) {
     for (int st = 0; st < Tr::kStages; ++st) {
-      wgmma::mbarrier_init(&full[st], Tr::kLoadThreads);
-      wgmma::mbarrier_init(&empty[st], Tr::kConsumerWarps);
+      wgmma::mbarrier_init(&pipe.full[st], Tr::kLoadThreads);
+      wgmma::mbarrier_init(&pipe.empty[st], Tr::kConsumerWarps);
+    }
+    for (int b = 0; b < Tr::kQBuffers; ++b) {
+      wgmma::mbarrier_init(&pipe.q_full[b], Tr::kLoadThreads);
+      wgmma::mbarrier_init(&pipe.q_empty[b], Tr::kConsumerWarps);
     }
   }
   __syncthreads();
+  // Every role walks the same items (locate is a pure function of the item), so the ring and Q
+  // counts agree without any exchange.
   if (threadIdx.x < kWarpGroupThreads) {
     wgmma::setmaxnreg_dec<Shape::kProducerRegs>();
-    sm90_produce<Tr, T>(a, w, kv_head, q_smem, kv_smem, full, empty);
+    for (int k = 0;; ++k) {
+      const int64_t item = sm90_item<Tr>(k);
+      if (item >= num_items) break;
+      WorkTile w;
+      int kv_head;
+      if (!locate_prefill_tile<Tr>(a, item, w, kv_head)) continue;
+      sm90_produce<Tr, T>(a, w, kv_head, smem, kv_smem, pipe);
+      pipe.tiles += w.tile_end - w.tile_begin;
+      ++pipe.qs;
+    }
+    attn::cp_async_wait<0>();  // no copy lands after the producer is gone
   } else {
     wgmma::setmaxnreg_inc<Shape::kConsumerRegs>();
-    sm90_consume<Tr, T>(a, w, kv_head, q_smem, kv_smem, full, empty);
+    const int group = (threadIdx.x - kWarpGroupThreads) / kWarpGroupThreads;
+    // Group 0 takes the first turn; the last turn's hand-over to it is taken back at the end.
+    if (Tr::kPingPong && group == 1) wgmma::named_barrier_arrive(kSchedBarrier, 256);
+    for (int k = 0;; ++k) {
+      const int64_t item = sm90_item<Tr>(k);
+      if (item >= num_items) break;
+      WorkTile w;
+      int kv_head;
+      if (!locate_prefill_tile<Tr>(a, item, w, kv_head)) continue;
+      sm90_consume<Tr, T>(a, w, kv_head, smem, kv_smem, pipe);
+      pipe.tiles += w.tile_end - w.tile_begin;
+      ++pipe.qs;
+    }
+    if (Tr::kPingPong && group == 0) wgmma::named_barrier_sync(kSchedBarrier, 256);
   }
 }
 

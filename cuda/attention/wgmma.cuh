@@ -96,6 +96,37 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+// The barrier receives one arrival (counted in its expected count: .noinc) once every cp.async
+// this thread has issued so far has landed. The consumers that wait on it still need
+// fence_view_async_shared before their wgmma's read the data.
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                   attn::smem_addr(bar))
+               : "memory");
+}
+
+// One non-blocking probe of the phase of parity `parity`: true once it has completed.
+__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(attn::smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Named barriers (ids 1..15; 0 is __syncthreads): sync blocks until `threads` threads have
+// arrived on `id`, arrive counts this warp's threads without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Moves this warpgroup's register budget to N per thread (sm_90a; the kernel needs a register
 // cap at entry, __launch_bounds__(threads, 1), and one warpgroup role per branch).
 template <int N>
