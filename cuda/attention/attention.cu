@@ -265,7 +265,7 @@ int prefill_sm90_variant() {
 template <typename T>
 cudaError_t launch_prefill_sm90_variant(const AttnArgs& args, cudaStream_t stream, int variant) {
   using kernels::PrefillSm90Shape;
-  switch (variant) {  // {BLOCK_N, STAGES, OVERLAP, PINGPONG, PERSISTENT}
+  switch (variant) {  // {BLOCK_N, STAGES, OVERLAP, PINGPONG, PERSISTENT, Q_IN_REGS}
     case 1: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, true, false, true>>(args, stream);
     case 2: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, true, true, false>>(args, stream);
     case 3: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, false, true, true>>(args, stream);
@@ -274,6 +274,9 @@ cudaError_t launch_prefill_sm90_variant(const AttnArgs& args, cudaStream_t strea
     case 6: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, true, false, false>>(args, stream);
     case 7: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 3, true, true, true>>(args, stream);
     case 8: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 128, 2, false, true, true>>(args, stream);
+    case 9: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 4, true, true, true, true>>(args, stream);
+    case 10: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 128, 3, false, true, true, true>>(args, stream);
+    case 11: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128, 64, 5, true, true, true, true>>(args, stream);
     default: return launch_prefill_sm90<T, 128, PrefillSm90Shape<128>>(args, stream);
   }
 }

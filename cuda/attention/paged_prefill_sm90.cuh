@@ -45,7 +45,8 @@ constexpr int kSchedBarrier = 1;  // named barriers kSchedBarrier + group: that 
 // 246; torch SDPA flash 270 / 321 / 285. Before warp specialization (every thread loading, 2 CTAs
 // per SM): {64, 2} 358 / 394 / 322.
 template <int HEAD_SIZE, int BLOCK_N = 64, int STAGES = (HEAD_SIZE <= 128 ? 4 : 2),
-          bool OVERLAP = (HEAD_SIZE <= 128), bool PINGPONG = true, bool PERSISTENT = true>
+          bool OVERLAP = (HEAD_SIZE <= 128), bool PINGPONG = true, bool PERSISTENT = true,
+          bool Q_IN_REGS = false>
 struct PrefillSm90Shape {
   static constexpr int kConsumerGroups = 2;
   static constexpr int kBlockN = BLOCK_N;
@@ -55,6 +56,9 @@ struct PrefillSm90Shape {
   static constexpr bool kOverlap = OVERLAP;
   static constexpr bool kPingPong = PINGPONG;
   static constexpr bool kPersistent = PERSISTENT;
+  // Q K^T takes Q from registers (loaded once per item; the Q buffer is free right away) instead
+  // of shared memory: less shared-memory traffic per product, HEAD_SIZE / 4 more registers.
+  static constexpr bool kQInRegs = Q_IN_REGS;
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
 };
@@ -75,6 +79,7 @@ struct PrefillSm90Tile {
   static constexpr bool kOverlap = Shape::kOverlap;
   static constexpr bool kPingPong = Shape::kPingPong;
   static constexpr bool kPersistent = Shape::kPersistent;
+  static constexpr bool kQInRegs = Shape::kQInRegs;
   static constexpr int kChunkElems = 16 / sizeof(T);
   static constexpr int kCacheChunkElems = kChunkElems;
   static constexpr int kSTiles = kBlockN / 8;
@@ -86,7 +91,8 @@ struct PrefillSm90Tile {
   // + one swizzle atom: the dynamic shared memory base is only 16-byte aligned.
   static constexpr int kFixedBytes = wgmma::kSwizzleAtomBytes + kRingBytes + 64;
   // Two Q buffers where they fit beside the ring (a persistent CTA loads the next item's Q early).
-  static constexpr int kQBuffers = kPersistent && kFixedBytes + 2 * kQBytes <= kMaxSmemBytes ? 2 : 1;
+  static constexpr int kQBuffers =
+      kPersistent && !kQInRegs && kFixedBytes + 2 * kQBytes <= kMaxSmemBytes ? 2 : 1;
   // full/empty per stage, q_full/q_empty per Q buffer.
   static constexpr int kBarrierBytes =
       (2 * kStages + 2 * kQBuffers) * static_cast<int>(sizeof(uint64_t));
@@ -147,6 +153,31 @@ __device__ __forceinline__ void sm90_scores_issue(uint64_t q_desc, uint64_t k_de
                                      wgmma::desc_add(k_desc, k_off), kk > 0 ? 1 : 0);
   }
   wgmma::commit();
+}
+
+// The same with Q from registers: qa[kk] is the A fragment of head dims [16 kk, 16 kk + 16).
+template <class Tr, typename T>
+__device__ __forceinline__ void sm90_scores_issue(const uint32_t (&qa)[Tr::kOTiles / 2][4],
+                                                  uint64_t k_desc, float (&s)[Tr::kSTiles * 4]) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::kOTiles / 2; ++kk) {
+    const uint32_t k_off = (kk / 4) * Tr::kBlockN * wgmma::kPanelRowBytes + (kk % 4) * 32;
+    wgmma::Wgmma<T, Tr::kBlockN>::rs_k(s, qa[kk], wgmma::desc_add(k_desc, k_off), kk > 0 ? 1 : 0);
+  }
+  wgmma::commit();
+}
+
+// Loads this warp's 16 Q rows (rows 16 w .. of warpgroup `group`) from the swizzled Q buffer as
+// wgmma A fragments: ldmatrix matrices (rows 0-7, 8-15) x (dims 0-7, 8-15) of each 16-dim step.
+template <class Tr>
+__device__ __forceinline__ void sm90_load_q_frags(const unsigned char* q_buf, int warp_in_cta,
+                                                  uint32_t (&qa)[Tr::kOTiles / 2][4]) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = warp_in_cta * 16 + lane % 16;
+#pragma unroll
+  for (int kk = 0; kk < Tr::kOTiles / 2; ++kk) {
+    attn::ldmatrix_x4(qa[kk], q_buf + Tr::q_chunk_offset(row, 2 * kk + lane / 16));
+  }
 }
 
 // Issues O[64 rows][HEAD_SIZE] += P V over the tile's keys as one wgmma group (16 keys per step:
@@ -232,8 +263,20 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
   auto release = [&](int tile) {  // after this warp's wgmma's on the tile completed
     if (lane == 0) wgmma::mbarrier_arrive(&pipe.empty[stage_of(tile)]);
   };
-  auto release_q = [&]() {  // after this warp's last Q K^T of the item completed
+  auto release_q_now = [&]() {
     if (lane == 0) wgmma::mbarrier_arrive(&pipe.q_empty[qb]);
+  };
+  auto release_q = [&]() {  // after this warp's last Q K^T of the item completed
+    if constexpr (!Tr::kQInRegs) release_q_now();
+  };
+  // Q from registers (kQInRegs): loaded after q_full, the buffer released at once.
+  uint32_t qa[Tr::kQInRegs ? Tr::kOTiles / 2 : 1][4];
+  auto scores_issue = [&](int tile, float (&s)[Tr::kSTiles * 4]) {
+    if constexpr (Tr::kQInRegs) {
+      sm90_scores_issue<Tr, T>(qa, k_desc(tile), s);
+    } else {
+      sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s);
+    }
   };
   // A turn: the stretch in which this warpgroup issues its products.
   auto turn_begin = [&]() {
@@ -275,7 +318,7 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
     wait_full(tile);
     turn_begin();
     wgmma::fence();
-    sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s_flat(s));
+    scores_issue(tile, s_flat(s));
     turn_end();
     wgmma::wait<0>();
     wgmma::fence_operands(s_flat(s));
@@ -294,6 +337,10 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
   };
 
   wgmma::mbarrier_wait(&pipe.q_full[qb], (pipe.qs / Tr::kQBuffers) & 1);
+  if constexpr (Tr::kQInRegs) {
+    sm90_load_q_frags<Tr>(q_smem + qb * Tr::kQBytes, tid / kWarpSize, qa);
+    release_q_now();
+  }
   if (first == last) {
     release_q();
   } else if constexpr (Tr::kOverlap) {
@@ -307,7 +354,7 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
       turn_begin();
       wgmma::fence_operands(o_flat());  // the last rescale lands before the wgmma fence
       wgmma::fence();
-      sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s_flat(s));
+      scores_issue(tile, s_flat(s));
       sm90_pv_issue<Tr, T>(pa_prev, v_desc(tile - 1), o_flat());
       turn_end();
       wgmma::wait<1>();  // the scores; P V of the previous tile runs under the softmax
@@ -353,7 +400,7 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
         wgmma::fence_operands(o_flat());
         wgmma::fence();
         sm90_pv_issue<Tr, T>(pa, v_desc(tile - 1), o_flat());
-        sm90_scores_issue<Tr, T>(q_desc, k_desc(tile), s_flat(s));
+        scores_issue(tile, s_flat(s));
         turn_end();
         wgmma::wait<0>();
         wgmma::fence_operands(s_flat(s));
