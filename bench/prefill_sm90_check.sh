@@ -4,13 +4,14 @@
 # variants (PYORCH_PREFILL_SM90_VARIANT, attention.cu) and head 64/256, the torch SDPA flash
 # baseline in the same run, and optionally an Nsight Compute profile of one 8k launch.
 #
-#   bash bench/prefill_sm90_check.sh OUT_DIR [--variants "0 1 2"] [--ncu "0 1"] [--no-tests]
+#   bash bench/prefill_sm90_check.sh OUT_DIR [--variants "128:0,1,2 64:0,1 256:0"] [--ncu "0 1"]
+#                                    [--no-tests]
 #
 # Writes OUT_DIR/{tests.txt, prefill.txt, prefill.json, ncu.txt}; prints a short table last.
 set -uo pipefail
 OUT=${1:?usage: bash bench/prefill_sm90_check.sh OUT_DIR [options]}
 shift
-VARIANTS="0" NCU_VARIANTS="" TESTS=1
+VARIANTS="128:0 64:0 256:0" NCU_VARIANTS="" TESTS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --variants) VARIANTS="$2"; shift ;;
@@ -48,24 +49,25 @@ BIN=build/cmake/bench_paged_attention
 
 {
   echo "# $(date -u +%F) $(nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader)"
-  for v in $VARIANTS; do
-    echo "== variant $v --batch 1,1,4 --context 4096,8192,2048"
-    PYORCH_PREFILL_SM90_VARIANT=$v timeout 60 $BIN --mode prefill --batch 1,1,4 \
-      --context 4096,8192,2048 --json "/tmp/prefill_v$v.json" | grep -v "^device"
-  done
-  for d in 64 256; do
-    echo "== default --head-size $d --batch 1,1,4 --context 4096,8192,2048"
-    timeout 60 $BIN --mode prefill --head-size $d --batch 1,1,4 --context 4096,8192,2048 \
-      --json "/tmp/prefill_d$d.json" | grep -v "^device"
+  for hv in $VARIANTS; do
+    d=${hv%%:*}
+    for v in $(echo "${hv#*:}" | tr ',' ' '); do
+      echo "== head $d variant $v --batch 1,1,4 --context 4096,8192,2048"
+      PYORCH_PREFILL_SM90_VARIANT=$v timeout 60 $BIN --mode prefill --head-size $d --batch 1,1,4 \
+        --context 4096,8192,2048 --json "/tmp/prefill_d${d}_v$v.json" | grep -v "^device"
+    done
   done
   echo "== torch_sdpa_flash"
   for d in 128 64 256; do
     timeout 90 python3 bench/sdpa_prefill.py --head-size $d --batch 1,1,4 --context 4096,8192,2048
   done
-  for v in $VARIANTS; do  # again: the spread between two runs of one variant is the noise
-    echo "== variant $v (repeat)"
-    PYORCH_PREFILL_SM90_VARIANT=$v timeout 60 $BIN --mode prefill --batch 1,1,4 \
-      --context 4096,8192,2048 | grep -v "^device"
+  for hv in $VARIANTS; do  # again: the spread between two runs of one variant is the noise
+    d=${hv%%:*}
+    for v in $(echo "${hv#*:}" | tr ',' ' '); do
+      echo "== head $d variant $v (repeat)"
+      PYORCH_PREFILL_SM90_VARIANT=$v timeout 60 $BIN --mode prefill --head-size $d --batch 1,1,4 \
+        --context 4096,8192,2048 | grep -v "^device"
+    done
   done
 } > "$OUT/prefill.txt" 2>&1
 python3 - "$OUT/prefill.json" /tmp/prefill_*.json <<'PY'

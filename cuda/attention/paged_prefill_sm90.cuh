@@ -34,7 +34,8 @@
 namespace pyorch::kernels {
 
 constexpr int kWarpGroupThreads = 4 * kWarpSize;
-constexpr int kSchedBarrier = 1;  // named barriers kSchedBarrier + group: that group's turn
+constexpr int kSchedBarrier = 1;     // named barriers 1, 2: consumer group 0's, 1's turn
+constexpr int kProducerBarrier = 3;  // the producer warpgroup's own
 
 // CTA shape: 2 consumer warpgroups of 64 rows, BLOCK_N keys per KV tile, STAGES ring stages, one
 // CTA per SM (384 threads), the producer at kProducerRegs registers, each consumer thread at
@@ -44,16 +45,23 @@ constexpr int kSchedBarrier = 1;  // named barriers kSchedBarrier + group: that 
 // {128, 3} 364 / 435 / 296 (20-byte producer spill); {64, 3} 352 / 394 / 293; {128, 2} 279 / 311 /
 // 246; torch SDPA flash 270 / 321 / 285. Before warp specialization (every thread loading, 2 CTAs
 // per SM): {64, 2} 358 / 394 / 322.
+// How a consumer warpgroup orders its products and softmax over the tiles:
+//  kOverlap: Q K^T of tile j and P V of tile j - 1 in one turn, the softmax of j under the P V
+//    (two tiles' probabilities live at once);
+//  kFused: the same turn, both waited for before the softmax (one probability array);
+//  kSequential: Q K^T of j in one turn, its softmax, P V of j in the next; a stage is freed one
+//    tile earlier than in the two others, which a 2-stage ring needs to load a tile ahead.
+enum class Sm90Schedule { kOverlap, kFused, kSequential };
+
 template <int HEAD_SIZE, int BLOCK_N = 64, int STAGES = (HEAD_SIZE <= 128 ? 4 : 2),
-          bool OVERLAP = (HEAD_SIZE <= 128), bool PINGPONG = true, bool PERSISTENT = true,
-          bool Q_IN_REGS = false>
+          Sm90Schedule SCHEDULE =
+              (HEAD_SIZE <= 128 ? Sm90Schedule::kOverlap : Sm90Schedule::kSequential),
+          bool PINGPONG = true, bool PERSISTENT = true, bool Q_IN_REGS = false>
 struct PrefillSm90Shape {
   static constexpr int kConsumerGroups = 2;
   static constexpr int kBlockN = BLOCK_N;
   static constexpr int kStages = STAGES;
-  // Head 256 (128 fp32 O registers per thread) has no room for a second tile's probabilities:
-  // its warpgroups wait for P V before the softmax (ping-pong still overlaps the other's).
-  static constexpr bool kOverlap = OVERLAP;
+  static constexpr Sm90Schedule kSchedule = SCHEDULE;
   static constexpr bool kPingPong = PINGPONG;
   static constexpr bool kPersistent = PERSISTENT;
   // Q K^T takes Q from registers (loaded once per item; the Q buffer is free right away) instead
@@ -61,6 +69,38 @@ struct PrefillSm90Shape {
   static constexpr bool kQInRegs = Q_IN_REGS;
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
+};
+
+// A work item as the producer found it (locate_prefill_tile), handed to the consumers in shared
+// memory with its Q buffer; valid == 0: no more items.
+struct Sm90Item {
+  WorkTile w;
+  int kv_head;
+  int valid;
+};
+
+// The shape attention.cu launches per head size.
+// NOTE(prefill): H100, bf16, 32/8 heads, causal, TFLOP/s at 4k / 8k / 4 x 2k (direct launch), one
+// run, 2026-11-24, all persistent with a fixed snake order: head 128 {128 keys, 3 stages, fused,
+// Q in registers} 451 / 523 / 318; {64, 4, overlap, Q in registers} 427 / 489 / 303; {64, 4,
+// overlap} 414 / 472 / 291, without ping-pong 400 / 457 / 281, not persistent 397 / 481 / 321,
+// neither 405 / 484 / 314; {64, 4, fused} 395 / 439 / 279; {64, 3, overlap} 394 / 439 / 278;
+// {128, 3, overlap} (Q single-buffered, spills) 418 / 484 / 289; {128, 2, *} 310-357 / 344-391 /
+// 222-253. torch SDPA flash 247 / 306 / 261. The snake order left 4 x 2k 20% unbalanced
+// (simulated): the CTAs now draw items from a counter.
+template <int HEAD_SIZE>
+struct PrefillSm90Default;
+template <>
+struct PrefillSm90Default<64> {
+  using type = PrefillSm90Shape<64, 128, 4, Sm90Schedule::kOverlap, true, true, true>;
+};
+template <>
+struct PrefillSm90Default<128> {
+  using type = PrefillSm90Shape<128, 128, 3, Sm90Schedule::kFused, true, true, true>;
+};
+template <>
+struct PrefillSm90Default<256> {
+  using type = PrefillSm90Shape<256, 64, 2, Sm90Schedule::kSequential, true, true, false>;
 };
 
 template <typename T, int HEAD_SIZE, class Shape>
@@ -76,7 +116,7 @@ struct PrefillSm90Tile {
   static constexpr int kBlockM = 64 * kConsumerGroups;
   static constexpr int kBlockN = Shape::kBlockN;
   static constexpr int kStages = Shape::kStages;
-  static constexpr bool kOverlap = Shape::kOverlap;
+  static constexpr Sm90Schedule kSchedule = Shape::kSchedule;
   static constexpr bool kPingPong = Shape::kPingPong;
   static constexpr bool kPersistent = Shape::kPersistent;
   static constexpr bool kQInRegs = Shape::kQInRegs;
@@ -89,15 +129,17 @@ struct PrefillSm90Tile {
   static constexpr int kRingBytes = 2 * kStages * kKvTileBytes;
   static constexpr int kMaxSmemBytes = 227 * 1024;
   // + one swizzle atom: the dynamic shared memory base is only 16-byte aligned.
-  static constexpr int kFixedBytes = wgmma::kSwizzleAtomBytes + kRingBytes + 64;
+  static constexpr int kFixedBytes = wgmma::kSwizzleAtomBytes + kRingBytes + 512;
   // Two Q buffers where they fit beside the ring (a persistent CTA loads the next item's Q early).
   static constexpr int kQBuffers =
       kPersistent && !kQInRegs && kFixedBytes + 2 * kQBytes <= kMaxSmemBytes ? 2 : 1;
-  // full/empty per stage, q_full/q_empty per Q buffer.
+  // full/empty per stage, q_full/q_empty per Q buffer; then the work item of each Q buffer and
+  // the producer's two staging slots (Sm90Item).
   static constexpr int kBarrierBytes =
       (2 * kStages + 2 * kQBuffers) * static_cast<int>(sizeof(uint64_t));
+  static constexpr int kItemBytes = (kQBuffers + 2) * static_cast<int>(sizeof(Sm90Item));
   static constexpr size_t kSmemBytes =
-      wgmma::kSwizzleAtomBytes + kQBuffers * kQBytes + kRingBytes + kBarrierBytes;
+      wgmma::kSwizzleAtomBytes + kQBuffers * kQBytes + kRingBytes + kBarrierBytes + kItemBytes;
 
   static __device__ __forceinline__ int q_chunk_offset(int row, int col) {
     return wgmma::swizzled_chunk_offset(row, col, kBlockM);
@@ -194,7 +236,8 @@ __device__ __forceinline__ void sm90_pv_issue(const uint32_t (&pa)[1][Tr::kBlock
   wgmma::commit();
 }
 
-// The producer warpgroup's share of one work item: its Q rows into the next Q buffer, then every
+// The producer warpgroup's share of one work item: its Q rows into the next Q buffer (whose item
+// slot thread 0 has filled), then every
 // KV tile of [tile_begin, tile_end) into the ring once the consumers freed the stage. Each
 // thread's copies complete on the barrier by cp.async.mbarrier.arrive, so the producer only ever
 // blocks on a free buffer.
@@ -203,12 +246,10 @@ __device__ __forceinline__ void sm90_produce(const AttnArgs& a, const WorkTile& 
                                              unsigned char* q_smem, unsigned char* kv_smem,
                                              const Sm90Pipe& pipe) {
   const int tid = threadIdx.x;
-  const int qb = pipe.qs % Tr::kQBuffers;
-  if (pipe.qs >= Tr::kQBuffers) {
-    wgmma::mbarrier_wait(&pipe.q_empty[qb], (pipe.qs / Tr::kQBuffers - 1) & 1);
-  }
+  const int qb = pipe.qs % Tr::kQBuffers;  // free: the caller waited on q_empty
   load_prefill_q<Tr>(a, w, kv_head, reinterpret_cast<T*>(q_smem + qb * Tr::kQBytes), tid);
   wgmma::cp_async_mbarrier_arrive(&pipe.q_full[qb]);
+  if (tid == 0) wgmma::mbarrier_arrive(&pipe.q_full[qb]);  // publishes the item slot
   for (int tile = w.tile_begin; tile < w.tile_end; ++tile) {
     const int n = pipe.tiles + tile - w.tile_begin;
     const int stage = n % Tr::kStages;
@@ -336,14 +377,14 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
     release(last - 1);
   };
 
-  wgmma::mbarrier_wait(&pipe.q_full[qb], (pipe.qs / Tr::kQBuffers) & 1);
+  // q_full[qb] was waited for by the caller (it read the item from the buffer's slot).
   if constexpr (Tr::kQInRegs) {
     sm90_load_q_frags<Tr>(q_smem + qb * Tr::kQBytes, tid / kWarpSize, qa);
     release_q_now();
   }
   if (first == last) {
     release_q();
-  } else if constexpr (Tr::kOverlap) {
+  } else if constexpr (Tr::kSchedule == Sm90Schedule::kOverlap) {
     // Q K^T of `tile` and P V of the tile before it (probabilities in pa_prev) in one turn, the
     // softmax of `tile` into pa under the P V. The loop alternates two pa arrays instead of
     // copying pa back: ptxas serializes the wgmma's when the registers an in-flight wgmma reads
@@ -384,6 +425,23 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
       last_turn(pa1);
     } else {
       last_turn(pa0);
+    }
+  } else if constexpr (Tr::kSchedule == Sm90Schedule::kSequential) {
+    for (int tile = first; tile < last; ++tile) {
+      Scores s;
+      Probs pa;
+      float alpha[1][2];
+      first_turn(tile, s);
+      probs(tile, s, alpha, pa);
+      prefill_rescale<Tr>(o, alpha);
+      turn_begin();
+      wgmma::fence_operands(o_flat());
+      wgmma::fence();
+      sm90_pv_issue<Tr, T>(pa, v_desc(tile), o_flat());
+      turn_end();
+      wgmma::wait<0>();
+      wgmma::fence_operands(o_flat());
+      release(tile);
     }
   } else {
     // P V of the tile before and Q K^T of `tile` in one turn, both waited for before the
@@ -428,11 +486,14 @@ __global__ void __launch_bounds__((Shape::kConsumerGroups + 1) * kWarpGroupThrea
   unsigned char* smem =
       smem_base + (misalign == 0 ? 0 : wgmma::kSwizzleAtomBytes - misalign);
   // Q buffer b at smem + b kQBytes: [panels][kBlockM][64], swizzled. Stage st: K tile at
-  // kv_smem + 2 st * kKvTileBytes, V tile after it ([panels][kBlockN][64]).
+  // kv_smem + 2 st * kKvTileBytes, V tile after it ([panels][kBlockN][64]). Then the barriers,
+  // the items of the Q buffers, the producer's staging items.
   unsigned char* kv_smem = smem + Tr::kQBuffers * Tr::kQBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(kv_smem + Tr::kRingBytes);
   Sm90Pipe pipe{bars, bars + Tr::kStages, bars + 2 * Tr::kStages,
                 bars + 2 * Tr::kStages + Tr::kQBuffers, 0, 0};
+  Sm90Item* slots = reinterpret_cast<Sm90Item*>(bars + 2 * Tr::kStages + 2 * Tr::kQBuffers);
+  Sm90Item* staging = slots + Tr::kQBuffers;
 
   const int64_t num_items = prefill_grid_tiles<Tr>(a.p) * a.p.num_kv_heads;
   if (!Tr::kPersistent) {
@@ -446,23 +507,49 @@ __global__ void __launch_bounds__((Shape::kConsumerGroups + 1) * kWarpGroupThrea
       wgmma::mbarrier_init(&pipe.empty[st], Tr::kConsumerWarps);
     }
     for (int b = 0; b < Tr::kQBuffers; ++b) {
-      wgmma::mbarrier_init(&pipe.q_full[b], Tr::kLoadThreads);
+      // + 1: producer thread 0's plain arrival, which publishes the buffer's item slot.
+      wgmma::mbarrier_init(&pipe.q_full[b], Tr::kLoadThreads + 1);
       wgmma::mbarrier_init(&pipe.q_empty[b], Tr::kConsumerWarps);
     }
   }
   __syncthreads();
-  // Every role walks the same items (locate is a pure function of the item), so the ring and Q
-  // counts agree without any exchange.
   if (threadIdx.x < kWarpGroupThreads) {
     wgmma::setmaxnreg_dec<Shape::kProducerRegs>();
-    for (int k = 0;; ++k) {
-      const int64_t item = sm90_item<Tr>(k);
-      if (item >= num_items) break;
-      WorkTile w;
-      int kv_head;
-      if (!locate_prefill_tile<Tr>(a, item, w, kv_head)) continue;
-      sm90_produce<Tr, T>(a, w, kv_head, smem, kv_smem, pipe);
-      pipe.tiles += w.tile_end - w.tile_begin;
+    // Thread 0 draws the items: the CTA's first is blockIdx.x, every later one the next of the
+    // split's counter (the CTAs that finish first take the next items, as the hardware hands
+    // out the CTAs of a non-persistent grid); fixed snake order without counters.
+    int draws = 0;
+    auto draw = [&]() -> int64_t {
+      const int k = draws++;
+      if (!Tr::kPersistent || k == 0 || a.item_counters == nullptr) return sm90_item<Tr>(k);
+      return gridDim.x + static_cast<int64_t>(atomicAdd(&a.item_counters[blockIdx.y], 1));
+    };
+    for (int u = 0;; ++u) {
+      if (threadIdx.x == 0) {
+        Sm90Item next;
+        next.valid = 0;
+        for (int64_t item = draw(); item < num_items; item = draw()) {
+          if (locate_prefill_tile<Tr>(a, item, next.w, next.kv_head)) {
+            next.valid = 1;
+            break;
+          }
+        }
+        staging[u & 1] = next;  // two slots: a slot is rewritten two barriers after its reads
+      }
+      wgmma::named_barrier_sync(kProducerBarrier, kWarpGroupThreads);
+      const Sm90Item it = staging[u & 1];
+      const int qb = pipe.qs % Tr::kQBuffers;
+      if (pipe.qs >= Tr::kQBuffers) {
+        wgmma::mbarrier_wait(&pipe.q_empty[qb], (pipe.qs / Tr::kQBuffers - 1) & 1);
+      }
+      if (threadIdx.x == 0) slots[qb] = it;
+      if (!it.valid) {  // the consumers' signal to stop
+        wgmma::mbarrier_arrive(&pipe.q_full[qb]);
+        if (threadIdx.x == 0) wgmma::mbarrier_arrive(&pipe.q_full[qb]);
+        break;
+      }
+      sm90_produce<Tr, T>(a, it.w, it.kv_head, smem, kv_smem, pipe);
+      pipe.tiles += it.w.tile_end - it.w.tile_begin;
       ++pipe.qs;
     }
     attn::cp_async_wait<0>();  // no copy lands after the producer is gone
@@ -471,14 +558,13 @@ __global__ void __launch_bounds__((Shape::kConsumerGroups + 1) * kWarpGroupThrea
     const int group = (threadIdx.x - kWarpGroupThreads) / kWarpGroupThreads;
     // Group 0 takes the first turn; the last turn's hand-over to it is taken back at the end.
     if (Tr::kPingPong && group == 1) wgmma::named_barrier_arrive(kSchedBarrier, 256);
-    for (int k = 0;; ++k) {
-      const int64_t item = sm90_item<Tr>(k);
-      if (item >= num_items) break;
-      WorkTile w;
-      int kv_head;
-      if (!locate_prefill_tile<Tr>(a, item, w, kv_head)) continue;
-      sm90_consume<Tr, T>(a, w, kv_head, smem, kv_smem, pipe);
-      pipe.tiles += w.tile_end - w.tile_begin;
+    for (;;) {
+      const int qb = pipe.qs % Tr::kQBuffers;
+      wgmma::mbarrier_wait(&pipe.q_full[qb], (pipe.qs / Tr::kQBuffers) & 1);
+      const Sm90Item it = slots[qb];  // read before the buffer is released (sm90_consume)
+      if (!it.valid) break;
+      sm90_consume<Tr, T>(a, it.w, it.kv_head, smem, kv_smem, pipe);
+      pipe.tiles += it.w.tile_end - it.w.tile_begin;
       ++pipe.qs;
     }
     if (Tr::kPingPong && group == 0) wgmma::named_barrier_sync(kSchedBarrier, 256);
