@@ -310,9 +310,8 @@ bool launch_prefill_sm90_variant(const AttnArgs& args, cudaStream_t stream, int 
     }
   } else if constexpr (D == 64) {
     switch (variant) {
-      case 1: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 4, kFused, true, true, true>>(args, stream); return true;
-      case 2: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 4, kOverlap, true, true, true>>(args, stream); return true;
-      case 3: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 4, kOverlap, true, false, true>>(args, stream); return true;
+      case 1: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 4, kOverlap, true, true, true>>(args, stream); return true;
+      case 2: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 4, kFused, false, true, true>>(args, stream); return true;
       default: return false;
     }
   } else if constexpr (D == 256) {

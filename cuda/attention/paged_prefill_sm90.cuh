@@ -12,15 +12,15 @@
 // (cp.async.mbarrier.arrive, so the producer never waits for its own copies), its `empty`
 // mbarrier when every consumer warp's wgmma's that read it have completed. The consumer
 // warpgroups take the freed registers, and
-//  - overlap inside a warpgroup (kOverlap): the softmax of tile j runs while the tensor cores
-//    compute P V of tile j - 1, issued together with Q K^T of tile j;
+//  - issue Q K^T of tile j with P V of tile j - 1 (Sm90Schedule; Q in registers where they fit);
 //  - ping-pong between the two (kPingPong): a warpgroup issues its products only in its turn,
 //    handed over by named barriers, so that one warpgroup's softmax runs under the other's
 //    products instead of both contending for the tensor cores and then both idling them;
-//  - persistence (kPersistent): one CTA per SM walks the (row tile, kv head) work items, in
-//    snake order over the CTAs (items come longest first within a sequence), with Q double
-//    buffered where it fits, so the next item's Q and first tiles load under this item's tail
-//    and its output stores.
+//  - persistence (kPersistent): one CTA per SM; producer thread 0 draws the (row tile, kv head)
+//    work items from a per-split counter (items come longest first within a sequence, and the
+//    CTA that finishes first takes the next), locates them and hands them to the consumers with
+//    their Q buffer (double-buffered where it fits), so the next item's Q and first tiles load
+//    under this item's tail and its output stores.
 //
 // Head sizes 64, 128 and 256 (whole 64-element panels) with fp16/bf16 caches take this kernel;
 // head sizes 80/96 and fp8 caches stay on the mma.sync kernel (attention.cu routes them).
@@ -80,19 +80,31 @@ struct Sm90Item {
 };
 
 // The shape attention.cu launches per head size.
-// NOTE(prefill): H100, bf16, 32/8 heads, causal, TFLOP/s at 4k / 8k / 4 x 2k (direct launch), one
-// run, 2026-11-24, all persistent with a fixed snake order: head 128 {128 keys, 3 stages, fused,
-// Q in registers} 451 / 523 / 318; {64, 4, overlap, Q in registers} 427 / 489 / 303; {64, 4,
-// overlap} 414 / 472 / 291, without ping-pong 400 / 457 / 281, not persistent 397 / 481 / 321,
-// neither 405 / 484 / 314; {64, 4, fused} 395 / 439 / 279; {64, 3, overlap} 394 / 439 / 278;
-// {128, 3, overlap} (Q single-buffered, spills) 418 / 484 / 289; {128, 2, *} 310-357 / 344-391 /
-// 222-253. torch SDPA flash 247 / 306 / 261. The snake order left 4 x 2k 20% unbalanced
-// (simulated): the CTAs now draw items from a counter.
+// NOTE(prefill): H100, bf16, 32/8 heads, causal, TFLOP/s at 4k / 8k / 4 x 2k (direct launch), two
+// device runs, 2026-11-24. First run, persistent with a fixed snake order over the CTAs: head 128
+// {128 keys, 3 stages, fused, Q in registers} 451 / 523 / 318; {64, 4, overlap, Q in registers}
+// 427 / 489 / 303; {64, 4, overlap} 414 / 472 / 291, without ping-pong 400 / 457 / 281, not
+// persistent 397 / 481 / 321; {64, 4, fused} 395 / 439 / 279; {64, 3, overlap} 394 / 439 / 278;
+// {128, 2, *} 222-357. The snake order left 4 x 2k 20% unbalanced (simulated). Second run, CTAs
+// drawing items from a counter: head 128 this shape 443 / 518 / 380 (repeat 436 / 514 / 367), not
+// persistent 402 / 490 / 315, without ping-pong 442 / 518 / 371, Q from shared memory 434 / 516 /
+// 356, {64, 4, overlap, Q in registers} 413 / 480 / 352, sequential 410 / 466 / 360; head 64 this
+// shape 326 / 381 / 283, with overlap 313 / 377 / 274; head 256 this shape 454 / 509 / 393 (repeat
+// 454 / 508 / 359), without ping-pong 457 / 516 / 359, not persistent 433 / 496 / 343, fused (a
+// stage held one tile longer) 332 / 366 / 315, {32, 4} 367 / 404 / 313. torch SDPA flash, head
+// 64 / 128 / 256: 221 / 271 / 220, 264 / 314 / 275, 282 / 309 / 290.
+// NOTE(prefill): kOverlap does not overlap as written: ptxas places the wait for P V right after
+// the wait for the scores (WARPGROUP.DEPBAR.LE 1 then .LE 0 back to back in the SASS, also in the
+// kernel before this one), so the softmax runs after both products. Keeping pa's registers live
+// across the wait (a read-write asm operand, a LOP3 with an opaque zero) did not move it; the
+// cause is not found. Ping-pong (the other warpgroup's products under this one's softmax) is the
+// overlap that works, and the hardware interleaves the two warpgroups about as well without the
+// named barriers (head 128: equal within noise).
 template <int HEAD_SIZE>
 struct PrefillSm90Default;
 template <>
 struct PrefillSm90Default<64> {
-  using type = PrefillSm90Shape<64, 128, 4, Sm90Schedule::kOverlap, true, true, true>;
+  using type = PrefillSm90Shape<64, 128, 4, Sm90Schedule::kFused, true, true, true>;
 };
 template <>
 struct PrefillSm90Default<128> {
@@ -222,6 +234,15 @@ __device__ __forceinline__ void sm90_load_q_frags(const unsigned char* q_buf, in
   }
 }
 
+// o *= alpha, skipped when no row of the warp changed its maximum (alpha is exactly 1 then):
+// once the running maxima settle, most tiles need no rescale.
+template <class Tr>
+__device__ __forceinline__ void sm90_rescale(float (&o)[1][Tr::kOTiles][4],
+                                             const float (&alpha)[1][2]) {
+  if (__all_sync(0xffffffffu, alpha[0][0] == 1.f && alpha[0][1] == 1.f)) return;
+  prefill_rescale<Tr>(o, alpha);
+}
+
 // Issues O[64 rows][HEAD_SIZE] += P V over the tile's keys as one wgmma group (16 keys per step:
 // two 8-row groups of every panel). v_desc: the tile's first key. o and pa stay in use until the
 // group is waited for.
@@ -338,8 +359,8 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
   auto s_flat = [](Scores& s) -> float(&)[Tr::kSTiles * 4] {
     return reinterpret_cast<float(&)[Tr::kSTiles * 4]>(s);
   };
-  // Scores of `tile` -> probabilities (packed A fragments), with the rows' rescale factors.
-  auto probs = [&](int tile, Scores& s, float (&alpha)[1][2], Probs& pa) {
+  // Scores of `tile` mapped (soft cap) and masked where the tile crosses a row's bounds.
+  auto prepare = [&](int tile, Scores& s) {
     const int k0 = w.kv_lo + tile * kN;
     if (map_first) {
 #pragma unroll
@@ -352,6 +373,10 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
       }
     }
     if (k0 + kN > ks.min_hi || k0 < ks.max_lo) mask_scores<Tr>(a, w, warp_row0, k0, s);
+  };
+  // Scores of `tile` -> probabilities (packed A fragments), with the rows' rescale factors.
+  auto probs = [&](int tile, Scores& s, float (&alpha)[1][2], Probs& pa) {
+    prepare(tile, s);
     prefill_probs<Tr, T>(s, m, l, score_mul, alpha, pa);
   };
   // The turn that issues Q K^T of `tile` alone.
@@ -406,7 +431,7 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
       wgmma::wait<0>();
       wgmma::fence_operands(o_flat());
       release(tile - 1);
-      prefill_rescale<Tr>(o, alpha);
+      sm90_rescale<Tr>(o, alpha);
     };
     Probs pa0, pa1;
     {
@@ -433,7 +458,7 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
       float alpha[1][2];
       first_turn(tile, s);
       probs(tile, s, alpha, pa);
-      prefill_rescale<Tr>(o, alpha);
+      sm90_rescale<Tr>(o, alpha);
       turn_begin();
       wgmma::fence_operands(o_flat());
       wgmma::fence();
@@ -468,7 +493,7 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
       }
       float alpha[1][2];
       probs(tile, s, alpha, pa);
-      prefill_rescale<Tr>(o, alpha);
+      sm90_rescale<Tr>(o, alpha);
     }
     last_turn(pa);
   }
