@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "attention/merge_attn_states.cuh"
@@ -145,6 +146,29 @@ bool decode_merges_in_kernel(const PagedAttentionParams& p, int64_t num_splits) 
   return num_splits > 1 && all_decode_rows(p);
 }
 
+// The workspace's split partials and decode arrival slots (num_splits > 1).
+size_t split_workspace_bytes(const PagedAttentionParams& p, int64_t num_splits) {
+  if (num_splits <= 1) return 0;
+  if (decode_merges_in_kernel(p, num_splits)) {
+    return decode_arrivals_offset(p, num_splits) + decode_arrivals_bytes(p);
+  }
+  return split_partials_bytes(p, num_splits);
+}
+
+// After them, from a 16-byte boundary, when the prefill kernel runs: one item counter per split,
+// zeroed by the launch (the persistent prefill kernel's CTAs draw their next item from it).
+size_t item_counters_offset(const PagedAttentionParams& p, int64_t num_splits) {
+  return (split_workspace_bytes(p, num_splits) + 15) / 16 * 16;
+}
+
+// Where the launch's workspace pieces are (null when unused).
+struct Workspace {
+  int num_splits;
+  float* o_partial;
+  float* lse_partial;
+  int* item_counters;
+};
+
 // A fresh tag per call for the decode arrival slots (decode_arrive): 1 .. 2^48 - 1, never 0, so
 // that a slot the last CTA put back to 0 matches no call.
 unsigned long long next_decode_tag() {
@@ -222,13 +246,19 @@ static_assert(kernels::kPrefillRowsAbove == kernels::kDecodeMaxRows,
 // One prefill kernel over the prefill-like sequences (q_len * group_size > 16) of the call: grid
 // (upper bound of their tiles * num_kv_heads, splits); the CTAs of decode sequences exit after
 // the search.
+// A persistent kernel gets at most one CTA per SM and split, each walking the items.
 template <class Tile, typename Kernel>
-cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStream_t stream) {
+cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStream_t stream,
+                                  bool persistent = false) {
   if (Tile::kSmemBytes > 48 * 1024) {
     static std::atomic<uint64_t> smem_configured{0};  // one per Tile
     PYORCH_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Tile::kSmemBytes, smem_configured));
   }
-  const int64_t ctas = kernels::prefill_grid_tiles<Tile>(args.p) * args.p.num_kv_heads;
+  int64_t ctas = kernels::prefill_grid_tiles<Tile>(args.p) * args.p.num_kv_heads;
+  if (persistent) {
+    ctas = std::min<int64_t>(
+        ctas, std::max<int64_t>(1, num_sms_of_current_device() / std::max(1, args.num_splits)));
+  }
   if (ctas > INT32_MAX) PYORCH_INVALID("paged_attention: %lld prefill CTAs", (long long)ctas);
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.num_splits));
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args);
@@ -238,12 +268,76 @@ cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStre
 // The wgmma kernel where its tiles fit (whole 64-element panels, fp16/bf16 caches); the mma.sync
 // kernel for head sizes 80/96 and fp8 caches. Both cover every case of the op (any block size,
 // sliding window, soft cap, group size, split KV).
+template <typename T, int HEAD_SIZE, class Shape>
+cudaError_t launch_prefill_sm90(const AttnArgs& args, cudaStream_t stream) {
+  if (Shape::kPersistent && args.item_counters) {
+    PYORCH_RETURN_IF_ERROR(cudaMemsetAsync(args.item_counters, 0,
+                                           sizeof(int) * std::max(1, args.num_splits), stream));
+  }
+  return launch_prefill_kernel<kernels::PrefillSm90Tile<T, HEAD_SIZE, Shape>>(
+      &kernels::paged_prefill_sm90_kernel<T, HEAD_SIZE, Shape>, args, stream,
+      Shape::kPersistent);
+}
+
+// TODO(prefill): tuning hook, bf16 only: PYORCH_PREFILL_SM90_VARIANT=N picks another shape of
+// the sm90 kernel for bench_paged_attention; drop once the shapes are settled.
+int prefill_sm90_variant() {
+  static const int variant = [] {
+    const char* env = std::getenv("PYORCH_PREFILL_SM90_VARIANT");
+    return env ? std::atoi(env) : 0;
+  }();
+  return variant;
+}
+
+// {BLOCK_N, STAGES, SCHEDULE, PINGPONG, PERSISTENT, Q_IN_REGS}; false: no such variant.
+template <typename T, int HEAD_SIZE>
+bool launch_prefill_sm90_variant(const AttnArgs& args, cudaStream_t stream, int variant,
+                                 cudaError_t& status) {
+  using kernels::PrefillSm90Shape;
+  constexpr auto kOverlap = kernels::Sm90Schedule::kOverlap;
+  constexpr auto kFused = kernels::Sm90Schedule::kFused;
+  constexpr auto kSequential = kernels::Sm90Schedule::kSequential;
+  constexpr int D = HEAD_SIZE;
+  if constexpr (D == 128) {
+    switch (variant) {
+      case 1: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 3, kFused, true, false, true>>(args, stream); return true;
+      case 2: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 3, kFused, false, true, true>>(args, stream); return true;
+      case 3: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 4, kOverlap, true, true, true>>(args, stream); return true;
+      case 4: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 3, kSequential, true, true, true>>(args, stream); return true;
+      case 5: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 4, kOverlap, true, true, false>>(args, stream); return true;
+      case 6: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 3, kFused, true, true, false>>(args, stream); return true;
+      default: return false;
+    }
+  } else if constexpr (D == 64) {
+    switch (variant) {
+      case 1: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 4, kOverlap, true, true, true>>(args, stream); return true;
+      case 2: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 4, kFused, false, true, true>>(args, stream); return true;
+      default: return false;
+    }
+  } else if constexpr (D == 256) {
+    switch (variant) {
+      case 1: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 2, kSequential, true, false, false>>(args, stream); return true;
+      case 2: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 2, kSequential, false, true, false>>(args, stream); return true;
+      case 3: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 2, kFused, true, true, false>>(args, stream); return true;
+      case 4: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 32, 4, kSequential, true, true, false>>(args, stream); return true;
+      default: return false;
+    }
+  }
+  return false;
+}
+
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_prefill(const AttnArgs& args, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, CacheT> && HEAD_SIZE % 64 == 0) {
-    using Shape = kernels::PrefillSm90Shape<HEAD_SIZE>;
-    return launch_prefill_kernel<kernels::PrefillSm90Tile<T, HEAD_SIZE, Shape>>(
-        &kernels::paged_prefill_sm90_kernel<T, HEAD_SIZE, Shape>, args, stream);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      cudaError_t status = cudaSuccess;
+      if (const int variant = prefill_sm90_variant();
+          variant && launch_prefill_sm90_variant<T, HEAD_SIZE>(args, stream, variant, status)) {
+        return status;
+      }
+    }
+    return launch_prefill_sm90<T, HEAD_SIZE, typename kernels::PrefillSm90Default<HEAD_SIZE>::type>(
+        args, stream);
   } else {
     using Shape = kernels::PrefillShape<HEAD_SIZE>;
     return launch_prefill_kernel<kernels::PrefillTile<T, CacheT, HEAD_SIZE, Shape>>(
@@ -252,12 +346,15 @@ cudaError_t launch_paged_prefill(const AttnArgs& args, cudaStream_t stream) {
 }
 
 template <typename T, typename CacheT, int HEAD_SIZE>
-cudaError_t launch_paged_attention(const PagedAttentionParams& p, int num_splits,
-                                   float* o_partial, float* lse_partial, cudaStream_t stream) {
+cudaError_t launch_paged_attention(const PagedAttentionParams& p, const Workspace& ws,
+                                   cudaStream_t stream) {
+  const int num_splits = ws.num_splits;
+  float* o_partial = ws.o_partial;
+  float* lse_partial = ws.lse_partial;
   // Decode sequences go to paged_decode_kernel, launched last so that the merge (a mixed batch's
   // only: a pure decode batch merges inside the decode launch) overlaps it.
   const AttnArgs args{p, static_cast<int>(p.num_heads / p.num_kv_heads), num_splits, o_partial,
-                      lse_partial};
+                      lse_partial, ws.item_counters};
   // Prefill sequences go to the prefill kernels (launch_paged_prefill).
   if (!all_decode_rows(p)) {
     PYORCH_RETURN_IF_ERROR((launch_paged_prefill<T, CacheT, HEAD_SIZE>(args, stream)));
@@ -270,11 +367,11 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, int num_splits
 }
 
 template <typename T, typename CacheT>
-cudaError_t dispatch_head_size(const PagedAttentionParams& p, int num_splits, float* o_partial,
-                               float* lse_partial, cudaStream_t stream) {
+cudaError_t dispatch_head_size(const PagedAttentionParams& p, const Workspace& ws,
+                               cudaStream_t stream) {
   switch (p.head_size) {
 #define PYORCH_CASE(D) \
-  case D: return launch_paged_attention<T, CacheT, D>(p, num_splits, o_partial, lse_partial, stream);
+  case D: return launch_paged_attention<T, CacheT, D>(p, ws, stream);
     PYORCH_CASE(64) PYORCH_CASE(80) PYORCH_CASE(96) PYORCH_CASE(128) PYORCH_CASE(256)
 #undef PYORCH_CASE
     default: PYORCH_INVALID("Unsupported head size: %lld", static_cast<long long>(p.head_size));
@@ -285,11 +382,10 @@ cudaError_t dispatch_head_size(const PagedAttentionParams& p, int num_splits, fl
 
 size_t paged_attention_workspace_size(const PagedAttentionParams& p) {
   const int64_t num_splits = choose_num_splits(p);
-  if (num_splits <= 1) return 0;
-  if (decode_merges_in_kernel(p, num_splits)) {
-    return decode_arrivals_offset(p, num_splits) + decode_arrivals_bytes(p);
+  if (!all_decode_rows(p)) {
+    return item_counters_offset(p, num_splits) + sizeof(int) * static_cast<size_t>(num_splits);
   }
-  return split_partials_bytes(p, num_splits);
+  return split_workspace_bytes(p, num_splits);
 }
 
 cudaError_t paged_attention(const PagedAttentionParams& p, void* workspace, size_t workspace_bytes,
@@ -304,17 +400,22 @@ cudaError_t paged_attention(const PagedAttentionParams& p, void* workspace, size
   if (p.block_size <= 0) PYORCH_INVALID("paged_attention: block_size must be positive");
   if (p.num_tokens == 0 || p.num_seqs == 0) return cudaSuccess;
   const int64_t num_splits = choose_num_splits(p);
-  if (workspace_bytes < paged_attention_workspace_size(p) || (num_splits > 1 && !workspace)) {
+  const size_t need = paged_attention_workspace_size(p);
+  if (workspace_bytes < need || (need > 0 && !workspace)) {
     PYORCH_INVALID("paged_attention: workspace of %zu bytes is too small", workspace_bytes);
   }
   float* o_partial = num_splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float* lse_partial = num_splits > 1 ? o_partial + partial_output_elems(p, num_splits) : nullptr;
-  const int splits = static_cast<int>(num_splits);
+  int* item_counters =
+      all_decode_rows(p) ? nullptr
+                         : reinterpret_cast<int*>(static_cast<char*>(workspace) +
+                                                  item_counters_offset(p, num_splits));
+  const Workspace ws{static_cast<int>(num_splits), o_partial, lse_partial, item_counters};
   return PYORCH_DISPATCH_HALF_TYPES(p.dtype, T, [&] {
     if (p.kv_cache_dtype == KVCacheDType::kFp8E4M3) {
-      return dispatch_head_size<T, uint8_t>(p, splits, o_partial, lse_partial, stream);
+      return dispatch_head_size<T, uint8_t>(p, ws, stream);
     }
-    return dispatch_head_size<T, T>(p, splits, o_partial, lse_partial, stream);
+    return dispatch_head_size<T, T>(p, ws, stream);
   });
 }
 

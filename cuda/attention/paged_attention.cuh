@@ -42,6 +42,9 @@ struct AttnArgs {
   int num_splits;      // KV slices per (tile, kv head); 1: write `out` directly
   float* o_partial;    // [num_splits, num_tokens, num_heads, head_size] when num_splits > 1
   float* lse_partial;  // [num_splits, num_tokens, num_heads] when num_splits > 1
+  // [num_splits] zeroed before the launch: the persistent sm90 prefill kernel's item counters
+  // (null: its CTAs take items in a fixed order instead).
+  int* item_counters = nullptr;
 };
 
 // What one CTA computes: rows [row0, row0 + kBlockM) of sequence `seq` (clipped to num_rows)

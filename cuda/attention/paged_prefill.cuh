@@ -23,8 +23,9 @@
 // in the log2 domain with the softmax scale folded into the exp2's FMA.
 //
 // NOTE(prefill): the tensor-core part is prefill_scores + prefill_pv (Q K^T and P V of one warp's
-// rows against one KV tile). paged_prefill_sm90.cuh replaces exactly those two (and the shared-
-// memory layout, Tr::*_chunk_offset) with Hopper wgmma and reuses everything else here;
+// rows against one KV tile). paged_prefill_sm90.cuh replaces those two (and the shared-memory
+// layout, Tr::*_chunk_offset) with Hopper wgmma and the main loop with a warp-specialized one (a
+// producer warpgroup loading, hence the loads' tid / Tr::kLoadThreads), and reuses the rest here;
 // attention.cu launches it where its tiles fit, this kernel for the rest (head 80/96, fp8 caches).
 #pragma once
 
@@ -62,6 +63,7 @@ struct PrefillTile {
   static constexpr int kWarps = Shape::kWarps;
   static constexpr int kMTiles = Shape::kMTiles;
   static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kLoadThreads = kThreads;  // every thread loads
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kBlockM = kWarps * kWarpRows;
   static constexpr int kBlockN = Shape::kBlockN;
@@ -99,11 +101,12 @@ __host__ __device__ constexpr int prefill_min_q_len(int group_size) {
 }
 
 // CTAs along grid.x per kv head: an upper bound of the tiles over all prefill-like sequences.
+// Host and device: the persistent sm90 kernel walks (tile, kv head) items up to this bound.
 template <class Tr>
-int64_t prefill_grid_tiles(const PagedAttentionParams& p) {
+__host__ __device__ int64_t prefill_grid_tiles(const PagedAttentionParams& p) {
   const int64_t group_size = p.num_heads / p.num_kv_heads;
-  const int64_t max_prefills =
-      std::min<int64_t>(p.num_seqs, p.num_tokens / prefill_min_q_len(static_cast<int>(group_size)));
+  const int64_t fit = p.num_tokens / prefill_min_q_len(static_cast<int>(group_size));
+  const int64_t max_prefills = p.num_seqs < fit ? p.num_seqs : fit;
   return p.num_tokens * group_size / Tr::kBlockM + max_prefills + 1;
 }
 
@@ -132,13 +135,14 @@ __device__ __forceinline__ KeySpan key_span(const PagedAttentionParams& p, int f
   return s;
 }
 
-// Finds this CTA's sequence, rows and KV tiles (fills w, kv_head); false: nothing to do.
+// Finds the sequence, rows and KV tiles of work item `item` (a grid.x index: tile * num_kv_heads
+// + kv head) in KV split blockIdx.y (fills w, kv_head); false: nothing to do.
 template <class Tr>
-__device__ bool locate_prefill_tile(const AttnArgs& a, WorkTile& w, int& kv_head) {
+__device__ bool locate_prefill_tile(const AttnArgs& a, int64_t item, WorkTile& w, int& kv_head) {
   const PagedAttentionParams& p = a.p;
   const int G = a.group_size;
-  const int64_t tile_idx = blockIdx.x / p.num_kv_heads;
-  kv_head = static_cast<int>(blockIdx.x % p.num_kv_heads);
+  const int64_t tile_idx = item / p.num_kv_heads;
+  kv_head = static_cast<int>(item % p.num_kv_heads);
   int lo = 0, hi = static_cast<int>(p.num_seqs) - 1;
   while (lo < hi) {  // the last sequence whose first tile is <= tile_idx
     const int mid = (lo + hi + 1) / 2;
@@ -170,13 +174,14 @@ __device__ bool locate_prefill_tile(const AttnArgs& a, WorkTile& w, int& kv_head
   return true;
 }
 
-// cp.async of the CTA's query rows into q_smem (layout: Tr::q_chunk_offset); padding rows become
-// zeros.
+// cp.async of the CTA's query rows into q_smem (layout: Tr::q_chunk_offset) by the
+// Tr::kLoadThreads threads tid = 0.. of the loading warps; padding rows become zeros.
 template <class Tr, typename T>
-__device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head, T* q_smem) {
+__device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head, T* q_smem,
+                               int tid) {
   constexpr int kChunksPerRow = Tr::kOTiles * 8 / Tr::kChunkElems;
   const T* query = static_cast<const T*>(a.p.query);
-  for (int c = threadIdx.x; c < Tr::kBlockM * kChunksPerRow; c += Tr::kThreads) {
+  for (int c = tid; c < Tr::kBlockM * kChunksPerRow; c += Tr::kLoadThreads) {
     const int r = c / kChunksPerRow;
     const int col = c % kChunksPerRow;
     const int row = w.row0 + r;
@@ -193,20 +198,21 @@ __device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head
 
 // cp.async of keys [k0, k0 + kBlockN) through the block table into T tiles (layout:
 // Tr::kv_chunk_offset), or raw [kBlockN][HEAD_SIZE] byte tiles for fp8. Keys >= kv_hi are
-// zero-filled and never read: their block-table entries may be stale. Each thread copies one
+// zero-filled and never read: their block-table entries may be stale. Each of the
+// Tr::kLoadThreads loading threads (tid) copies one
 // 16-byte column of kKeysPerThread consecutive keys, so it looks up one block and then steps
 // through it (a warp instruction still reads whole cache rows); a power-of-two block size (the
 // usual case) takes a shift.
 template <class Tr, typename CacheT>
 __device__ __forceinline__ void load_prefill_kv(const AttnArgs& a, const WorkTile& w, int kv_head,
-                                                int tile, void* k_dst, void* v_dst) {
+                                                int tile, void* k_dst, void* v_dst, int tid) {
   constexpr int kHeadSize = Tr::kOTiles * 8;
   constexpr int kChunksPerRow = kHeadSize / Tr::kCacheChunkElems;
-  constexpr int kRowsPerPass = Tr::kThreads / kChunksPerRow;
+  constexpr int kRowsPerPass = Tr::kLoadThreads / kChunksPerRow;
   constexpr int kKeysPerThread = (Tr::kBlockN + kRowsPerPass - 1) / kRowsPerPass;
-  static_assert(kRowsPerPass >= 1, "a cache row fits one pass of the CTA");
-  const int r = threadIdx.x / kChunksPerRow;
-  const int col = threadIdx.x % kChunksPerRow;
+  static_assert(kRowsPerPass >= 1, "a cache row fits one pass of the loading threads");
+  const int r = tid / kChunksPerRow;
+  const int col = tid % kChunksPerRow;
   if (r >= kRowsPerPass) return;
   const PagedAttentionParams& p = a.p;
   const int32_t* blocks = p.block_table + static_cast<int64_t>(w.seq) * p.block_table_stride;
@@ -321,18 +327,18 @@ __device__ void mask_scores(const AttnArgs& a, const WorkTile& w, int warp_row0,
 }
 
 // Online softmax over one tile: updates the running max m (log2 domain, scaled) and the
-// thread-partial sum l of each row, rescales o, and returns the probabilities packed as the A
-// fragments of the PV product. score_mul: the factor from s to the log2-domain logit (scores
-// already mapped by a soft cap come with 1).
+// thread-partial sum l of each row, returns in alpha the factor the row's output must be scaled by
+// and the probabilities packed as the A fragments of the PV product. score_mul: the factor from s
+// to the log2-domain logit (scores already mapped by a soft cap come with 1).
 template <class Tr, typename T>
-__device__ __forceinline__ void prefill_softmax(float (&s)[Tr::kMTiles][Tr::kSTiles][4],
-                                                float (&o)[Tr::kMTiles][Tr::kOTiles][4],
-                                                float (&m)[Tr::kMTiles][2],
-                                                float (&l)[Tr::kMTiles][2],
-                                                float score_mul,
-                                                uint32_t (&pa)[Tr::kMTiles][Tr::kBlockN / 16][4]) {
+__device__ __forceinline__ void prefill_probs(float (&s)[Tr::kMTiles][Tr::kSTiles][4],
+                                              float (&m)[Tr::kMTiles][2],
+                                              float (&l)[Tr::kMTiles][2], float score_mul,
+                                              float (&alpha)[Tr::kMTiles][2],
+                                              uint32_t (&pa)[Tr::kMTiles][Tr::kBlockN / 16][4]) {
 #pragma unroll
   for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+    float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float row_max = -INFINITY;
@@ -344,34 +350,60 @@ __device__ __forceinline__ void prefill_softmax(float (&s)[Tr::kMTiles][Tr::kSTi
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
       const float m_new = fmaxf(m[mt][i], row_max * score_mul);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: no inf - inf
-      const float alpha = fast_exp2(m[mt][i] - m_use);
+      m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: no inf - inf
+      alpha[mt][i] = fast_exp2(m[mt][i] - m_use[i]);
       m[mt][i] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < Tr::kSTiles; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float p = fast_exp2(fmaf(s[mt][j][2 * i + c], score_mul, -m_use));
-          s[mt][j][2 * i + c] = p;
-          sum += p;
-        }
-      }
-      l[mt][i] = l[mt][i] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < Tr::kOTiles; ++j) {
-        o[mt][j][2 * i] *= alpha;
-        o[mt][j][2 * i + 1] *= alpha;
-      }
     }
+    // Exponentials packed 16 keys at a time, so the scores die as the fragments fill.
+    float sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
-      pa[mt][kk][0] = attn::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      pa[mt][kk][1] = attn::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      pa[mt][kk][2] = attn::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      pa[mt][kk][3] = attn::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      float p[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          p[h][e] = fast_exp2(fmaf(s[mt][2 * kk + h][e], score_mul, -m_use[e / 2]));
+          sum[e / 2] += p[h][e];
+        }
+      }
+      pa[mt][kk][0] = attn::pack2<T>(p[0][0], p[0][1]);
+      pa[mt][kk][1] = attn::pack2<T>(p[0][2], p[0][3]);
+      pa[mt][kk][2] = attn::pack2<T>(p[1][0], p[1][1]);
+      pa[mt][kk][3] = attn::pack2<T>(p[1][2], p[1][3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[mt][i] = l[mt][i] * alpha[mt][i] + sum[i];
+  }
+}
+
+// o[m-tile] *= alpha, row by row (the C-fragment rows lane / 4 and lane / 4 + 8).
+template <class Tr, int N>
+__device__ __forceinline__ void prefill_rescale(float (&o)[Tr::kMTiles][N][4],
+                                                const float (&alpha)[Tr::kMTiles][2]) {
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      o[mt][j][0] *= alpha[mt][0];
+      o[mt][j][1] *= alpha[mt][0];
+      o[mt][j][2] *= alpha[mt][1];
+      o[mt][j][3] *= alpha[mt][1];
     }
   }
+}
+
+// prefill_probs, then o rescaled by alpha.
+template <class Tr, typename T>
+__device__ __forceinline__ void prefill_softmax(float (&s)[Tr::kMTiles][Tr::kSTiles][4],
+                                                float (&o)[Tr::kMTiles][Tr::kOTiles][4],
+                                                float (&m)[Tr::kMTiles][2],
+                                                float (&l)[Tr::kMTiles][2],
+                                                float score_mul,
+                                                uint32_t (&pa)[Tr::kMTiles][Tr::kBlockN / 16][4]) {
+  float alpha[Tr::kMTiles][2];
+  prefill_probs<Tr, T>(s, m, l, score_mul, alpha, pa);
+  prefill_rescale<Tr>(o, alpha);
 }
 
 // o[m-tile] += P V over the tile's keys; each V fragment feeds every m-tile.
@@ -457,7 +489,7 @@ __global__ void __launch_bounds__(Shape::kWarps* kWarpSize, Shape::kMinBlocksPer
 
   WorkTile w;
   int kv_head;
-  if (!locate_prefill_tile<Tr>(a, w, kv_head)) return;
+  if (!locate_prefill_tile<Tr>(a, blockIdx.x, w, kv_head)) return;
   auto k_dst = [&](int stage) -> void* {
     return Tr::kFp8 ? static_cast<void*>(raw + stage * Tr::kRawTileBytes)
                     : static_cast<void*>(k_smem + stage * Tr::kKvTileElems);
@@ -467,11 +499,12 @@ __global__ void __launch_bounds__(Shape::kWarps* kWarpSize, Shape::kMinBlocksPer
                     : static_cast<void*>(v_smem + stage * Tr::kKvTileElems);
   };
   // Prologue: Q rides in the first group; then kStages - 1 tiles in flight.
-  load_prefill_q<Tr>(a, w, kv_head, q_smem);
+  load_prefill_q<Tr>(a, w, kv_head, q_smem, threadIdx.x);
 #pragma unroll
   for (int st = 0; st < Tr::kStages - 1; ++st) {
     if (w.tile_begin + st < w.tile_end) {
-      load_prefill_kv<Tr, CacheT>(a, w, kv_head, w.tile_begin + st, k_dst(st), v_dst(st));
+      load_prefill_kv<Tr, CacheT>(a, w, kv_head, w.tile_begin + st, k_dst(st), v_dst(st),
+                                    threadIdx.x);
     }
     attn::cp_async_commit();  // possibly empty: keeps the group count uniform
   }
@@ -503,7 +536,8 @@ __global__ void __launch_bounds__(Shape::kWarps* kWarpSize, Shape::kMinBlocksPer
     const int next = tile + Tr::kStages - 1;
     const int next_stage = stage == 0 ? Tr::kStages - 1 : stage - 1;
     if (next < w.tile_end) {
-      load_prefill_kv<Tr, CacheT>(a, w, kv_head, next, k_dst(next_stage), v_dst(next_stage));
+      load_prefill_kv<Tr, CacheT>(a, w, kv_head, next, k_dst(next_stage), v_dst(next_stage),
+                                    threadIdx.x);
     }
     attn::cp_async_commit();
     if constexpr (Tr::kFp8) {

@@ -47,9 +47,11 @@ struct PagedAttentionParams {
   float logits_soft_cap;            // > 0: s = cap * tanh(s / cap) on the scaled scores
 };
 
-// Bytes of scratch that paged_attention needs for these params on the current device (0 when it
-// will not split the KV range). Depends only on the host-side fields, so callers can allocate it
-// from a caching allocator, also inside CUDA-graph capture.
+// Bytes of scratch that paged_attention needs for these params on the current device: the split
+// partials when it splits the KV range, and a few bytes of work-item counters whenever a sequence
+// takes the prefill kernel (0 for a pure decode batch that does not split). Depends only on the
+// host-side fields, so callers can allocate it from a caching allocator, also inside CUDA-graph
+// capture; the call zeroes what it needs (no initialization by the caller).
 size_t paged_attention_workspace_size(const PagedAttentionParams& params);
 
 // Runs the attention on `stream` without synchronizing; reads k_scale/v_scale on the device, so it

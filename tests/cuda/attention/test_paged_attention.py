@@ -274,6 +274,23 @@ def test_prefill_window_and_cap(device: str, sliding_window: int, causal: bool,
     check(b, run_op(b, causal, sliding_window, soft_cap), causal, sliding_window, soft_cap)
 
 
+# (q_len, seq_len) around the wgmma kernel's tiles (128 rows = 32 tokens at G=4, 64 keys):
+# one, two and three KV tiles (the pipeline's odd and even ends), ragged last tiles, a chunk of 5
+# tokens (one warpgroup of rows) over a long prefix, 64-row tiles whose second warpgroup is idle.
+WGMMA_EDGES = [(127, 127), (128, 128), (129, 129), (255, 383), (257, 257), (5, 900), (16, 640)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("causal,sliding_window", [(True, 0), (False, 0), (True, 150)])
+def test_prefill_tile_edges(device: str, head_size: int, block_size: int, causal: bool,
+                            sliding_window: int) -> None:  # fmt: skip
+    """Warp-specialized wgmma kernel: tile counts 1..n, ragged ends, windows that skip tiles."""
+    b = make_batch(WGMMA_EDGES, 8, 2, head_size, block_size, dtypes_for(device)[1], device)
+    check(b, run_op(b, causal, sliding_window), causal, sliding_window)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_size", [80, 128])
 def test_prefill_split_kv(device: str, head_size: int) -> None:
