@@ -5,15 +5,29 @@
 
 namespace pyorch {
 
+// Picked from bench_gemm's sweep on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/bench_gemm.txt,
+// % of copy bandwidth at M = 1 / 8): many blocks (gate_up, lm_head) stream best with 16 warps
+// each and no L2 hint; a few hundred blocks (qkv_proj, o_proj, down) with fewer warps and the
+// L2::256B hint, which fetches a row's whole 256-byte slice segment per request. Past 8 tokens
+// the x fragments double and 8 warps with the hint did best on every shape.
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
                                             int64_t input_size) {
-  (void)output_size;
-  (void)input_size;
+  const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
   SkinnyGemmConfig config;
-  config.num_warps = 8;
-  // Two slices in flight per warp cost ~2x the registers; past 8 tokens the x fragments double.
-  config.unroll = num_tokens <= kernels::kSkinnyTileTokens ? 2 : 1;
-  config.l2_prefetch = 0;
+  if (num_tokens > kernels::kSkinnyTileTokens) {
+    config.num_warps = 8;
+    config.l2_prefetch = 1;
+  } else if (num_blocks >= 1024) {
+    config.num_warps = 16;
+    config.l2_prefetch = 0;
+  } else if (input_size >= 8192) {
+    config.num_warps = 8;
+    config.l2_prefetch = 1;
+  } else {
+    config.num_warps = 4;
+    config.l2_prefetch = 1;
+  }
+  config.prefetch_slices = 1;
   config.pdl = 1;
   return config;
 }
@@ -28,11 +42,9 @@ cudaError_t launch_skinny_gemm(const kernels::SkinnyGemmArgs<T>& args,
   const bool l2 = config.l2_prefetch > 0;
   const bool pdl = config.pdl > 0;
   if (args.num_tokens <= kernels::kSkinnyTileTokens) {
-    return kernels::launch_skinny_gemm_tiles<T, 1>(args, config.num_warps, config.unroll, l2, pdl,
-                                                   stream);
+    return kernels::launch_skinny_gemm_tiles<T, 1>(args, config.num_warps, l2, pdl, stream);
   }
-  return kernels::launch_skinny_gemm_tiles<T, 2>(args, config.num_warps, config.unroll, l2, pdl,
-                                                 stream);
+  return kernels::launch_skinny_gemm_tiles<T, 2>(args, config.num_warps, l2, pdl, stream);
 }
 
 }  // namespace
@@ -57,16 +69,17 @@ cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const 
   if (num_tokens == 0 || output_size == 0) return cudaSuccess;
   SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size);
   if (config != nullptr) {  // the caller's non-default fields win
-    if (config->num_warps > 0) cfg.num_warps = config->num_warps;
-    if (config->unroll > 0) cfg.unroll = config->unroll;
+    if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
     if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
+    if (config->prefetch_slices >= 0) cfg.prefetch_slices = config->prefetch_slices;
     if (config->pdl >= 0) cfg.pdl = config->pdl;
   }
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
     const kernels::SkinnyGemmArgs<T> args{
         static_cast<T*>(out),         static_cast<const T*>(input), static_cast<const T*>(weight),
         static_cast<const T*>(bias),  num_tokens,                   output_size,
-        input_size,                   out_stride,                   input_stride};
+        input_size,                   out_stride,                   input_stride,
+        cfg.prefetch_slices};
     PYORCH_RETURN_IF_ERROR(launch_skinny_gemm<T>(args, cfg, stream));
     return cudaGetLastError();
   });

@@ -64,6 +64,7 @@ struct SkinnyGemmArgs {
   int64_t input_size;
   int64_t out_stride;
   int64_t input_stride;
+  int prefetch_slices;  // slices per warp asked of L2 before the main loop (a hint only)
 };
 
 // D += A(16x16, row) * B(16x8, col) in fp32 on 16-bit operands; a/b are packed element pairs.
@@ -95,7 +96,7 @@ __device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], uint32_t a0,
 
 // The loads are volatile asm, as the mmas are: volatile statements keep their program order, so
 // every load of a batch is issued before the first mma waits on one. (As plain loads, the
-// compiler sank each next to its use: 3-4 loads in flight per warp instead of 12 * UNROLL.)
+// compiler sank each next to its use: 3-4 loads in flight per warp instead of a slice's 12-16.)
 
 // 16 bytes of weight, read once: no L1 allocation, optionally a 256-byte L2 prefetch hint.
 template <bool L2_PREFETCH>
@@ -179,8 +180,10 @@ struct SkinnySlice {
 };
 
 // Grid: one block per 16 weight rows. Block: NUM_WARPS warps splitting K.
-// M_TILES = ceil(num_tokens / 8); UNROLL slices are loaded before the first is multiplied.
-template <typename T, int M_TILES, int NUM_WARPS, int UNROLL, bool L2_PREFETCH>
+// M_TILES = ceil(num_tokens / 8). One slice is loaded per loop iteration; ptxas software-pipelines
+// the loop (the next slice's 12-16 loads are in flight while this one is multiplied), so an
+// explicit unroll of two slices only cost registers (measured slower on every shape).
+template <typename T, int M_TILES, int NUM_WARPS, bool L2_PREFETCH>
 __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_WARPS>())
     skinny_gemm_kernel(const SkinnyGemmArgs<T> args) {
   constexpr int kTokens = M_TILES * kSkinnyTileTokens;
@@ -207,9 +210,10 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
   const int num_full_slices = static_cast<int>(K / kSkinnySliceK);
   const int64_t lane_k = kSkinnyChunk * t;
 
-  // The first slices' weight lines (two 128-byte lines per row per slice), before x is ready.
-#pragma unroll
-  for (int j = 0; j < UNROLL; ++j) {
+  // The first slices' weight lines (two 128-byte lines per row per slice), asked of L2 before x
+  // is ready: under PDL this overlaps the previous kernel's tail, and in any case it puts more
+  // bytes in flight than the registers can hold while the pipeline fills.
+  for (int j = 0; j < args.prefetch_slices; ++j) {
     const int64_t k = static_cast<int64_t>(warp + j * NUM_WARPS) * kSkinnySliceK + 32 * t;
     if (k < K) {
       prefetch_l2(w_lo_row + k);
@@ -221,20 +225,16 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
 
   float acc[M_TILES][4] = {};
   int slice = warp;
-  for (; slice + (UNROLL - 1) * NUM_WARPS < num_full_slices; slice += UNROLL * NUM_WARPS) {
-    SkinnySlice<M_TILES> s[UNROLL];
-#pragma unroll
-    for (int j = 0; j < UNROLL; ++j) {
-      const int64_t k = static_cast<int64_t>(slice + j * NUM_WARPS) * kSkinnySliceK + lane_k;
-      s[j].template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows, k, K);
-    }
-#pragma unroll
-    for (int j = 0; j < UNROLL; ++j) s[j].template multiply<T>(acc);
-  }
-  for (; slice < num_slices; slice += NUM_WARPS) {  // leftovers, including a partial K tail
+  for (; slice < num_full_slices; slice += NUM_WARPS) {
     SkinnySlice<M_TILES> s;
-    const int64_t k = static_cast<int64_t>(slice) * kSkinnySliceK + lane_k;
-    s.template load<true, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows, k, K);
+    s.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
+                                        static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
+    s.template multiply<T>(acc);
+  }
+  if (slice < num_slices) {  // the partial slice of a K tail (K % 128 != 0)
+    SkinnySlice<M_TILES> s;
+    s.template load<true, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
+                                       static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
     s.template multiply<T>(acc);
   }
 
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
   }
 }
 
-template <typename T, int M_TILES, int NUM_WARPS, int UNROLL>
+template <typename T, int M_TILES, int NUM_WARPS>
 cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_prefetch, bool pdl,
                                        cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
@@ -278,26 +278,19 @@ cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_pr
   config.attrs = attr;
   config.numAttrs = pdl ? 1 : 0;
   if (l2_prefetch) {
-    return cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, M_TILES, NUM_WARPS, UNROLL, true>,
-                              args);
+    return cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, M_TILES, NUM_WARPS, true>, args);
   }
-  return cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, M_TILES, NUM_WARPS, UNROLL, false>,
-                            args);
+  return cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, M_TILES, NUM_WARPS, false>, args);
 }
 
 template <typename T, int M_TILES>
-cudaError_t launch_skinny_gemm_tiles(const SkinnyGemmArgs<T>& args, int num_warps, int unroll,
+cudaError_t launch_skinny_gemm_tiles(const SkinnyGemmArgs<T>& args, int num_warps,
                                      bool l2_prefetch, bool pdl, cudaStream_t stream) {
-  switch (num_warps * 10 + unroll) {
-    case 41: return launch_skinny_gemm_variant<T, M_TILES, 4, 1>(args, l2_prefetch, pdl, stream);
-    case 42: return launch_skinny_gemm_variant<T, M_TILES, 4, 2>(args, l2_prefetch, pdl, stream);
-    case 81: return launch_skinny_gemm_variant<T, M_TILES, 8, 1>(args, l2_prefetch, pdl, stream);
-    case 82: return launch_skinny_gemm_variant<T, M_TILES, 8, 2>(args, l2_prefetch, pdl, stream);
-    case 161: return launch_skinny_gemm_variant<T, M_TILES, 16, 1>(args, l2_prefetch, pdl, stream);
-    case 162: return launch_skinny_gemm_variant<T, M_TILES, 16, 2>(args, l2_prefetch, pdl, stream);
-    default:
-      PYORCH_INVALID("skinny_gemm: unsupported num_warps %d / unroll %d (4, 8 or 16 / 1 or 2)",
-                     num_warps, unroll);
+  switch (num_warps) {
+    case 4: return launch_skinny_gemm_variant<T, M_TILES, 4>(args, l2_prefetch, pdl, stream);
+    case 8: return launch_skinny_gemm_variant<T, M_TILES, 8>(args, l2_prefetch, pdl, stream);
+    case 16: return launch_skinny_gemm_variant<T, M_TILES, 16>(args, l2_prefetch, pdl, stream);
+    default: PYORCH_INVALID("skinny_gemm: unsupported num_warps %d (4, 8 or 16)", num_warps);
   }
 }
 

@@ -19,9 +19,10 @@ from pyorch import _ops
 from pyorch.layers.quantization import QuantizeMethodBase
 
 # Up to this many rows, a CUDA linear layer runs pyorch's skinny GEMM (a weight stream at ~copy
-# bandwidth) instead of cuBLAS: where bench/cpp/bench_gemm.cu measured it faster on an H100.
-# The kernel itself takes up to 16.
-SKINNY_GEMM_MAX_TOKENS = 8
+# bandwidth) instead of cuBLAS. bench/cpp/bench_gemm.cu on an H100 measured it ahead of cuBLAS
+# over Llama-3-8B's decode GEMMs at every M from 1 to 16, the kernel's own limit (at M = 16 by
+# less: the tensor-core tiles of 8 tokens double there).
+SKINNY_GEMM_MAX_TOKENS = 16
 _SKINNY_GEMM_DTYPES = (torch.float16, torch.bfloat16)
 
 
