@@ -219,7 +219,9 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
     run_cublas(b.handle, Gemm{buf.weights[0], buf.x, buf.ref, m, s.n, s.k}, b.stream);
     BENCH_CHECK(cudaStreamSynchronize(b.stream));
   };
-  auto pct = [&](double us, int64_t m) { return 100.0 * gemm_bytes(s, m) / (us * 1e3) / b.copy_gbs; };
+  auto pct = [&](double us, int64_t m) {
+    return 100.0 * gemm_bytes(s, m) / (us * 1e3) / b.copy_gbs;
+  };
 
   for (int64_t m : tokens) {
     cublas_ref(m);

@@ -6,25 +6,27 @@
 namespace pyorch {
 
 // Picked from bench_gemm's sweep on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/bench_gemm.txt,
-// % of copy bandwidth at M = 1 / 8): many blocks (gate_up, lm_head) stream best with 16 warps
-// each and no L2 hint; a few hundred blocks (qkv_proj, o_proj, down) with fewer warps and the
-// L2::256B hint, which fetches a row's whole 256-byte slice segment per request. Past 8 tokens
-// the x fragments double and 8 warps with the hint did best on every shape.
+// % of copy bandwidth at M = 1 / 8). A few hundred to a few thousand blocks (Llama-3-8B's
+// qkv_proj, o_proj, gate_up) stream best with 4 warps each and the L2::256B hint, which fetches
+// a row's whole 256-byte slice segment per request: 91.9 / 91.7, 84.7 / 84.4, 97.6 / 97.8.
+// Long rows (down, K = 14336) with 8 warps and the hint: 97.7 / 96.7. The LM head's 8016 blocks
+// with 16 warps and no hint: 102.0 / 99.6. Past 8 tokens the x fragments double and the hint
+// stops paying (M = 16, 4 warps: qkv_proj 85.6 without, 83.8 with). Deeper L2 prefetch (4
+// slices per warp) was slower on every shape. PDL stays on: the engine's GEMMs follow kernels
+// that do not trigger early, so it only hides our launch behind their drain; a chain of
+// back-to-back GEMMs measured the same with it or without (within 0.3%).
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
                                             int64_t input_size) {
   const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
   SkinnyGemmConfig config;
-  if (num_tokens > kernels::kSkinnyTileTokens) {
-    config.num_warps = 8;
-    config.l2_prefetch = 1;
-  } else if (num_blocks >= 1024) {
+  if (num_blocks >= 4096) {
     config.num_warps = 16;
     config.l2_prefetch = 0;
-  } else if (input_size >= 8192) {
-    config.num_warps = 8;
-    config.l2_prefetch = 1;
-  } else {
+  } else if (num_tokens > kernels::kSkinnyTileTokens) {
     config.num_warps = 4;
+    config.l2_prefetch = 0;
+  } else {
+    config.num_warps = input_size >= 8192 ? 8 : 4;
     config.l2_prefetch = 1;
   }
   config.prefetch_slices = 1;

@@ -17,9 +17,10 @@ MAX_TOKENS = 16
 # (output_size N, input_size K): N off the 16-row tile, K = 8 (one chunk) and K off the 128-wide
 # slice, so the row clamp and the K-tail predicates both run.
 SHAPES = [(1, 8), (17, 136), (83, 776), (769, 4104)]
-# On CUDA only: Llama-3-8B's qkv_proj, o_proj and down, and a gate_up-like N past 1024 blocks
-# (the launcher's 16-warp configuration) that is off the tile, with a K tail.
-LLAMA_SHAPES = [(6144, 4096), (4096, 4096), (4096, 14336), (16400, 1032)]
+# On CUDA only: Llama-3-8B's qkv_proj, o_proj and down (each launch configuration the launcher
+# picks: 4 warps, 8 warps for K >= 8192, 16 warps from 4096 blocks on), and two large N off the
+# 16-row tile with a K tail.
+LLAMA_SHAPES = [(6144, 4096), (4096, 4096), (4096, 14336), (16400, 1032), (65544, 136)]
 
 
 def _inputs(num_tokens: int, n: int, k: int, dtype: torch.dtype, device: str, bias: bool):
