@@ -57,7 +57,9 @@
                        const at::Tensor& v_scale);                                               \
   void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,               \
                          const at::Tensor& prefix_output, const at::Tensor& prefix_lse,          \
-                         const at::Tensor& suffix_output, const at::Tensor& suffix_lse);
+                         const at::Tensor& suffix_output, const at::Tensor& suffix_lse);         \
+  void skinny_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,           \
+                   const std::optional<at::Tensor>& bias);
 
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS

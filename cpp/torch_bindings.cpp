@@ -80,6 +80,12 @@ TORCH_LIBRARY(pyorch, m) {
       "merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, "
       "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse) -> ()");
 
+  // ---- linear layers -------------------------------------------------------------------------
+  // out = input @ weight^T (+ bias) for few rows (decode): input [num_tokens <= 16, input_size]
+  // (input_size % 8 == 0, rows may be strided), weight [output_size, input_size] contiguous,
+  // out [num_tokens, output_size], bias [output_size] or None; fp16/bf16, fp32 accumulation.
+  m.def("skinny_gemm(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()");
+
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
@@ -95,6 +101,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("reshape_and_cache_flash", c10::kCPU, &pyorch::cpu::reshape_and_cache_flash);
   m.impl("copy_blocks", c10::kCPU, &pyorch::cpu::copy_blocks);
   m.impl("swap_blocks", c10::kCPU, &pyorch::cpu::swap_blocks);
+  m.impl("skinny_gemm", c10::kCPU, &pyorch::cpu::skinny_gemm);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -113,6 +120,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("reshape_and_cache_flash", c10::kCUDA, &reshape_and_cache_flash);
   m.impl("copy_blocks", c10::kCUDA, &copy_blocks);
   m.impl("swap_blocks", c10::kCUDA, &swap_blocks);
+  m.impl("skinny_gemm", c10::kCUDA, &skinny_gemm);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }

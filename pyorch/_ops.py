@@ -274,3 +274,21 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
     block_mapping: [num_pairs, 2] int64 (src, dst) on the CPU.
     """
     _ops.swap_blocks(src, dst, block_mapping)
+
+
+# ---- linear layers ------------------------------------------------------------------------------
+def skinny_gemm(
+    out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
+) -> None:
+    """out = input @ weight^T (+ bias) for few rows: the decode-time linear layer.
+
+    Parameters
+    ----------
+    out : [num_tokens, output_size], last dim contiguous (any row stride).
+    input : [num_tokens, input_size] with num_tokens <= 16 and input_size % 8 == 0; last dim
+        contiguous, row stride a multiple of 8, 16-byte aligned.
+    weight : [output_size, input_size], contiguous and 16-byte aligned (nn.Linear's layout).
+    bias : [output_size] or None.
+    All float16 or all bfloat16; accumulated in float32 and rounded once; deterministic.
+    """
+    _ops.skinny_gemm(out, input, weight, bias)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pyorch.layers.linear import get_tensor_model_parallel_rank_and_size, set_weight_attrs
+from pyorch.layers.linear import get_tensor_model_parallel_rank_and_size, linear, set_weight_attrs
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -99,7 +99,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         """hidden_states [N, hidden] -> logits [N, num_embeddings] in float32."""
         if self.tp_size > 1:
             raise NotImplementedError("tensor-parallel logits all-gather is not available yet")
-        logits = F.linear(hidden_states, self.weight, self.bias)
+        logits = linear(hidden_states, self.weight, self.bias)
         return logits[:, : self.num_embeddings].float()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

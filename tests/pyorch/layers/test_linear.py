@@ -4,14 +4,19 @@ import pytest
 import torch
 
 from pyorch.layers.linear import (
+    SKINNY_GEMM_MAX_TOKENS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
     UnquantizedLinearMethod,
+    linear,
+    use_skinny_gemm,
 )
 from pyorch.layers.quantization import QuantizeMethodBase
+from pyorch.layers.vocab_embedding import ParallelLMHead
+from tests.conftest import CUDA_AVAILABLE, DEVICES, tol
 
 
 def test_replicated_forward_matches_f_linear():
@@ -110,3 +115,53 @@ def test_quant_method_is_pluggable():
 def test_indivisible_tp_raises():
     with pytest.raises(ValueError, match="divisible"):
         ColumnParallelLinear(4, 6, tp_size=4)
+
+
+# ---- linear(): the skinny GEMM for decode-sized batches on CUDA, F.linear otherwise -----------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_tokens", [1, SKINNY_GEMM_MAX_TOKENS, SKINNY_GEMM_MAX_TOKENS + 1])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_matches_f_linear(device: str, num_tokens: int, dtype: torch.dtype):
+    # 3-D input, bias, a weight off the 16-row tile: the same result (and shape) both ways.
+    x = torch.randn(1, num_tokens, 264, device=device, dtype=dtype)
+    w = (torch.randn(77, 264, device=device) / 16).to(dtype)
+    b = torch.randn(77, device=device, dtype=dtype)
+    out = linear(x, w, b)
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double()).to(dtype)
+    assert out.shape == (1, num_tokens, 77)
+    torch.testing.assert_close(out, want, **tol(dtype))
+    layer = ReplicatedLinear(264, 77, bias=True, params_dtype=dtype).to(device)
+    layer.weight.data.copy_(w)
+    layer.bias.data.copy_(b)  # type: ignore[union-attr]
+    torch.testing.assert_close(layer(x), out, **tol(dtype))
+
+
+def test_use_skinny_gemm_only_on_cuda():
+    x, w = torch.randn(1, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    assert not use_skinny_gemm(x, w, None)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
+def test_use_skinny_gemm_by_shape():
+    def make(m: int, k: int = 4096, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.randn(m, k, device="cuda", dtype=dtype)
+
+    w = make(4096)
+    assert use_skinny_gemm(make(1), w, None)
+    assert use_skinny_gemm(make(SKINNY_GEMM_MAX_TOKENS), w, w[0])
+    assert not use_skinny_gemm(make(SKINNY_GEMM_MAX_TOKENS + 1), w, None)  # cuBLAS's shapes
+    assert not use_skinny_gemm(make(1, dtype=torch.float32), w.float(), None)
+    assert not use_skinny_gemm(make(2, 4100)[:, :4092], make(1, 4092), None)  # K % 8 != 0
+    assert not use_skinny_gemm(make(2, 4104)[:, 1:4097], w, None)  # not 16-byte aligned
+    assert not use_skinny_gemm(make(0), w, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lm_head_logits(device: str):
+    head = ParallelLMHead(1000, 128, params_dtype=torch.bfloat16).to(device)
+    head.weight.data.copy_(torch.randn(1000, 128) / 12)
+    hidden = torch.randn(3, 128, device=device, dtype=torch.bfloat16)
+    want = (hidden.double() @ head.weight.double().T).to(torch.bfloat16).float()
+    logits = head.compute_logits(hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (3, 1000)
+    torch.testing.assert_close(logits, want, **tol(torch.bfloat16))

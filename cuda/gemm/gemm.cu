@@ -1,0 +1,90 @@
+// Instantiates the skinny GEMM for fp16 and bf16 behind the torch-free C API, and picks its launch
+// configuration.
+#include "gemm/skinny_gemm.cuh"
+#include "pyorch/gemm.h"
+
+namespace pyorch {
+
+// Picked from bench_gemm's sweep on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/bench_gemm.txt,
+// % of copy bandwidth at M = 1 / 8). A few hundred to a few thousand blocks (Llama-3-8B's
+// qkv_proj, o_proj, gate_up) stream best with 4 warps each and the L2::256B hint, which fetches
+// a row's whole 256-byte slice segment per request: 91.9 / 91.7, 84.7 / 84.4, 97.6 / 97.8.
+// Long rows (down, K = 14336) with 8 warps and the hint: 97.7 / 96.7. The LM head's 8016 blocks
+// with 16 warps and no hint: 102.0 / 99.6. Past 8 tokens the x fragments double and the hint
+// stops paying (M = 16, 4 warps: qkv_proj 85.6 without, 83.8 with). Deeper L2 prefetch (4
+// slices per warp) was slower on every shape. PDL stays on: the engine's GEMMs follow kernels
+// that do not trigger early, so it only hides our launch behind their drain; a chain of
+// back-to-back GEMMs measured the same with it or without (within 0.3%).
+SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
+                                            int64_t input_size) {
+  const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
+  SkinnyGemmConfig config;
+  if (num_blocks >= 4096) {
+    config.num_warps = 16;
+    config.l2_prefetch = 0;
+  } else if (num_tokens > kernels::kSkinnyTileTokens) {
+    config.num_warps = 4;
+    config.l2_prefetch = 0;
+  } else {
+    config.num_warps = input_size >= 8192 ? 8 : 4;
+    config.l2_prefetch = 1;
+  }
+  config.prefetch_slices = 1;
+  config.pdl = 1;
+  return config;
+}
+
+namespace {
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+template <typename T>
+cudaError_t launch_skinny_gemm(const kernels::SkinnyGemmArgs<T>& args,
+                               const SkinnyGemmConfig& config, cudaStream_t stream) {
+  const bool l2 = config.l2_prefetch > 0;
+  const bool pdl = config.pdl > 0;
+  if (args.num_tokens <= kernels::kSkinnyTileTokens) {
+    return kernels::launch_skinny_gemm_tiles<T, 1>(args, config.num_warps, l2, pdl, stream);
+  }
+  return kernels::launch_skinny_gemm_tiles<T, 2>(args, config.num_warps, l2, pdl, stream);
+}
+
+}  // namespace
+
+cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const void* bias,
+                        DType dtype, int64_t num_tokens, int64_t output_size, int64_t input_size,
+                        int64_t out_stride, int64_t input_stride, cudaStream_t stream,
+                        const SkinnyGemmConfig* config) {
+  static_assert(kSkinnyGemmMaxTokens == 2 * kernels::kSkinnyTileTokens, "two n8 tiles at most");
+  if (num_tokens < 0 || num_tokens > kSkinnyGemmMaxTokens) {
+    PYORCH_INVALID("skinny_gemm: num_tokens %lld outside [0, %lld]",
+                   static_cast<long long>(num_tokens),
+                   static_cast<long long>(kSkinnyGemmMaxTokens));
+  }
+  if (input_size % kernels::kSkinnyChunk != 0 || input_stride % kernels::kSkinnyChunk != 0) {
+    PYORCH_INVALID("skinny_gemm: input_size %lld and input_stride %lld must be multiples of 8",
+                   static_cast<long long>(input_size), static_cast<long long>(input_stride));
+  }
+  if (!aligned16(input) || !aligned16(weight)) {
+    PYORCH_INVALID("skinny_gemm: input and weight must be 16-byte aligned");
+  }
+  if (num_tokens == 0 || output_size == 0) return cudaSuccess;
+  SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size);
+  if (config != nullptr) {  // the caller's non-default fields win
+    if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
+    if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
+    if (config->prefetch_slices >= 0) cfg.prefetch_slices = config->prefetch_slices;
+    if (config->pdl >= 0) cfg.pdl = config->pdl;
+  }
+  return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
+    const kernels::SkinnyGemmArgs<T> args{
+        static_cast<T*>(out),         static_cast<const T*>(input), static_cast<const T*>(weight),
+        static_cast<const T*>(bias),  num_tokens,                   output_size,
+        input_size,                   out_stride,                   input_stride,
+        cfg.prefetch_slices};
+    PYORCH_RETURN_IF_ERROR(launch_skinny_gemm<T>(args, cfg, stream));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace pyorch

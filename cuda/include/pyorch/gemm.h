@@ -1,0 +1,45 @@
+// Matrix products of the linear layers that cuBLAS serves poorly: the "skinny" GEMM of decode.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "pyorch/dtype.h"
+
+namespace pyorch {
+
+// The most rows of input (tokens) skinny_gemm takes. The engine may use it for fewer (see
+// pyorch/layers/linear.py): past some M cuBLAS's tiled GEMM is the faster of the two.
+constexpr int64_t kSkinnyGemmMaxTokens = 16;
+
+// How skinny_gemm launches; a field < 0 means "the launcher picks". Exposed for the benchmark's
+// sweep (bench/cpp/bench_gemm.cu); callers normally pass nullptr. None of it changes the result.
+struct SkinnyGemmConfig {
+  int num_warps = -1;    // warps per thread block, splitting K between them: 4, 8 or 16
+  int l2_prefetch = -1;  // 1: weight loads carry the L2::256B prefetch hint, 0: they do not
+  int prefetch_slices = -1;  // 128-wide K slices of its 16 rows each warp asks of L2 up front
+  int pdl = -1;  // 1: launch with programmatic dependent launch (the weight stream starts while
+                 // the previous kernel drains), 0: a plain launch
+};
+
+// The configuration skinny_gemm uses when given none.
+SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
+                                            int64_t input_size);
+
+// out = input @ weight^T (+ bias), accumulated in fp32 and rounded once: torch's F.linear for
+// few rows. Each thread block owns 16 whole output columns (weight rows), so the result is
+// deterministic and there is no split-K pass.
+//   out:    [num_tokens, output_size]  (row stride out_stride, last dimension contiguous)
+//   input:  [num_tokens, input_size]   (row stride input_stride, a multiple of 8; 16-byte aligned)
+//   weight: [output_size, input_size]  (contiguous, 16-byte aligned): nn.Linear's layout
+//   bias:   [output_size] or nullptr
+// dtype: fp16 or bf16 (all four share it). num_tokens <= kSkinnyGemmMaxTokens and input_size a
+// multiple of 8, else cudaErrorInvalidValue. out must not overlap input, weight or bias.
+// Captures in a CUDA graph: no allocation, no synchronization.
+cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const void* bias,
+                        DType dtype, int64_t num_tokens, int64_t output_size, int64_t input_size,
+                        int64_t out_stride, int64_t input_stride, cudaStream_t stream,
+                        const SkinnyGemmConfig* config = nullptr);
+
+}  // namespace pyorch
