@@ -159,7 +159,8 @@ if [ -n "$ENGINE_MODEL" ]; then
     python3 -m pyorch.cli.main serve "$ENGINE_MODEL" --load-format dummy --dtype bfloat16 \
       --max-model-len 2048 --port 18000 --disable-log-requests > "$OUT_DIR/serve_server.log" 2>&1 &
     server=$!
-    timeout "$T" python3 -m pyorch.cli.main bench serve --port 18000 --random-input-len 128 \
+    timeout "$T" python3 -m pyorch.cli.main bench serve --port 18000 --model "$ENGINE_MODEL" \
+      --random-input-len 128 \
       --random-output-len 128 --num-prompts "${SERVE_PROMPTS:-400}" \
       --request-rates "${SERVE_RATES:-4,16,64,inf}" \
       --ready-check-timeout-sec 120 --output-json "$OUT_DIR/serve.json" > "$OUT_DIR/serve.log" \

@@ -109,6 +109,9 @@ class SchedulerConfig:
     policy: str = "fcfs"  # "fcfs" | "priority"
     # Schedule and launch step N+1 before step N's tokens are read (overlaps host and device).
     async_scheduling: bool = False
+    # Admit a request only while the KV cache keeps room for the running requests' expected
+    # growth (Scheduler docstring); False admits whatever fits now and relies on preemption.
+    reserve_kv_for_growth: bool = True
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:

@@ -50,6 +50,8 @@ class EngineArgs:
     device: str = "auto"  # "auto" (CUDA when available), "cuda", "cpu"
     # None: on for CUDA (overlaps scheduling with the GPU), off on the CPU (nothing to overlap)
     async_scheduling: Optional[bool] = None
+    # pyorch's own: keep KV room for running requests' expected growth (fewer preemptions)
+    reserve_kv_for_growth: bool = True
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -97,6 +99,7 @@ class EngineArgs:
             policy=self.scheduling_policy,
             async_scheduling=(device != "cpu" if self.async_scheduling is None
                               else bool(self.async_scheduling)),
+            reserve_kv_for_growth=bool(self.reserve_kv_for_growth),
         )
         scheduler_config.validate()
         return EngineConfig(model_config, cache_config, scheduler_config, parallel)

@@ -6,6 +6,14 @@ requests first (decodes and continuing chunked prefills), then waiting ones (new
 a preemption), with prefix-cache hits skipping computed blocks. When blocks run out, the
 lowest-priority (then latest-arriving) running request is preempted: its blocks are freed and it
 is recomputed later, keeping the tokens it generated.
+
+Preemption recomputes work, so admission looks ahead (`reserve_kv_for_growth`): a waiting request
+starts only if the free blocks left after it still cover the expected growth of every running
+request, `growth_ratio` x (the blocks each still needs to reach its length cap: prompt + max_tokens,
+at most max_model_len). `growth_ratio` is learned: the running mean of how much of its cap a
+finished request used (1.0 when every request runs to max_tokens, as with ignore_eos; small when
+requests stop early on EOS), raised after each preemption. It starts at 1.0, so nothing is
+admitted that the cache could not hold to the end until finished requests say otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +34,11 @@ from pyorch.engine.scheduler_output import (
 
 logger = logging.getLogger(__name__)
 
+# growth_ratio: weight of each finished request in its running mean, and the step it takes up
+# after a preemption.
+_GROWTH_EMA = 1 / 32
+_PREEMPTION_BUMP = 0.1
+
 
 class Scheduler:
     """Decides each step's batch and applies the runner's results.
@@ -41,6 +54,9 @@ class Scheduler:
     policy: "fcfs" (arrival order) or "priority" (lower value first, then arrival).
     long_prefill_token_threshold: when > 0, most tokens one request gets per step.
     hash_bits: prefix-cache bucket bits (tests only).
+    reserve_kv_for_growth: admit a waiting request only when the KV cache keeps room for the
+        expected growth of the running ones (module docstring); False admits whatever fits now,
+        as vLLM does, and relies on preemption.
     """
 
     def __init__(
@@ -56,6 +72,7 @@ class Scheduler:
         policy: str = "fcfs",
         long_prefill_token_threshold: int = 0,
         hash_bits: int = 64,
+        reserve_kv_for_growth: bool = True,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and max_model_len must be >= 1")
@@ -88,6 +105,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # since the last schedule()
         self.num_preemptions = 0
+        self.reserve_kv_for_growth = reserve_kv_for_growth
+        self.growth_ratio = 1.0  # expected share of its length cap a request still grows into
 
     @classmethod
     def from_config(cls, scheduler_config: Any, cache_config: Any, num_blocks: int) -> Scheduler:
@@ -103,6 +122,7 @@ class Scheduler:
             enable_chunked_prefill=sc.enable_chunked_prefill,
             policy=sc.policy,
             long_prefill_token_threshold=getattr(sc, "long_prefill_token_threshold", 0) or 0,
+            reserve_kv_for_growth=getattr(sc, "reserve_kv_for_growth", True),
         )
 
     # ---- requests in and out ---------------------------------------------------------------------
@@ -141,6 +161,10 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished()]
 
     def _free_request(self, request: Request) -> None:
+        if request.status != RequestStatus.FINISHED_ABORTED:
+            cap = self._length_cap(request) - request.num_prompt_tokens
+            used = len(request.output_token_ids) / cap if cap > 0 else 1.0
+            self.growth_ratio += _GROWTH_EMA * (min(used, 1.0) - self.growth_ratio)
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
@@ -220,6 +244,7 @@ class Scheduler:
             idx += 1
 
         # Then waiting requests, unless this step had to preempt (no room to grow).
+        reserved = -1.0  # blocks kept for the running requests' expected growth (lazily summed)
         while (
             not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
         ):
@@ -229,6 +254,15 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_wanted > budget:
                 break  # a prompt runs whole: wait for a step with room (keeps FCFS order)
             num_new = self._num_new_tokens(num_wanted, budget)
+            if self.reserve_kv_for_growth and self.running:
+                if reserved < 0:
+                    reserved = self.growth_ratio * sum(map(self._growth_blocks, self.running))
+                held = cdiv(num_hit + num_new, self.block_size)  # this request's blocks after
+                growth = self.growth_ratio * max(
+                    cdiv(self._length_cap(request), self.block_size) - held, 0)
+                if kv.num_free_blocks - (held - len(hit_blocks)) < reserved + growth:
+                    break  # it would crowd out the running requests' growth: wait
+                reserved += growth
             blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_hit, hit_blocks)
             if blocks is None:
                 break
@@ -250,6 +284,17 @@ class Scheduler:
             num_wanted = threshold
         return min(num_wanted, budget)
 
+    def _length_cap(self, request: Request) -> int:
+        """Tokens the request can reach: prompt + max_tokens, at most max_model_len."""
+        if request.max_tokens is None:
+            return self.max_model_len
+        return min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+
+    def _growth_blocks(self, request: Request) -> int:
+        """Blocks a running request still needs to reach its length cap."""
+        held = len(self.kv_cache_manager.get_block_ids(request.request_id))
+        return max(cdiv(self._length_cap(request), self.block_size) - held, 0)
+
     def _pick_victim(self) -> Request:
         """The lowest-priority running request (priority policy), then the latest arrival."""
         by_priority = self.policy == "priority"
@@ -266,6 +311,8 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
+        # Admission underestimated the growth: reserve more from now on.
+        self.growth_ratio = min(1.0, self.growth_ratio + _PREEMPTION_BUMP)
         self.finished_req_ids.add(request.request_id)  # the runner drops its state
         self.waiting.prepend(request)
         logger.debug("preempted %s (%d tokens)", request.request_id, request.num_tokens)

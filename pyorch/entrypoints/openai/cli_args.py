@@ -203,6 +203,10 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
          default=True, help="split long prompts across steps (default: on)")
     _add(sched, "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
          help="request order (default: %(default)s)")
+    _add(sched, "--reserve-kv-for-growth", "bool", action=argparse.BooleanOptionalAction,
+         default=True, help="admit a request only while the KV cache keeps room for what the "
+                            "running ones are expected to grow into, learned from finished "
+                            "requests (fewer preemptions; default: on)")
 
     par = parser.add_argument_group("parallel", "several GPUs (not served yet: must be 1)")
     _add(par, "--tensor-parallel-size", short="-tp", type=_parallel_size("--tensor-parallel-size"),
@@ -324,7 +328,7 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         scheduling_policy=args.scheduling_policy, load_format=args.load_format,
         enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, device=args.device,
-        async_scheduling=args.async_scheduling,
+        async_scheduling=args.async_scheduling, reserve_kv_for_growth=args.reserve_kv_for_growth,
     )
 
 

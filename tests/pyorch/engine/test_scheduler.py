@@ -287,7 +287,9 @@ def test_preemption_keeps_outputs(make_scheduler, policy, prefix_caching):
             )
         return run(sched, FakeRunner(BS))
 
-    kwargs = {"policy": policy, "enable_prefix_caching": prefix_caching, "max_model_len": 48}
+    # reserve_kv_for_growth off: admit whatever fits now, so the tiny cache must preempt.
+    kwargs = {"policy": policy, "enable_prefix_caching": prefix_caching, "max_model_len": 48,
+              "reserve_kv_for_growth": False}
     big = workload(make_scheduler(num_blocks=200, **kwargs))
     tiny_sched = make_scheduler(num_blocks=13, **kwargs)  # 48 tokens: one max-length sequence
     tiny = workload(tiny_sched)
@@ -300,8 +302,57 @@ def test_preemption_keeps_outputs(make_scheduler, policy, prefix_caching):
     assert resumed and all(n.req_id in dropped for n in resumed)
 
 
+def test_growth_reservation_runs_the_tiny_cache_without_preemption(make_scheduler):
+    """Requests that all run to max_tokens (ignore_eos) on a cache that holds one max-length
+    sequence: admission keeps room for what the running ones will still grow into, so nothing
+    is preempted (the same workload preempts with the reservation off) and outputs match."""
+    def workload(sched: Scheduler) -> dict[str, Any]:
+        for i in range(6):
+            sched.add_request(req(f"r{i}", prompt_of(10 + 3 * i, i % 3), arrival=i,
+                                  max_tokens=20, ignore_eos=True))
+        return run(sched, FakeRunner(BS))
+
+    big = workload(make_scheduler(num_blocks=200, max_model_len=48))
+    caps = {f"r{i}": -(-min(10 + 3 * i + 20, 48) // BS) for i in range(6)}  # blocks at the cap
+    widest = {}
+    for num_blocks in (13, 25):  # room for one max-length sequence; for two of the short ones
+        sched = make_scheduler(num_blocks=num_blocks, max_model_len=48)
+        tiny = workload(sched)
+        assert sched.num_preemptions == 0 and tiny["tokens"] == big["tokens"]
+        running: set[str] = set()
+        for so in tiny["steps"]:  # every admission left room for everyone's cap (ratio 1)
+            running |= {n.req_id for n in so.scheduled_new_reqs}
+            running &= set(so.num_scheduled_tokens)
+            assert sum(caps[r] for r in running) <= num_blocks - 1
+        widest[num_blocks] = max(len(so.num_scheduled_tokens) for so in tiny["steps"])
+    assert widest == {13: 1, 25: 2}
+
+
+def test_growth_ratio_learns_from_early_stops(make_scheduler):
+    """Requests that stop on EOS long before max_tokens lower growth_ratio, so more run at
+    once than a full max_tokens reservation would allow; a preemption raises it again."""
+    sched = make_scheduler(num_blocks=33, max_model_len=64, max_num_seqs=8)  # 32 usable blocks
+    n = 40
+    for i in range(n):  # 8-token prompts, max_tokens 40 (12 blocks at the cap), EOS as 2nd token
+        sched.add_request(req(f"r{i}", prompt_of(8, i), arrival=i, max_tokens=40))
+    res = run(sched, FakeRunner(BS, script={f"r{i}": [5, EOS] for i in range(n)}))
+    assert all(len(res["tokens"][f"r{i}"]) == 2 for i in range(n))
+    widths = [len(so.num_scheduled_tokens) for so in res["steps"]]
+    assert max(widths[:2]) <= 2  # 32 // 12: the first admissions reserve the whole cap
+    assert max(widths[-10:]) > 2 and sched.growth_ratio < 0.5
+    ratio = sched.growth_ratio
+    sched.add_request(req("x", prompt_of(8, 99), max_tokens=40))
+    so = sched.schedule()
+    sched.update_from_output(so, FakeRunner(BS).execute(so))
+    sched._preempt(sched.running.pop())
+    assert sched.growth_ratio == pytest.approx(ratio + 0.1)
+    sched.finish_requests("x", RequestStatus.FINISHED_ABORTED)
+    assert sched.growth_ratio == pytest.approx(ratio + 0.1)  # an abort says nothing about length
+
+
 def test_preemption_victim_fcfs_is_latest_arrival(make_scheduler):
-    sched = make_scheduler(num_blocks=9, max_model_len=32)  # 8 usable blocks
+    sched = make_scheduler(num_blocks=9, max_model_len=32,  # 8 usable blocks
+                           reserve_kv_for_growth=False)
     runner = FakeRunner(BS)
     sched.add_request(req("old", prompt_of(12), arrival=0, max_tokens=30, ignore_eos=True))
     sched.add_request(req("new", prompt_of(12, 1), arrival=1, max_tokens=30, ignore_eos=True))
@@ -323,7 +374,8 @@ def test_priority_policy(make_scheduler):
 
 
 def test_priority_preempts_the_lowest_priority(make_scheduler):
-    sched = make_scheduler(policy="priority", num_blocks=9, max_model_len=32)
+    sched = make_scheduler(policy="priority", num_blocks=9, max_model_len=32,
+                           reserve_kv_for_growth=False)
     runner = FakeRunner(BS)
     sched.add_request(
         req("low", prompt_of(12), arrival=0, priority=9, max_tokens=30, ignore_eos=True)
@@ -486,7 +538,8 @@ def test_async_scheduling_gives_the_same_outputs(make_scheduler, prefix_caching,
 
     def workload(async_scheduling: bool) -> tuple[dict[str, Any], Scheduler]:
         sched = make_scheduler(num_blocks=num_blocks, max_model_len=48,
-                               enable_prefix_caching=prefix_caching, max_num_batched_tokens=24)
+                               enable_prefix_caching=prefix_caching, max_num_batched_tokens=24,
+                               reserve_kv_for_growth=False)
         shared = prompt_of(12, 5)
         for i in range(5):
             sched.add_request(req(f"r{i}", prompt_of(10 + 3 * i, i % 3), arrival=i,
