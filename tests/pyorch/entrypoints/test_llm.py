@@ -232,19 +232,17 @@ def _mixed_params(vocab: int) -> list[SamplingParams]:
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_mixed_batch_equals_each_request_alone(tiny_model, async_scheduling, monkeypatch):
+def test_mixed_batch_equals_each_request_alone(tiny_model, async_scheduling):
     """The fast paths for batches of plain requests (sampling metadata, stop checks, output
     processing) change nothing: a request gives the same outputs in a mixed batch as alone."""
     path, hf = tiny_model
     if hf.config.model_type != "llama":
         pytest.skip("engine behaviour, not the model's: checked on the llama model only")
-    # NOTE(gemm): on CUDA a linear layer of <= SKINNY_GEMM_MAX_TOKENS rows runs the skinny GEMM
-    # and a larger one cuBLAS; the two round differently, so a request prefilled alone (5 rows)
-    # and inside the batch (119 rows) differs in the last bf16 bits, and greedy decoding with
-    # penalties flipped a near-tie on an H100. This test is about the host-side fast paths: pin
-    # every product to one GEMM.
-    monkeypatch.setattr("pyorch.layers.linear.SKINNY_GEMM_MAX_TOKENS", 0)
-    llm = _make_llm(path, async_scheduling=async_scheduling)
+    # On the CPU in fp32, also when a GPU is present: this checks the host-side fast paths, and a
+    # GPU's GEMMs pick kernels by the number of rows (cuBLAS, the skinny GEMM), so a request
+    # prefilled alone (5 rows) and inside the batch (119 rows) differs in the last bf16 bits; on
+    # an H100 greedy decoding with penalties flipped a near-tie at the 12th token either way.
+    llm = _make_llm(path, async_scheduling=async_scheduling, device="cpu", dtype=torch.float32)
     vocab = hf.config.vocab_size
     params = _mixed_params(vocab)
     prompts = [{"prompt_token_ids": p} for p in _prompts(vocab, [5, 17, 9, 23, 16, 7, 30, 12])]
