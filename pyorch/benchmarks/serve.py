@@ -191,7 +191,9 @@ def plot(path: str, runs: list[dict[str, Any]], title: str) -> None:
     plt = common.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     x = [r["request_throughput"] for r in runs]
-    labels = ["inf" if math.isinf(r["request_rate"]) else f"{r['request_rate']:g}" for r in runs]
+    # (a rate read back from the JSON file is "inf", a string, for the unthrottled run)
+    rates = [float(r["request_rate"]) for r in runs]
+    labels = ["inf" if math.isinf(rate) else f"{rate:g}" for rate in rates]
     for ax, key, name in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
         for q, style in (("p50", "o-"), ("p99", "s--")):
             ax.plot(x, [r[key][q] for r in runs], style, label=f"{name} {q}")

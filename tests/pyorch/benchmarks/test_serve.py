@@ -262,3 +262,16 @@ async def _one_run(args):
         specs = serve.make_requests(args, None, 100, seed=0)
         return await serve.run_rate(client, args, args.base_url, "fake-model", specs,
                                     math.inf, seed=0)
+
+
+def test_plot_reads_runs_back_from_json(tmp_path):
+    """The unthrottled run's rate is the string "inf" once written to JSON: plotting the file's
+    runs again works."""
+    from pyorch.benchmarks import serve
+
+    runs = [{"request_rate": rate, "request_throughput": tput,
+             "ttft_ms": {"p50": 10.0 * tput, "p99": 20.0 * tput},
+             "itl_ms": {"p50": 5.0, "p99": 9.0}} for rate, tput in ((4.0, 3.9), ("inf", 50.0))]
+    path = tmp_path / "serve.png"
+    serve.plot(str(path), json.loads(json.dumps(runs)), "replot")
+    assert path.stat().st_size > 1000
