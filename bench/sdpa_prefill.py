@@ -9,25 +9,13 @@ kernel's rows are compared with in the same device run.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def time_us(fn, warmup: int = 3, reps: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+from pyorch.benchmarks import common
+from pyorch.benchmarks.attention import event_times
 
 
 def main() -> None:
@@ -47,8 +35,9 @@ def main() -> None:
         k = torch.randn(b, hk, n, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(b, hk, n, d, device="cuda", dtype=torch.bfloat16)
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            us = time_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                enable_gqa=True))
+            ms = event_times(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                    enable_gqa=True), 20, warmup=3)
+        us = common.median(ms) * 1e3
         flops = 4.0 * b * h * n * n * d / 2
         print(f"op=torch_sdpa_flash torch={torch.__version__} batch={b} context={n} "
               f"head_size={d} time_us={us:.2f} TFLOP/s={flops / (us * 1e6):.1f}")

@@ -54,11 +54,11 @@ def copy_bandwidth(num_bytes: int = 2**30, iters: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s (bytes read + written), CUDA events."""
     src = torch.ones(num_bytes // 4, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
-    ms = _event_times(lambda: dst.copy_(src), iters, warmup=3)
+    ms = event_times(lambda: dst.copy_(src), iters, warmup=3)
     return 2 * num_bytes / (common.median(ms) * 1e-3)
 
 
-def _event_times(fn: Callable[[], Any], iters: int, warmup: int = 5) -> list[float]:
+def event_times(fn: Callable[[], Any], iters: int, warmup: int = 5) -> list[float]:
     """Milliseconds of each of `iters` calls of fn, each between two events on an idle stream."""
     for _ in range(warmup):
         fn()
@@ -86,7 +86,7 @@ def _graph_ms_per_call(calls: list[Callable[[], Any]], iters: int) -> float:
     with torch.cuda.graph(graph):
         for i in range(GRAPH_CALLS):
             calls[i % len(calls)]()
-    ms = _event_times(graph.replay, max(3, iters // 3), warmup=2)
+    ms = event_times(graph.replay, max(3, iters // 3), warmup=2)
     return common.median(ms) / GRAPH_CALLS
 
 
@@ -188,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
         row = Row(args, batch, context, copies)
         want = row.result("sdpa").float() if "sdpa" in ops else None
         for op in ops:
-            eager_ms = common.median(_event_times(row.call(op, 0), args.iters))
+            eager_ms = common.median(event_times(row.call(op, 0), args.iters))
             calls = [row.call(op, c) for c in range(len(row.nhd))]
             graph_ms = _graph_ms_per_call(calls, args.iters)
             moved = row.kv_bytes + row.io_bytes
