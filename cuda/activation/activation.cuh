@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 #include "pyorch/activation.h"
 
@@ -64,6 +65,8 @@ __global__ void __launch_bounds__(kActThreads)
                        const T* __restrict__ in,  // [num_tokens, 2 * d] (row stride in_stride)
                        int64_t num_tokens, int64_t d, int64_t out_stride, int64_t in_stride) {
   using V = Vec<T, VEC_SIZE>;
+  pdl_wait();  // launched with PDL (common/launch.cuh)
+  pdl_launch_dependents();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= num_tokens) return;
   const int64_t num_vecs = d / VEC_SIZE;
@@ -113,9 +116,8 @@ cudaError_t launch_act_and_mul_vec(T* out, const T* in, int64_t num_tokens, int6
                    static_cast<long long>(num_tokens), static_cast<long long>(d));
   }
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_blocks));
-  act_and_mul_kernel<T, ACT, VEC_SIZE>
-      <<<grid, dim3(bx, by), 0, stream>>>(out, in, num_tokens, d, out_stride, in_stride);
-  return cudaGetLastError();
+  return launch_kernel(&act_and_mul_kernel<T, ACT, VEC_SIZE>, grid, dim3(bx, by), 0, stream,
+                       pdl_enabled(), out, in, num_tokens, d, out_stride, in_stride);
 }
 
 template <typename T, Activation ACT>

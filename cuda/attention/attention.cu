@@ -187,8 +187,8 @@ cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
   const int64_t ctas = args.p.num_seqs * args.p.num_kv_heads;
   if (ctas > INT32_MAX) PYORCH_INVALID("paged_attention: %lld decode CTAs", (long long)ctas);
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.num_splits));
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args, merge);
-  return cudaGetLastError();
+  return kernels::launch_kernel(kernel, grid, dim3(Tile::kThreads), Tile::kSmemBytes, stream,
+                                pdl_enabled(), args, merge);
 }
 
 // The decode sequences (1..16 query rows) of the call: grid (num_seqs * num_kv_heads, splits).
@@ -224,20 +224,12 @@ cudaError_t launch_split_kv_merge(const PagedAttentionParams& p, int num_splits,
                                   cudaStream_t stream) {
   if (p.head_size % 4 != 0) PYORCH_INVALID("paged_attention: merge needs head_size % 4 == 0");
   const int64_t pairs = p.num_tokens * p.num_heads;
-  cudaLaunchConfig_t config = {};
-  config.gridDim =
-      dim3(static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps));
-  config.blockDim = dim3(kernels::kMergeThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, &kernels::merge_split_kv_kernel<T>, static_cast<T*>(p.out),
-                            o_partial, lse_partial, p.query_start_loc, p.num_seqs, p.num_tokens,
-                            p.num_heads, p.head_size, num_splits, p.out_token_stride,
-                            p.out_head_stride);
+  const dim3 grid(static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps));
+  return kernels::launch_kernel(&kernels::merge_split_kv_kernel<T>, grid,
+                                dim3(kernels::kMergeThreads), 0, stream, pdl_enabled(),
+                                static_cast<T*>(p.out), o_partial, lse_partial, p.query_start_loc,
+                                p.num_seqs, p.num_tokens, p.num_heads, p.head_size, num_splits,
+                                p.out_token_stride, p.out_head_stride);
 }
 
 static_assert(kernels::kPrefillRowsAbove == kernels::kDecodeMaxRows,

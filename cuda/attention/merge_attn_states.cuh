@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/reduce.cuh"
 
 namespace pyorch::kernels {
@@ -74,8 +75,8 @@ constexpr int kMaxKvSplits = 2 * kWarpSize;
 // splits then only broadcasts weights and issues independent 16-byte loads (unrolled by 16, so a
 // decode call's splits are all in flight). An empty split wrote lse -inf and zeros, so its
 // weight 0 needs no special case.
-// Launched with programmatic dependent launch behind the attention kernel: griddepcontrol.wait
-// holds it until that grid has finished and its partials are visible (a no-op otherwise).
+// Launched with programmatic dependent launch behind the attention kernel (common/launch.cuh):
+// pdl_wait holds it until that grid has finished and its partials are visible.
 template <typename T>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_split_kv_kernel(T* __restrict__ out,                    // [num_tokens, num_heads, head_size]
@@ -85,7 +86,8 @@ __global__ void __launch_bounds__(kMergeThreads)
                           int64_t num_seqs, int64_t num_tokens, int64_t num_heads,
                           int64_t head_size, int num_splits, int64_t out_token_stride,
                           int64_t out_head_stride) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (pair >= num_tokens * num_heads) return;

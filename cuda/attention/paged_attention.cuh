@@ -60,6 +60,7 @@ struct WorkTile {
   int min_row_hi;   // smallest exclusive key bound over the CTA's rows
   int max_row_lo;   // largest inclusive key bound over the CTA's rows
   int tile_begin, tile_end;
+  int live_splits;  // decode: splits that hold keys of the sequence (see locate_decode_work)
 };
 
 // Per-thread visible key range [lo, hi) of its two accumulator rows (lane/4 and lane/4 + 8).

@@ -24,14 +24,18 @@
 // Epilogue. The warps' (max, sum, output) of the same rows are merged through shared memory; the
 // CTA writes `out`, or with num_splits > 1 its normalized partial and log-sum-exp. The split
 // partials are combined in the same launch: the last CTA of a (sequence, kv head) to finish (an
-// arrival counter in the workspace, see decode_arrive) merges them into `out`. Only a mixed batch
-// (prefill rows beside, whose partials share the workspace) leaves them to merge_split_kv_kernel.
+// arrival counter in the workspace, see decode_arrive) merges them into `out`. Only the splits
+// that hold keys of the sequence take part; one that holds all of them writes `out` itself (a
+// CUDA graph sizes the split count for its longest sequence, so most of a short sequence's
+// splits are empty). Only a mixed batch (prefill rows beside, whose partials share the
+// workspace) leaves every split's partial to merge_split_kv_kernel.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
 #include "attention/paged_attention.cuh"
+#include "common/launch.cuh"
 
 namespace pyorch::kernels {
 
@@ -117,8 +121,13 @@ struct DecodeTile : DecodeBytes<T, CacheT, HEAD_SIZE> {
 // Rows, key range and this split's 16-key tiles of one decode sequence; false if the sequence is
 // not the decode kernel's (no query, or more rows than one m16 tile). Same clamps as
 // locate_prefill_tile (paged_prefill.cuh), which skips exactly these sequences.
+// merge_here: the split partials are merged in this launch (decode_merge_splits); then only the
+// splits that hold keys take part (live_splits: the rest of the grid is there for the longest
+// sequence the launch was sized, or the CUDA graph captured, for), and a sequence whose keys fit
+// one split writes `out` directly. Otherwise every split writes its partial for the merge kernel.
 template <int WARPS>
-__device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, WorkTile& w) {
+__device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, bool merge_here,
+                                                   WorkTile& w) {
   const PagedAttentionParams& p = a.p;
   const int64_t q_start = min(static_cast<int64_t>(p.query_start_loc[seq]), p.num_tokens);
   const int64_t q_end = min(static_cast<int64_t>(p.query_start_loc[seq + 1]), p.num_tokens);
@@ -144,6 +153,9 @@ __device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, W
   const int per_split = (num_chunks + a.num_splits - 1) / a.num_splits;
   w.tile_begin = min(num_tiles, static_cast<int>(blockIdx.y) * per_split * WARPS);
   w.tile_end = min(num_tiles, w.tile_begin + per_split * WARPS);
+  w.live_splits =
+      merge_here && per_split > 0 ? (num_chunks + per_split - 1) / per_split : a.num_splits;
+  if (merge_here && w.live_splits < 1) w.live_splits = 1;
   return true;
 }
 
@@ -311,7 +323,7 @@ __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_
     const int64_t token = w.q_start + r / a.group_size;
     const int64_t head = static_cast<int64_t>(kv_head) * a.group_size + r % a.group_size;
     const float inv = sum > 0.f ? v_scale / sum : 0.f;
-    if (a.num_splits == 1) {
+    if (w.live_splits == 1) {
       T* dst = static_cast<T*>(p.out) + token * p.out_token_stride + head * p.out_head_stride + col;
       *reinterpret_cast<uint32_t*>(dst) = attn::pack2<T>(o0 * inv, o1 * inv);
     } else {
@@ -325,7 +337,7 @@ __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_
 }
 
 // Counts this CTA in at its (sequence, kv head) slot and returns how many of the slot's
-// num_splits CTAs have arrived, itself included. The workspace comes from a caching allocator
+// live_splits CTAs have arrived, itself included. The workspace comes from a caching allocator
 // with anything in it, so a slot is only believed when its upper 48 bits hold this call's tag
 // (a fresh one per call, see next_decode_tag in attention.cu); any other value counts as none
 // arrived, and the first CTA to see one swaps in (tag, 1). Everyone after adds 1: an atomic add,
@@ -351,7 +363,7 @@ __device__ __forceinline__ int decode_arrive(unsigned long long* slot, unsigned 
 }
 
 // After decode_merge_warps has written this split's partial: the last CTA of the (sequence, kv
-// head) to arrive merges the num_splits partials of its rows into `out` (the sums of
+// head) to arrive merges the live_splits partials of its rows into `out` (the sums of
 // merge_split_kv_kernel, e^{lse_s - max} o_s / sum_s e^{lse_s - max}); the others return. One
 // thread per (row, 4 dims) reads the splits kMergeBatch at a time, log-sum-exps and partials
 // together, with a running max, so that up to 16 splits cost one L2 round trip.
@@ -365,8 +377,8 @@ __device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg
   __syncthreads();  // every thread's partial stores, before thread 0's release in decode_arrive
   if (threadIdx.x == 0) {
     const int arrived = decode_arrive(mg.arrivals + blockIdx.x, mg.tag);
-    *is_last = arrived == a.num_splits;
-    if (arrived == a.num_splits) mg.arrivals[blockIdx.x] = 0;  // all counted: ready for a replay
+    *is_last = arrived == w.live_splits;
+    if (arrived == w.live_splits) mg.arrivals[blockIdx.x] = 0;  // all counted: ready for a replay
   }
   __syncthreads();  // the other CTAs' partials (acquired by thread 0), before the reads below
   if (!*is_last) return;
@@ -381,14 +393,14 @@ __device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg
     const int64_t slot = token * p.num_heads + head;  // in split 0
     float run_max = -INFINITY, run_sum = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < a.num_splits; s0 += kMergeBatch) {
+    for (int s0 = 0; s0 < w.live_splits; s0 += kMergeBatch) {
       float lse[kMergeBatch];
       float4 x[kMergeBatch];
       // L2 reads (__ldcg): other SMs wrote these during this launch.
 #pragma unroll
       for (int j = 0; j < kMergeBatch; ++j) {
         const int64_t at = (s0 + j) * split_stride + slot;
-        const bool valid = s0 + j < a.num_splits;
+        const bool valid = s0 + j < w.live_splits;
         lse[j] = valid ? __ldcg(a.lse_partial + at) : -INFINITY;
         x[j] = valid ? __ldcg(reinterpret_cast<const float4*>(a.o_partial + at * kHead) + v)
                      : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -428,15 +440,20 @@ __global__ void __launch_bounds__(WARPS* kWarpSize)
   constexpr int kStages = Tr::kStages;
   extern __shared__ __align__(16) unsigned char smem[];
   T* q_smem = reinterpret_cast<T*>(smem);  // [16][kRowStride]
-  // A mixed batch's merge_split_kv_kernel may launch now; it waits (griddepcontrol.wait) for this
-  // grid to finish. A no-op otherwise.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // Launched with PDL (common/launch.cuh): wait for the kernels that wrote q and the cache, then
+  // let the next kernel (a mixed batch's merge_split_kv_kernel, or the output projection) be
+  // scheduled; it waits for this grid in turn.
+  pdl_wait();
+  pdl_launch_dependents();
 
   const int num_kv_heads = static_cast<int>(a.p.num_kv_heads);
   const int seq = blockIdx.x / num_kv_heads;
   const int kv_head = blockIdx.x % num_kv_heads;
   WorkTile w;
-  if (!locate_decode_work<WARPS>(a, seq, w)) return;
+  const bool merge_here = a.num_splits > 1 && mg.arrivals != nullptr;
+  if (!locate_decode_work<WARPS>(a, seq, merge_here, w)) return;
+  // A split past the sequence's keys adds nothing: it writes no partial and does not arrive.
+  if (static_cast<int>(blockIdx.y) >= w.live_splits) return;
 
   const int warp = threadIdx.x / kWarpSize;
   // [warps][kStages][K, V] rings, then (fp8) each warp's unpacked K and V tiles.
@@ -497,7 +514,7 @@ __global__ void __launch_bounds__(WARPS* kWarpSize)
   __syncthreads();  // the epilogue's scratch overlays every warp's ring
   float* scratch = reinterpret_cast<float*>(smem + Tr::kQBytes);
   decode_merge_warps<Tr, T>(a, w, kv_head, blockIdx.y, o, m, l, sm.v_scale, scratch);
-  if (a.num_splits > 1 && mg.arrivals != nullptr) {
+  if (w.live_splits > 1 && mg.arrivals != nullptr) {
     decode_merge_splits<Tr, T>(a, mg, w, kv_head, scratch);
   }
 }

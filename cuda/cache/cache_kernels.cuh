@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace pyorch::kernels {
@@ -127,6 +128,8 @@ __global__ void __launch_bounds__(kCacheThreads) reshape_and_cache_flash_kernel(
     int64_t value_token_stride, int64_t value_head_stride, int64_t cache_block_stride,
     int64_t cache_slot_stride, int64_t cache_head_stride) {
   using V = Vec<T, VEC_SIZE>;
+  pdl_wait();  // launched with PDL (common/launch.cuh)
+  pdl_launch_dependents();
   const int64_t first_item = static_cast<int64_t>(blockIdx.x) * kFlashItemsPerBlock<FP8>;
   // One 64-bit division per thread; the per-item ones below are 32-bit.
   const int64_t first_token = first_item / vecs_per_token;
@@ -196,6 +199,8 @@ __global__ void __launch_bounds__(kCacheThreads) reshape_and_cache_kernel(
   constexpr int kX = 16 / static_cast<int>(sizeof(CacheT));
   static_assert(kX % VEC_SIZE == 0, "a vector must not straddle two x-chunks of the key cache");
   using V = Vec<T, VEC_SIZE>;
+  pdl_wait();  // launched with PDL (common/launch.cuh)
+  pdl_launch_dependents();
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kSplitTokensPerBlock + threadIdx.x;
   const int64_t head = blockIdx.y;
   if (token >= num_tokens) return;  // no barriers below
@@ -328,13 +333,13 @@ cudaError_t launch_reshape_and_cache_flash(
     constexpr int64_t kPerBlock = kFlashItemsPerBlock<FP8>;
     const int64_t num_ctas = (num_items + kPerBlock - 1) / kPerBlock;
     if (num_ctas > INT32_MAX) PYORCH_INVALID("reshape_and_cache_flash: too many tokens");
-    reshape_and_cache_flash_kernel<T, CacheT, FP8, kVec>
-        <<<static_cast<unsigned>(num_ctas), kCacheThreads, 0, stream>>>(
-            key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, num_tokens,
-            vecs_per_head, vecs_per_token, num_blocks * block_size, block_size, key_token_stride,
-            key_head_stride, value_token_stride, value_head_stride, cache_block_stride,
-            cache_slot_stride, cache_head_stride);
-    return cudaGetLastError();
+    return launch_kernel(&reshape_and_cache_flash_kernel<T, CacheT, FP8, kVec>,
+                         dim3(static_cast<unsigned>(num_ctas)), dim3(kCacheThreads), 0, stream,
+                         pdl_enabled(), key, value, key_cache, value_cache, slot_mapping, k_scale,
+                         v_scale, num_tokens, vecs_per_head, vecs_per_token,
+                         num_blocks * block_size, block_size, key_token_stride, key_head_stride,
+                         value_token_stride, value_head_stride, cache_block_stride,
+                         cache_slot_stride, cache_head_stride);
   });
 }
 
@@ -366,12 +371,13 @@ cudaError_t launch_reshape_and_cache(
     if (num_ctas > INT32_MAX) PYORCH_INVALID("reshape_and_cache: too many tokens");
     const dim3 grid(static_cast<unsigned>(num_ctas), static_cast<unsigned>(num_kv_heads));
     const dim3 block(kSplitTokensPerBlock, kSplitRows);
-    reshape_and_cache_kernel<T, CacheT, FP8, kVec><<<grid, block, 0, stream>>>(
-        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, num_tokens,
-        static_cast<int>(head_size / kVec), num_blocks * block_size, block_size, key_token_stride,
-        key_head_stride, value_token_stride, value_head_stride, key_cache_block_stride,
-        key_cache_head_stride, value_cache_block_stride, value_cache_head_stride);
-    return cudaGetLastError();
+    return launch_kernel(&reshape_and_cache_kernel<T, CacheT, FP8, kVec>, grid, block, 0, stream,
+                         pdl_enabled(), key, value, key_cache, value_cache, slot_mapping, k_scale,
+                         v_scale, num_tokens, static_cast<int>(head_size / kVec),
+                         num_blocks * block_size, block_size, key_token_stride, key_head_stride,
+                         value_token_stride, value_head_stride, key_cache_block_stride,
+                         key_cache_head_stride, value_cache_block_stride,
+                         value_cache_head_stride);
   });
 }
 

@@ -12,9 +12,10 @@ namespace pyorch {
 // Long rows (down, K = 14336) with 8 warps and the hint: 97.7 / 96.7. The LM head's 8016 blocks
 // with 16 warps and no hint: 102.0 / 99.6. Past 8 tokens the x fragments double and the hint
 // stops paying (M = 16, 4 warps: qkv_proj 85.6 without, 83.8 with). Deeper L2 prefetch (4
-// slices per warp) was slower on every shape. PDL stays on: the engine's GEMMs follow kernels
-// that do not trigger early, so it only hides our launch behind their drain; a chain of
-// back-to-back GEMMs measured the same with it or without (within 0.3%).
+// slices per warp) was slower on every shape. PDL is on wherever pdl_enabled(): the norm,
+// activation, attention and cache kernels before the engine's GEMMs let them launch early, so
+// the first weight slices are requested while those kernels finish (a chain of back-to-back
+// GEMMs alone measured the same with it or without, within 0.3%).
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
                                             int64_t input_size) {
   const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
@@ -30,7 +31,7 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
     config.l2_prefetch = 1;
   }
   config.prefetch_slices = 1;
-  config.pdl = 1;
+  config.pdl = pdl_enabled() ? 1 : 0;
   return config;
 }
 

@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/reduce.cuh"
 
 namespace pyorch::kernels {
@@ -127,16 +128,6 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 }
 
-// PDL: wait for the grids this one depends on (their writes visible); a no-op without PDL.
-__device__ __forceinline__ void grid_dependency_wait() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
-// PDL: allow the next kernel in the stream to launch once every block got here or exited.
-__device__ __forceinline__ void grid_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;");
-}
-
 // One lane's share of a 16 x 128 weight slice and of the matching x columns.
 template <int M_TILES>
 struct SkinnySlice {
@@ -220,8 +211,8 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
       prefetch_l2(w_hi_row + k);
     }
   }
-  grid_dependency_wait();
-  grid_launch_dependents();
+  pdl_wait();
+  pdl_launch_dependents();
 
   float acc[M_TILES][4] = {};
   int slice = warp;
@@ -267,20 +258,14 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
 template <typename T, int M_TILES, int NUM_WARPS>
 cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_prefetch, bool pdl,
                                        cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((args.output_size + kSkinnyRows - 1) / kSkinnyRows));
-  config.blockDim = dim3(NUM_WARPS * kWarpSize);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
+  const dim3 grid(static_cast<unsigned>((args.output_size + kSkinnyRows - 1) / kSkinnyRows));
+  const dim3 block(NUM_WARPS * kWarpSize);
   if (l2_prefetch) {
-    return cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, M_TILES, NUM_WARPS, true>, args);
+    return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, true>, grid, block, 0, stream,
+                         pdl, args);
   }
-  return cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, M_TILES, NUM_WARPS, false>, args);
+  return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, false>, grid, block, 0, stream,
+                       pdl, args);
 }
 
 template <typename T, int M_TILES>

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace pyorch::kernels {
@@ -91,6 +92,8 @@ __device__ __forceinline__ void rotate_chunk(T* lo_ptr,  // [VEC_SIZE]
 template <typename T, typename CacheT, bool IS_NEOX, int VEC_SIZE>
 __global__ void __launch_bounds__(kRopeMaxThreads)
     rotary_embedding_kernel(const RopeParams<T, CacheT> p) {
+  pdl_wait();  // launched with PDL (common/launch.cuh)
+  pdl_launch_dependents();
   const int64_t token = static_cast<int64_t>(blockIdx.x) * blockDim.z + threadIdx.z;
   if (token >= p.num_tokens) return;  // no barriers below, so idle threads may leave early
   const int num_chunks = p.half_rot_dim / VEC_SIZE;
@@ -143,9 +146,9 @@ cudaError_t launch_rope_vec(const RopeParams<T, CacheT>& p, cudaStream_t stream)
       std::min<int64_t>(std::max(1, kRopeMaxThreads / (bx * by)), p.num_tokens));
   const int64_t num_blocks = (p.num_tokens + bz - 1) / bz;
   if (num_blocks > 0x7fffffff) PYORCH_INVALID("rotary_embedding: too many tokens");
-  rotary_embedding_kernel<T, CacheT, IS_NEOX, VEC_SIZE>
-      <<<dim3(static_cast<unsigned>(num_blocks)), dim3(bx, by, bz), 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(&rotary_embedding_kernel<T, CacheT, IS_NEOX, VEC_SIZE>,
+                       dim3(static_cast<unsigned>(num_blocks)), dim3(bx, by, bz), 0, stream,
+                       pdl_enabled(), p);
 }
 
 template <typename T, typename CacheT>

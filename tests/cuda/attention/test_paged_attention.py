@@ -400,7 +400,9 @@ def test_cuda_graph_decode_split_replays(device: str, kv_cache_dtype: str) -> No
     call = lambda: _ops.paged_attention(out, *args, 1, 8192, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
                                         kv_cache_dtype, b["k_scale"], b["v_scale"])  # fmt: skip
     graph = _capture(call)
-    for shrink in ([0, 0], [1000, 3], [2500, 890]):
+    # Lengths shrink until the second sequence fits one split (it then writes `out` directly and
+    # never arrives), then grow back so that its later splits count again.
+    for shrink in ([0, 0], [1000, 3], [2500, 890], [-3000, -800]):
         b["query"].normal_()
         b["seq_lens"].sub_(torch.tensor(shrink, dtype=torch.int32, device=device))
         out.fill_(SENTINEL)
