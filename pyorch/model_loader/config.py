@@ -8,8 +8,11 @@ transformers 4 wrote ``rope_theta`` and ``rope_scaling`` (``{"type"|"rope_type":
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -88,9 +91,7 @@ def load_hf_config(
     elif os.path.isdir(model):
         _check_config_json(model)
         try:
-            config = AutoConfig.from_pretrained(
-                model, revision=revision, trust_remote_code=trust_remote_code
-            )
+            config = _auto_config_without_model_docs(model, revision, trust_remote_code)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{os.path.join(model, 'config.json')}: {e}") from e
     elif _looks_like_path(model):
@@ -103,6 +104,44 @@ def load_hf_config(
         raise ValueError(f"{model}: the config names no architectures")
     _normalize_rope(config)
     return config
+
+
+_MODELING_AUTO = "transformers.models.auto.modeling_auto"
+
+
+@contextlib.contextmanager
+def _model_class_mappings_hidden() -> Iterator[None]:
+    """Hide transformers' model-class mappings module while a config class is first defined.
+
+    transformers 5's ``@auto_docstring`` on each config class imports ``modeling_auto`` to name
+    the model class in the generated docstring, and that module imports the generation, masking
+    and FSDP code and through them torch._dynamo: seconds of a cold start (about 8 s measured on
+    the GPU machine's transformers 5.17), for a docstring. The decorator treats an ImportError
+    there as "no model classes in this environment"; a ``None`` entry in ``sys.modules`` makes
+    the import raise one. Nothing changes once the module is already imported.
+    """
+    if _MODELING_AUTO in sys.modules:
+        yield
+        return
+    sys.modules[_MODELING_AUTO] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.modules.get(_MODELING_AUTO, 0) is None:
+            del sys.modules[_MODELING_AUTO]
+
+
+def _auto_config_without_model_docs(
+    model: str, revision: str | None, trust_remote_code: bool
+) -> PretrainedConfig:
+    """``AutoConfig.from_pretrained`` with the model-class mappings hidden; should a
+    transformers version fail that way, the plain call (the docstring import is then paid)."""
+    kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
+    try:
+        with _model_class_mappings_hidden():
+            return AutoConfig.from_pretrained(model, **kwargs)
+    except Exception:  # noqa: BLE001 - retried as is below, which raises the real error if any
+        return AutoConfig.from_pretrained(model, **kwargs)
 
 
 def _normalize_rope(config: PretrainedConfig) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -17,17 +18,23 @@ def get_tokenizer(
 ) -> Any:
     """Load the tokenizer of ``model`` (or of ``tokenizer``, when given).
 
-    A directory or hub id goes through ``transformers.AutoTokenizer``. A ``.gguf`` file goes
-    through transformers' GGUF tokenizer conversion (``gguf_file=``); its chat template comes from
-    the file's ``tokenizer.chat_template`` metadata when transformers did not carry it over.
+    A directory or hub id goes through ``transformers.AutoTokenizer``, except a local directory
+    whose ``tokenizer_config.json`` names transformers' generic ``tokenizer.json`` class: that
+    class is built directly (see :func:`_generic_tokenizer_class`). A ``.gguf`` file goes through
+    transformers' GGUF tokenizer conversion (``gguf_file=``); its chat template comes from the
+    file's ``tokenizer.chat_template`` metadata when transformers did not carry it over.
 
     Returns
     -------
     transformers.PreTrainedTokenizerBase
     """
+    path = os.path.expanduser(tokenizer or model)
+    generic = _generic_tokenizer_class(path)
+    if generic is not None:
+        return generic.from_pretrained(path, revision=revision)
+
     from transformers import AutoTokenizer
 
-    path = os.path.expanduser(tokenizer or model)
     if is_gguf(path):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"tokenizer GGUF file not found: {path}")
@@ -48,6 +55,37 @@ def get_tokenizer(
     return AutoTokenizer.from_pretrained(
         path, trust_remote_code=trust_remote_code, revision=revision
     )
+
+
+# tokenizer_class values that name transformers' generic tokenizer.json-backed class (in
+# transformers 5 both resolve to TokenizersBackend), which AutoTokenizer would build as well.
+_GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _generic_tokenizer_class(path: str) -> Any:
+    """The generic tokenizer class for a local directory that asks for it, else None.
+
+    Importing ``AutoTokenizer`` imports transformers' model-class mappings; on transformers 5.17
+    that pulls in its generation, FSDP and masking modules, and through them torch._dynamo and
+    sympy: seconds of a cold start, for a class the directory names outright. Directories with
+    remote code (``auto_map``), without ``tokenizer.json`` or naming any other class go through
+    AutoTokenizer.
+    """
+    config_path = os.path.join(path, "tokenizer_config.json")
+    if not (os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json"))
+            and os.path.isfile(config_path)):
+        return None
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None  # AutoTokenizer reports a broken file better
+    name = config.get("tokenizer_class")
+    if name not in _GENERIC_TOKENIZER_CLASSES or "auto_map" in config:
+        return None
+    import transformers
+
+    return getattr(transformers, name, None)
 
 
 def _apply_gguf_special_tokens(tok: Any, path: str) -> None:

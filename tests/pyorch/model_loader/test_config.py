@@ -161,3 +161,60 @@ def test_non_gguf_file_is_rejected(tmp_path: Path) -> None:
     weights.write_bytes(b"\0" * 8)
     with pytest.raises(ValueError, match="model.bin.*must be a .gguf file"):
         load_hf_config(str(weights))
+
+
+# transformers 5's config docstrings import modeling_auto (and torch._dynamo through it); the
+# loader hides it while the config class is defined. Checked in a fresh interpreter, since this
+# one may have imported it already.
+_FRESH_LOAD = r"""
+import sys
+from pyorch.model_loader import load_hf_config
+config = load_hf_config(sys.argv[1])
+hidden = "transformers.models.auto.modeling_auto" not in sys.modules
+import transformers.models.auto.modeling_auto as later  # importable as usual afterwards
+print(type(config).__name__, config.num_key_value_heads, hidden, later.MODEL_MAPPING_NAMES["llama"])
+"""
+
+
+def test_config_load_leaves_model_class_mappings_unimported(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = write_config(tmp_path / "m", v4_config("llama", 10000.0, None))
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _FRESH_LOAD, path], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name, kv_heads, hidden, mapped = proc.stdout.split()[:4]
+    assert (name, kv_heads, hidden) == ("LlamaConfig", "2", "True")
+    assert mapped == "LlamaModel"
+
+
+def test_config_load_falls_back_when_hiding_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A transformers version whose config import needed modeling_auto: the plain call is retried.
+    import sys
+
+    import transformers
+
+    real = transformers.AutoConfig.from_pretrained.__func__
+    calls = []
+
+    def picky(cls, *args, **kwargs):
+        calls.append(sys.modules.get("transformers.models.auto.modeling_auto", "absent"))
+        if calls[-1] is None:
+            raise ImportError("modeling_auto needed")
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "transformers.models.auto.modeling_auto", raising=False)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(picky))
+    path = write_config(tmp_path / "m", v4_config("qwen2", 10000.0, None))
+    config = load_hf_config(path)
+    assert type(config).__name__ == "Qwen2Config"
+    assert calls[0] is None and calls[1] is not None
+    assert "transformers.models.auto.modeling_auto" not in sys.modules or (
+        sys.modules["transformers.models.auto.modeling_auto"] is not None)
