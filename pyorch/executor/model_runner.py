@@ -36,9 +36,9 @@ from pyorch.layers.sampler import (
     LogprobsLists,
     LogprobsTensors,
     Sampler,
-    SamplingMetadata,
     SamplingRow,
     compute_prompt_logprobs,
+    sample_rows,
 )
 from pyorch.metrics.stats import StepTimings
 from pyorch.sampling_params import SamplingParams
@@ -432,9 +432,7 @@ class ModelRunner:
                     # same tokens whatever else is batched, and after a preemption too.
                     s.generator.manual_seed(_step_seed(s.sampling_params.seed,
                                                        len(s.output_token_ids) + s.num_pending))
-            rows = [s.sampling_row for s in states]
-            metadata = SamplingMetadata.from_requests(rows, logits.shape[-1], logits.device)
-            out = self.sampler(logits, metadata)
+            out = sample_rows(self.sampler, logits, [s.sampling_row for s in states])
             handle.sampled_device = out.sampled_token_ids
             handle.sampled_row_of = {req_ids[i]: j for j, i in enumerate(sampled_rows)}
             handle.to_host(out.sampled_token_ids, out.logprobs)
@@ -476,8 +474,7 @@ class ModelRunner:
         params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=20,
                                 repetition_penalty=1.1)
         rows = [SamplingRow(params, [0], [], None) for _ in range(logits.shape[0])]
-        metadata = SamplingMetadata.from_requests(rows, logits.shape[-1], logits.device)
-        self.sampler(logits, metadata)
+        sample_rows(self.sampler, logits, rows)
 
     def _prompt_logprobs(self, req_ids: list[str], so: SchedulerOutput,
                          hidden: torch.Tensor) -> dict[str, LogprobsLists]:

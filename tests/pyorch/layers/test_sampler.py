@@ -392,3 +392,66 @@ def test_rows_with_per_row_work_are_not_plain(params):
     assert not SamplingRow(params, [], []).plain
     assert SamplingRow(SamplingParams(temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, seed=1),
                        [], []).plain
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [128256, 151936, 32000, 1000, 4096 * 3 + 1])
+@pytest.mark.parametrize("rows", [1, 3, 63, 70])
+def test_argmax_rows_split_matches_argmax(device: str, n: int, rows: int) -> None:
+    from pyorch.layers.sampler import argmax_rows
+
+    x = torch.randn(rows, n, device=device)
+    # Ties across chunks and inside one: the first index must win, as with argmax.
+    x[0, n // 3] = x[0, n - 1] = x[0, 5] = 100.0
+    if rows > 1:
+        x[1, 7:9] = 50.0
+    if rows > 2:
+        x[2, n // 2] = float("nan")  # argmax takes a NaN as the maximum
+    expected = x.argmax(dim=-1)
+    for split in (True, False, None):
+        assert torch.equal(argmax_rows(x, split=split), expected)
+    assert torch.equal(argmax_rows(x.to(torch.bfloat16), split=True),
+                       x.to(torch.bfloat16).argmax(dim=-1))
+    # A non-contiguous view goes through plain argmax.
+    wide = torch.randn(rows, 2 * n, device=device)
+    assert torch.equal(argmax_rows(wide[:, ::2], split=True), wide[:, ::2].argmax(dim=-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("chunk_rows", [1, 3, 4, 100])
+def test_sample_rows_in_chunks_matches_one_pass(device, chunk_rows, monkeypatch):
+    """Sampling a big batch in chunks of rows (bounded memory) gives what one pass gives: greedy
+    and seeded rows the same tokens, logprobs of the batch's top-N width in every chunk, penalty
+    and bias rows their own edits."""
+    from pyorch.layers import sampler as sampler_mod
+
+    vocab = 97
+    torch.manual_seed(3)
+    logits = torch.randn(10, vocab)
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=11),
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(temperature=1.2, top_k=5, seed=12, logprobs=1),
+        SamplingParams(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.5),
+        SamplingParams(temperature=0.7, min_p=0.1, seed=13),
+        SamplingParams(temperature=0.0, logit_bias={5: 100.0}),
+        SamplingParams(temperature=0.9, seed=14, frequency_penalty=0.3),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, top_p=0.5, top_k=20, seed=15, logprobs=5),
+    ]
+
+    def run(chunk_elements):
+        monkeypatch.setattr(sampler_mod, "SAMPLER_CHUNK_ELEMENTS", chunk_elements)
+        rows = [SamplingRow(params=p, prompt_token_ids=[1, 2, 3], output_token_ids=[4, 4, 7],
+                            generator=None if p.seed is None else make_generator(p.seed, device))
+                for p in params]
+        return sampler_mod.sample_rows(Sampler(), logits.to(device), rows)
+
+    whole, chunked = run(1 << 30), run(chunk_rows * vocab)
+    assert torch.equal(whole.sampled_token_ids, chunked.sampled_token_ids)
+    assert whole.sampled_token_ids[6].item() == 5  # the bias row
+    assert whole.logprobs is not None and chunked.logprobs is not None
+    assert whole.logprobs.logprobs.shape == (10, 6)  # 5 + the sampled token, for every row
+    for a, b in zip(whole.logprobs, chunked.logprobs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
