@@ -69,7 +69,8 @@ def rows(pyorch_dirs: list[str], vllm_dir: str) -> list[dict[str, Any]]:
     return out
 
 
-def plot(path: str, table: list[dict[str, Any]], title: str) -> None:
+def plot(path: str, table: list[dict[str, Any]], title: str,
+         xlabel: str = "pyorch speed / vLLM 0.26 speed (same machine, same run)") -> None:
     from pyorch.benchmarks.common import pyplot
 
     plt = pyplot()
@@ -80,7 +81,7 @@ def plot(path: str, table: list[dict[str, Any]], title: str) -> None:
     ax.axvline(1.0, color="black", lw=0.8)
     for bar, s in zip(bars, speedups):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s:.2f}x", va="center")
-    ax.set_xlabel("pyorch speed / vLLM 0.26 speed (same machine, same run)")
+    ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=9)
     ax.invert_yaxis()
     fig.tight_layout()
@@ -95,6 +96,9 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="output prefix (PREFIX.json, PREFIX.png)")
     parser.add_argument("--title", default="Llama-3-8B shapes, dummy bf16 weights")
     parser.add_argument("--note", default="")
+    parser.add_argument("--xlabel",
+                        default="pyorch speed / vLLM 0.26 speed (same machine, same run)",
+                        help="the x axis' label: say so when the rows come from several runs")
     args = parser.parse_args()
     table = rows(args.pyorch, args.vllm)
     if not table:
@@ -104,7 +108,7 @@ def main() -> int:
               f"{r['unit']:<14} pyorch/vLLM speed {r['pyorch_over_vllm']:.3f}x")
     with open(args.out + ".json", "w") as f:
         json.dump({"rows": table, "note": args.note}, f, indent=1)
-    plot(args.out + ".png", table, args.title)
+    plot(args.out + ".png", table, args.title, args.xlabel)
     print(f"wrote {args.out}.json, {args.out}.png")
     return 0
 

@@ -5,6 +5,9 @@ the host ops by CPU time, and GPU busy time per step against wall time per step.
 
     python bench/profile_gpu.py --model MODEL_DIR --num-prompts 1000 [--out DIR]
 
+With --phase prefill it profiles the steps that take the prompts in instead (e.g. --input-len
+2048 --max-model-len 4096: the prefill-bound 2048/128 workload).
+
 A developer's tool (the figures to report come from `pyorch bench`); with --out it writes the
 tables and a Chrome trace there.
 """
@@ -33,10 +36,14 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                         default=True)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                        help="decode: steady decode once every prompt is in; prefill: the steps "
+                             "that take the prompts in (after two warm-up steps)")
     args = parser.parse_args()
 
     engine = LLMEngine.from_engine_args(EngineArgs(
-        model=args.model, load_format="dummy", dtype="bfloat16", max_model_len=2048,
+        model=args.model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, async_scheduling=args.async_scheduling))
     vocab = engine.config.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -45,19 +52,25 @@ def main() -> None:
         ids = torch.randint(100, vocab - 100, (args.input_len,), generator=gen).tolist()
         engine.add_request(str(i), {"prompt_token_ids": ids}, params)
     scheduler = engine.scheduler
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.requests.values()):
-        engine.step()
-    for _ in range(3):
-        engine.step()
+    if args.phase == "prefill":
+        for _ in range(2):
+            engine.step()
+    else:
+        while any(r.num_computed_tokens < r.num_prompt_tokens
+                  for r in scheduler.requests.values()):
+            engine.step()
+        for _ in range(3):
+            engine.step()
     torch.cuda.synchronize()
     # Unprofiled first: host time per step by phase at this batch (the profiler slows the host).
     from pyorch.benchmarks.common import format_phases
     timings = engine.engine_core.timings
     before, start = timings.snapshot(), time.perf_counter()
-    for _ in range(args.steps * 4):
+    plain_steps = args.steps if args.phase == "prefill" else args.steps * 4
+    for _ in range(plain_steps):
         engine.step()
     torch.cuda.synchronize()
-    plain_ms = 1e3 * (time.perf_counter() - start) / (args.steps * 4)
+    plain_ms = 1e3 * (time.perf_counter() - start) / plain_steps
     phases = timings.per_step_ms(before)
     unprofiled = (f"unprofiled, {phases['steps']} steps: wall {plain_ms:.2f} ms/step, host (CPU) "
                   f"{phases['host']:.2f} ms/step: {format_phases(phases)}")
@@ -73,7 +86,7 @@ def main() -> None:
     gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     wall_ms = 1e3 * sum(walls) / len(walls)
     lines = [
-        f"batch {len(scheduler.running)} decode, async {args.async_scheduling}: wall "
+        f"batch {len(scheduler.running)} {args.phase}, async {args.async_scheduling}: wall "
         f"{wall_ms:.2f} ms/step (profiled), GPU kernels {gpu_us / 1e3 / args.steps:.2f} ms/step "
         f"-> GPU busy {100 * gpu_us / 1e3 / args.steps / wall_ms:.0f}%", unprofiled,
         "", "== by GPU time",

@@ -1,9 +1,28 @@
 // Instantiates the skinny GEMM for fp16 and bf16 behind the torch-free C API, and picks its launch
 // configuration.
+#include <cstdlib>
+
 #include "gemm/skinny_gemm.cuh"
 #include "pyorch/gemm.h"
 
 namespace pyorch {
+
+namespace {
+
+// PYORCH_SKINNY_PREFETCH_SLICES=N sets every skinny GEMM's up-front L2 prefetch to N slices per
+// warp (0: none), for A/B timing; read once per process. -1: unset.
+int skinny_prefetch_slices_override() {
+  static const int value = [] {
+    const char* env = std::getenv("PYORCH_SKINNY_PREFETCH_SLICES");
+    if (env == nullptr || *env == '\0') return -1;
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    return (*end == '\0' && n >= 0 && n <= 1024) ? static_cast<int>(n) : -1;
+  }();
+  return value;
+}
+
+}  // namespace
 
 // Picked from bench_gemm's sweep on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/bench_gemm.txt,
 // % of copy bandwidth at M = 1 / 8). A few hundred to a few thousand blocks (Llama-3-8B's
@@ -30,7 +49,8 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
     config.num_warps = input_size >= 8192 ? 8 : 4;
     config.l2_prefetch = 1;
   }
-  config.prefetch_slices = 1;
+  config.prefetch_slices = skinny_prefetch_slices_override();
+  if (config.prefetch_slices < 0) config.prefetch_slices = 1;
   config.pdl = pdl_enabled() ? 1 : 0;
   return config;
 }

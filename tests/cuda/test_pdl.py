@@ -107,15 +107,15 @@ print("PDL_RESULT " + json.dumps(out))
 """
 
 
-def _run_chain(pdl: str, num_tokens: int) -> dict:
-    env = dict(os.environ, PYORCH_PDL=pdl)
+def _run_chain(pdl: str, num_tokens: int, **extra_env: str) -> dict:
+    env = dict(os.environ, PYORCH_PDL=pdl, **extra_env)
     proc = subprocess.run([sys.executable, "-c", _CHAIN, str(num_tokens)], capture_output=True,
                           text=True, timeout=600, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     for line in proc.stdout.splitlines():
         if line.startswith("PDL_RESULT "):
             return json.loads(line[len("PDL_RESULT "):])
-    raise AssertionError(f"chain failed (PYORCH_PDL={pdl}):\n{proc.stderr[-4000:]}")
+    raise AssertionError(f"chain failed (PYORCH_PDL={pdl}, {extra_env}):\n{proc.stderr[-4000:]}")
 
 
 @pytest.mark.parametrize("num_tokens", [1, 3, 8])
@@ -128,3 +128,15 @@ def test_pdl_chain_same_bits_with_and_without_pdl(num_tokens: int):
     # The chain did real work: the hidden state moved away from where it started and is finite.
     x = torch.tensor(on["eager"][0])
     assert torch.isfinite(x).all() and x.abs().max() > 0
+
+
+@pytest.mark.parametrize("slices", ["0", "4"])
+def test_skinny_gemm_l2_prefetch_depth_changes_no_bits(slices: str):
+    # The skinny GEMM asks L2 for its first weight slices before it waits on its input (a hint,
+    # issued while the kernel before it may still run): none or four slices per warp must give
+    # the default's bits, eagerly and in a graph.
+    base = _run_chain("1", 3)
+    run = _run_chain("1", 3, PYORCH_SKINNY_PREFETCH_SLICES=slices)
+    assert run["eager"] == base["eager"]
+    for replay in run["graph"]:
+        assert replay == base["eager"]
