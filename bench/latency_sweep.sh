@@ -6,7 +6,8 @@
 #   bash bench/latency_sweep.sh OUT_DIR MODEL_DIR NAME=ENV[,ENV...] ...   (REPEATS=2 by default)
 #
 # e.g. base= pf0=PYORCH_SKINNY_PREFETCH_SLICES=0 pdl_off=PYORCH_PDL=0. Each run is
-# `pyorch bench latency` at the gpu_check.sh settings (batch 1, in 128, out 256, dummy bf16),
+# `pyorch bench latency` at the gpu_check.sh settings (batch 1, in 128, out 256, dummy bf16,
+# max_model_len 2048; INPUT_LEN and OUTPUT_LEN change the lengths),
 # logged as OUT_DIR/latency_NAME_rR.{log,json}; OUT_DIR/latency_sweep.txt sums them up.
 set -uo pipefail
 OUT_DIR=${1:?usage: bash bench/latency_sweep.sh OUT_DIR MODEL_DIR NAME=ENV[,ENV...] ...}
@@ -26,8 +27,9 @@ for round in $(seq 1 "${REPEATS:-2}"); do
     log="$OUT_DIR/latency_${name}_r${round}.log"
     # shellcheck disable=SC2086
     env ${envs//,/ } timeout "${LATENCY_TIMEOUT:-240}" python3 -m pyorch.cli.main bench latency \
-      --model "$MODEL" --load-format dummy --dtype bfloat16 --input-len 128 --output-len 256 \
-      --batch-size 1 --max-model-len 2048 --num-iters "${NUM_ITERS:-10}" \
+      --model "$MODEL" --load-format dummy --dtype bfloat16 --input-len "${INPUT_LEN:-128}" \
+      --output-len "${OUTPUT_LEN:-256}" --batch-size 1 --max-model-len 2048 \
+      --num-iters "${NUM_ITERS:-10}" \
       --output-json "$OUT_DIR/latency_${name}_r${round}.json" > "$log" 2>&1
     line=$(grep -m1 "ms per output token" "$log" || echo "FAILED (see $log)")
     echo "$name [${envs:-default}] round $round: $line" | tee -a "$summary"

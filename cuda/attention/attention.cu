@@ -27,6 +27,15 @@ constexpr int64_t kMaxSplits = kernels::kMaxKvSplits;
 // Decode splits: at least this many 64-key chunks each (a CTA's fixed cost, the query load, the
 // first load's latency and the warp merge, is then under half its streaming time).
 constexpr int64_t kMinDecodeChunksPerSplit = 2;
+// A decode sequence with at most this many keys runs in one split when the launch merges its
+// splits itself (decode_single_split_keys), however many splits the grid has. Measured on an
+// H100 with `pyorch bench latency` (Llama-3-8B shapes, batch 1, graphs captured for 2048 tokens:
+// 16 splits of 128 keys), bench/latency_sweep.sh: at 128 in / 256 out (128-384 keys) one split
+// gives 6.18-6.19 ms/token against 6.30-6.31 with 2-3 live splits; at 1536 in (1.5-1.8k keys)
+// 4 splits of 512 keys lost to 13 of 128 (6.45 against 6.37), and so did 1-split sequences of
+// 512-4096 keys in bench_paged_attention's graphs (1x1k: 16.2 us against 11.6): only short
+// sequences gain, so the bound sits below 512.
+constexpr int kDecodeSingleSplitKeys = 384;
 
 constexpr int kMaxDevices = 64;
 
@@ -169,6 +178,21 @@ struct Workspace {
   int* item_counters;
 };
 
+// kDecodeSingleSplitKeys, or PYORCH_DECODE_SINGLE_SPLIT_KEYS=N (A/B timing; read once per
+// process; 0 keeps the grid's split size for every sequence).
+int decode_single_split_keys() {
+  static const int keys = [] {
+    const char* env = std::getenv("PYORCH_DECODE_SINGLE_SPLIT_KEYS");
+    if (env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const long n = std::strtol(env, &end, 10);
+      if (*end == '\0' && n >= 0 && n <= (1 << 30)) return static_cast<int>(n);
+    }
+    return kDecodeSingleSplitKeys;
+  }();
+  return keys;
+}
+
 // A fresh tag per call for the decode arrival slots (decode_arrive): 1 .. 2^48 - 1, never 0, so
 // that a slot the last CTA put back to 0 matches no call.
 unsigned long long next_decode_tag() {
@@ -197,7 +221,7 @@ cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
 // the 2-CTA shape: choose_decode_splits gives them two CTAs per SM.
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
-  kernels::DecodeMergeArgs merge{nullptr, 0};
+  kernels::DecodeMergeArgs merge{nullptr, 0, decode_single_split_keys()};
   if (decode_merges_in_kernel(args.p, args.num_splits)) {
     merge.arrivals = reinterpret_cast<unsigned long long*>(
         reinterpret_cast<char*>(args.o_partial) + decode_arrivals_offset(args.p, args.num_splits));

@@ -53,6 +53,8 @@ constexpr size_t kDecodeSmemPerCta = 1024;
 struct DecodeMergeArgs {
   unsigned long long* arrivals;  // [num_seqs * num_kv_heads] slots: (tag << 16) + CTAs arrived
   unsigned long long tag;        // this call's tag, 1 .. 2^48 - 1 (see decode_arrive)
+  int single_split_keys = 0;     // with the in-launch merge: a sequence with at most this many
+                                 // keys runs in one split and writes `out` itself
 };
 
 // Shared-memory pieces of a decode CTA; no checks, so that the host can size shapes that do not
@@ -127,7 +129,7 @@ struct DecodeTile : DecodeBytes<T, CacheT, HEAD_SIZE> {
 // one split writes `out` directly. Otherwise every split writes its partial for the merge kernel.
 template <int WARPS>
 __device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, bool merge_here,
-                                                   WorkTile& w) {
+                                                   int single_split_keys, WorkTile& w) {
   const PagedAttentionParams& p = a.p;
   const int64_t q_start = min(static_cast<int64_t>(p.query_start_loc[seq]), p.num_tokens);
   const int64_t q_end = min(static_cast<int64_t>(p.query_start_loc[seq + 1]), p.num_tokens);
@@ -150,7 +152,11 @@ __device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, b
   // Splits take whole chunks of one tile per warp, so that the warps stay balanced.
   const int num_tiles = (w.kv_hi - w.kv_lo + kDecodeWarpKeys - 1) / kDecodeWarpKeys;
   const int num_chunks = (num_tiles + WARPS - 1) / WARPS;
-  const int per_split = (num_chunks + a.num_splits - 1) / a.num_splits;
+  // A short sequence in a grid sized for longer ones (a CUDA graph captured for max_model_len)
+  // takes one split: a few live splits of one chunk each cost the merge's partials, arrivals
+  // and reads more than their parallel loads save (single_split_keys).
+  int per_split = (num_chunks + a.num_splits - 1) / a.num_splits;
+  if (merge_here && w.kv_hi - w.kv_lo <= single_split_keys) per_split = num_chunks;
   w.tile_begin = min(num_tiles, static_cast<int>(blockIdx.y) * per_split * WARPS);
   w.tile_end = min(num_tiles, w.tile_begin + per_split * WARPS);
   w.live_splits =
@@ -451,7 +457,7 @@ __global__ void __launch_bounds__(WARPS* kWarpSize)
   const int kv_head = blockIdx.x % num_kv_heads;
   WorkTile w;
   const bool merge_here = a.num_splits > 1 && mg.arrivals != nullptr;
-  if (!locate_decode_work<WARPS>(a, seq, merge_here, w)) return;
+  if (!locate_decode_work<WARPS>(a, seq, merge_here, mg.single_split_keys, w)) return;
   // A split past the sequence's keys adds nothing: it writes no partial and does not arrive.
   if (static_cast<int>(blockIdx.y) >= w.live_splits) return;
 

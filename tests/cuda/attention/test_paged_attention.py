@@ -315,8 +315,10 @@ def test_decode_many_splits(device: str, block_size: int, kv_cache_dtype: str) -
 @pytest.mark.parametrize("max_seq_len", [0, 1, 32768])
 def test_decode_seq_len_hint(device: str, max_seq_len: int) -> None:
     """The split count comes from the max_seq_len hint, not the real lengths: a pessimistic hint
-    (as CUDA graphs pass, max_model_len) leaves most splits empty, a tiny one gives one split."""
-    spec = [(1, 700), (1, 2500), (1, 33)]
+    (as CUDA graphs pass, max_model_len) leaves most splits empty, a tiny one gives one split.
+    With the in-launch merge a sequence of at most 384 keys takes one split whatever the grid
+    (kDecodeSingleSplitKeys in cuda/attention/attention.cu): 384 and 385 sit either side."""
+    spec = [(1, 700), (1, 2500), (1, 33), (1, 384), (1, 385)]
     b = make_batch(spec, 16, 4, 128, 16, torch.bfloat16, device)
     b["max_seq_len"] = max_seq_len
     check(b, run_op(b))
