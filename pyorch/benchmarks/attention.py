@@ -48,6 +48,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated subset of pyorch,paged_attention_v2,sdpa")
     parser.add_argument("--output-json", default=None,
                         help="result file (default bench/results/<device>/attention.json)")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--replot", default=None, metavar="JSON",
+                        help="draw the PNG of an earlier run's JSON (beside it) and exit; no GPU")
 
 
 def copy_bandwidth(num_bytes: int = 2**30, iters: int = 20) -> float:
@@ -170,7 +173,57 @@ def _sdpa_backend(row: Row) -> str:
     return names.get(int(index), str(index)).lower()
 
 
+# The issue-5 targets drawn on the plot: % of copy bandwidth at 64 x 4k and 1 x 32k.
+TARGETS = {(64, 4096): 90.0, (1, 32768): 75.0}
+
+
+def plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
+    """Graph-timed % of copy bandwidth per (batch, context), one bar per op; targets as ticks."""
+    plt = common.pyplot()
+    shapes = list(dict.fromkeys((r["batch"], r["context"]) for r in rows))
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    width = 0.8 / len(ops)
+    for k, op in enumerate(ops):
+        pct = {(r["batch"], r["context"]): r["graph_pct_of_copy"] for r in rows if r["op"] == op}
+        xs = [i + (k - (len(ops) - 1) / 2) * width for i, s in enumerate(shapes) if s in pct]
+        vals = [pct[s] for s in shapes if s in pct]
+        bars = ax.bar(xs, vals, width, label=op)
+        for bar, v in zip(bars, vals):
+            ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.0f}", ha="center",
+                    va="bottom", fontsize=7)
+    for i, shape in enumerate(shapes):
+        if shape in TARGETS:
+            ax.hlines(TARGETS[shape], i - 0.45, i + 0.45, colors="black", linestyles="--",
+                      label="target" if i == min(j for j, s in enumerate(shapes)
+                                                 if s in TARGETS) else None)
+    ax.set_xticks(range(len(shapes)), [f"{b} x {c // 1024}k" if c >= 1024 else f"{b} x {c}"
+                                       for b, c in shapes])
+    ax.set_xlabel("batch x context")
+    ax.set_ylabel("% of copy bandwidth (CUDA graph, KV from HBM)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def _title(doc: dict[str, Any]) -> str:
+    a, env = doc["args"], doc.get("env", {})
+    return (f"decode attention, {a['num_heads']}/{a['num_kv_heads']} heads x {a['head_size']}, "
+            f"block {a['block_size']}, {a['dtype']}, same data ({env.get('device_name', '')})")
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.replot:
+        import json
+        import os
+
+        with open(args.replot) as f:
+            doc = json.load(f)
+        plot(os.path.splitext(args.replot)[0] + ".png", doc["rows"], _title(doc))
+        return 0
     if not torch.cuda.is_available():
         raise SystemExit("pyorch bench attention needs a CUDA device")
     import pyorch._ops  # noqa: F401  (loads the torch.ops.pyorch library)
@@ -212,8 +265,10 @@ def main(args: argparse.Namespace) -> int:
         del row
         torch.cuda.empty_cache()
     device = "cuda"
-    json_path, _ = common.output_paths(NAME, device, args.output_json)
-    common.write_json(json_path, {"benchmark": NAME, "args": common.args_dict(args),
-                                  "env": common.environment(device),
-                                  "copy_bytes_per_s": copy_bps, "rows": rows})
+    json_path, png_path = common.output_paths(NAME, device, args.output_json)
+    doc = {"benchmark": NAME, "args": common.args_dict(args), "env": common.environment(device),
+           "copy_bytes_per_s": copy_bps, "rows": rows}
+    common.write_json(json_path, doc)
+    if not args.no_plot:
+        plot(png_path, rows, _title(doc))
     return 0

@@ -39,3 +39,17 @@ def test_tiny_row(tmp_path) -> None:
     assert [r["op"] for r in rows] == ["pyorch", "paged_attention_v2", "sdpa"]
     for r in rows:
         assert r["graph_us"] > 0 and r["max_abs_diff_vs_sdpa"] < 2e-2
+
+
+def test_replot_draws_an_earlier_run(tmp_path) -> None:
+    """--replot draws the PNG of a saved JSON without a GPU: one bar per op and shape."""
+    rows = [{"op": op, "batch": b, "context": c, "graph_pct_of_copy": pct}
+            for op, pct0 in (("pyorch", 95.0), ("sdpa", 100.0))
+            for (b, c), pct in (((64, 4096), pct0), ((1, 32768), pct0 - 20))]
+    doc = {"benchmark": "attention", "rows": rows,
+           "args": {"num_heads": 32, "num_kv_heads": 8, "head_size": 128, "block_size": 16,
+                    "dtype": "bfloat16"}, "env": {"device_name": "test GPU"}}
+    path = tmp_path / "attention.json"
+    path.write_text(json.dumps(doc))
+    assert attention.main(_args("--replot", str(path))) == 0
+    assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
