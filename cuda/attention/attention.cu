@@ -11,6 +11,7 @@
 #include "attention/paged_decode.cuh"
 #include "attention/paged_prefill.cuh"
 #include "attention/paged_prefill_sm90.cuh"
+#include "common/env.cuh"
 #include "pyorch/attention.h"
 
 namespace pyorch {
@@ -181,15 +182,8 @@ struct Workspace {
 // kDecodeSingleSplitKeys, or PYORCH_DECODE_SINGLE_SPLIT_KEYS=N (A/B timing; read once per
 // process; 0 keeps the grid's split size for every sequence).
 int decode_single_split_keys() {
-  static const int keys = [] {
-    const char* env = std::getenv("PYORCH_DECODE_SINGLE_SPLIT_KEYS");
-    if (env != nullptr && *env != '\0') {
-      char* end = nullptr;
-      const long n = std::strtol(env, &end, 10);
-      if (*end == '\0' && n >= 0 && n <= (1 << 30)) return static_cast<int>(n);
-    }
-    return kDecodeSingleSplitKeys;
-  }();
+  static const int keys =
+      env_int("PYORCH_DECODE_SINGLE_SPLIT_KEYS", kDecodeSingleSplitKeys, 0, 1L << 30);
   return keys;
 }
 
@@ -298,10 +292,7 @@ cudaError_t launch_prefill_sm90(const AttnArgs& args, cudaStream_t stream) {
 // TODO(prefill): tuning hook, bf16 only: PYORCH_PREFILL_SM90_VARIANT=N picks another shape of
 // the sm90 kernel for bench_paged_attention; drop once the shapes are settled.
 int prefill_sm90_variant() {
-  static const int variant = [] {
-    const char* env = std::getenv("PYORCH_PREFILL_SM90_VARIANT");
-    return env ? std::atoi(env) : 0;
-  }();
+  static const int variant = env_int("PYORCH_PREFILL_SM90_VARIANT", 0, 0, 64);
   return variant;
 }
 

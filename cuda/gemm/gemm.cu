@@ -1,7 +1,6 @@
 // Instantiates the skinny GEMM for fp16 and bf16 behind the torch-free C API, and picks its launch
 // configuration.
-#include <cstdlib>
-
+#include "common/env.cuh"
 #include "gemm/skinny_gemm.cuh"
 #include "pyorch/gemm.h"
 
@@ -12,13 +11,7 @@ namespace {
 // PYORCH_SKINNY_PREFETCH_SLICES=N sets every skinny GEMM's up-front L2 prefetch to N slices per
 // warp (0: none), for A/B timing; read once per process. -1: unset.
 int skinny_prefetch_slices_override() {
-  static const int value = [] {
-    const char* env = std::getenv("PYORCH_SKINNY_PREFETCH_SLICES");
-    if (env == nullptr || *env == '\0') return -1;
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    return (*end == '\0' && n >= 0 && n <= 1024) ? static_cast<int>(n) : -1;
-  }();
+  static const int value = env_int("PYORCH_SKINNY_PREFETCH_SLICES", -1, 0, 1024);
   return value;
 }
 
