@@ -40,11 +40,6 @@ def _rows(path: str, key: Optional[str]) -> list[dict[str, Any]]:
     return lists[key]
 
 
-def _shape_label(batch: int, context: int) -> str:
-    ctx = f"{context // 1024}k" if context % 1024 == 0 else str(context)
-    return f"{batch} x {ctx}"
-
-
 def sdpa_rows(txt: str, head_size: int) -> dict[tuple[int, int], float]:
     """(batch, context) -> TFLOP/s of the first `op=torch_sdpa_flash` line per shape."""
     out: dict[tuple[int, int], float] = {}
@@ -76,32 +71,11 @@ def prefill_table(rows: list[dict[str, Any]], sdpa: dict[tuple[int, int], float]
 
 def plot(path: str, table: list[dict[str, Any]], series: list[str], ylabel: str,
          title: str) -> None:
-    from pyorch.benchmarks.common import pyplot
+    from pyorch.benchmarks.common import plot_grouped_bars, shape_label
 
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    width = 0.8 / len(series)
-    for k, name in enumerate(series):
-        pts = [(i, row[name]) for i, row in enumerate(table) if row.get(name) is not None]
-        xs = [i + (k - (len(series) - 1) / 2) * width for i, _ in pts]
-        bars = ax.bar(xs, [v for _, v in pts], width, label=name)
-        for bar, (_, v) in zip(bars, pts):
-            ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.0f}", ha="center", va="bottom",
-                    fontsize=7)
-    labelled = False
-    for i, row in enumerate(table):
-        if row.get("target") is not None:
-            ax.hlines(row["target"], i - 0.45, i + 0.45, colors="black", linestyles="--",
-                      label=None if labelled else "target")
-            labelled = True
-    ax.set_xticks(range(len(table)), [_shape_label(r["batch"], r["context"]) for r in table])
-    ax.set_xlabel("batch x context")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_grouped_bars(path, [shape_label(r["batch"], r["context"]) for r in table],
+                      {name: [r.get(name) for r in table] for name in series},
+                      [r.get("target") for r in table], ylabel, title)
 
 
 def main() -> int:

@@ -179,33 +179,14 @@ TARGETS = {(64, 4096): 90.0, (1, 32768): 75.0}
 
 def plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
     """Graph-timed % of copy bandwidth per (batch, context), one bar per op; targets as ticks."""
-    plt = common.pyplot()
     shapes = list(dict.fromkeys((r["batch"], r["context"]) for r in rows))
-    ops = list(dict.fromkeys(r["op"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    width = 0.8 / len(ops)
-    for k, op in enumerate(ops):
+    series = {}
+    for op in dict.fromkeys(r["op"] for r in rows):
         pct = {(r["batch"], r["context"]): r["graph_pct_of_copy"] for r in rows if r["op"] == op}
-        xs = [i + (k - (len(ops) - 1) / 2) * width for i, s in enumerate(shapes) if s in pct]
-        vals = [pct[s] for s in shapes if s in pct]
-        bars = ax.bar(xs, vals, width, label=op)
-        for bar, v in zip(bars, vals):
-            ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.0f}", ha="center",
-                    va="bottom", fontsize=7)
-    for i, shape in enumerate(shapes):
-        if shape in TARGETS:
-            ax.hlines(TARGETS[shape], i - 0.45, i + 0.45, colors="black", linestyles="--",
-                      label="target" if i == min(j for j, s in enumerate(shapes)
-                                                 if s in TARGETS) else None)
-    ax.set_xticks(range(len(shapes)), [f"{b} x {c // 1024}k" if c >= 1024 else f"{b} x {c}"
-                                       for b, c in shapes])
-    ax.set_xlabel("batch x context")
-    ax.set_ylabel("% of copy bandwidth (CUDA graph, KV from HBM)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        series[op] = [pct.get(s) for s in shapes]
+    common.plot_grouped_bars(path, [common.shape_label(*s) for s in shapes], series,
+                             [TARGETS.get(s) for s in shapes],
+                             "% of copy bandwidth (CUDA graph, KV from HBM)", title)
     print(f"wrote {path}")
 
 

@@ -224,6 +224,49 @@ def pyplot():
     return plt
 
 
+def shape_label(batch: int, context: int) -> str:
+    """'64 x 4k' for batch 64 at a 4096-token context (contexts off a multiple of 1024 as is)."""
+    ctx = f"{context // 1024}k" if context % 1024 == 0 else str(context)
+    return f"{batch} x {ctx}"
+
+
+def plot_grouped_bars(
+    path: str,
+    labels: Sequence[str],
+    series: dict[str, Sequence[Optional[float]]],
+    targets: Sequence[Optional[float]],
+    ylabel: str,
+    title: str,
+    xlabel: str = "batch x context",
+) -> None:
+    """One group of bars per label (a series' None leaves its bar out), each bar with its value,
+    and a dashed target tick over a group where `targets` has one."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    width = 0.8 / len(series)
+    for k, (name, values) in enumerate(series.items()):
+        pts = [(i, v) for i, v in enumerate(values) if v is not None]
+        xs = [i + (k - (len(series) - 1) / 2) * width for i, _ in pts]
+        bars = ax.bar(xs, [v for _, v in pts], width, label=name)
+        for bar, (_, v) in zip(bars, pts):
+            ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.0f}", ha="center", va="bottom",
+                    fontsize=7)
+    labelled = False
+    for i, target in enumerate(targets):
+        if target is not None:
+            ax.hlines(target, i - 0.45, i + 0.45, colors="black", linestyles="--",
+                      label=None if labelled else "target")
+            labelled = True
+    ax.set_xticks(range(len(labels)), list(labels))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ---- statistics --------------------------------------------------------------------------------
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's
