@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include "cache_checks.h"
+
 namespace pyorch {
 
 // A query or key tensor seen as [num_tokens, num_heads, head_size] with element strides.
@@ -54,6 +56,42 @@ inline int64_t check_rope_args(const at::Tensor& query, int64_t head_size,
               "rotary_embedding: rot_dim (cos_sin_cache.size(1) = ", rot_dim,
               ") must be even, positive and <= head_size ", head_size);
   return rot_dim;
+}
+
+// What rotary_embedding_and_cache needs once its arguments pass both ops' checks.
+struct RopeCacheShape {
+  int64_t rot_dim;
+  HeadsView query;
+  HeadsView key;
+  CacheWriteShape cache;
+};
+
+// rotary_embedding's checks on (positions, query, key, cos_sin_cache) and
+// reshape_and_cache_flash's on (key, value, caches, slot_mapping, scales), with key and value as
+// [num_tokens, num_kv_heads, head_size] and everything on query's device.
+inline RopeCacheShape check_rope_and_cache(
+    const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, int64_t head_size, const at::Tensor& cos_sin_cache,
+    const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+    const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale) {
+  constexpr const char* kOp = "rotary_embedding_and_cache";
+  const int64_t rot_dim = check_rope_args(query, head_size, cos_sin_cache);
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 &&
+                  positions.is_contiguous(),
+              kOp, ": positions must be a contiguous [num_tokens] int64 tensor");
+  const int64_t num_tokens = positions.size(0);
+  TORCH_CHECK(key.scalar_type() == query.scalar_type(), kOp, ": key dtype ", key.scalar_type(),
+              " != query dtype ", query.scalar_type());
+  const CacheWriteShape cache = check_cache_write(key, value, key_cache, value_cache, slot_mapping,
+                                                  kv_cache_dtype, k_scale, v_scale,
+                                                  CacheLayout::kFlash, kOp);
+  TORCH_CHECK(cache.head_size == head_size, kOp, ": key head size ", cache.head_size,
+              " != head_size ", head_size);
+  check_same_device(query, "query", key, "key", kOp);
+  check_same_device(positions, "positions", key, "key", kOp);
+  check_same_device(cos_sin_cache, "cos_sin_cache", key, "key", kOp);
+  return {rot_dim, heads_view(query, num_tokens, head_size, "query"),
+          heads_view(key, num_tokens, head_size, "key"), cache};
 }
 
 }  // namespace pyorch

@@ -25,6 +25,12 @@ TORCH_LIBRARY(pyorch, m) {
   m.def(
       "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
       "Tensor cos_sin_cache, bool is_neox) -> ()");
+  // rotary_embedding on query and key, then reshape_and_cache_flash of the rotated key and value
+  // (key and value: [num_tokens, num_kv_heads, head_size]), in one kernel on CUDA.
+  m.def(
+      "rotary_embedding_and_cache(Tensor positions, Tensor! query, Tensor! key, Tensor value, "
+      "int head_size, Tensor cos_sin_cache, bool is_neox, Tensor! key_cache, Tensor! value_cache, "
+      "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
 
   // ---- activations: out[..., d] = act(input[..., :d]) * input[..., d:] --------------------------
   m.def("silu_and_mul(Tensor! out, Tensor input) -> ()");
@@ -94,6 +100,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("paged_attention_v1", c10::kCPU, &pyorch::cpu::paged_attention_v1);
   m.impl("paged_attention_v2", c10::kCPU, &pyorch::cpu::paged_attention_v2);
   m.impl("rotary_embedding", c10::kCPU, &pyorch::cpu::rotary_embedding);
+  m.impl("rotary_embedding_and_cache", c10::kCPU, &pyorch::cpu::rotary_embedding_and_cache);
   m.impl("silu_and_mul", c10::kCPU, &pyorch::cpu::silu_and_mul);
   m.impl("gelu_and_mul", c10::kCPU, &pyorch::cpu::gelu_and_mul);
   m.impl("gelu_tanh_and_mul", c10::kCPU, &pyorch::cpu::gelu_tanh_and_mul);
@@ -113,6 +120,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("paged_attention_v1", c10::kCUDA, &paged_attention_v1);
   m.impl("paged_attention_v2", c10::kCUDA, &paged_attention_v2);
   m.impl("rotary_embedding", c10::kCUDA, &rotary_embedding);
+  m.impl("rotary_embedding_and_cache", c10::kCUDA, &rotary_embedding_and_cache);
   m.impl("silu_and_mul", c10::kCUDA, &silu_and_mul);
   m.impl("gelu_and_mul", c10::kCUDA, &gelu_and_mul);
   m.impl("gelu_tanh_and_mul", c10::kCUDA, &gelu_tanh_and_mul);

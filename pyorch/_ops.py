@@ -193,6 +193,33 @@ def rotary_embedding(
     _ops.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
+def rotary_embedding_and_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """rotary_embedding(positions, query, key, ...) then reshape_and_cache_flash(key, value, ...),
+    with the same results, in one kernel on CUDA.
+
+    key, value: [num_tokens, num_kv_heads, head_size] (any token/head stride, last dim
+    contiguous); the rest as those two ops take them.
+    """
+    _ops.rotary_embedding_and_cache(
+        positions, query, key, value, head_size, cos_sin_cache, is_neox, key_cache, value_cache,
+        slot_mapping, kv_cache_dtype, k_scale, v_scale,
+    )
+
+
 # ---- activations --------------------------------------------------------------------------------
 def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
     """out[..., d] = silu(input[..., :d]) * input[..., d:], computed in fp32, rounded once."""

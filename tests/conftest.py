@@ -29,6 +29,20 @@ def tol(dtype: torch.dtype, scale: float = 1.0) -> dict:
     return dict(atol=t["atol"] * scale, rtol=t["rtol"] * scale)
 
 
+def capture_graph(call) -> "torch.cuda.CUDAGraph":
+    """Runs `call` once on a side stream (warm-up outside capture, as torch recommends), then
+    captures it into a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
 @pytest.fixture(autouse=True)
 def _seed(request: pytest.FixtureRequest) -> None:
     # Fresh random inputs per test, yet reproducible: the seed comes from the test's id.

@@ -103,4 +103,18 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
   });
 }
 
+// The two ops in order: the CUDA kernel's contract is exactly this composition.
+void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, at::Tensor& key,
+                                const at::Tensor& value, int64_t head_size,
+                                const at::Tensor& cos_sin_cache, bool is_neox,
+                                at::Tensor& key_cache, at::Tensor& value_cache,
+                                const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
+                                const at::Tensor& k_scale, const at::Tensor& v_scale) {
+  pyorch::check_rope_and_cache(positions, query, key, value, head_size, cos_sin_cache, key_cache,
+                               value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale);
+  rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox);
+  reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                          k_scale, v_scale);
+}
+
 }  // namespace pyorch::cpu

@@ -38,3 +38,31 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
       k.token_stride, k.head_stride, cos_sin_cache.stride(0), is_neox,
       c10::cuda::getCurrentCUDAStream()));
 }
+
+void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, at::Tensor& key,
+                                const at::Tensor& value, int64_t head_size,
+                                const at::Tensor& cos_sin_cache, bool is_neox,
+                                at::Tensor& key_cache, at::Tensor& value_cache,
+                                const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
+                                const at::Tensor& k_scale, const at::Tensor& v_scale) {
+  const pyorch::RopeCacheShape s = pyorch::check_rope_and_cache(
+      positions, query, key, value, head_size, cos_sin_cache, key_cache, value_cache,
+      slot_mapping, kv_cache_dtype, k_scale, v_scale);
+  TORCH_CHECK(query.is_cuda(), "rotary_embedding_and_cache: tensors must be on CUDA, got ",
+              query.device());
+  const bool fp8 = s.cache.kv_cache_dtype == pyorch::KVCacheDType::kFp8E4M3;
+  const c10::cuda::OptionalCUDAGuard guard(query.device());
+  PYORCH_CHECK_CUDA(pyorch::rotary_embedding_and_cache(
+      positions.const_data_ptr<int64_t>(), query.data_ptr(), key.data_ptr(),
+      value.const_data_ptr(), cos_sin_cache.const_data_ptr(),
+      pyorch::to_pyorch_dtype(query.scalar_type()),
+      pyorch::to_pyorch_dtype(cos_sin_cache.scalar_type()), s.cache.num_tokens,
+      s.query.num_heads, s.key.num_heads, head_size, s.rot_dim, s.query.token_stride,
+      s.query.head_stride, s.key.token_stride, s.key.head_stride, value.stride(0),
+      value.stride(1), cos_sin_cache.stride(0), is_neox, key_cache.data_ptr(),
+      value_cache.data_ptr(), slot_mapping.const_data_ptr<int64_t>(),
+      fp8 ? k_scale.const_data_ptr<float>() : nullptr,
+      fp8 ? v_scale.const_data_ptr<float>() : nullptr, s.cache.kv_cache_dtype, s.cache.num_blocks,
+      s.cache.block_size, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+      c10::cuda::getCurrentCUDAStream()));
+}

@@ -53,15 +53,11 @@ __device__ __forceinline__ void load_as_float(const CacheT* __restrict__ src,  /
   }
 }
 
-// Rotates the VEC_SIZE pairs held by the pieces lo and hi of one head.
+// Rotates the VEC_SIZE pairs held by the pieces lo and hi of one head, in registers.
 template <typename T, bool IS_NEOX, int VEC_SIZE>
-__device__ __forceinline__ void rotate_chunk(T* lo_ptr,  // [VEC_SIZE]
-                                             T* hi_ptr,  // [VEC_SIZE]
-                                             const float (&cos_v)[VEC_SIZE],
-                                             const float (&sin_v)[VEC_SIZE]) {
-  Vec<T, VEC_SIZE> lo, hi;
-  lo.load(lo_ptr);
-  hi.load(hi_ptr);
+__device__ __forceinline__ void rotate_vecs(Vec<T, VEC_SIZE>& lo, Vec<T, VEC_SIZE>& hi,
+                                            const float (&cos_v)[VEC_SIZE],
+                                            const float (&sin_v)[VEC_SIZE]) {
   float f[2 * VEC_SIZE];
 #pragma unroll
   for (int j = 0; j < VEC_SIZE; ++j) {
@@ -83,6 +79,18 @@ __device__ __forceinline__ void rotate_chunk(T* lo_ptr,  // [VEC_SIZE]
     lo.data[j] = from_float<T>(f[j]);
     hi.data[j] = from_float<T>(f[VEC_SIZE + j]);
   }
+}
+
+// The same on the pieces lo_ptr and hi_ptr of a head in memory, in place.
+template <typename T, bool IS_NEOX, int VEC_SIZE>
+__device__ __forceinline__ void rotate_chunk(T* lo_ptr,  // [VEC_SIZE]
+                                             T* hi_ptr,  // [VEC_SIZE]
+                                             const float (&cos_v)[VEC_SIZE],
+                                             const float (&sin_v)[VEC_SIZE]) {
+  Vec<T, VEC_SIZE> lo, hi;
+  lo.load(lo_ptr);
+  hi.load(hi_ptr);
+  rotate_vecs<T, IS_NEOX, VEC_SIZE>(lo, hi, cos_v, sin_v);
   lo.store(lo_ptr);
   hi.store(hi_ptr);
 }

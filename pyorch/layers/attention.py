@@ -1,14 +1,25 @@
 """Paged attention layer: writes this step's keys/values to the KV cache, then attends over it.
 
 One code path for every batch shape (prefills, chunked prefills, decodes, mixed) and device: the
-metadata comes from the forward context and both steps are pyorch ops.
+metadata comes from the forward context and both steps are pyorch ops. Given the model's rotary
+embedding, the layer also rotates query and key, in the kernel that writes the cache
+(rotary_embedding_and_cache); PYORCH_ROPE_CACHE=0 runs the rotation and the write as two ops.
 """
+
+import os
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from pyorch import _ops
 from pyorch.forward_context import get_forward_context
+
+if TYPE_CHECKING:
+    from pyorch.layers.rotary_embedding import RotaryEmbedding
+
+# Read once: A/B timing of the fused rotation + cache write against the two ops.
+_FUSE_ROPE_CACHE = os.environ.get("PYORCH_ROPE_CACHE", "1") != "0"
 
 
 class Attention(nn.Module):
@@ -54,6 +65,8 @@ class Attention(nn.Module):
         query: torch.Tensor,  # [num_tokens, num_heads * head_size]
         key: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
         value: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
+        positions: torch.Tensor | None = None,  # [num_tokens] int64, with rotary_emb
+        rotary_emb: "RotaryEmbedding | None" = None,  # rotates query and key (in place) first
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
         num_tokens = query.shape[0]
         out = torch.empty(
@@ -65,17 +78,23 @@ class Attention(nn.Module):
             raise RuntimeError(
                 f"Attention layer {self.layer_idx}: no attention metadata or KV cache bound "
                 "(run the model inside set_forward_context after binding kv_cache)")
+        if rotary_emb is not None and positions is None:
+            raise ValueError(f"Attention layer {self.layer_idx}: rotary_emb needs positions")
         key_cache, value_cache = self.kv_cache
-        _ops.reshape_and_cache_flash(
-            key.view(num_tokens, self.num_kv_heads, self.head_size),
-            value.view(num_tokens, self.num_kv_heads, self.head_size),
-            key_cache,
-            value_cache,
-            attn_metadata.slot_mapping,
-            self.kv_cache_dtype,
-            self.k_scale,
-            self.v_scale,
-        )
+        key_heads = key.view(num_tokens, self.num_kv_heads, self.head_size)
+        value_heads = value.view(num_tokens, self.num_kv_heads, self.head_size)
+        if rotary_emb is not None and _FUSE_ROPE_CACHE:
+            rotary_emb.forward_and_cache(
+                positions, query, key_heads, value_heads, key_cache, value_cache,
+                attn_metadata.slot_mapping, self.kv_cache_dtype, self.k_scale, self.v_scale,
+            )
+        else:
+            if rotary_emb is not None:
+                rotary_emb(positions, query, key)
+            _ops.reshape_and_cache_flash(
+                key_heads, value_heads, key_cache, value_cache, attn_metadata.slot_mapping,
+                self.kv_cache_dtype, self.k_scale, self.v_scale,
+            )
         _ops.paged_attention(
             out,
             query.view(num_tokens, self.num_heads, self.head_size),

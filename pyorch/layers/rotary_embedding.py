@@ -161,6 +161,27 @@ class RotaryEmbedding(nn.Module):
         _ops.rotary_embedding(positions, query, key, self.head_size, cache, self.is_neox_style)
         return query, key
 
+    def forward_and_cache(
+        self,
+        positions: torch.Tensor,  # [num_tokens] int64
+        query: torch.Tensor,  # [num_tokens, num_heads * head_size], rotated in place
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size], rotated in place
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [num_tokens] int64, negative = padding
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+    ) -> None:
+        """forward, then the rotated key and the value written into the caches at their slots
+        (reshape_and_cache_flash), in one kernel."""
+        cache = self._cache_for(query)
+        _ops.rotary_embedding_and_cache(
+            positions, query, key, value, self.head_size, cache, self.is_neox_style, key_cache,
+            value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
+        )
+
     def forward_native(
         self,
         positions: torch.Tensor,  # [num_tokens] int64

@@ -109,8 +109,8 @@ class LlamaAttention(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
             q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        # The attention layer rotates q and k in the kernel that writes the KV cache.
+        return self.o_proj(self.attn(q, k, v, positions=positions, rotary_emb=self.rotary_emb))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -28,4 +28,22 @@ cudaError_t rotary_embedding(const int64_t* positions, void* query, void* key,
                              int64_t key_head_stride, int64_t cache_stride, bool is_neox,
                              cudaStream_t stream);
 
+// rotary_embedding on query and key, then key (rotated) and value written into NHD KV caches as
+// reshape_and_cache_flash writes them (pyorch/cache.h), in one launch with the same bits.
+//   key:           [num_tokens, num_kv_heads, head_size] (not nullptr), rotated in place too
+//   value:         [num_tokens, num_kv_heads, head_size] (value_token_stride, value_head_stride)
+//   key_cache / value_cache: [num_blocks, block_size, num_kv_heads, head_size], both with the
+//                  strides (kv_block_stride, kv_slot_stride, kv_head_stride, 1), holding dtype
+//                  (kAuto) or fp8 e4m3 bytes (kFp8E4M3, with k_scale / v_scale on the device)
+//   slot_mapping:  [num_tokens] int64; a negative slot or one past the cache is not written
+cudaError_t rotary_embedding_and_cache(
+    const int64_t* positions, void* query, void* key, const void* value, const void* cos_sin_cache,
+    DType dtype, DType cache_dtype, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_size, int64_t rot_dim, int64_t query_token_stride, int64_t query_head_stride,
+    int64_t key_token_stride, int64_t key_head_stride, int64_t value_token_stride,
+    int64_t value_head_stride, int64_t cache_stride, bool is_neox, void* key_cache,
+    void* value_cache, const int64_t* slot_mapping, const float* k_scale, const float* v_scale,
+    KVCacheDType kv_cache_dtype, int64_t num_blocks, int64_t block_size, int64_t kv_block_stride,
+    int64_t kv_slot_stride, int64_t kv_head_stride, cudaStream_t stream);
+
 }  // namespace pyorch

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pyorch import _ops
-from tests.conftest import DEVICES, tol
+from tests.conftest import DEVICES, capture_graph, tol
 from tests.reference import attention as ref
 
 HEAD_SIZES = [64, 80, 96, 128, 256]
@@ -401,7 +401,7 @@ def test_cuda_graph_decode_split_replays(device: str, kv_cache_dtype: str) -> No
                            "block_table")]  # fmt: skip
     call = lambda: _ops.paged_attention(out, *args, 1, 8192, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
                                         kv_cache_dtype, b["k_scale"], b["v_scale"])  # fmt: skip
-    graph = _capture(call)
+    graph = capture_graph(call)
     # Lengths shrink until the second sequence fits one split (it then writes `out` directly and
     # never arrives), then grow back so that its later splits count again.
     for shrink in ([0, 0], [1000, 3], [2500, 890], [-3000, -800]):
@@ -445,19 +445,6 @@ def test_opcheck(device: str) -> None:
     torch.library.opcheck(torch.ops.pyorch.paged_attention.default, args)
 
 
-def _capture(call) -> torch.cuda.CUDAGraph:
-    """Runs `call` once on a side stream (warm-up outside capture), then captures it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_cuda_graph_capture(device: str) -> None:
     """No host sync inside: the op (split-KV workspace included) captures and replays."""
@@ -469,7 +456,7 @@ def test_cuda_graph_capture(device: str) -> None:
                            "block_table")]  # fmt: skip
     call = lambda: _ops.paged_attention(out, *args, 1, 2000, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
                                         "fp8", b["k_scale"], b["v_scale"])  # fmt: skip
-    graph = _capture(call)
+    graph = capture_graph(call)
     b["query"].normal_()
     b["seq_lens"].sub_(torch.tensor([100, 50], dtype=torch.int32, device=device))
     b["v_scale"].fill_(0.07)
@@ -491,7 +478,7 @@ def test_cuda_graph_capture_mixed(device: str) -> None:
                            "block_table")]  # fmt: skip
     call = lambda: _ops.paged_attention(out, *args, 512, 4096, 1 / math.sqrt(128), True, 0, 0.0,  # noqa: E731
                                         "auto", b["k_scale"], b["v_scale"])  # fmt: skip
-    graph = _capture(call)
+    graph = capture_graph(call)
     b["query"].normal_()
     b["seq_lens"].sub_(torch.tensor([30, 0, 150], dtype=torch.int32, device=device))
     out.fill_(SENTINEL)

@@ -119,3 +119,46 @@ def test_attention_rejects_bad_heads_and_dtype():
         Attention(6, 64, 1.0, 4)
     with pytest.raises(NotImplementedError, match="fp8"):
         Attention(4, 64, 1.0, 4, kv_cache_dtype="fp8")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_attention_with_rotary(device: str, dtype: torch.dtype, fuse: bool, monkeypatch):
+    """Given rotary_emb, the layer rotates q and k (in the cache-writing kernel, or as a separate
+    op with PYORCH_ROPE_CACHE=0): the output, the caches and q / k equal rotating first with the
+    RotaryEmbedding layer and then calling the layer without it."""
+    import pyorch.layers.attention as attention_module
+    from pyorch.layers.rotary_embedding import RotaryEmbedding
+
+    monkeypatch.setattr(attention_module, "_FUSE_ROPE_CACHE", fuse)
+    num_heads, num_kv_heads, head_size = 4, 2, 64
+    ctx_lens, q_lens = [c for c, _ in BATCH], [q for _, q in BATCH]
+    tables, num_blocks = allocate_blocks([c + q for c, q in BATCH], BLOCK_SIZE, shuffle=True)
+    meta, _ = build_metadata(ctx_lens, q_lens, tables, BLOCK_SIZE, device, num_padding_tokens=2)
+    num_tokens = sum(q_lens) + 2
+    positions = torch.cat([torch.arange(c, c + q) for c, q in BATCH] + [torch.zeros(2)]).long()
+    inv_freq = 10000.0 ** -(torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+    rope = RotaryEmbedding(head_size, head_size, 4096, inv_freq, True, dtype).to(device)
+    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
+    prefix = [torch.randn(cache_shape, dtype=dtype, device=device) for _ in range(2)]
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
+                      device=device)
+    sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+    outs = []
+    for with_rope in (True, False):
+        layer = Attention(num_heads, head_size, head_size**-0.5, num_kv_heads).to(device)
+        layer.kv_cache = (prefix[0].clone(), prefix[1].clone())
+        x = qkv.clone()
+        q, k, v = x.split(sizes, dim=-1)
+        with set_forward_context(meta):
+            if with_rope:
+                out = layer(q, k, v, positions=positions.to(device), rotary_emb=rope)
+            else:
+                rope(positions.to(device), q, k)
+                out = layer(q, k, v)
+        outs.append((out[: sum(q_lens)], x, *layer.kv_cache))  # padding rows: never written
+    for name, got, want in zip(["out", "qkv", "key_cache", "value_cache"], outs[0], outs[1]):
+        assert torch.equal(got, want), name
+    with set_forward_context(meta), pytest.raises(ValueError, match="needs positions"):
+        layer(q, k, v, rotary_emb=rope)

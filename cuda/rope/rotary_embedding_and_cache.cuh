@@ -1,0 +1,165 @@
+// Rotary embedding of query and key, and the write of the rotated key and the value into an NHD
+// KV cache, in one kernel: what rotary_embedding followed by reshape_and_cache_flash do, with the
+// same bits, one launch (and one kernel boundary of a decode step) fewer.
+//
+// The block shape and the rotation are rotary_embedding_kernel's (rotary_embedding.cuh): a
+// thread owns a chunk of VEC_SIZE rotation pairs of one token and walks its heads. A key piece is
+// stored twice from the registers that rotated it: in place (as rotary_embedding leaves it) and
+// into the key cache at the token's slot. The token's threads then copy the value heads and the
+// key elements past rot_dim (partial rotary), which no rotation touches, so no barrier is needed.
+// A negative slot (padding) or one past the cache is not written, as in reshape_and_cache_flash.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cache/cache_kernels.cuh"
+#include "rope/rotary_embedding.cuh"
+
+namespace pyorch::kernels {
+
+// The KV side: value [num_tokens, num_kv_heads, head_size] (strided), the caches
+// [num_blocks, block_size, num_kv_heads, head_size] with shared strides, as in
+// reshape_and_cache_flash; KvT is T (auto) or uint8_t (fp8 e4m3, stored = fp8(x / scale)).
+template <typename T, typename KvT>
+struct RopeKvParams {
+  const T* value;
+  KvT* key_cache;
+  KvT* value_cache;
+  const int64_t* slot_mapping;  // [num_tokens]
+  const float* k_scale;         // [1], read only for fp8
+  const float* v_scale;
+  int64_t value_token_stride;
+  int64_t value_head_stride;
+  int64_t num_slots;  // num_blocks * block_size
+  int64_t block_size;
+  int64_t kv_block_stride;
+  int64_t kv_slot_stride;
+  int64_t kv_head_stride;
+  int head_size;
+};
+
+template <typename T, typename CosSinT, typename KvT, bool FP8, bool IS_NEOX, int VEC_SIZE>
+__global__ void __launch_bounds__(kRopeMaxThreads)
+    rotary_embedding_and_cache_kernel(const RopeParams<T, CosSinT> p,
+                                      const RopeKvParams<T, KvT> kv) {
+  using V = Vec<T, VEC_SIZE>;
+  pdl_wait();  // launched with PDL (common/launch.cuh)
+  pdl_launch_dependents();
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * blockDim.z + threadIdx.z;
+  if (token >= p.num_tokens) return;  // no barriers below, so idle threads may leave early
+  const int64_t slot = kv.slot_mapping[token];
+  const bool write = slot >= 0 && slot < kv.num_slots;
+  const int64_t kv_block = write ? slot / kv.block_size : 0;
+  const int64_t kv_token_offset =
+      kv_block * kv.kv_block_stride + (slot - kv_block * kv.block_size) * kv.kv_slot_stride;
+  Fp8Scale ks{1.f, 1.f, 1.f}, vs = ks;
+  if constexpr (FP8) {
+    if (write) {
+      ks = load_scale(kv.k_scale);
+      vs = load_scale(kv.v_scale);
+    }
+  }
+
+  const int num_chunks = p.half_rot_dim / VEC_SIZE;
+  const int total_heads = p.num_heads + p.num_kv_heads;
+  const CosSinT* cos_row = p.cos_sin_cache + p.positions[token] * p.cache_stride;
+  const CosSinT* sin_row = cos_row + p.half_rot_dim;
+  T* q_token = p.query + token * p.query_token_stride;
+  T* k_token = p.key + token * p.key_token_stride;
+  for (int chunk = threadIdx.x; chunk < num_chunks; chunk += blockDim.x) {
+    float cos_v[VEC_SIZE], sin_v[VEC_SIZE];
+    load_as_float(cos_row + chunk * VEC_SIZE, cos_v);
+    load_as_float(sin_row + chunk * VEC_SIZE, sin_v);
+    const int lo_off = IS_NEOX ? chunk * VEC_SIZE : 2 * chunk * VEC_SIZE;
+    const int hi_off = IS_NEOX ? p.half_rot_dim + chunk * VEC_SIZE : lo_off + VEC_SIZE;
+    for (int h = threadIdx.y; h < total_heads; h += blockDim.y) {
+      const bool is_key = h >= p.num_heads;
+      const int kv_head = h - p.num_heads;
+      T* head = is_key ? k_token + kv_head * p.key_head_stride : q_token + h * p.query_head_stride;
+      V lo, hi;
+      lo.load(head + lo_off);
+      hi.load(head + hi_off);
+      rotate_vecs<T, IS_NEOX, VEC_SIZE>(lo, hi, cos_v, sin_v);
+      lo.store(head + lo_off);
+      hi.store(head + hi_off);
+      if (is_key && write) {
+        KvT* dst = kv.key_cache + kv_token_offset + kv_head * kv.kv_head_stride;
+        to_cache_vec<KvT, FP8>(lo, ks).store(dst + lo_off);
+        to_cache_vec<KvT, FP8>(hi, ks).store(dst + hi_off);
+      }
+    }
+  }
+  if (!write) return;
+
+  // The value heads, then the key elements past rot_dim, over all of the token's threads.
+  const int num_threads = static_cast<int>(blockDim.x * blockDim.y);
+  const int vecs_per_head = kv.head_size / VEC_SIZE;
+  const int rot_vecs = 2 * p.half_rot_dim / VEC_SIZE;
+  const int tail_vecs = vecs_per_head - rot_vecs;
+  const int value_items = p.num_kv_heads * vecs_per_head;
+  const int num_items = value_items + p.num_kv_heads * tail_vecs;
+  const T* v_token = kv.value + token * kv.value_token_stride;
+  for (int item = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x); item < num_items;
+       item += num_threads) {
+    if (item < value_items) {
+      const int h = item / vecs_per_head;
+      const int d = (item - h * vecs_per_head) * VEC_SIZE;
+      V x;
+      x.load(v_token + h * kv.value_head_stride + d);
+      to_cache_vec<KvT, FP8>(x, vs).store(kv.value_cache + kv_token_offset +
+                                          h * kv.kv_head_stride + d);
+    } else {
+      const int j = item - value_items;
+      const int h = j / tail_vecs;
+      const int d = (rot_vecs + j - h * tail_vecs) * VEC_SIZE;
+      V x;
+      x.load(k_token + h * p.key_head_stride + d);
+      to_cache_vec<KvT, FP8>(x, ks).store(kv.key_cache + kv_token_offset +
+                                          h * kv.kv_head_stride + d);
+    }
+  }
+}
+
+// The widest VEC_SIZE that rotary_embedding's constraints and the KV side's (value and cache
+// pointers and strides, head_size) allow.
+template <typename T, typename CosSinT, typename KvT>
+__host__ inline int rope_and_cache_vec_size(const RopeParams<T, CosSinT>& p,
+                                            const RopeKvParams<T, KvT>& kv) {
+  return std::min({rope_vec_size(p),
+                   max_vec_size<T>(kv.head_size, {kv.value},
+                                   {kv.value_token_stride, kv.value_head_stride}),
+                   max_vec_size<KvT>(kv.head_size, {kv.key_cache, kv.value_cache},
+                                     {kv.kv_block_stride, kv.kv_slot_stride, kv.kv_head_stride})});
+}
+
+template <typename T, typename CosSinT, typename KvT, bool FP8>
+cudaError_t launch_rotary_embedding_and_cache(const RopeParams<T, CosSinT>& p,
+                                              const RopeKvParams<T, KvT>& kv, bool is_neox,
+                                              cudaStream_t stream) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  const int vec = rope_and_cache_vec_size(p, kv);
+  // The block shape of rotary_embedding (launch_rope_vec); its threads also do the copies.
+  auto launch = [&](auto vec_c, auto neox_c) -> cudaError_t {
+    constexpr int kVec = decltype(vec_c)::value;
+    const int num_chunks = p.half_rot_dim / kVec;
+    const int total_heads = p.num_heads + p.num_kv_heads;
+    const int bx = std::min(num_chunks, kRopeMaxThreads);
+    const int max_rows = std::max(1, kRopeMaxThreads / bx);
+    const int heads_per_thread = (total_heads + max_rows - 1) / max_rows;
+    const int by = std::max(1, (total_heads + heads_per_thread - 1) / heads_per_thread);
+    const int bz = static_cast<int>(
+        std::min<int64_t>(std::max(1, kRopeMaxThreads / (bx * by)), p.num_tokens));
+    const int64_t num_blocks = (p.num_tokens + bz - 1) / bz;
+    if (num_blocks > 0x7fffffff) PYORCH_INVALID("rotary_embedding_and_cache: too many tokens");
+    return launch_kernel(
+        &rotary_embedding_and_cache_kernel<T, CosSinT, KvT, FP8, decltype(neox_c)::value, kVec>,
+        dim3(static_cast<unsigned>(num_blocks)), dim3(bx, by, bz), 0, stream, pdl_enabled(), p,
+        kv);
+  };
+  return dispatch_vec_size<T>(vec, [&](auto vec_c) {
+    return is_neox ? launch(vec_c, std::true_type{}) : launch(vec_c, std::false_type{});
+  });
+}
+
+}  // namespace pyorch::kernels
