@@ -69,11 +69,11 @@ cudaError_t rotary_embedding_and_cache(
     void* value_cache, const int64_t* slot_mapping, const float* k_scale, const float* v_scale,
     KVCacheDType kv_cache_dtype, int64_t num_blocks, int64_t block_size, int64_t kv_block_stride,
     int64_t kv_slot_stride, int64_t kv_head_stride, cudaStream_t stream) {
+  PYORCH_RETURN_IF_ERROR(check_rope_sizes(num_heads, num_kv_heads, head_size, rot_dim));
+  if (num_tokens == 0) return cudaSuccess;  // empty tensors may have null data pointers
   if (key == nullptr || value == nullptr || key_cache == nullptr || value_cache == nullptr) {
     PYORCH_INVALID("rotary_embedding_and_cache: key, value and both caches are required");
   }
-  PYORCH_RETURN_IF_ERROR(check_rope_sizes(num_heads, num_kv_heads, head_size, rot_dim));
-  if (num_tokens == 0) return cudaSuccess;
   auto run = [&](auto* q, auto* cos_sin, auto* kv_cache, auto fp8) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(q)>;
     using CosSinT = std::remove_const_t<std::remove_pointer_t<decltype(cos_sin)>>;

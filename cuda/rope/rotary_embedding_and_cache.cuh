@@ -5,8 +5,9 @@
 // The block shape and the rotation are rotary_embedding_kernel's (rotary_embedding.cuh): a
 // thread owns a chunk of VEC_SIZE rotation pairs of one token and walks its heads. A key piece is
 // stored twice from the registers that rotated it: in place (as rotary_embedding leaves it) and
-// into the key cache at the token's slot. The token's threads then copy the value heads and the
-// key elements past rot_dim (partial rotary), which no rotation touches, so no barrier is needed.
+// into the key cache at the token's slot. The token's threads also copy the value heads and the
+// key elements past rot_dim (partial rotary), which no rotation touches, so no barrier is needed;
+// each thread loads its first copy before rotating, so the two round trips overlap.
 // A negative slot (padding) or one past the cache is not written, as in reshape_and_cache_flash.
 #pragma once
 
@@ -61,63 +62,97 @@ __global__ void __launch_bounds__(kRopeMaxThreads)
     }
   }
 
+  // This thread's first item of the copies below (value heads, then the key elements past
+  // rot_dim), loaded now so that its round trip overlaps the rotation's: once the rotation has
+  // stored to query and key, the compiler may not move a load above those stores.
+  const int num_threads = static_cast<int>(blockDim.x * blockDim.y);
+  const int tid = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
+  const int vecs_per_head = kv.head_size / VEC_SIZE;
+  const int rot_vecs = 2 * p.half_rot_dim / VEC_SIZE;
+  const int tail_vecs = vecs_per_head - rot_vecs;
+  const int value_items = p.num_kv_heads * vecs_per_head;
+  const int num_items = value_items + p.num_kv_heads * tail_vecs;  // the loads need no slot
+  T* k_token = p.key + token * p.key_token_stride;
+  const T* v_token = kv.value + token * kv.value_token_stride;
+  // Item -> (source, cache destination); the value cache for value items, the key cache after.
+  auto locate = [&](int item, const T*& src, KvT*& dst, bool& is_value) {
+    is_value = item < value_items;
+    int h, d;
+    if (is_value) {
+      h = item / vecs_per_head;
+      d = (item - h * vecs_per_head) * VEC_SIZE;
+      src = v_token + h * kv.value_head_stride + d;
+    } else {
+      const int j = item - value_items;
+      h = j / tail_vecs;
+      d = (rot_vecs + j - h * tail_vecs) * VEC_SIZE;
+      src = k_token + h * p.key_head_stride + d;
+    }
+    dst = (is_value ? kv.value_cache : kv.key_cache) + kv_token_offset + h * kv.kv_head_stride + d;
+  };
+  V first;
+  const T* first_src = nullptr;
+  KvT* first_dst = nullptr;
+  bool first_is_value = false;
+  if (tid < num_items) {
+    locate(tid, first_src, first_dst, first_is_value);
+    first.load(first_src);
+  }
+
   const int num_chunks = p.half_rot_dim / VEC_SIZE;
   const int total_heads = p.num_heads + p.num_kv_heads;
   const CosSinT* cos_row = p.cos_sin_cache + p.positions[token] * p.cache_stride;
   const CosSinT* sin_row = cos_row + p.half_rot_dim;
   T* q_token = p.query + token * p.query_token_stride;
-  T* k_token = p.key + token * p.key_token_stride;
+  auto head_ptr = [&](int h) {
+    return h >= p.num_heads ? k_token + (h - p.num_heads) * p.key_head_stride
+                            : q_token + h * p.query_head_stride;
+  };
   for (int chunk = threadIdx.x; chunk < num_chunks; chunk += blockDim.x) {
     float cos_v[VEC_SIZE], sin_v[VEC_SIZE];
     load_as_float(cos_row + chunk * VEC_SIZE, cos_v);
     load_as_float(sin_row + chunk * VEC_SIZE, sin_v);
     const int lo_off = IS_NEOX ? chunk * VEC_SIZE : 2 * chunk * VEC_SIZE;
     const int hi_off = IS_NEOX ? p.half_rot_dim + chunk * VEC_SIZE : lo_off + VEC_SIZE;
-    for (int h = threadIdx.y; h < total_heads; h += blockDim.y) {
-      const bool is_key = h >= p.num_heads;
-      const int kv_head = h - p.num_heads;
-      T* head = is_key ? k_token + kv_head * p.key_head_stride : q_token + h * p.query_head_stride;
-      V lo, hi;
-      lo.load(head + lo_off);
-      hi.load(head + hi_off);
-      rotate_vecs<T, IS_NEOX, VEC_SIZE>(lo, hi, cos_v, sin_v);
-      lo.store(head + lo_off);
-      hi.store(head + hi_off);
-      if (is_key && write) {
-        KvT* dst = kv.key_cache + kv_token_offset + kv_head * kv.kv_head_stride;
-        to_cache_vec<KvT, FP8>(lo, ks).store(dst + lo_off);
-        to_cache_vec<KvT, FP8>(hi, ks).store(dst + hi_off);
+    // Two heads per step, both loaded before either is stored (one round trip, not two).
+    for (int h0 = threadIdx.y; h0 < total_heads; h0 += 2 * blockDim.y) {
+      const int hs[2] = {h0, h0 + static_cast<int>(blockDim.y)};
+      V lo[2], hi[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        if (hs[u] < total_heads) {
+          lo[u].load(head_ptr(hs[u]) + lo_off);
+          hi[u].load(head_ptr(hs[u]) + hi_off);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        if (hs[u] >= total_heads) continue;
+        rotate_vecs<T, IS_NEOX, VEC_SIZE>(lo[u], hi[u], cos_v, sin_v);
+        T* head = head_ptr(hs[u]);
+        lo[u].store(head + lo_off);
+        hi[u].store(head + hi_off);
+        if (hs[u] >= p.num_heads && write) {
+          KvT* dst = kv.key_cache + kv_token_offset + (hs[u] - p.num_heads) * kv.kv_head_stride;
+          to_cache_vec<KvT, FP8>(lo[u], ks).store(dst + lo_off);
+          to_cache_vec<KvT, FP8>(hi[u], ks).store(dst + hi_off);
+        }
       }
     }
   }
-  if (!write) return;
 
-  // The value heads, then the key elements past rot_dim, over all of the token's threads.
-  const int num_threads = static_cast<int>(blockDim.x * blockDim.y);
-  const int vecs_per_head = kv.head_size / VEC_SIZE;
-  const int rot_vecs = 2 * p.half_rot_dim / VEC_SIZE;
-  const int tail_vecs = vecs_per_head - rot_vecs;
-  const int value_items = p.num_kv_heads * vecs_per_head;
-  const int num_items = value_items + p.num_kv_heads * tail_vecs;
-  const T* v_token = kv.value + token * kv.value_token_stride;
-  for (int item = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x); item < num_items;
-       item += num_threads) {
-    if (item < value_items) {
-      const int h = item / vecs_per_head;
-      const int d = (item - h * vecs_per_head) * VEC_SIZE;
-      V x;
-      x.load(v_token + h * kv.value_head_stride + d);
-      to_cache_vec<KvT, FP8>(x, vs).store(kv.value_cache + kv_token_offset +
-                                          h * kv.kv_head_stride + d);
-    } else {
-      const int j = item - value_items;
-      const int h = j / tail_vecs;
-      const int d = (rot_vecs + j - h * tail_vecs) * VEC_SIZE;
-      V x;
-      x.load(k_token + h * p.key_head_stride + d);
-      to_cache_vec<KvT, FP8>(x, ks).store(kv.key_cache + kv_token_offset +
-                                          h * kv.kv_head_stride + d);
-    }
+  if (!write) return;
+  if (tid < num_items) {
+    to_cache_vec<KvT, FP8>(first, first_is_value ? vs : ks).store(first_dst);
+  }
+  for (int item = tid + num_threads; item < num_items; item += num_threads) {
+    const T* src;
+    KvT* dst;
+    bool is_value;
+    locate(item, src, dst, is_value);
+    V x;
+    x.load(src);
+    to_cache_vec<KvT, FP8>(x, is_value ? vs : ks).store(dst);
   }
 }
 
