@@ -22,6 +22,45 @@ cudaError_t check_rope_sizes(int64_t num_heads, int64_t num_kv_heads, int64_t he
   return cudaSuccess;
 }
 
+// The sizes and strides both entry points pass to the kernel's RopeParams.
+struct RopeLayout {
+  const int64_t* positions;
+  void* key;
+  int64_t num_tokens, num_heads, num_kv_heads, rot_dim;
+  int64_t query_token_stride, query_head_stride, key_token_stride, key_head_stride, cache_stride;
+};
+
+template <typename T, typename CosSinT>
+kernels::RopeParams<T, CosSinT> rope_params(const RopeLayout& l, T* query, const CosSinT* cos_sin) {
+  return {l.positions,
+          query,
+          static_cast<T*>(l.key),
+          cos_sin,
+          l.num_tokens,
+          static_cast<int>(l.num_heads),
+          static_cast<int>(l.num_kv_heads),
+          static_cast<int>(l.rot_dim / 2),
+          l.query_token_stride,
+          l.query_head_stride,
+          l.key_token_stride,
+          l.key_head_stride,
+          l.cache_stride};
+}
+
+// Calls f(T* query, const CosSinT* cos_sin_cache) for query's dtype and a cos/sin table in that
+// dtype or float32.
+template <typename F>
+cudaError_t dispatch_rope_types(DType dtype, DType cache_dtype, void* query,
+                                const void* cos_sin_cache, const char* op, F&& f) {
+  return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&]() -> cudaError_t {
+    T* q = static_cast<T*>(query);
+    if (cache_dtype == DType::kFloat32) return f(q, static_cast<const float*>(cos_sin_cache));
+    if (cache_dtype == dtype) return f(q, static_cast<const T*>(cos_sin_cache));
+    PYORCH_INVALID("%s: cos_sin_cache must be %s or float32, got %s", op, dtype_name(dtype),
+                   dtype_name(cache_dtype));
+  });
+}
+
 }  // namespace
 
 cudaError_t rotary_embedding(const int64_t* positions, void* query, void* key,
@@ -33,31 +72,14 @@ cudaError_t rotary_embedding(const int64_t* positions, void* query, void* key,
                              cudaStream_t stream) {
   if (key == nullptr) num_kv_heads = 0;
   PYORCH_RETURN_IF_ERROR(check_rope_sizes(num_heads, num_kv_heads, head_size, rot_dim));
-  auto run = [&](auto* q, auto* cache) -> cudaError_t {
-    using T = std::remove_pointer_t<decltype(q)>;
-    using CacheT = std::remove_const_t<std::remove_pointer_t<decltype(cache)>>;
-    kernels::RopeParams<T, CacheT> p{positions,
-                                     q,
-                                     static_cast<T*>(key),
-                                     cache,
-                                     num_tokens,
-                                     static_cast<int>(num_heads),
-                                     static_cast<int>(num_kv_heads),
-                                     static_cast<int>(rot_dim / 2),
-                                     query_token_stride,
-                                     query_head_stride,
-                                     key_token_stride,
-                                     key_head_stride,
-                                     cache_stride};
-    return kernels::launch_rotary_embedding(p, is_neox, stream);
-  };
-  return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&]() -> cudaError_t {
-    T* q = static_cast<T*>(query);
-    if (cache_dtype == DType::kFloat32) return run(q, static_cast<const float*>(cos_sin_cache));
-    if (cache_dtype == dtype) return run(q, static_cast<const T*>(cos_sin_cache));
-    PYORCH_INVALID("rotary_embedding: cos_sin_cache must be %s or float32, got %s",
-                   dtype_name(dtype), dtype_name(cache_dtype));
-  });
+  const RopeLayout layout{positions,         key,                num_tokens,       num_heads,
+                          num_kv_heads,      rot_dim,            query_token_stride,
+                          query_head_stride, key_token_stride,   key_head_stride,  cache_stride};
+  return dispatch_rope_types(dtype, cache_dtype, query, cos_sin_cache, "rotary_embedding",
+                             [&](auto* q, auto* cos_sin) {
+                               return kernels::launch_rotary_embedding(
+                                   rope_params(layout, q, cos_sin), is_neox, stream);
+                             });
 }
 
 cudaError_t rotary_embedding_and_cache(
@@ -74,23 +96,12 @@ cudaError_t rotary_embedding_and_cache(
   if (key == nullptr || value == nullptr || key_cache == nullptr || value_cache == nullptr) {
     PYORCH_INVALID("rotary_embedding_and_cache: key, value and both caches are required");
   }
+  const RopeLayout layout{positions,         key,                num_tokens,       num_heads,
+                          num_kv_heads,      rot_dim,            query_token_stride,
+                          query_head_stride, key_token_stride,   key_head_stride,  cache_stride};
   auto run = [&](auto* q, auto* cos_sin, auto* kv_cache, auto fp8) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(q)>;
-    using CosSinT = std::remove_const_t<std::remove_pointer_t<decltype(cos_sin)>>;
     using KvT = std::remove_pointer_t<decltype(kv_cache)>;
-    const kernels::RopeParams<T, CosSinT> p{positions,
-                                            q,
-                                            static_cast<T*>(key),
-                                            cos_sin,
-                                            num_tokens,
-                                            static_cast<int>(num_heads),
-                                            static_cast<int>(num_kv_heads),
-                                            static_cast<int>(rot_dim / 2),
-                                            query_token_stride,
-                                            query_head_stride,
-                                            key_token_stride,
-                                            key_head_stride,
-                                            cache_stride};
     const kernels::RopeKvParams<T, KvT> kv{static_cast<const T*>(value),
                                            kv_cache,
                                            static_cast<KvT*>(value_cache),
@@ -105,27 +116,23 @@ cudaError_t rotary_embedding_and_cache(
                                            kv_slot_stride,
                                            kv_head_stride,
                                            static_cast<int>(head_size)};
-    return kernels::launch_rotary_embedding_and_cache<T, CosSinT, KvT, decltype(fp8)::value>(
-        p, kv, is_neox, stream);
+    return kernels::launch_rotary_embedding_and_cache<T, std::remove_const_t<
+        std::remove_pointer_t<decltype(cos_sin)>>, KvT, decltype(fp8)::value>(
+        rope_params(layout, q, cos_sin), kv, is_neox, stream);
   };
-  auto with_kv = [&](auto* q, auto* cos_sin) -> cudaError_t {
-    using T = std::remove_pointer_t<decltype(q)>;
-    switch (kv_cache_dtype) {
-      case KVCacheDType::kAuto:
-        return run(q, cos_sin, static_cast<T*>(key_cache), std::false_type{});
-      case KVCacheDType::kFp8E4M3:
-        return run(q, cos_sin, static_cast<uint8_t*>(key_cache), std::true_type{});
-    }
-    PYORCH_INVALID("rotary_embedding_and_cache: unsupported kv_cache_dtype %d",
-                   static_cast<int>(kv_cache_dtype));
-  };
-  return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&]() -> cudaError_t {
-    T* q = static_cast<T*>(query);
-    if (cache_dtype == DType::kFloat32) return with_kv(q, static_cast<const float*>(cos_sin_cache));
-    if (cache_dtype == dtype) return with_kv(q, static_cast<const T*>(cos_sin_cache));
-    PYORCH_INVALID("rotary_embedding_and_cache: cos_sin_cache must be %s or float32, got %s",
-                   dtype_name(dtype), dtype_name(cache_dtype));
-  });
+  return dispatch_rope_types(
+      dtype, cache_dtype, query, cos_sin_cache, "rotary_embedding_and_cache",
+      [&](auto* q, auto* cos_sin) -> cudaError_t {
+        using T = std::remove_pointer_t<decltype(q)>;
+        switch (kv_cache_dtype) {
+          case KVCacheDType::kAuto:
+            return run(q, cos_sin, static_cast<T*>(key_cache), std::false_type{});
+          case KVCacheDType::kFp8E4M3:
+            return run(q, cos_sin, static_cast<uint8_t*>(key_cache), std::true_type{});
+        }
+        PYORCH_INVALID("rotary_embedding_and_cache: unsupported kv_cache_dtype %d",
+                       static_cast<int>(kv_cache_dtype));
+      });
 }
 
 }  // namespace pyorch

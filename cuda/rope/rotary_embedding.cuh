@@ -140,11 +140,13 @@ __host__ inline int rope_vec_size(const RopeParams<T, CacheT>& p) {
   return vec;
 }
 
-template <typename T, typename CacheT, bool IS_NEOX, int VEC_SIZE>
-cudaError_t launch_rope_vec(const RopeParams<T, CacheT>& p, cudaStream_t stream) {
-  // Threads per token: one column per chunk; enough head rows that each thread walks about
-  // ceil(total_heads / rows) heads; leftover room in the block goes to more tokens.
-  const int num_chunks = p.half_rot_dim / VEC_SIZE;
+// Threads per token: one column per chunk of VEC_SIZE pairs; enough head rows that each thread
+// walks about ceil(total_heads / rows) heads; leftover room in the block goes to more tokens.
+// Returns the block; *num_blocks gets the grid.
+template <typename T, typename CacheT>
+__host__ inline dim3 rope_block_shape(const RopeParams<T, CacheT>& p, int vec,
+                                      int64_t* num_blocks) {
+  const int num_chunks = p.half_rot_dim / vec;
   const int total_heads = p.num_heads + p.num_kv_heads;
   const int bx = std::min(num_chunks, kRopeMaxThreads);
   const int max_rows = std::max(1, kRopeMaxThreads / bx);
@@ -152,11 +154,18 @@ cudaError_t launch_rope_vec(const RopeParams<T, CacheT>& p, cudaStream_t stream)
   const int by = std::max(1, (total_heads + heads_per_thread - 1) / heads_per_thread);
   const int bz = static_cast<int>(
       std::min<int64_t>(std::max(1, kRopeMaxThreads / (bx * by)), p.num_tokens));
-  const int64_t num_blocks = (p.num_tokens + bz - 1) / bz;
+  *num_blocks = (p.num_tokens + bz - 1) / bz;
+  return dim3(bx, by, bz);
+}
+
+template <typename T, typename CacheT, bool IS_NEOX, int VEC_SIZE>
+cudaError_t launch_rope_vec(const RopeParams<T, CacheT>& p, cudaStream_t stream) {
+  int64_t num_blocks = 0;
+  const dim3 block = rope_block_shape(p, VEC_SIZE, &num_blocks);
   if (num_blocks > 0x7fffffff) PYORCH_INVALID("rotary_embedding: too many tokens");
   return launch_kernel(&rotary_embedding_kernel<T, CacheT, IS_NEOX, VEC_SIZE>,
-                       dim3(static_cast<unsigned>(num_blocks)), dim3(bx, by, bz), 0, stream,
-                       pdl_enabled(), p);
+                       dim3(static_cast<unsigned>(num_blocks)), block, 0, stream, pdl_enabled(),
+                       p);
 }
 
 template <typename T, typename CacheT>

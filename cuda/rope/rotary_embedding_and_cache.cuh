@@ -174,23 +174,15 @@ cudaError_t launch_rotary_embedding_and_cache(const RopeParams<T, CosSinT>& p,
                                               cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
   const int vec = rope_and_cache_vec_size(p, kv);
-  // The block shape of rotary_embedding (launch_rope_vec); its threads also do the copies.
+  // The block shape of rotary_embedding; its threads also do the copies.
   auto launch = [&](auto vec_c, auto neox_c) -> cudaError_t {
     constexpr int kVec = decltype(vec_c)::value;
-    const int num_chunks = p.half_rot_dim / kVec;
-    const int total_heads = p.num_heads + p.num_kv_heads;
-    const int bx = std::min(num_chunks, kRopeMaxThreads);
-    const int max_rows = std::max(1, kRopeMaxThreads / bx);
-    const int heads_per_thread = (total_heads + max_rows - 1) / max_rows;
-    const int by = std::max(1, (total_heads + heads_per_thread - 1) / heads_per_thread);
-    const int bz = static_cast<int>(
-        std::min<int64_t>(std::max(1, kRopeMaxThreads / (bx * by)), p.num_tokens));
-    const int64_t num_blocks = (p.num_tokens + bz - 1) / bz;
+    int64_t num_blocks = 0;
+    const dim3 block = rope_block_shape(p, kVec, &num_blocks);
     if (num_blocks > 0x7fffffff) PYORCH_INVALID("rotary_embedding_and_cache: too many tokens");
     return launch_kernel(
         &rotary_embedding_and_cache_kernel<T, CosSinT, KvT, FP8, decltype(neox_c)::value, kVec>,
-        dim3(static_cast<unsigned>(num_blocks)), dim3(bx, by, bz), 0, stream, pdl_enabled(), p,
-        kv);
+        dim3(static_cast<unsigned>(num_blocks)), block, 0, stream, pdl_enabled(), p, kv);
   };
   return dispatch_vec_size<T>(vec, [&](auto vec_c) {
     return is_neox ? launch(vec_c, std::true_type{}) : launch(vec_c, std::false_type{});
