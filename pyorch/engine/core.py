@@ -20,7 +20,8 @@ from pyorch.config import EngineConfig
 from pyorch.engine.request import Request, RequestStatus
 from pyorch.engine.scheduler import Scheduler
 from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerOutput, SchedulerStats
-from pyorch.executor.model_runner import ModelRunner, StepHandle
+from pyorch.executor.model_runner import ModelRunner
+from pyorch.executor.step import StepHandle
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -30,70 +29,14 @@ from pyorch.executor.kv_cache import (
     gpu_kv_budget_bytes,
     num_blocks_from_bytes,
 )
+from pyorch.executor.memory_profile import profile_activation_peak
+from pyorch.executor.step import ModelRunnerOutput, StepHandle
 from pyorch.forward_context import AttentionMetadata, set_forward_context
 from pyorch.layers.attention import Attention
-from pyorch.layers.sampler import (
-    LogprobsLists,
-    LogprobsTensors,
-    Sampler,
-    SamplingRow,
-    compute_prompt_logprobs,
-    sample_rows,
-)
+from pyorch.layers.sampler import LogprobsLists, Sampler, compute_prompt_logprobs, sample_rows
 from pyorch.metrics.stats import StepTimings
-from pyorch.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ModelRunnerOutput:
-    req_ids: list[str]
-    sampled_token_ids: list[list[int]]
-    logprobs: list[Optional[LogprobsLists]] = field(default_factory=list)  # one row per request
-    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # this step's chunk
-
-
-@dataclass
-class StepHandle:
-    """A launched step: which rows sample, and their tokens on their way to the host.
-
-    The sampled ids stay on the device too (`sampled_device`), where the next step reads the
-    inputs of requests scheduled before these tokens reached the host."""
-
-    req_ids: list[str]
-    sampled_rows: list[int]  # rows of req_ids that sample, in sampler order
-    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
-    sampled_device: Optional[torch.Tensor] = None  # [len(sampled_rows)] int64
-    sampled_row_of: dict[str, int] = field(default_factory=dict)  # req_id -> sampler row
-    _host_tokens: Optional[torch.Tensor] = None
-    _host_logprobs: Optional[LogprobsTensors] = None
-    _event: Optional[torch.cuda.Event] = None
-
-    def to_host(self, tokens: torch.Tensor, logprobs: Optional[LogprobsTensors]) -> None:
-        """Starts the device -> host copies (pinned, non-blocking) and marks their end."""
-        if tokens.device.type != "cuda":
-            self._host_tokens, self._host_logprobs = tokens, logprobs
-            return
-        self._host_tokens = _pinned_copy(tokens)
-        if logprobs is not None:
-            self._host_logprobs = LogprobsTensors(*(_pinned_copy(t) for t in logprobs))
-        self._event = torch.cuda.Event()
-        self._event.record()
-
-    def wait(self) -> tuple[list[int], Optional[LogprobsLists]]:
-        """The sampled token ids (and logprobs), once the copies landed."""
-        if self._event is not None:
-            self._event.synchronize()  # the step's one wait on the device
-        tokens = self._host_tokens.tolist()
-        entries = self._host_logprobs.tolists() if self._host_logprobs is not None else None
-        return tokens, entries
-
-
-def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    return host
 
 
 def _step_seed(seed: int, index: int) -> int:
@@ -163,7 +106,7 @@ class ModelRunner:
             num_blocks = num_blocks_from_bytes(
                 spec, self.cache_config.kv_cache_memory_bytes, "kv_cache_memory_bytes")
         elif self.device.type == "cuda":
-            peak = self.profile_run()
+            peak = profile_activation_peak(self)
             budget = gpu_kv_budget_bytes(self.device, self.cache_config.gpu_memory_utilization, peak)
             num_blocks = num_blocks_from_bytes(spec, budget, "the GPU memory left for the KV cache")
         else:
@@ -207,54 +150,6 @@ class ModelRunner:
 
         runner.capture(inputs_for)
         self.cuda_graphs = runner
-
-    @torch.inference_mode()
-    def profile_run(self) -> int:
-        """Runs the largest batch (max_num_batched_tokens tokens over max_num_seqs sequences)
-        through the model and the sampler with a throwaway KV cache; returns the activation
-        peak in bytes, not counting that cache."""
-        spec = self.kv_cache_spec()
-        num_tokens, num_seqs = self.max_num_tokens, min(self.max_num_seqs, self.max_num_tokens)
-        per_seq = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
-        blocks_per_seq = [_cdiv(n, self.block_size) for n in per_seq]
-        temp = spec.allocate(sum(blocks_per_seq) + 1, self.device)
-        for layer, cache in zip(self.attn_layers, temp):
-            layer.kv_cache = cache
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        next_block, table = 1, np.zeros((num_seqs, max(blocks_per_seq)), dtype=np.int32)
-        slots = []
-        for i, (n, nb) in enumerate(zip(per_seq, blocks_per_seq)):
-            table[i, :nb] = np.arange(next_block, next_block + nb)
-            slots.append(next_block * self.block_size + np.arange(n))
-            next_block += nb
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
-            query_start_loc=torch.tensor(np.concatenate([[0], np.cumsum(per_seq)]),
-                                         dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(per_seq, dtype=torch.int32, device=dev),
-            block_table=torch.from_numpy(table).to(dev),
-            max_query_len=max(per_seq), max_seq_len=max(per_seq),
-        )
-        input_ids = torch.randint(0, self.vocab_size, (num_tokens,), device=dev)
-        positions = torch.from_numpy(np.concatenate([np.arange(n) for n in per_seq])).to(dev)
-        with set_forward_context(meta):
-            hidden = self.model(input_ids, positions)
-        last = meta.query_start_loc[1:] - 1
-        logits = self.model.compute_logits(hidden[last.long()]).float()
-        del hidden
-        self._profile_sampler(logits)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - base
-        del logits, temp, meta
-        for layer in self.attn_layers:
-            layer.kv_cache = None
-        torch.cuda.empty_cache()
-        logger.info("Profiled %d tokens / %d sequences: activation peak %.2f GiB",
-                    num_tokens, num_seqs, peak / 2**30)
-        return peak  # `base` already counted the throwaway cache
 
     # ---- one step -----------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -343,32 +238,13 @@ class ModelRunner:
         num_logits = len(sampled_rows)
         host["logits_indices"][:num_logits] = cu[sampled_rows] - 1
 
-        input_ids = host["input_ids"]
-        last_rows = self._last_step.sampled_row_of if self._last_step is not None else {}
-        pending_dst: list[int] = []
-        pending_src: list[int] = []
-        for st, a, num, k, o in zip(states, start_list, n_list, known_list, offsets.tolist()):
-            b = a + num
-            if num == 1 and b <= k:  # a decode row whose input token is known
-                input_ids[o] = st.token_ids[a]
-                continue
-            m = min(b, k)
-            if m > a:
-                input_ids[o : o + m - a] = st.token_ids[a:m]
-            if b > m:
-                # The one token still in flight: the last step's sample, copied on the device.
-                src = last_rows.get(st.req_id)
-                if b - m != 1 or st.num_pending != 1 or src is None:
-                    raise RuntimeError(
-                        f"request {st.req_id}: positions [{m}, {b}) are not known to the "
-                        f"runner ({st.num_pending} pending)")
-                pending_dst.append(o + m - a)
-                pending_src.append(src)
+        pending_dst, pending_src = self._gather_input_ids(
+            host["input_ids"], states, start_list, n_list, known_list, offsets.tolist())
         num_pending = len(pending_dst)
         host["pending_dst"][:num_pending] = pending_dst
         host["pending_src"][:num_pending] = pending_src
         if pad_tokens > num_tokens:
-            input_ids[num_tokens:] = 0
+            host["input_ids"][num_tokens:] = 0
             host["positions"][num_tokens:] = 0
             host["slot_mapping"][num_tokens:] = -1
         if pad_seqs > num_seqs:
@@ -385,6 +261,34 @@ class ModelRunner:
             max_query_len=int(n.max()), max_seq_len=int(end.max()),
         )
         return dev, meta, dev["logits_indices"][:num_logits], sampled_rows.tolist()
+
+    def _gather_input_ids(self, input_ids: np.ndarray, states: list[CachedRequestState],
+                          start_list: list[int], n_list: list[int], known_list: list[int],
+                          offsets: list[int]) -> tuple[list[int], list[int]]:
+        """Writes each row's known input tokens into input_ids ([num_tokens] host view); returns
+        (destination index, last-step sampler row) of the tokens still in flight, which the
+        device copies from the last step's samples."""
+        last_rows = self._last_step.sampled_row_of if self._last_step is not None else {}
+        pending_dst: list[int] = []
+        pending_src: list[int] = []
+        for st, a, num, k, o in zip(states, start_list, n_list, known_list, offsets):
+            b = a + num
+            if num == 1 and b <= k:  # a decode row whose input token is known
+                input_ids[o] = st.token_ids[a]
+                continue
+            m = min(b, k)
+            if m > a:
+                input_ids[o : o + m - a] = st.token_ids[a:m]
+            if b > m:
+                # The one token still in flight: the last step's sample, copied on the device.
+                src = last_rows.get(st.req_id)
+                if b - m != 1 or st.num_pending != 1 or src is None:
+                    raise RuntimeError(
+                        f"request {st.req_id}: positions [{m}, {b}) are not known to the "
+                        f"runner ({st.num_pending} pending)")
+                pending_dst.append(o + m - a)
+                pending_src.append(src)
+        return pending_dst, pending_src
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -468,13 +372,6 @@ class ModelRunner:
             if entries is not None and state.sampling_params.logprobs is not None:
                 logprobs[i] = entries.slice(j, j + 1)
         return ModelRunnerOutput(req_ids, sampled, logprobs, handle.prompt_logprobs)
-
-    def _profile_sampler(self, logits: torch.Tensor) -> None:
-        """The sampler's most memory-hungry path: top-k/top-p sorting and logprobs on every row."""
-        params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=20,
-                                repetition_penalty=1.1)
-        rows = [SamplingRow(params, [0], [], None) for _ in range(logits.shape[0])]
-        sample_rows(self.sampler, logits, rows)
 
     def _prompt_logprobs(self, req_ids: list[str], so: SchedulerOutput,
                          hidden: torch.Tensor) -> dict[str, LogprobsLists]:

@@ -33,6 +33,7 @@ class _Runner:
     from pyorch.executor.model_runner import ModelRunner as _MR
 
     _prepare_inputs = _MR._prepare_inputs
+    _gather_input_ids = _MR._gather_input_ids
     _update_states = _MR._update_states
 
     def __init__(self, block_size: int, max_tokens: int, max_seqs: int, max_blocks: int):
