@@ -64,7 +64,11 @@
                          const at::Tensor& prefix_output, const at::Tensor& prefix_lse,          \
                          const at::Tensor& suffix_output, const at::Tensor& suffix_lse);         \
   void skinny_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,           \
-                   const std::optional<at::Tensor>& bias);
+                   const std::optional<at::Tensor>& bias);                                       \
+  void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,     \
+                         const std::optional<at::Tensor>& bias,                                  \
+                         const std::optional<at::Tensor>& norm_weight, double epsilon,           \
+                         int64_t epilogue);
 
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS

@@ -91,6 +91,12 @@ TORCH_LIBRARY(pyorch, m) {
   // (input_size % 8 == 0, rows may be strided), weight [output_size, input_size] contiguous,
   // out [num_tokens, output_size], bias [output_size] or None; fp16/bf16, fp32 accumulation.
   m.def("skinny_gemm(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()");
+  // skinny_gemm with the decoder layer's neighbours fused in (pyorch/_ops.py says how):
+  // norm_weight [input_size] RMS-norms the input on the fly; epilogue 0 stores, 1 writes
+  // silu(gate) * up of a [gate; up] weight (out [num_tokens, output_size / 2]), 2 adds into out.
+  m.def(
+      "skinny_gemm_fused(Tensor! out, Tensor input, Tensor weight, Tensor? bias, "
+      "Tensor? norm_weight, float epsilon, int epilogue) -> ()");
 
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
@@ -109,6 +115,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("copy_blocks", c10::kCPU, &pyorch::cpu::copy_blocks);
   m.impl("swap_blocks", c10::kCPU, &pyorch::cpu::swap_blocks);
   m.impl("skinny_gemm", c10::kCPU, &pyorch::cpu::skinny_gemm);
+  m.impl("skinny_gemm_fused", c10::kCPU, &pyorch::cpu::skinny_gemm_fused);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -129,6 +136,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("copy_blocks", c10::kCUDA, &copy_blocks);
   m.impl("swap_blocks", c10::kCUDA, &swap_blocks);
   m.impl("skinny_gemm", c10::kCUDA, &skinny_gemm);
+  m.impl("skinny_gemm_fused", c10::kCUDA, &skinny_gemm_fused);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }

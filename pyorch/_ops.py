@@ -319,3 +319,42 @@ def skinny_gemm(
     All float16 or all bfloat16; accumulated in float32 and rounded once; deterministic.
     """
     _ops.skinny_gemm(out, input, weight, bias)
+
+
+# skinny_gemm_fused's epilogues, by name (the op takes their index).
+SKINNY_EPILOGUES = {"store": 0, "silu_and_mul": 1, "add": 2}
+
+
+def skinny_gemm_fused(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    norm_weight: Optional[torch.Tensor] = None,
+    epsilon: float = 1e-6,
+    epilogue: str = "store",
+) -> None:
+    """skinny_gemm with a decoder layer's neighbours fused in: one kernel instead of up to three.
+
+    With norm_weight, the input is RMS-normed on the fly: p = inv_rms * ((input * norm_weight) @
+    weight^T) + bias, inv_rms = rsqrt(mean(input^2) + epsilon) per row in float32, input *
+    norm_weight rounded to the dtype (one rounding where rms_norm then skinny_gemm has two, so
+    the result is close to that pair's, not bit-equal). Without it p = input @ weight^T + bias.
+
+    epilogue:
+      "store": out = p, as skinny_gemm.
+      "silu_and_mul": weight is [gate; up] (2 * d rows, d = output_size / 2); out [num_tokens, d]
+        = silu(gate) * up with gate and up rounded first: skinny_gemm then silu_and_mul.
+      "add": out += p (rounded first), in place: the residual add. No norm_weight; out must not
+        overlap input.
+
+    Shapes and layouts as skinny_gemm; norm_weight: [input_size], contiguous, same dtype.
+    """
+    if epilogue not in SKINNY_EPILOGUES:
+        raise ValueError(
+            f"skinny_gemm_fused: epilogue must be one of {sorted(SKINNY_EPILOGUES)}, "
+            f"got {epilogue!r}"
+        )
+    _ops.skinny_gemm_fused(
+        out, input, weight, bias, norm_weight, epsilon, SKINNY_EPILOGUES[epilogue]
+    )

@@ -52,23 +52,47 @@ namespace {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-template <typename T>
+template <typename T, bool NORM, kernels::SkinnyEpilogue EPI>
 cudaError_t launch_skinny_gemm(const kernels::SkinnyGemmArgs<T>& args,
                                const SkinnyGemmConfig& config, cudaStream_t stream) {
   const bool l2 = config.l2_prefetch > 0;
   const bool pdl = config.pdl > 0;
   if (args.num_tokens <= kernels::kSkinnyTileTokens) {
-    return kernels::launch_skinny_gemm_tiles<T, 1>(args, config.num_warps, l2, pdl, stream);
+    return kernels::launch_skinny_gemm_tiles<T, 1, NORM, EPI>(args, config.num_warps, l2, pdl,
+                                                              stream);
   }
-  return kernels::launch_skinny_gemm_tiles<T, 2>(args, config.num_warps, l2, pdl, stream);
+  return kernels::launch_skinny_gemm_tiles<T, 2, NORM, EPI>(args, config.num_warps, l2, pdl,
+                                                            stream);
+}
+
+// The fused forms the engine uses: plain, normed [+ SiLU-and-mul], SiLU-and-mul, add.
+template <typename T>
+cudaError_t launch_skinny_gemm_fused(const kernels::SkinnyGemmArgs<T>& args,
+                                     SkinnyGemmEpilogue epilogue, const SkinnyGemmConfig& config,
+                                     cudaStream_t stream) {
+  using kernels::SkinnyEpilogue;
+  const bool norm = args.norm_weight != nullptr;
+  switch (epilogue) {
+    case SkinnyGemmEpilogue::kStore:
+      return norm ? launch_skinny_gemm<T, true, SkinnyEpilogue::kStore>(args, config, stream)
+                  : launch_skinny_gemm<T, false, SkinnyEpilogue::kStore>(args, config, stream);
+    case SkinnyGemmEpilogue::kSiluMul:
+      return norm ? launch_skinny_gemm<T, true, SkinnyEpilogue::kSiluMul>(args, config, stream)
+                  : launch_skinny_gemm<T, false, SkinnyEpilogue::kSiluMul>(args, config, stream);
+    case SkinnyGemmEpilogue::kAdd:
+      if (norm) PYORCH_INVALID("skinny_gemm_fused: the add epilogue takes no norm");
+      return launch_skinny_gemm<T, false, SkinnyEpilogue::kAdd>(args, config, stream);
+  }
+  PYORCH_INVALID("skinny_gemm_fused: unknown epilogue %d", static_cast<int>(epilogue));
 }
 
 }  // namespace
 
-cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const void* bias,
-                        DType dtype, int64_t num_tokens, int64_t output_size, int64_t input_size,
-                        int64_t out_stride, int64_t input_stride, cudaStream_t stream,
-                        const SkinnyGemmConfig* config) {
+cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, const void* bias,
+                              const void* norm_weight, float eps, SkinnyGemmEpilogue epilogue,
+                              DType dtype, int64_t num_tokens, int64_t output_size,
+                              int64_t input_size, int64_t out_stride, int64_t input_stride,
+                              cudaStream_t stream, const SkinnyGemmConfig* config) {
   static_assert(kSkinnyGemmMaxTokens == 2 * kernels::kSkinnyTileTokens, "two n8 tiles at most");
   if (num_tokens < 0 || num_tokens > kSkinnyGemmMaxTokens) {
     PYORCH_INVALID("skinny_gemm: num_tokens %lld outside [0, %lld]",
@@ -79,10 +103,18 @@ cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const 
     PYORCH_INVALID("skinny_gemm: input_size %lld and input_stride %lld must be multiples of 8",
                    static_cast<long long>(input_size), static_cast<long long>(input_stride));
   }
-  if (!aligned16(input) || !aligned16(weight)) {
-    PYORCH_INVALID("skinny_gemm: input and weight must be 16-byte aligned");
+  if (!aligned16(input) || !aligned16(weight) ||
+      (norm_weight != nullptr && !aligned16(norm_weight))) {
+    PYORCH_INVALID("skinny_gemm: input, weight and norm_weight must be 16-byte aligned");
+  }
+  if (epilogue == SkinnyGemmEpilogue::kSiluMul && output_size % 2 != 0) {
+    PYORCH_INVALID("skinny_gemm: the SiLU-and-mul epilogue needs an even output_size, got %lld",
+                   static_cast<long long>(output_size));
   }
   if (num_tokens == 0 || output_size == 0) return cudaSuccess;
+  if (norm_weight != nullptr && input_size == 0) {
+    PYORCH_INVALID("skinny_gemm: a normed input needs input_size > 0");
+  }
   SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size);
   if (config != nullptr) {  // the caller's non-default fields win
     if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
@@ -91,14 +123,31 @@ cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const 
     if (config->pdl >= 0) cfg.pdl = config->pdl;
   }
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
-    const kernels::SkinnyGemmArgs<T> args{
-        static_cast<T*>(out),         static_cast<const T*>(input), static_cast<const T*>(weight),
-        static_cast<const T*>(bias),  num_tokens,                   output_size,
-        input_size,                   out_stride,                   input_stride,
-        cfg.prefetch_slices};
-    PYORCH_RETURN_IF_ERROR(launch_skinny_gemm<T>(args, cfg, stream));
+    kernels::SkinnyGemmArgs<T> args{};
+    args.out = static_cast<T*>(out);
+    args.input = static_cast<const T*>(input);
+    args.weight = static_cast<const T*>(weight);
+    args.bias = static_cast<const T*>(bias);
+    args.norm_weight = static_cast<const T*>(norm_weight);
+    args.eps = eps;
+    args.num_tokens = num_tokens;
+    args.output_size = output_size;
+    args.input_size = input_size;
+    args.out_stride = out_stride;
+    args.input_stride = input_stride;
+    args.prefetch_slices = cfg.prefetch_slices;
+    PYORCH_RETURN_IF_ERROR(launch_skinny_gemm_fused<T>(args, epilogue, cfg, stream));
     return cudaGetLastError();
   });
+}
+
+cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const void* bias,
+                        DType dtype, int64_t num_tokens, int64_t output_size, int64_t input_size,
+                        int64_t out_stride, int64_t input_stride, cudaStream_t stream,
+                        const SkinnyGemmConfig* config) {
+  return skinny_gemm_fused(out, input, weight, bias, nullptr, 0.f, SkinnyGemmEpilogue::kStore,
+                           dtype, num_tokens, output_size, input_size, out_stride, input_stride,
+                           stream, config);
 }
 
 }  // namespace pyorch

@@ -1,4 +1,6 @@
-// Skinny GEMM for decode: out[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16.
+// Skinny GEMM for decode: out[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16, with optional
+// fusions around it (SkinnyGemmArgs::norm_weight, SkinnyEpilogue) that take the decoder layer's
+// RMSNorm, SiLU-and-mul and residual add out of their own kernels.
 //
 // At M <= 16 a linear layer is a stream of its weight: N * K * 2 bytes read once, ~2 * M flops per
 // weight element. The kernel's whole job is to keep enough weight bytes in flight on every SM
@@ -22,6 +24,18 @@
 // with the L2::256B prefetch hint. x is tiny and read by every block: cached in L1.
 // Rows past N and tokens past M are clamped to the last valid one (their results are dropped),
 // so only the K tail needs predicates.
+//
+// Fusions (a decode step of a Llama layer is then 6 kernels instead of 9):
+// - RMSNorm of the input (norm_weight != nullptr): out = (rms_norm(x) * g) @ W^T. The block reads
+//   all of x anyway, so each lane multiplies its x chunks by g before the mma (rounded to T) and
+//   sums their squares; the block adds the squares of all of K and scales its fp32 sums by
+//   rsqrt(mean + eps) in the epilogue. Nothing waits for the whole row before the weight stream
+//   (reading the row first, as a prologue, measured slower). Rounding differs from rms_norm
+//   followed by the GEMM: x * g is rounded once, instead of x * inv_rms and then the product.
+// - kSiluMul: W is [gate; up] (2D rows); block b owns gate rows 8b..8b+7 and the same up rows,
+//   as mma rows g and g + 8, and writes silu(gate) * up ([M, D]), each rounded to T first as
+//   silu_and_mul's input would be.
+// - kAdd: out += the product (rounded to T first), in place: the residual stream's add.
 //
 // Programmatic dependent launch. Before waiting on the kernel that produced x
 // (griddepcontrol.wait, a no-op without PDL) each warp asks L2 for its first weight slices, which
@@ -54,12 +68,17 @@ constexpr int skinny_min_blocks() {
   return kRegistersPerSm / (NUM_WARPS * 32 * kSkinnyMaxRegisters);
 }
 
+// What a block does with its sums (see the fusions above).
+enum class SkinnyEpilogue : int { kStore = 0, kSiluMul = 1, kAdd = 2 };
+
 template <typename T>
 struct SkinnyGemmArgs {
-  T* out;            // [num_tokens, output_size], row stride out_stride
+  T* out;            // [num_tokens, output_size] (kSiluMul: output_size / 2), row stride out_stride
   const T* input;    // [num_tokens, input_size], row stride input_stride
   const T* weight;   // [output_size, input_size], contiguous
   const T* bias;     // [output_size] or nullptr
+  const T* norm_weight;  // [input_size]: RMS-norm the input with this scale; nullptr: no norm
+  float eps;             // the norm's epsilon
   int64_t num_tokens;
   int64_t output_size;
   int64_t input_size;
@@ -155,6 +174,30 @@ struct SkinnySlice {
     }
   }
 
+  // The norm's share of the slice: sum_sq[mt] += x^2 over this lane's chunks, then x *= g
+  // (rounded to T). g's chunks (k as in load; zeros past input_size) are read through L1.
+  template <bool PRED, typename T>
+  __device__ __forceinline__ void apply_norm(const T* norm_weight, int64_t k, int64_t input_size,
+                                             float (&sum_sq)[M_TILES]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t ki = k + 32 * i;
+      const bool valid = !PRED || ki < input_size;
+      const uint4 gv = valid ? load_input_chunk(norm_weight + ki) : make_uint4(0, 0, 0, 0);
+      const T* gp = reinterpret_cast<const T*>(&gv);
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        T* xp = reinterpret_cast<T*>(&x[mt][i]);
+#pragma unroll
+        for (int j = 0; j < kSkinnyChunk; ++j) {
+          const float f = to_float(xp[j]);
+          sum_sq[mt] = fmaf(f, f, sum_sq[mt]);
+          xp[j] = from_float<T>(f * to_float(gp[j]));
+        }
+      }
+    }
+  }
+
   template <typename T>
   __device__ __forceinline__ void multiply(float (&acc)[M_TILES][4]) const {
 #pragma unroll
@@ -170,25 +213,45 @@ struct SkinnySlice {
   }
 };
 
-// Grid: one block per 16 weight rows. Block: NUM_WARPS warps splitting K.
-// M_TILES = ceil(num_tokens / 8). One slice is loaded per loop iteration; ptxas software-pipelines
-// the loop (the next slice's 12-16 loads are in flight while this one is multiplied), so an
-// explicit unroll of two slices only cost registers (measured slower on every shape).
-template <typename T, int M_TILES, int NUM_WARPS, bool L2_PREFETCH>
+// silu(gate) * up as silu_and_mul computes it from T inputs.
+__device__ __forceinline__ float skinny_silu_mul(float gate, float up) {
+  return gate / (1.f + expf(-gate)) * up;
+}
+
+// Grid: one block per 16 weight rows (kSiluMul: per 8 gate rows and their 8 up rows). Block:
+// NUM_WARPS warps splitting K. M_TILES = ceil(num_tokens / 8). One slice is loaded per loop
+// iteration; ptxas software-pipelines the loop (the next slice's 12-16 loads are in flight while
+// this one is multiplied), so an explicit unroll of two slices only cost registers (measured
+// slower on every shape).
+template <typename T, int M_TILES, int NUM_WARPS, bool L2_PREFETCH, bool NORM,
+          SkinnyEpilogue EPI>
 __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_WARPS>())
     skinny_gemm_kernel(const SkinnyGemmArgs<T> args) {
   constexpr int kTokens = M_TILES * kSkinnyTileTokens;
+  constexpr bool kPaired = EPI == SkinnyEpilogue::kSiluMul;
   __shared__ float partial[NUM_WARPS][kTokens][kSkinnyRows];  // each warp's sums
+  __shared__ float partial_sq[NUM_WARPS][kTokens];            // each warp's sums of x^2 (NORM)
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4;
   const int t = lane % 4;
   const int64_t K = args.input_size;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kSkinnyRows;
-  const int64_t last_row = args.output_size - 1;
-  const T* w_lo_row = args.weight + min(row0 + g, last_row) * K;
-  const T* w_hi_row = args.weight + min(row0 + g + 8, last_row) * K;
+  // Plain: rows row0 .. row0 + 15 of W, as mma rows 0 .. 15. Paired: gate rows row0 .. row0 + 7
+  // (mma rows 0..7) and up rows half + row0 .. (mma rows 8..15); outputs are columns row0 + r.
+  const int64_t half = kPaired ? args.output_size / 2 : 0;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (kPaired ? kSkinnyRows / 2 : kSkinnyRows);
+  const int64_t last_row = (kPaired ? half : args.output_size) - 1;
+  const T* w_lo_row;
+  const T* w_hi_row;
+  if constexpr (kPaired) {
+    const int64_t r = min(row0 + g, last_row);
+    w_lo_row = args.weight + r * K;
+    w_hi_row = args.weight + (half + r) * K;
+  } else {
+    w_lo_row = args.weight + min(row0 + g, last_row) * K;
+    w_hi_row = args.weight + min(row0 + g + 8, last_row) * K;
+  }
   const T* x_rows[M_TILES];
 #pragma unroll
   for (int mt = 0; mt < M_TILES; ++mt) {
@@ -215,17 +278,20 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
   pdl_launch_dependents();
 
   float acc[M_TILES][4] = {};
+  float sum_sq[M_TILES] = {};
   int slice = warp;
   for (; slice < num_full_slices; slice += NUM_WARPS) {
     SkinnySlice<M_TILES> s;
-    s.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
-                                        static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
+    const int64_t k = static_cast<int64_t>(slice) * kSkinnySliceK + lane_k;
+    s.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows, k, K);
+    if constexpr (NORM) s.template apply_norm<false>(args.norm_weight, k, K, sum_sq);
     s.template multiply<T>(acc);
   }
   if (slice < num_slices) {  // the partial slice of a K tail (K % 128 != 0)
     SkinnySlice<M_TILES> s;
-    s.template load<true, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
-                                       static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
+    const int64_t k = static_cast<int64_t>(slice) * kSkinnySliceK + lane_k;
+    s.template load<true, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows, k, K);
+    if constexpr (NORM) s.template apply_norm<true>(args.norm_weight, k, K, sum_sq);
     s.template multiply<T>(acc);
   }
 
@@ -239,42 +305,80 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
       partial[warp][token][g + 8] = acc[mt][2 + j];
     }
   }
+  if constexpr (NORM) {
+    // Lanes (g, 0..3) hold the squares of token g's chunks of this warp's slices.
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+      float v = sum_sq[mt];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (t == 0) partial_sq[warp][mt * kSkinnyTileTokens + g] = v;
+    }
+  }
   __syncthreads();
   // One thread per output, consecutive threads on consecutive columns; warps summed in order.
-  const int num_outputs = static_cast<int>(args.num_tokens) * kSkinnyRows;
+  constexpr int kCols = kPaired ? kSkinnyRows / 2 : kSkinnyRows;
+  const int num_outputs = static_cast<int>(args.num_tokens) * kCols;
   for (int idx = threadIdx.x; idx < num_outputs; idx += NUM_WARPS * kWarpSize) {
-    const int token = idx / kSkinnyRows;
-    const int r = idx % kSkinnyRows;
+    const int token = idx / kCols;
+    const int r = idx % kCols;
     const int64_t row = row0 + r;
     if (row > last_row) continue;
+    float scale = 1.f;
+    if constexpr (NORM) {
+      float sq = 0.f;
+#pragma unroll
+      for (int w = 0; w < NUM_WARPS; ++w) sq += partial_sq[w][token];
+      scale = rsqrtf(sq / static_cast<float>(K) + args.eps);
+    }
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < NUM_WARPS; ++w) sum += partial[w][token][r];
+    sum *= scale;
     if (args.bias != nullptr) sum += to_float(args.bias[row]);
-    args.out[token * args.out_stride + row] = from_float<T>(sum);
+    T* out = args.out + token * args.out_stride + row;
+    if constexpr (kPaired) {
+      float up = 0.f;
+#pragma unroll
+      for (int w = 0; w < NUM_WARPS; ++w) up += partial[w][token][r + 8];
+      up *= scale;
+      if (args.bias != nullptr) up += to_float(args.bias[half + row]);
+      *out = from_float<T>(
+          skinny_silu_mul(to_float(from_float<T>(sum)), to_float(from_float<T>(up))));
+    } else if constexpr (EPI == SkinnyEpilogue::kAdd) {
+      *out = from_float<T>(to_float(from_float<T>(sum)) + to_float(*out));
+    } else {
+      *out = from_float<T>(sum);
+    }
   }
 }
 
-template <typename T, int M_TILES, int NUM_WARPS>
+template <typename T, int M_TILES, int NUM_WARPS, bool NORM, SkinnyEpilogue EPI>
 cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_prefetch, bool pdl,
                                        cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((args.output_size + kSkinnyRows - 1) / kSkinnyRows));
+  constexpr int64_t kRowsPerBlock =
+      EPI == SkinnyEpilogue::kSiluMul ? kSkinnyRows / 2 : kSkinnyRows;
+  const int64_t rows = EPI == SkinnyEpilogue::kSiluMul ? args.output_size / 2 : args.output_size;
+  const dim3 grid(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
   const dim3 block(NUM_WARPS * kWarpSize);
   if (l2_prefetch) {
-    return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, true>, grid, block, 0, stream,
-                         pdl, args);
+    return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, true, NORM, EPI>, grid, block,
+                         0, stream, pdl, args);
   }
-  return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, false>, grid, block, 0, stream,
-                       pdl, args);
+  return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, false, NORM, EPI>, grid, block,
+                       0, stream, pdl, args);
 }
 
-template <typename T, int M_TILES>
+template <typename T, int M_TILES, bool NORM, SkinnyEpilogue EPI>
 cudaError_t launch_skinny_gemm_tiles(const SkinnyGemmArgs<T>& args, int num_warps,
                                      bool l2_prefetch, bool pdl, cudaStream_t stream) {
   switch (num_warps) {
-    case 4: return launch_skinny_gemm_variant<T, M_TILES, 4>(args, l2_prefetch, pdl, stream);
-    case 8: return launch_skinny_gemm_variant<T, M_TILES, 8>(args, l2_prefetch, pdl, stream);
-    case 16: return launch_skinny_gemm_variant<T, M_TILES, 16>(args, l2_prefetch, pdl, stream);
+    case 4:
+      return launch_skinny_gemm_variant<T, M_TILES, 4, NORM, EPI>(args, l2_prefetch, pdl, stream);
+    case 8:
+      return launch_skinny_gemm_variant<T, M_TILES, 8, NORM, EPI>(args, l2_prefetch, pdl, stream);
+    case 16:
+      return launch_skinny_gemm_variant<T, M_TILES, 16, NORM, EPI>(args, l2_prefetch, pdl, stream);
     default: PYORCH_INVALID("skinny_gemm: unsupported num_warps %d (4, 8 or 16)", num_warps);
   }
 }

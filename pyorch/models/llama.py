@@ -11,8 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from pyorch.layers.activation import get_act_and_mul_fn
+from pyorch.layers.activation import SiluAndMul, get_act_and_mul_fn
 from pyorch.layers.attention import Attention
+from pyorch.layers.fused_linear import (
+    fused_decode_batch, linear_add_, norm_linear, skinny_fusable,
+)
 from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pyorch.layers.rotary_embedding import get_rope, get_rope_params
@@ -100,17 +103,23 @@ class LlamaAttention(nn.Module):
         num_tokens = x.shape[0]
         return norm(x.reshape(-1, self.head_dim)).view(num_tokens, -1)
 
+    def attend(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        qkv: torch.Tensor,  # [T, q_size + 2 * kv_size]: qkv_proj's output
+    ) -> torch.Tensor:  # [T, num_heads * head_dim]: o_proj's input
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
+        # The attention layer rotates q and k in the kernel that writes the KV cache.
+        return self.attn(q, k, v, positions=positions, rotary_emb=self.rotary_emb)
+
     def forward(
         self,
         positions: torch.Tensor,  # [T] int64
         hidden_states: torch.Tensor,  # [T, hidden]
     ) -> torch.Tensor:  # [T, hidden]
-        qkv = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm:
-            q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
-        # The attention layer rotates q and k in the kernel that writes the KV cache.
-        return self.o_proj(self.attn(q, k, v, positions=positions, rotary_emb=self.rotary_emb))
+        return self.o_proj(self.attend(positions, self.qkv_proj(hidden_states)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -139,6 +148,24 @@ class LlamaDecoderLayer(nn.Module):
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
+    def fusable(self) -> bool:
+        """Whether forward_fused can run this layer (see pyorch/layers/fused_linear.py)."""
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return isinstance(mlp.act_fn, SiluAndMul) and all(map(skinny_fusable, linears))
+
+    def forward_fused(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        residual: torch.Tensor,  # [T, hidden]: the residual stream, updated in place
+    ) -> None:
+        """The decode form of forward: norms, SiLU-and-mul and residual adds inside the GEMMs."""
+        attn, mlp = self.self_attn, self.mlp
+        qkv = norm_linear(residual, self.input_layernorm, attn.qkv_proj)
+        linear_add_(residual, attn.attend(positions, qkv), attn.o_proj)
+        act = norm_linear(residual, self.post_attention_layernorm, mlp.gate_up_proj, "silu_and_mul")
+        linear_add_(residual, act, mlp.down_proj)
+
 
 class LlamaModel(nn.Module):
     def __init__(self, config: Any, options: AttentionOptions):
@@ -148,6 +175,14 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, options) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self._fusable: bool | None = None  # every layer can run forward_fused (checked once)
+
+    def _fused_decode(self, hidden_states: torch.Tensor) -> bool:
+        if not self.layers or not fused_decode_batch(hidden_states, self.layers[0].self_attn.qkv_proj):
+            return False
+        if self._fusable is None:  # after the weights are loaded: the first forward
+            self._fusable = all(layer.fusable() for layer in self.layers)
+        return self._fusable
 
     def forward(
         self,
@@ -155,6 +190,10 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,  # [T] int64
     ) -> torch.Tensor:  # [T, hidden]
         hidden_states = self.embed_tokens(input_ids)
+        if self._fused_decode(hidden_states):
+            for layer in self.layers:  # the residual stream is hidden_states, updated in place
+                layer.forward_fused(positions, hidden_states)
+            return self.norm(hidden_states)
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)

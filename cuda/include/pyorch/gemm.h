@@ -42,4 +42,26 @@ cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const 
                         int64_t out_stride, int64_t input_stride, cudaStream_t stream,
                         const SkinnyGemmConfig* config = nullptr);
 
+// What skinny_gemm_fused does with the product p = norm(input) @ weight^T + bias (fp32).
+enum class SkinnyGemmEpilogue : int {
+  kStore = 0,    // out = p, rounded once (skinny_gemm)
+  kSiluMul = 1,  // weight is [gate; up], output_size = 2 * d rows: out [num_tokens, d] =
+                 // silu(gate) * up, gate and up each rounded first (silu_and_mul's inputs)
+  kAdd = 2,      // out += p rounded: the residual stream's add, in place
+};
+
+// skinny_gemm with the decoder layer's neighbours fused into it:
+//   norm_weight: [input_size] or nullptr. With it the input is RMS-normed on the fly:
+//     p = inv_rms * ((input * norm_weight) @ weight^T) + bias, inv_rms = rsqrt(mean(input^2) +
+//     eps) per token (fp32), input * norm_weight rounded to dtype before the product. Close to,
+//     not bit-equal with, rms_norm followed by skinny_gemm (that rounds input * inv_rms first).
+//   epilogue: see SkinnyGemmEpilogue. kSiluMul needs an even output_size; out then has
+//     output_size / 2 columns. kAdd reads and writes out (which must not overlap input).
+// Everything else as skinny_gemm; norm_weight shares the dtype and must be 16-byte aligned.
+cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, const void* bias,
+                              const void* norm_weight, float eps, SkinnyGemmEpilogue epilogue,
+                              DType dtype, int64_t num_tokens, int64_t output_size,
+                              int64_t input_size, int64_t out_stride, int64_t input_stride,
+                              cudaStream_t stream, const SkinnyGemmConfig* config = nullptr);
+
 }  // namespace pyorch

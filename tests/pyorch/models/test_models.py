@@ -147,6 +147,59 @@ def test_prefill_and_decode_match_transformers(checkpoint, device: str):  # type
         check(logits[i:i + 1], prompt + [next_ids[i]], slice(-1, None), f"decode of seq {i}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_decode_matches_unfused_and_transformers(checkpoint, device: str, monkeypatch):  # type: ignore[no-untyped-def]
+    """The decode step through skinny_gemm_fused (norms, SiLU-and-mul and residual adds inside the
+    GEMMs) against the unfused layers and transformers, in bf16. On the CPU the fused path is let
+    in by widening its batch check to CPU tensors (the CPU op is the same contract)."""
+    from pyorch import _ops
+    from pyorch.layers import fused_linear
+
+    config, path = checkpoint
+    dtype = torch.bfloat16
+    ours = _build_ours(config, path, device, dtype)
+    if device == "cpu":
+        monkeypatch.setattr(fused_linear, "use_skinny_gemm", lambda x, w, b: 0 < x.shape[0] <= 8)
+    calls = []
+    real_op = _ops.skinny_gemm_fused
+    monkeypatch.setattr(_ops, "skinny_gemm_fused",
+                        lambda *a, **k: (calls.append(a[-1] if len(a) > 6 else k), real_op(*a, **k)))
+    attn_layers = [m for m in ours.modules() if isinstance(m, Attention)]
+    lens = [n + 1 for n in PROMPT_LENS]
+    tables, num_blocks = allocate_blocks(lens, BLOCK_SIZE, shuffle=True)
+    for layer in attn_layers:
+        shape = (num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size)
+        layer.kv_cache = (torch.zeros(shape, dtype=dtype, device=device),
+                          torch.zeros(shape, dtype=dtype, device=device))
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
+               for n in PROMPT_LENS]
+    meta, positions = build_metadata([0] * len(prompts), PROMPT_LENS, tables, BLOCK_SIZE, device)
+    with torch.no_grad(), set_forward_context(meta):  # prefill: 72 rows, the unfused path
+        ours(torch.tensor(sum(prompts, []), device=device), positions)
+    assert not calls
+    next_ids = torch.randint(0, config.vocab_size, (len(prompts),), generator=gen).tolist()
+    meta, positions = build_metadata(PROMPT_LENS, [1] * len(prompts), tables, BLOCK_SIZE, device)
+
+    def decode() -> torch.Tensor:
+        with torch.no_grad(), set_forward_context(meta):
+            return ours.compute_logits(ours(torch.tensor(next_ids, device=device), positions))
+
+    fused = decode()  # rewrites the decode tokens' KV slots with the same values each time
+    assert len(calls) == 4 * config.num_hidden_layers  # qkv, o_proj, gate_up, down per layer
+    monkeypatch.setattr(fused_linear, "FUSED_DECODE", False)
+    unfused = decode()
+    assert len(calls) == 4 * config.num_hidden_layers
+    hf32 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                attn_implementation="eager").to(device).eval()
+    for i, prompt in enumerate(prompts):
+        want = _hf_logits(hf32, prompt + [next_ids[i]], device)[-1]
+        unfused_err = (unfused[i] - want).abs().max().item()
+        fused_err = (fused[i] - want).abs().max().item()
+        # The fused layer rounds the normed input once where the unfused one rounds twice.
+        assert fused_err <= 1.5 * unfused_err + 2e-2, f"seq {i}: {fused_err} vs {unfused_err}"
+
+
 def test_registry():
     assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
             "Qwen3ForCausalLM"} <= set(get_supported_archs())

@@ -1,0 +1,84 @@
+"""The decode-time linear layers with their neighbours fused in (pyorch::skinny_gemm_fused).
+
+At decode batch sizes a linear layer is a stream of its weight, and the small kernels between
+the GEMMs (RMSNorm, SiLU-and-mul, the residual add) cost a launch and a dependent round trip
+each. A Llama decoder layer is then 6 kernels instead of 9:
+
+    qkv = norm_linear(residual, input_layernorm, qkv_proj)          # RMSNorm + GEMM
+    ... rotary + cache write, attention ...
+    linear_add_(residual, attn_out, o_proj)                         # GEMM + residual add
+    act = norm_linear(residual, post_attention_layernorm, gate_up_proj, "silu_and_mul")
+    linear_add_(residual, act, down_proj)
+
+The residual stream lives in one tensor that the adds update in place. The normed input is
+rounded once (x * norm_weight) where RMSNorm then the GEMM round twice, so the results are close
+to, not bit-equal with, the unfused layer. PYORCH_FUSED_DECODE=0 keeps the unfused path (A/B runs).
+"""
+
+import os
+
+import torch
+from torch import nn
+
+from pyorch import _ops
+from pyorch.layers.layernorm import RMSNorm
+from pyorch.layers.linear import UnquantizedLinearMethod, use_skinny_gemm
+
+FUSED_DECODE = os.environ.get("PYORCH_FUSED_DECODE", "1") != "0"
+# bf16 only: the normed input x * norm_weight is formed before the 1 / rms scale, and in fp16 a
+# large residual-stream value times its weight could pass fp16's 65504.
+_FUSED_DTYPES = (torch.bfloat16,)
+
+
+def skinny_fusable(layer: nn.Module) -> bool:
+    """Whether a linear layer may run inside skinny_gemm_fused: an unquantized weight of one
+    rank (a sharded layer needs its collective between the GEMM and the epilogue) in the skinny
+    GEMM's layout."""
+    weight = getattr(layer, "weight", None)
+    bias = getattr(layer, "bias", None)
+    return (
+        isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
+        and getattr(layer, "tp_size", 1) == 1
+        and weight is not None
+        and weight.dtype in _FUSED_DTYPES
+        and weight.is_contiguous()
+        and weight.data_ptr() % 16 == 0
+        and weight.shape[1] % 8 == 0
+        and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous()))
+    )
+
+
+def fused_decode_batch(x: torch.Tensor, first_layer: nn.Module) -> bool:
+    """Whether a batch x [num_tokens, input_size] takes the fused path (a decode batch on CUDA in
+    the skinny GEMM's layout); whether the model's layers can is the caller's other half."""
+    return (
+        FUSED_DECODE
+        and x.dim() == 2
+        and x.dtype in _FUSED_DTYPES
+        and use_skinny_gemm(x, first_layer.weight, first_layer.bias)
+    )
+
+
+def norm_linear(
+    x: torch.Tensor,  # [T, input_size]: the residual stream, not normed
+    norm: RMSNorm,
+    layer: nn.Module,
+    epilogue: str = "store",  # or "silu_and_mul" for a merged [gate; up] layer
+) -> torch.Tensor:  # [T, output_size] ([T, output_size / 2] for silu_and_mul)
+    """layer(norm(x)), then the epilogue, as one kernel."""
+    cols = layer.weight.shape[0] // (2 if epilogue == "silu_and_mul" else 1)
+    out = torch.empty(x.shape[0], cols, dtype=x.dtype, device=x.device)
+    _ops.skinny_gemm_fused(
+        out, x, layer.weight, layer.bias, norm.weight, norm.variance_epsilon, epilogue
+    )
+    return out
+
+
+def linear_add_(
+    residual: torch.Tensor,  # [T, output_size], updated in place
+    x: torch.Tensor,  # [T, input_size]
+    layer: nn.Module,
+) -> torch.Tensor:
+    """residual += layer(x), as one kernel; returns residual."""
+    _ops.skinny_gemm_fused(residual, x, layer.weight, layer.bias, None, 0.0, "add")
+    return residual
