@@ -183,7 +183,10 @@ struct SkinnySlice {
     for (int i = 0; i < 4; ++i) {
       const int64_t ki = k + 32 * i;
       const bool valid = !PRED || ki < input_size;
-      const uint4 gv = valid ? load_input_chunk(norm_weight + ki) : make_uint4(0, 0, 0, 0);
+      // A plain load (not volatile asm like the stream's): ptxas may place it late, so that
+      // the next slice's weight loads still go out before this slice's math.
+      const uint4 gv =
+          valid ? __ldg(reinterpret_cast<const uint4*>(norm_weight + ki)) : make_uint4(0, 0, 0, 0);
       const T* gp = reinterpret_cast<const T*>(&gv);
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt) {
@@ -280,12 +283,37 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
   float acc[M_TILES][4] = {};
   float sum_sq[M_TILES] = {};
   int slice = warp;
-  for (; slice < num_full_slices; slice += NUM_WARPS) {
-    SkinnySlice<M_TILES> s;
-    const int64_t k = static_cast<int64_t>(slice) * kSkinnySliceK + lane_k;
-    s.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows, k, K);
-    if constexpr (NORM) s.template apply_norm<false>(args.norm_weight, k, K, sum_sq);
-    s.template multiply<T>(acc);
+  if constexpr (NORM) {
+    // Pipelined by hand: the next slice's loads are issued before this slice's norm math and
+    // mmas (left to itself, ptxas kept one slice in flight here, against about two without the
+    // norm).
+    if (slice < num_full_slices) {
+      SkinnySlice<M_TILES> cur;
+      cur.template load<false, L2_PREFETCH>(
+          w_lo_row, w_hi_row, x_rows, static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
+      while (true) {
+        const int next = slice + NUM_WARPS;
+        const bool more = next < num_full_slices;
+        SkinnySlice<M_TILES> nxt;
+        if (more) {
+          nxt.template load<false, L2_PREFETCH>(
+              w_lo_row, w_hi_row, x_rows, static_cast<int64_t>(next) * kSkinnySliceK + lane_k, K);
+        }
+        cur.template apply_norm<false>(
+            args.norm_weight, static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K, sum_sq);
+        cur.template multiply<T>(acc);
+        slice = next;
+        if (!more) break;
+        cur = nxt;
+      }
+    }
+  } else {
+    for (; slice < num_full_slices; slice += NUM_WARPS) {
+      SkinnySlice<M_TILES> s;
+      s.template load<false, L2_PREFETCH>(
+          w_lo_row, w_hi_row, x_rows, static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
+      s.template multiply<T>(acc);
+    }
   }
   if (slice < num_slices) {  // the partial slice of a K tail (K % 128 != 0)
     SkinnySlice<M_TILES> s;

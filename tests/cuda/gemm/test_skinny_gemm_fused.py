@@ -61,7 +61,10 @@ def test_add_against_reference(device, dtype, num_tokens, n, k, bias):
     residual = torch.randn(num_tokens, n, dtype=dtype, device=device) * 4
     expected = ref.linear_fused(x, w, b, None, EPS, "add", residual)
     _run(x, w, b, None, "add", residual)
-    torch.testing.assert_close(residual, expected, **tol(dtype))
+    # The product is rounded before the add, so a last-bit difference in it (fp32 against float64
+    # sums) can move the sum by one ulp of the sum, which is larger than the product's.
+    ulp = torch.finfo(dtype).eps * expected.float().abs().max().item()
+    torch.testing.assert_close(residual, expected, atol=ulp, rtol=tol(dtype)["rtol"])
 
 
 @pytest.mark.parametrize("device", DEVICES)
