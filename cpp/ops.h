@@ -68,7 +68,7 @@
   void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,     \
                          const std::optional<at::Tensor>& bias,                                  \
                          const std::optional<at::Tensor>& norm_weight, double epsilon,           \
-                         int64_t epilogue);
+                         int64_t epilogue, std::optional<bool> pdl);
 
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS

@@ -94,9 +94,10 @@ TORCH_LIBRARY(pyorch, m) {
   // skinny_gemm with the decoder layer's neighbours fused in (pyorch/_ops.py says how):
   // norm_weight [input_size] RMS-norms the input on the fly; epilogue 0 stores, 1 writes
   // silu(gate) * up of a [gate; up] weight (out [num_tokens, output_size / 2]), 2 adds into out.
+  // pdl: launch with programmatic dependent launch (None: the default, off; CUDA only).
   m.def(
       "skinny_gemm_fused(Tensor! out, Tensor input, Tensor weight, Tensor? bias, "
-      "Tensor? norm_weight, float epsilon, int epilogue) -> ()");
+      "Tensor? norm_weight, float epsilon, int epilogue, bool? pdl=None) -> ()");
 
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);

@@ -333,6 +333,7 @@ def skinny_gemm_fused(
     norm_weight: Optional[torch.Tensor] = None,
     epsilon: float = 1e-6,
     epilogue: str = "store",
+    pdl: Optional[bool] = None,
 ) -> None:
     """skinny_gemm with a decoder layer's neighbours fused in: one kernel instead of up to three.
 
@@ -349,6 +350,8 @@ def skinny_gemm_fused(
         overlap input.
 
     Shapes and layouts as skinny_gemm; norm_weight: [input_size], contiguous, same dtype.
+    pdl: launch with programmatic dependent launch (CUDA, Hopper). None: off, the measured default
+    for a GEMM that follows a GEMM; True pays after a short kernel (attention).
     """
     if epilogue not in SKINNY_EPILOGUES:
         raise ValueError(
@@ -356,5 +359,5 @@ def skinny_gemm_fused(
             f"got {epilogue!r}"
         )
     _ops.skinny_gemm_fused(
-        out, input, weight, bias, norm_weight, epsilon, SKINNY_EPILOGUES[epilogue]
+        out, input, weight, bias, norm_weight, epsilon, SKINNY_EPILOGUES[epilogue], pdl
     )

@@ -92,7 +92,7 @@ void skinny_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& wei
 void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& norm_weight, double epsilon,
-                       int64_t epilogue) {
+                       int64_t epilogue, std::optional<bool> /*pdl: a launch detail of CUDA*/) {
   TORCH_CHECK(input.device().is_cpu() && weight.device().is_cpu() && out.device().is_cpu() &&
                   (!bias || bias->device().is_cpu()) &&
                   (!norm_weight || norm_weight->device().is_cpu()),

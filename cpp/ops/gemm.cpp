@@ -34,7 +34,7 @@ void skinny_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& wei
 void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& norm_weight, double epsilon,
-                       int64_t epilogue) {
+                       int64_t epilogue, std::optional<bool> pdl) {
   TORCH_CHECK(input.is_cuda() && weight.device() == input.device() &&
                   out.device() == input.device() && (!bias || bias->device() == input.device()) &&
                   (!norm_weight || norm_weight->device() == input.device()),
@@ -42,11 +42,13 @@ void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tenso
   const pyorch::SkinnyGemmShape s =
       pyorch::check_skinny_gemm_fused(out, input, weight, bias, norm_weight, epilogue);
   const c10::cuda::OptionalCUDAGuard guard(input.device());
+  pyorch::SkinnyGemmConfig config;  // all "launcher picks", but PDL when asked
+  if (pdl) config.pdl = *pdl ? 1 : 0;
   PYORCH_CHECK_CUDA(pyorch::skinny_gemm_fused(
       out.data_ptr(), input.const_data_ptr(), weight.const_data_ptr(),
       bias ? bias->const_data_ptr() : nullptr,
       norm_weight ? norm_weight->const_data_ptr() : nullptr, static_cast<float>(epsilon),
       static_cast<pyorch::SkinnyGemmEpilogue>(epilogue),
       pyorch::to_pyorch_dtype(input.scalar_type()), s.num_tokens, s.output_size, s.input_size,
-      s.out_stride, s.input_stride, c10::cuda::getCurrentCUDAStream()));
+      s.out_stride, s.input_stride, c10::cuda::getCurrentCUDAStream(), &config));
 }

@@ -15,6 +15,14 @@ int skinny_prefetch_slices_override() {
   return value;
 }
 
+// PYORCH_SKINNY_PDL=0 / 1 launches every skinny GEMM without / with PDL (the rest of pyorch
+// keeps its own setting), for A/B timing; read once per process. -1: unset, each entry point's
+// default (see skinny_gemm_fused).
+int skinny_pdl_override() {
+  static const int value = env_int("PYORCH_SKINNY_PDL", -1, 0, 1);
+  return value;
+}
+
 }  // namespace
 
 // Picked from bench_gemm's sweep on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/bench_gemm.txt,
@@ -44,7 +52,7 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
   }
   config.prefetch_slices = skinny_prefetch_slices_override();
   if (config.prefetch_slices < 0) config.prefetch_slices = 1;
-  config.pdl = pdl_enabled() ? 1 : 0;
+  config.pdl = pdl_enabled() && skinny_pdl_override() != 0 ? 1 : 0;
   return config;
 }
 
@@ -88,11 +96,15 @@ cudaError_t launch_skinny_gemm_fused(const kernels::SkinnyGemmArgs<T>& args,
 
 }  // namespace
 
-cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, const void* bias,
-                              const void* norm_weight, float eps, SkinnyGemmEpilogue epilogue,
-                              DType dtype, int64_t num_tokens, int64_t output_size,
-                              int64_t input_size, int64_t out_stride, int64_t input_stride,
-                              cudaStream_t stream, const SkinnyGemmConfig* config) {
+namespace {
+
+// Both entry points. fused_pdl_default: the launch's PDL default is off (skinny_gemm_fused).
+cudaError_t skinny_gemm_launch(void* out, const void* input, const void* weight, const void* bias,
+                               const void* norm_weight, float eps, SkinnyGemmEpilogue epilogue,
+                               DType dtype, int64_t num_tokens, int64_t output_size,
+                               int64_t input_size, int64_t out_stride, int64_t input_stride,
+                               cudaStream_t stream, const SkinnyGemmConfig* config,
+                               bool fused_pdl_default) {
   static_assert(kSkinnyGemmMaxTokens == 2 * kernels::kSkinnyTileTokens, "two n8 tiles at most");
   if (num_tokens < 0 || num_tokens > kSkinnyGemmMaxTokens) {
     PYORCH_INVALID("skinny_gemm: num_tokens %lld outside [0, %lld]",
@@ -116,11 +128,13 @@ cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, 
     PYORCH_INVALID("skinny_gemm: a normed input needs input_size > 0");
   }
   SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size);
+  if (fused_pdl_default && skinny_pdl_override() < 0) cfg.pdl = 0;
   if (config != nullptr) {  // the caller's non-default fields win
     if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
     if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
     if (config->prefetch_slices >= 0) cfg.prefetch_slices = config->prefetch_slices;
-    if (config->pdl >= 0) cfg.pdl = config->pdl;
+    // PDL only where it exists and is not turned off (PYORCH_PDL=0).
+    if (config->pdl >= 0) cfg.pdl = config->pdl > 0 && pdl_enabled() ? 1 : 0;
   }
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
     kernels::SkinnyGemmArgs<T> args{};
@@ -141,13 +155,34 @@ cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, 
   });
 }
 
+}  // namespace
+
+// NOTE(gemm): PDL off by default for the fused forms, measured on an H100 in the engine (batch-1
+// decode, bench/results/NVIDIA_H100_80GB_HBM3/session_2026-11-25c/latency_sweep_pdl.txt): the
+// fused decode layer ran 6.65 ms/token with every kernel under PDL, 5.92 with the GEMMs launched
+// plainly (the other kernels under PDL) and 5.94 with PDL off everywhere; the unfused layer
+// 6.16 under PDL. Its GEMMs follow GEMMs (o_proj -> gate_up, down -> qkv), and an early-launched
+// GEMM's resident, waiting blocks cost the one still streaming more than the launch they hide;
+// neither dropping their L2 prefetch (6.52) nor triggering after the main loop (6.36, 6.25 with
+// both) recovered it. The plain skinny_gemm keeps PDL: it follows the norm and activation
+// kernels, whose short tails it hides (6.16 against 6.26 ms/token with PDL off everywhere).
+cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, const void* bias,
+                              const void* norm_weight, float eps, SkinnyGemmEpilogue epilogue,
+                              DType dtype, int64_t num_tokens, int64_t output_size,
+                              int64_t input_size, int64_t out_stride, int64_t input_stride,
+                              cudaStream_t stream, const SkinnyGemmConfig* config) {
+  return skinny_gemm_launch(out, input, weight, bias, norm_weight, eps, epilogue, dtype,
+                            num_tokens, output_size, input_size, out_stride, input_stride, stream,
+                            config, /*fused_pdl_default=*/true);
+}
+
 cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const void* bias,
                         DType dtype, int64_t num_tokens, int64_t output_size, int64_t input_size,
                         int64_t out_stride, int64_t input_stride, cudaStream_t stream,
                         const SkinnyGemmConfig* config) {
-  return skinny_gemm_fused(out, input, weight, bias, nullptr, 0.f, SkinnyGemmEpilogue::kStore,
-                           dtype, num_tokens, output_size, input_size, out_stride, input_stride,
-                           stream, config);
+  return skinny_gemm_launch(out, input, weight, bias, nullptr, 0.f, SkinnyGemmEpilogue::kStore,
+                            dtype, num_tokens, output_size, input_size, out_stride, input_stride,
+                            stream, config, /*fused_pdl_default=*/false);
 }
 
 }  // namespace pyorch

@@ -25,6 +25,9 @@ from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import UnquantizedLinearMethod, use_skinny_gemm
 
 FUSED_DECODE = os.environ.get("PYORCH_FUSED_DECODE", "1") != "0"
+# Whether a fused GEMM that follows a short kernel (o_proj after attention) launches under PDL;
+# the ones that follow GEMMs never do (see skinny_gemm_fused). PYORCH_FUSED_PDL=0 for A/B runs.
+_PDL_AFTER_SHORT_KERNEL = os.environ.get("PYORCH_FUSED_PDL", "1") != "0"
 # bf16 only: the normed input x * norm_weight is formed before the 1 / rms scale, and in fp16 a
 # large residual-stream value times its weight could pass fp16's 65504.
 _FUSED_DTYPES = (torch.bfloat16,)
@@ -78,7 +81,9 @@ def linear_add_(
     residual: torch.Tensor,  # [T, output_size], updated in place
     x: torch.Tensor,  # [T, input_size]
     layer: nn.Module,
+    after_gemm: bool = True,  # whether the kernel before it is a GEMM (see _PDL_AFTER_SHORT_KERNEL)
 ) -> torch.Tensor:
     """residual += layer(x), as one kernel; returns residual."""
-    _ops.skinny_gemm_fused(residual, x, layer.weight, layer.bias, None, 0.0, "add")
+    pdl = _PDL_AFTER_SHORT_KERNEL and not after_gemm
+    _ops.skinny_gemm_fused(residual, x, layer.weight, layer.bias, None, 0.0, "add", pdl)
     return residual

@@ -19,8 +19,9 @@ struct SkinnyGemmConfig {
   int num_warps = -1;    // warps per thread block, splitting K between them: 4, 8 or 16
   int l2_prefetch = -1;  // 1: weight loads carry the L2::256B prefetch hint, 0: they do not
   int prefetch_slices = -1;  // 128-wide K slices of its 16 rows each warp asks of L2 up front
-  int pdl = -1;  // 1: launch with programmatic dependent launch (the weight stream starts while
-                 // the previous kernel drains), 0: a plain launch
+  int pdl = -1;  // 1: launch with programmatic dependent launch where the GPU has it and
+                 // PYORCH_PDL is not 0 (the weight stream starts while the previous kernel
+                 // drains), 0: a plain launch
 };
 
 // The configuration skinny_gemm uses when given none.
@@ -58,6 +59,8 @@ enum class SkinnyGemmEpilogue : int {
 //   epilogue: see SkinnyGemmEpilogue. kSiluMul needs an even output_size; out then has
 //     output_size / 2 columns. kAdd reads and writes out (which must not overlap input).
 // Everything else as skinny_gemm; norm_weight shares the dtype and must be 16-byte aligned.
+// Launched without PDL unless config->pdl = 1 (or PYORCH_SKINNY_PDL=1): in a chain of these
+// GEMMs an early-launched one slowed the one before it (see gemm.cu).
 cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, const void* bias,
                               const void* norm_weight, float eps, SkinnyGemmEpilogue epilogue,
                               DType dtype, int64_t num_tokens, int64_t output_size,

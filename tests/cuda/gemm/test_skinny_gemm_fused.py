@@ -202,3 +202,14 @@ def test_fused_cuda_graph():
         torch.testing.assert_close(act, expected_act, **tol(torch.bfloat16, 2.0))
         expected = ref.linear_fused(act, w_down, None, None, EPS, "add", x)
         torch.testing.assert_close(residual, expected, **tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pdl", [None, False, True])
+def test_pdl_is_a_launch_detail(device, pdl):
+    # With or without programmatic dependent launch (a no-op on the CPU): the same bits.
+    x, w, _, g = _inputs(3, 166, 776, torch.bfloat16, device, bias=False, norm=True)
+    expected = _run(x, w, None, g, "silu_and_mul")
+    out = torch.full_like(expected, float("nan"))
+    _ops.skinny_gemm_fused(out, x, w, None, g, EPS, "silu_and_mul", pdl=pdl)
+    assert torch.equal(out, expected)
