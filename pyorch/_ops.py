@@ -350,8 +350,9 @@ def skinny_gemm_fused(
         overlap input.
 
     Shapes and layouts as skinny_gemm; norm_weight: [input_size], contiguous, same dtype.
-    pdl: launch with programmatic dependent launch (CUDA, Hopper). None: off, the measured default
-    for a GEMM that follows a GEMM; True pays after a short kernel (attention).
+    pdl: launch with programmatic dependent launch (CUDA, Hopper; off under PYORCH_PDL=0). None:
+    off, the measured default (in the fused decode layer GEMMs follow GEMMs, and an early-launched
+    one slowed the one before it).
     """
     if epilogue not in SKINNY_EPILOGUES:
         raise ValueError(

@@ -162,7 +162,7 @@ class LlamaDecoderLayer(nn.Module):
         """The decode form of forward: norms, SiLU-and-mul and residual adds inside the GEMMs."""
         attn, mlp = self.self_attn, self.mlp
         qkv = norm_linear(residual, self.input_layernorm, attn.qkv_proj)
-        linear_add_(residual, attn.attend(positions, qkv), attn.o_proj, after_gemm=False)
+        linear_add_(residual, attn.attend(positions, qkv), attn.o_proj)
         act = norm_linear(residual, self.post_attention_layernorm, mlp.gate_up_proj, "silu_and_mul")
         linear_add_(residual, act, mlp.down_proj)
 
