@@ -21,12 +21,14 @@ import os
 import torch
 
 from pyorch import _ops
+from pyorch.benchmarks.attention import copy_bandwidth, event_times
+from pyorch.benchmarks.common import median
 
 HIDDEN, INTER, QKV, LAYERS, EPS = 4096, 14336, 6144, 32, 1e-5
 
 
 def _time_graph(fn, iters: int = 20) -> float:
-    """Median ms of one replay of a graph of fn."""
+    """Median ms of one replay of a graph of fn (warmed up on a side stream first)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -35,23 +37,7 @@ def _time_graph(fn, iters: int = 20) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
-def _copy_bandwidth() -> float:
-    """Device-to-device copy of 2 GiB (cudaMemcpyAsync), bytes read + written per second."""
-    src = torch.empty(1 << 29, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    ms = _time_graph(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+    return median(event_times(graph.replay, iters, warmup=2))
 
 
 def main() -> None:
@@ -69,7 +55,7 @@ def main() -> None:
                    g1=(torch.rand(HIDDEN, device=dev) + 0.5).to(bf),
                    g2=(torch.rand(HIDDEN, device=dev) + 0.5).to(bf)) for _ in range(LAYERS)]
     weight_bytes = sum(w.numel() * 2 for layer in layers for w in layer.values())
-    copy_bw = _copy_bandwidth()
+    copy_bw = copy_bandwidth()
     floor_ms = weight_bytes / copy_bw * 1e3  # every weight byte read once at the copy's rate
     rows = []
     for m in args.tokens:
