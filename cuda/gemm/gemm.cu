@@ -23,6 +23,13 @@ int skinny_pdl_override() {
   return value;
 }
 
+// PYORCH_SKINNY_SMALL_GRID_WARPS=4/8/16: warps per block for grids of at most 512 blocks with
+// K < 8192 (Llama-3-8B's qkv_proj and o_proj), for A/B timing; read once per process.
+int skinny_small_grid_warps() {
+  static const int value = env_int("PYORCH_SKINNY_SMALL_GRID_WARPS", -1, 4, 16);
+  return value;
+}
+
 }  // namespace
 
 // Picked from bench_gemm's sweep on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/bench_gemm.txt,
@@ -49,6 +56,10 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
   } else {
     config.num_warps = input_size >= 8192 ? 8 : 4;
     config.l2_prefetch = 1;
+    const int small = skinny_small_grid_warps();
+    if (num_blocks <= 512 && input_size < 8192 && (small == 4 || small == 8 || small == 16)) {
+      config.num_warps = small;
+    }
   }
   config.prefetch_slices = skinny_prefetch_slices_override();
   if (config.prefetch_slices < 0) config.prefetch_slices = 1;
