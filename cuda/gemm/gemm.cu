@@ -23,6 +23,15 @@ int skinny_pdl_override() {
   return value;
 }
 
+// The up-front L2 prefetch pays only under PDL, where it overlaps the previous kernel's tail:
+// launched plainly, the fused decode layer ran 5.76-5.77 ms/token without it against 5.92 with
+// one slice per warp (session_2026-11-25c/latency_sweep_small_grid_warps.txt).
+int default_prefetch_slices(int pdl) {
+  const int override_slices = skinny_prefetch_slices_override();
+  if (override_slices >= 0) return override_slices;
+  return pdl > 0 ? 1 : 0;
+}
+
 // PYORCH_SKINNY_SMALL_GRID_WARPS=4/8/16: warps per block for grids of at most 512 blocks with
 // K < 8192 (Llama-3-8B's qkv_proj and o_proj), for A/B timing; read once per process.
 int skinny_small_grid_warps() {
@@ -61,9 +70,8 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
       config.num_warps = small;
     }
   }
-  config.prefetch_slices = skinny_prefetch_slices_override();
-  if (config.prefetch_slices < 0) config.prefetch_slices = 1;
   config.pdl = pdl_enabled() && skinny_pdl_override() != 0 ? 1 : 0;
+  config.prefetch_slices = default_prefetch_slices(config.pdl);
   return config;
 }
 
@@ -139,13 +147,17 @@ cudaError_t skinny_gemm_launch(void* out, const void* input, const void* weight,
     PYORCH_INVALID("skinny_gemm: a normed input needs input_size > 0");
   }
   SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size);
-  if (fused_pdl_default && skinny_pdl_override() < 0) cfg.pdl = 0;
+  if (fused_pdl_default && skinny_pdl_override() < 0) {
+    cfg.pdl = 0;
+    cfg.prefetch_slices = default_prefetch_slices(cfg.pdl);
+  }
   if (config != nullptr) {  // the caller's non-default fields win
     if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
     if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
-    if (config->prefetch_slices >= 0) cfg.prefetch_slices = config->prefetch_slices;
     // PDL only where it exists and is not turned off (PYORCH_PDL=0).
     if (config->pdl >= 0) cfg.pdl = config->pdl > 0 && pdl_enabled() ? 1 : 0;
+    cfg.prefetch_slices = config->prefetch_slices >= 0 ? config->prefetch_slices
+                                                       : default_prefetch_slices(cfg.pdl);
   }
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
     kernels::SkinnyGemmArgs<T> args{};
