@@ -24,19 +24,13 @@ int skinny_pdl_override() {
 }
 
 // The up-front L2 prefetch pays only under PDL, where it overlaps the previous kernel's tail:
-// launched plainly, the fused decode layer ran 5.76-5.77 ms/token without it against 5.92 with
-// one slice per warp (session_2026-11-25c/latency_sweep_small_grid_warps.txt).
+// launched plainly, the fused decode layer ran 5.76-5.78 ms/token without it against 5.92 with
+// one slice per warp (session_2026-11-25c/latency_sweep_small_grid_warps.txt,
+// latency_sweep_no_prefetch.txt).
 int default_prefetch_slices(int pdl) {
   const int override_slices = skinny_prefetch_slices_override();
   if (override_slices >= 0) return override_slices;
   return pdl > 0 ? 1 : 0;
-}
-
-// PYORCH_SKINNY_SMALL_GRID_WARPS=4/8/16: warps per block for grids of at most 512 blocks with
-// K < 8192 (Llama-3-8B's qkv_proj and o_proj), for A/B timing; read once per process.
-int skinny_small_grid_warps() {
-  static const int value = env_int("PYORCH_SKINNY_SMALL_GRID_WARPS", -1, 4, 16);
-  return value;
 }
 
 }  // namespace
@@ -65,10 +59,6 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
   } else {
     config.num_warps = input_size >= 8192 ? 8 : 4;
     config.l2_prefetch = 1;
-    const int small = skinny_small_grid_warps();
-    if (num_blocks <= 512 && input_size < 8192 && (small == 4 || small == 8 || small == 16)) {
-      config.num_warps = small;
-    }
   }
   config.pdl = pdl_enabled() && skinny_pdl_override() != 0 ? 1 : 0;
   config.prefetch_slices = default_prefetch_slices(config.pdl);

@@ -13,8 +13,9 @@ each. A Llama decoder layer is then 6 kernels instead of 9:
 The residual stream lives in one tensor that the adds update in place. The normed input is
 rounded once (x * norm_weight) where RMSNorm then the GEMM round twice, so the results are close
 to, not bit-equal with, the unfused layer. PYORCH_FUSED_DECODE=0 keeps the unfused path (A/B runs).
-The fused GEMMs launch without PDL, o_proj included: on an H100 at batch 1, o_proj under PDL
-after attention measured 5.91 / 5.91 ms/token against 5.90 / 5.88 without.
+The fused GEMMs launch without PDL, o_proj included (on an H100 at batch 1, o_proj under PDL
+after attention measured 5.91 / 5.91 ms/token against 5.90 / 5.88 without), and so without the
+up-front L2 prefetch that PDL launches overlap with the previous kernel (5.77 / 5.78 without).
 """
 
 import os
