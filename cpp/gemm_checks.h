@@ -92,7 +92,8 @@ inline SkinnyGemmShape check_skinny_gemm_fused(const at::Tensor& out, const at::
   TORCH_CHECK(!(norm_weight && epi == SkinnyFusedEpilogue::kAdd),
               "skinny_gemm_fused: the add epilogue takes no norm_weight");
   TORCH_CHECK(epi != SkinnyFusedEpilogue::kSiluMul || weight.dim() != 2 || weight.size(0) % 2 == 0,
-              "skinny_gemm_fused: silu_and_mul needs an even number of weight rows [gate; up], got ",
+              "skinny_gemm_fused: silu_and_mul needs an even number of weight rows [gate; up], "
+              "got ",
               weight.sizes());
   const SkinnyGemmShape s =
       check_skinny_gemm(out, input, weight, bias, epi == SkinnyFusedEpilogue::kSiluMul ? 2 : 1);

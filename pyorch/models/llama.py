@@ -178,7 +178,9 @@ class LlamaModel(nn.Module):
         self._fusable: bool | None = None  # every layer can run forward_fused (checked once)
 
     def _fused_decode(self, hidden_states: torch.Tensor) -> bool:
-        if not self.layers or not fused_decode_batch(hidden_states, self.layers[0].self_attn.qkv_proj):
+        if not self.layers:
+            return False
+        if not fused_decode_batch(hidden_states, self.layers[0].self_attn.qkv_proj):
             return False
         if self._fusable is None:  # after the weights are loaded: the first forward
             self._fusable = all(layer.fusable() for layer in self.layers)

@@ -162,8 +162,12 @@ def test_fused_decode_matches_unfused_and_transformers(checkpoint, device: str, 
         monkeypatch.setattr(fused_linear, "use_skinny_gemm", lambda x, w, b: 0 < x.shape[0] <= 8)
     calls = []
     real_op = _ops.skinny_gemm_fused
-    monkeypatch.setattr(_ops, "skinny_gemm_fused",
-                        lambda *a, **k: (calls.append(a[-1] if len(a) > 6 else k), real_op(*a, **k)))
+
+    def counted_op(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args)
+        return real_op(*args, **kwargs)
+
+    monkeypatch.setattr(_ops, "skinny_gemm_fused", counted_op)
     attn_layers = [m for m in ours.modules() if isinstance(m, Attention)]
     lens = [n + 1 for n in PROMPT_LENS]
     tables, num_blocks = allocate_blocks(lens, BLOCK_SIZE, shuffle=True)
