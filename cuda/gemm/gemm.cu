@@ -137,18 +137,17 @@ cudaError_t skinny_gemm_launch(void* out, const void* input, const void* weight,
     PYORCH_INVALID("skinny_gemm: a normed input needs input_size > 0");
   }
   SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size);
-  if (fused_pdl_default && skinny_pdl_override() < 0) {
-    cfg.pdl = 0;
-    cfg.prefetch_slices = default_prefetch_slices(cfg.pdl);
-  }
+  if (fused_pdl_default && skinny_pdl_override() < 0) cfg.pdl = 0;
+  int prefetch_slices = -1;
   if (config != nullptr) {  // the caller's non-default fields win
     if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
     if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
     // PDL only where it exists and is not turned off (PYORCH_PDL=0).
     if (config->pdl >= 0) cfg.pdl = config->pdl > 0 && pdl_enabled() ? 1 : 0;
-    cfg.prefetch_slices = config->prefetch_slices >= 0 ? config->prefetch_slices
-                                                       : default_prefetch_slices(cfg.pdl);
+    prefetch_slices = config->prefetch_slices;
   }
+  // The prefetch default follows the launch finally chosen.
+  cfg.prefetch_slices = prefetch_slices >= 0 ? prefetch_slices : default_prefetch_slices(cfg.pdl);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
     kernels::SkinnyGemmArgs<T> args{};
     args.out = static_cast<T*>(out);

@@ -46,6 +46,7 @@
 
 #include <cstdint>
 
+#include "activation/activation.cuh"  // act_fn: silu_and_mul's own SiLU
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
@@ -216,11 +217,6 @@ struct SkinnySlice {
   }
 };
 
-// silu(gate) * up as silu_and_mul computes it from T inputs.
-__device__ __forceinline__ float skinny_silu_mul(float gate, float up) {
-  return gate / (1.f + expf(-gate)) * up;
-}
-
 // Grid: one block per 16 weight rows (kSiluMul: per 8 gate rows and their 8 up rows). Block:
 // NUM_WARPS warps splitting K. M_TILES = ceil(num_tokens / 8). One slice is loaded per loop
 // iteration; ptxas software-pipelines the loop (the next slice's 12-16 loads are in flight while
@@ -372,7 +368,7 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
       up *= scale;
       if (args.bias != nullptr) up += to_float(args.bias[half + row]);
       *out = from_float<T>(
-          skinny_silu_mul(to_float(from_float<T>(sum)), to_float(from_float<T>(up))));
+          act_fn<Activation::kSilu>(to_float(from_float<T>(sum))) * to_float(from_float<T>(up)));
     } else if constexpr (EPI == SkinnyEpilogue::kAdd) {
       *out = from_float<T>(to_float(from_float<T>(sum)) + to_float(*out));
     } else {
