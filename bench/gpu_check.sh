@@ -11,7 +11,8 @@
 # startup (plus a cProfile of one more cold start), profile (torch.profiler of steady decode at
 # batch 1 and 1000), profile1500 (the same at 256 sequences of ~1.5k context), serve (pyorch-serve
 # swept by `pyorch bench serve`; SERVE_PROMPTS, SERVE_RATES); default latency,t128,t1000,t2048,
-# startup. ENGINE_SKIP_HF=1 leaves transformers out of the throughput sets.
+# startup. ENGINE_SKIP_HF=1 leaves transformers out of the throughput sets; ENGINE_STEP_TRACE=1
+# records pyorch's steps in them (`pyorch bench throughput --step-trace`).
 #
 # Wheels missing on an offline machine can be dropped in .whl/ (installed to /tmp/site first).
 #
@@ -120,8 +121,8 @@ if [ -n "$ENGINE_MODEL" ]; then
     timeout "$T" python3 -m pyorch.cli.main bench throughput "${common[@]}" \
       --input-len "$in" --output-len "$out" --num-prompts 1000 --hf-best "$@" \
       --max-model-len "$mml" --temperature "$temp" ${ENGINE_SKIP_HF:+--skip-hf} \
-      --output-json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.log" 2>&1 || status=1
-    grep -E "batch|Captured|x output" "$OUT_DIR/$name.log" | tail -6
+      ${ENGINE_STEP_TRACE:+--step-trace} --output-json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.log" 2>&1 || status=1
+    grep -E "batch|Captured|x output|step trace" "$OUT_DIR/$name.log" | tail -7
   }
   if want latency; then
     timeout "$T" python3 -m pyorch.cli.main bench latency "${common[@]}" \

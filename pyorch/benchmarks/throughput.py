@@ -26,6 +26,7 @@ import time
 from typing import Any, Optional
 
 from pyorch.benchmarks import common
+from pyorch.metrics.stats import format_step_trace, summarize_step_trace
 
 NAME = "throughput"
 
@@ -60,6 +61,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", default=None,
                         help="result file (default bench/results/<device>/throughput.json)")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--step-trace", action="store_true",
+                        help="record every step of pyorch's first run on CUDA (device busy and "
+                             "idle time from CUDA events, host time) into the JSON")
     common.add_engine_args(parser)
 
 
@@ -91,6 +95,7 @@ class PyorchRunner:
         self.batch_size = config.scheduler_config.max_num_seqs
         self.dtype = config.model_config.dtype
         detok = not args.disable_detokenize
+        self.step_trace = args.step_trace
         self.output_len = args.output_len
         self.params = SamplingParams(max_tokens=args.output_len, ignore_eos=True,
                                      temperature=args.temperature, top_p=1.0,
@@ -103,20 +108,33 @@ class PyorchRunner:
         core = self.llm.llm_engine.engine_core
         before = core.timings.snapshot()
         preemptions_before = core.scheduler.num_preemptions
+        if self.step_trace:
+            core.timings.trace = []
         start = time.perf_counter()
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params,
                                     use_tqdm=False)
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
+        elapsed = end - start
+        trace = core.timings.trace
+        core.timings.trace = None
         phases = core.timings.per_step_ms(before)
         output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         if output_tokens != len(prompts) * self.output_len:
             raise RuntimeError(f"pyorch generated {output_tokens} tokens, "
                                f"expected {len(prompts) * self.output_len}")
         # Recomputed prefills after a preemption (KV cache full) are work the GPU does twice.
-        return {"elapsed_s": elapsed, "output_tokens": output_tokens,
-                "engine_steps": phases["steps"], "host_ms_per_step": phases["host"],
-                "step_phases_ms": phases,
-                "preemptions": core.scheduler.num_preemptions - preemptions_before}
+        sample = {"elapsed_s": elapsed, "output_tokens": output_tokens,
+                  "engine_steps": phases["steps"], "host_ms_per_step": phases["host"],
+                  "step_phases_ms": phases,
+                  "preemptions": core.scheduler.num_preemptions - preemptions_before}
+        if trace:  # the first run only
+            self.step_trace = False
+            sample["step_trace"] = summarize_step_trace(trace, start, end)
+            sample["step_trace_records"] = [
+                {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                for r in trace]
+            print(f"  step trace: {format_step_trace(sample['step_trace'])}")
+        return sample
 
     def close(self) -> None:
         import torch
@@ -193,6 +211,9 @@ def _summarize(engine: str, batch_size: int, prompts: list[list[int]],
         row["host_ms_per_step"] = samples[0]["host_ms_per_step"]
         row["step_phases_ms"] = samples[0]["step_phases_ms"]
         row["preemptions"] = samples[0]["preemptions"]
+        for key in ("step_trace", "step_trace_records"):
+            if key in samples[0]:
+                row[key] = samples[0][key]
     print(_format_row(row))
     return row
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -75,6 +75,7 @@ class ModelRunner:
         self.block_table = BlockTable(self.max_num_seqs, self.max_blocks_per_seq)
         # Time per phase of the runner's part of each step (EngineCore shares its own).
         self.timings = StepTimings()
+        self._trace_last_end: Optional[torch.cuda.Event] = None
 
     # ---- start-up -----------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -304,13 +305,14 @@ class ModelRunner:
         scheduling): its input for that position is the previous step's sample, copied on the
         device, so the previous step need not be resolved first (steps run in stream order)."""
         start = time.perf_counter()
+        trace = self._trace_start(so, start) if self.timings.trace is not None else None
         self._update_states(so)
         req_ids = [r for r in so.scheduled_cached_reqs.req_ids] + [
             n.req_id for n in so.scheduled_new_reqs
         ]
         if not req_ids:
             self.timings.prepare += time.perf_counter() - start
-            return StepHandle(req_ids=[], sampled_rows=[])
+            return StepHandle(req_ids=[], sampled_rows=[], trace=trace)
         graph_size = None
         decode_only = so.total_num_scheduled_tokens == len(req_ids)
         if self.cuda_graphs is not None:
@@ -325,7 +327,8 @@ class ModelRunner:
                 hidden = self.model(dev["input_ids"], dev["positions"])
 
         handle = StepHandle(req_ids=req_ids, sampled_rows=sampled_rows,
-                            prompt_logprobs=self._prompt_logprobs(req_ids, so, hidden))
+                            prompt_logprobs=self._prompt_logprobs(req_ids, so, hidden),
+                            trace=trace)
         if sampled_rows:
             # The model's dtype: the sampler upcasts only where it needs float32.
             logits = self.model.compute_logits(hidden[logits_indices])
@@ -343,19 +346,54 @@ class ModelRunner:
             for s in states:
                 s.num_pending += 1
             self._last_step = handle
+        if trace is not None:
+            trace["end"].record()
+            trace["graph_size"] = graph_size
         self.timings.launch += time.perf_counter() - launched
         return handle
+
+    def _trace_start(self, so: SchedulerOutput, now: float) -> Optional[dict[str, Any]]:
+        """A step's `StepTimings.trace` record, with CUDA events around its device work (the
+        record is appended when the step is resolved). None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        t = self.timings
+        record = {"t_s": now, "num_tokens": so.total_num_scheduled_tokens,
+                  "num_rows": len(so.num_scheduled_tokens),
+                  "decode_only": so.total_num_scheduled_tokens == len(so.num_scheduled_tokens),
+                  "host_total_s": sum(getattr(t, k) for k in t.PHASES if k != "wait"),
+                  "wait_total_s": t.wait,
+                  "start": torch.cuda.Event(enable_timing=True),
+                  "end": torch.cuda.Event(enable_timing=True)}
+        record["start"].record()
+        return record
+
+    def _trace_finish(self, record: dict[str, Any]) -> None:
+        """Turns a resolved step's events into milliseconds and appends its record."""
+        start, end = record.pop("start"), record.pop("end")
+        end.synchronize()
+        record["device_ms"] = start.elapsed_time(end)
+        if self.timings.trace:  # device idle between the last traced step and this one
+            assert self._trace_last_end is not None
+            record["idle_before_ms"] = max(self._trace_last_end.elapsed_time(start), 0.0)
+        self._trace_last_end = end
+        if self.timings.trace is not None:
+            self.timings.trace.append(record)
 
     def resolve(self, handle: "StepHandle") -> ModelRunnerOutput:
         """Waits for a launched step's tokens and appends them to the runner's requests."""
         req_ids, sampled_rows = handle.req_ids, handle.sampled_rows
         logprobs: list[Optional[LogprobsLists]] = [None] * len(req_ids)
         if not sampled_rows:
+            if handle.trace is not None:
+                self._trace_finish(handle.trace)
             return ModelRunnerOutput(req_ids, [[] for _ in req_ids], logprobs,
                                      handle.prompt_logprobs)
         start = time.perf_counter()
         token_ids, entries = handle.wait()
         self.timings.wait += time.perf_counter() - start
+        if handle.trace is not None:
+            self._trace_finish(handle.trace)
         if len(sampled_rows) == len(req_ids):  # every row sampled: sampled_rows is 0, 1, ...
             sampled = [[t] for t in token_ids]
         else:

@@ -4,7 +4,7 @@ host) and the runner's output once they arrived."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -31,6 +31,7 @@ class StepHandle:
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     sampled_device: Optional[torch.Tensor] = None  # [len(sampled_rows)] int64
     sampled_row_of: dict[str, int] = field(default_factory=dict)  # req_id -> sampler row
+    trace: Optional[dict[str, Any]] = None  # StepTimings.trace record in the making
     _host_tokens: Optional[torch.Tensor] = None
     _host_logprobs: Optional[LogprobsTensors] = None
     _event: Optional[torch.cuda.Event] = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from pyorch.engine.scheduler_output import SchedulerStats
 
@@ -67,6 +67,9 @@ class StepTimings:
     wait: float = 0.0  # blocked until the step's sampled tokens reached the host
     update: float = 0.0  # runner + scheduler: append tokens, stop checks, free blocks
     output: float = 0.0  # front end: detokenization, stop strings, RequestOutputs
+    # Benchmarks set a list here to get one record per step on CUDA (`ModelRunner` fills it
+    # from CUDA events; `summarize_step_trace` reads it). None: nothing is recorded.
+    trace: Optional[list[dict[str, Any]]] = None
 
     PHASES = ("schedule", "prepare", "launch", "wait", "update", "output")
 
@@ -80,3 +83,51 @@ class StepTimings:
         out["host"] = sum(v for k, v in out.items() if k != "wait")
         out["steps"] = self.steps - since.steps
         return out
+
+
+def summarize_step_trace(records: list[dict[str, Any]], start_s: float,
+                         end_s: float) -> dict[str, Any]:
+    """Where a run's time went, from `StepTimings.trace` records (steps in launch order) and
+    the run's perf_counter() bounds: device busy time per step, device idle time before each
+    step's first device work, and the host's work and wait between one step's launch and the
+    next, split into decode-only steps and steps with prefill tokens."""
+    for r, nxt in zip(records, records[1:]):
+        r["host_ms"] = (nxt["host_total_s"] - r["host_total_s"]) * 1e3
+        r["wait_ms"] = (nxt["wait_total_s"] - r["wait_total_s"]) * 1e3
+    kinds: dict[str, dict[str, Any]] = {}
+    for r in records:
+        k = kinds.setdefault("decode" if r["decode_only"] else "prefill",
+                             {"steps": 0, "tokens": 0, "busy_ms": 0.0, "idle_ms": 0.0,
+                              "idle_steps": 0, "host_ms": 0.0, "wait_ms": 0.0})
+        k["steps"] += 1
+        k["tokens"] += r["num_tokens"]
+        k["busy_ms"] += r["device_ms"]
+        idle = r.get("idle_before_ms", 0.0)
+        k["idle_ms"] += idle
+        k["idle_steps"] += idle > 0.05
+        k["host_ms"] += r.get("host_ms", 0.0)
+        k["wait_ms"] += r.get("wait_ms", 0.0)
+    for k in kinds.values():
+        for key in ("busy_ms", "idle_ms", "host_ms", "wait_ms"):
+            k[key.replace("_ms", "_ms_per_step")] = k[key] / k["steps"]
+    busy = sum(k["busy_ms"] for k in kinds.values())
+    idle = sum(k["idle_ms"] for k in kinds.values())
+    first = (records[0]["t_s"] - start_s) * 1e3 if records else 0.0
+    wall = (end_s - start_s) * 1e3
+    return {"wall_ms": wall, "device_busy_ms": busy, "device_idle_between_steps_ms": idle,
+            "before_first_launch_ms": first,
+            "after_last_step_ms": wall - first - busy - idle, "by_kind": kinds}
+
+
+def format_step_trace(summary: dict[str, Any]) -> str:
+    """One line of `summarize_step_trace`'s figures."""
+    parts = [f"wall {summary['wall_ms']:.0f} ms = before the first launch "
+             f"{summary['before_first_launch_ms']:.0f} + device busy "
+             f"{summary['device_busy_ms']:.0f} + idle between steps "
+             f"{summary['device_idle_between_steps_ms']:.0f} + after the last step "
+             f"{summary['after_last_step_ms']:.0f}"]
+    for name, k in summary["by_kind"].items():
+        parts.append(f"{name}: {k['steps']} steps, busy {k['busy_ms_per_step']:.2f} ms/step, "
+                     f"idle {k['idle_ms_per_step']:.2f} ({k['idle_steps']} steps), host "
+                     f"{k['host_ms_per_step']:.2f}, wait {k['wait_ms_per_step']:.2f}")
+    return "; ".join(parts)

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from pyorch.benchmarks import throughput
+from tests.conftest import CUDA_AVAILABLE
 from tests.pyorch.benchmarks.conftest import ENGINE_FLAGS
 
 
@@ -119,3 +120,62 @@ def test_compare_pairs_by_batch_size():
     got = {r["pyorch_batch_size"]: r["output_tokens_per_s_ratio"]
            for r in throughput.compare(rows, hf_best=False)}
     assert got == {1: pytest.approx(1.5), 16: pytest.approx(4.0)}
+
+
+def test_summarize_step_trace():
+    """Per-step host/wait from consecutive records' running totals; busy and idle per kind; the
+    wall time split into before the first launch, busy, idle and after the last step."""
+    from pyorch.metrics.stats import format_step_trace, summarize_step_trace
+
+    records = [
+        {"t_s": 10.5, "num_tokens": 300, "num_rows": 3, "decode_only": False,
+         "host_total_s": 1.0, "wait_total_s": 0.0, "device_ms": 100.0},
+        {"t_s": 10.52, "num_tokens": 3, "num_rows": 3, "decode_only": True,
+         "host_total_s": 1.004, "wait_total_s": 0.09, "device_ms": 20.0, "idle_before_ms": 0.0},
+        {"t_s": 10.54, "num_tokens": 3, "num_rows": 3, "decode_only": True,
+         "host_total_s": 1.030, "wait_total_s": 0.10, "device_ms": 20.0, "idle_before_ms": 6.0},
+    ]
+    summary = summarize_step_trace(records, start_s=10.4, end_s=10.7)
+    assert summary["wall_ms"] == pytest.approx(300.0)
+    assert summary["before_first_launch_ms"] == pytest.approx(100.0)
+    assert summary["device_busy_ms"] == pytest.approx(140.0)
+    assert summary["device_idle_between_steps_ms"] == pytest.approx(6.0)
+    assert summary["after_last_step_ms"] == pytest.approx(300.0 - 100.0 - 140.0 - 6.0)
+    prefill, decode = summary["by_kind"]["prefill"], summary["by_kind"]["decode"]
+    assert (prefill["steps"], prefill["tokens"]) == (1, 300)
+    assert (decode["steps"], decode["tokens"]) == (2, 6)
+    assert prefill["host_ms"] == pytest.approx(4.0) and prefill["wait_ms"] == pytest.approx(90.0)
+    assert decode["host_ms"] == pytest.approx(26.0)  # the last record has no successor
+    assert decode["idle_ms_per_step"] == pytest.approx(3.0) and decode["idle_steps"] == 1
+    line = format_step_trace(summary)
+    assert "idle between steps 6" in line and "decode: 2 steps" in line
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="the step trace uses CUDA events")
+def test_step_trace_on_cuda(tiny_model_dir, tmp_path):
+    out = tmp_path / "tp.json"
+    flags = [f if f != "cpu" else "cuda" for f in ENGINE_FLAGS]
+    args = _parse(["--model", tiny_model_dir, "--input-len", "6", "--output-len", "5",
+                   "--num-prompts", "4", "--skip-hf", "--hf-batch-sizes", "4", "--num-repeats", "2",
+                   "--step-trace",
+                   "--disable-detokenize", "--no-plot", "--output-json", str(out), *flags])
+    assert throughput.main(args) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    records, summary = row["step_trace_records"], row["step_trace"]
+    assert len(records) == row["engine_steps"]  # one record per step of the first run
+    assert all(r["device_ms"] > 0 for r in records)
+    assert records[0]["num_tokens"] == 4 * 6 and not records[0]["decode_only"]
+    assert sum(r["num_tokens"] for r in records if r["decode_only"]) == 4 * 4
+    assert summary["device_busy_ms"] == pytest.approx(sum(r["device_ms"] for r in records))
+    assert 0 < summary["device_busy_ms"] < summary["wall_ms"]
+
+
+def test_step_trace_records_nothing_on_cpu(tiny_model_dir, tmp_path):
+    out = tmp_path / "tp.json"
+    args = _parse(["--model", tiny_model_dir, "--input-len", "6", "--output-len", "3",
+                   "--num-prompts", "2", "--skip-hf", "--hf-batch-sizes", "2", "--step-trace",
+                   "--disable-detokenize",
+                   "--no-plot", "--output-json", str(out), *ENGINE_FLAGS])
+    assert throughput.main(args) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "step_trace" not in row and "step_trace_records" not in row
