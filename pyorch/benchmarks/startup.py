@@ -66,6 +66,11 @@ if cfg["kind"] == "pyorch":
             weight_bytes += p.numel() * p.element_size()
     phases.update(import_pyorch_s=t_pyorch - t_torch, llm_init_s=t_ready - t_pyorch)
     result = {"weight_bytes": weight_bytes, "device": str(dev)}
+    graphs = llm.llm_engine.model_runner.cuda_graphs
+    if graphs is not None:
+        result["cuda_graphs"] = {"count": graphs.num_graphs, "capture_s": graphs.capture_seconds,
+                                 "pool_bytes": graphs.pool_bytes,
+                                 "free_memory_drop_bytes": graphs.memory_bytes}
 else:
     dev = torch.device(cfg["device"])
     host = torch.empty(cfg["weight_bytes"], dtype=torch.uint8)
@@ -136,6 +141,12 @@ def main(args: argparse.Namespace) -> int:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in med.items() if k != "total_s")
         print(f"{name:>36}: {med['total_s']:.2f} s (median of {args.num_iters}; {parts})")
     print(f"cold start is {ratio:.2f}x the floor ({weight_bytes / 1e9:.3f} GB of weights)")
+    for r in runs:
+        if "cuda_graphs" in r:
+            g = r["cuda_graphs"]
+            print(f"CUDA graphs: {g['count']} captured in {g['capture_s']:.2f} s, graph memory "
+                  f"pool {g['pool_bytes'] / 2**30:.3f} GiB (free device memory "
+                  f"{g['free_memory_drop_bytes'] / 2**30:.3f} GiB lower)")
     rows = [{"kind": "pyorch", **r} for r in runs] + [{"kind": "floor", **r} for r in floors]
     json_path, _ = common.output_paths(NAME, device, args.output_json)
     common.write_json(json_path, {

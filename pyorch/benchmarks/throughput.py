@@ -26,7 +26,7 @@ import time
 from typing import Any, Optional
 
 from pyorch.benchmarks import common
-from pyorch.metrics.stats import format_step_trace, summarize_step_trace
+from pyorch.metrics.stats import GcPauses, format_step_trace, summarize_step_trace
 
 NAME = "throughput"
 
@@ -110,10 +110,13 @@ class PyorchRunner:
         preemptions_before = core.scheduler.num_preemptions
         if self.step_trace:
             core.timings.trace = []
-        start = time.perf_counter()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params,
-                                    use_tqdm=False)
-        end = time.perf_counter()
+        with GcPauses() as gc_pauses:
+            core.timings.gc_pauses = gc_pauses if self.step_trace else None
+            start = time.perf_counter()
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params,
+                                        use_tqdm=False)
+            end = time.perf_counter()
+        core.timings.gc_pauses = None
         elapsed = end - start
         trace = core.timings.trace
         core.timings.trace = None
@@ -126,7 +129,9 @@ class PyorchRunner:
         sample = {"elapsed_s": elapsed, "output_tokens": output_tokens,
                   "engine_steps": phases["steps"], "host_ms_per_step": phases["host"],
                   "step_phases_ms": phases,
-                  "preemptions": core.scheduler.num_preemptions - preemptions_before}
+                  "preemptions": core.scheduler.num_preemptions - preemptions_before,
+                  "gc_pause_s": gc_pauses.total_s,
+                  "gc_full_collections": gc_pauses.full_collections}
         if trace:  # the first run only
             self.step_trace = False
             sample["step_trace"] = summarize_step_trace(trace, start, end)
@@ -211,6 +216,7 @@ def _summarize(engine: str, batch_size: int, prompts: list[list[int]],
         row["host_ms_per_step"] = samples[0]["host_ms_per_step"]
         row["step_phases_ms"] = samples[0]["step_phases_ms"]
         row["preemptions"] = samples[0]["preemptions"]
+        row["gc_pause_s"] = samples[0]["gc_pause_s"]
         for key in ("step_trace", "step_trace_records"):
             if key in samples[0]:
                 row[key] = samples[0][key]

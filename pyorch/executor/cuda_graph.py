@@ -64,6 +64,16 @@ def normalize_capture_sizes(sizes: Sequence[int], max_num_batched_tokens: int) -
     return sorted({s for s in sizes if s <= max_num_batched_tokens})
 
 
+def graph_pool_bytes(pool: tuple, device: torch.device) -> int:
+    """Bytes the caching allocator holds in `pool` (a graph_pool_handle()) on `device`: the
+    sizes of the segments it took from cudaMalloc for that pool."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", ())) == tuple(pool)
+               and seg.get("device", index) == index)
+
+
 @dataclass
 class _Graph:
     size: int  # padded number of tokens
@@ -96,6 +106,7 @@ class CUDAGraphRunner:
         self.pool = None
         self.capture_seconds = 0.0
         self.memory_bytes = 0
+        self.pool_bytes = 0
         self.num_replays = 0
         self.num_decode_replays = 0
 
@@ -161,10 +172,17 @@ class CUDAGraphRunner:
             self.decode_graphs[1] = self.graphs[1]
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
+        # The pool's segments are the graphs' memory. The drop in free device memory misses
+        # them when the pool is carved from segments the allocator released to make room (it
+        # read 0.00 GiB on an H100 with the KV cache in place); it adds the driver's own
+        # graph objects.
+        self.pool_bytes = graph_pool_bytes(self.pool, self.device)
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
-        logger.info("Captured %d CUDA graphs (%d decode, %d mixed; sizes %d..%d) in %.2f s, "
-                    "using %.2f GiB", self.num_graphs, len(self.decode_graphs), len(self.graphs),
-                    self.sizes[0], self.sizes[-1], self.capture_seconds, self.memory_bytes / 2**30)
+        logger.info("Captured %d CUDA graphs (%d decode, %d mixed; sizes %d..%d) in %.2f s: "
+                    "graph memory pool %.3f GiB, free device memory %.3f GiB lower",
+                    self.num_graphs, len(self.decode_graphs), len(self.graphs), self.sizes[0],
+                    self.sizes[-1], self.capture_seconds, self.pool_bytes / 2**30,
+                    self.memory_bytes / 2**30)
 
     def replay(self, size: int, decode_only: bool = False) -> torch.Tensor:
         """Replays the graph padded_size(n, decode_only) chose (its inputs already in place);

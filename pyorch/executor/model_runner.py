@@ -363,8 +363,14 @@ class ModelRunner:
                   "decode_only": so.total_num_scheduled_tokens == len(so.num_scheduled_tokens),
                   "host_total_s": sum(getattr(t, k) for k in t.PHASES if k != "wait"),
                   "wait_total_s": t.wait,
+                  "phase_s": {k: getattr(t, k) for k in t.PHASES if k != "wait"},
+                  "alloc_retries_total": torch.cuda.memory_stats(self.device).get(
+                      "num_alloc_retries", 0),
                   "start": torch.cuda.Event(enable_timing=True),
                   "end": torch.cuda.Event(enable_timing=True)}
+        if t.gc_pauses is not None:
+            record["gc_total_s"] = t.gc_pauses.total_s
+            record["gc_full_total"] = t.gc_pauses.full_collections
         record["start"].record()
         return record
 

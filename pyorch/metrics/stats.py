@@ -10,6 +10,8 @@ vLLM's metric names with the `pyorch:` prefix.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -70,6 +72,8 @@ class StepTimings:
     # Benchmarks set a list here to get one record per step on CUDA (`ModelRunner` fills it
     # from CUDA events; `summarize_step_trace` reads it). None: nothing is recorded.
     trace: Optional[list[dict[str, Any]]] = None
+    # While tracing: the garbage collector's pauses, recorded with each step.
+    gc_pauses: Optional[GcPauses] = None
 
     PHASES = ("schedule", "prepare", "launch", "wait", "update", "output")
 
@@ -85,6 +89,36 @@ class StepTimings:
         return out
 
 
+class GcPauses:
+    """Time the garbage collector stops the process for, and full (generation-2) collections,
+    while installed as a `gc.callbacks` entry (`with GcPauses() as pauses:`)."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self.full_collections = 0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        self.total_s += time.perf_counter() - self._start
+        self.full_collections += info.get("generation") == 2
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        gc.callbacks.remove(self)
+
+
+# Running totals a trace record may carry besides host_total_s / wait_total_s, and the per-step
+# delta each becomes in `summarize_step_trace` (seconds become milliseconds).
+_TRACE_TOTALS = {"gc_total_s": "gc_ms", "gc_full_total": "gc_full",
+                 "alloc_retries_total": "alloc_retries"}
+
+
 def summarize_step_trace(records: list[dict[str, Any]], start_s: float,
                          end_s: float) -> dict[str, Any]:
     """Where a run's time went, from `StepTimings.trace` records (steps in launch order) and
@@ -94,11 +128,17 @@ def summarize_step_trace(records: list[dict[str, Any]], start_s: float,
     for r, nxt in zip(records, records[1:]):
         r["host_ms"] = (nxt["host_total_s"] - r["host_total_s"]) * 1e3
         r["wait_ms"] = (nxt["wait_total_s"] - r["wait_total_s"]) * 1e3
+        if "phase_s" in r:  # the host time by phase
+            r["phase_ms"] = {k: (nxt["phase_s"][k] - v) * 1e3 for k, v in r["phase_s"].items()}
+        for total, delta in _TRACE_TOTALS.items():
+            if total in r:
+                r[delta] = (nxt[total] - r[total]) * (1e3 if total.endswith("_s") else 1)
     kinds: dict[str, dict[str, Any]] = {}
     for r in records:
         k = kinds.setdefault("decode" if r["decode_only"] else "prefill",
                              {"steps": 0, "tokens": 0, "busy_ms": 0.0, "idle_ms": 0.0,
-                              "idle_steps": 0, "host_ms": 0.0, "wait_ms": 0.0})
+                              "idle_steps": 0, "host_ms": 0.0, "wait_ms": 0.0, "gc_ms": 0.0,
+                              "gc_full": 0, "alloc_retries": 0})
         k["steps"] += 1
         k["tokens"] += r["num_tokens"]
         k["busy_ms"] += r["device_ms"]
@@ -107,6 +147,8 @@ def summarize_step_trace(records: list[dict[str, Any]], start_s: float,
         k["idle_steps"] += idle > 0.05
         k["host_ms"] += r.get("host_ms", 0.0)
         k["wait_ms"] += r.get("wait_ms", 0.0)
+        for key in ("gc_ms", "gc_full", "alloc_retries"):
+            k[key] += r.get(key, 0)
     for k in kinds.values():
         for key in ("busy_ms", "idle_ms", "host_ms", "wait_ms"):
             k[key.replace("_ms", "_ms_per_step")] = k[key] / k["steps"]
@@ -114,9 +156,16 @@ def summarize_step_trace(records: list[dict[str, Any]], start_s: float,
     idle = sum(k["idle_ms"] for k in kinds.values())
     first = (records[0]["t_s"] - start_s) * 1e3 if records else 0.0
     wall = (end_s - start_s) * 1e3
+    # The steps before the longest device idle gaps, with what their host time went to.
+    idle_gaps = sorted(range(1, len(records)), key=lambda i: -records[i].get("idle_before_ms", 0))
+    worst = [{"step": i, "idle_before_ms": records[i]["idle_before_ms"],
+              **{k: records[i - 1][k] for k in ("host_ms", "phase_ms", "gc_ms", "alloc_retries",
+                                                "num_tokens") if k in records[i - 1]}}
+             for i in idle_gaps[:5] if records[i].get("idle_before_ms", 0) > 1.0]
     return {"wall_ms": wall, "device_busy_ms": busy, "device_idle_between_steps_ms": idle,
             "before_first_launch_ms": first,
-            "after_last_step_ms": wall - first - busy - idle, "by_kind": kinds}
+            "after_last_step_ms": wall - first - busy - idle, "by_kind": kinds,
+            "longest_idle_gaps": worst}
 
 
 def format_step_trace(summary: dict[str, Any]) -> str:
@@ -129,5 +178,7 @@ def format_step_trace(summary: dict[str, Any]) -> str:
     for name, k in summary["by_kind"].items():
         parts.append(f"{name}: {k['steps']} steps, busy {k['busy_ms_per_step']:.2f} ms/step, "
                      f"idle {k['idle_ms_per_step']:.2f} ({k['idle_steps']} steps), host "
-                     f"{k['host_ms_per_step']:.2f}, wait {k['wait_ms_per_step']:.2f}")
+                     f"{k['host_ms_per_step']:.2f}, wait {k['wait_ms_per_step']:.2f}, gc "
+                     f"{k['gc_ms']:.0f} ms ({k['gc_full']} full), allocator retries "
+                     f"{k['alloc_retries']}")
     return "; ".join(parts)

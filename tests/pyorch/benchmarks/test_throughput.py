@@ -129,11 +129,17 @@ def test_summarize_step_trace():
 
     records = [
         {"t_s": 10.5, "num_tokens": 300, "num_rows": 3, "decode_only": False,
-         "host_total_s": 1.0, "wait_total_s": 0.0, "device_ms": 100.0},
+         "host_total_s": 1.0, "wait_total_s": 0.0, "device_ms": 100.0,
+         "phase_s": {"schedule": 0.5, "launch": 0.5}, "gc_total_s": 0.0, "gc_full_total": 0,
+         "alloc_retries_total": 0},
         {"t_s": 10.52, "num_tokens": 3, "num_rows": 3, "decode_only": True,
-         "host_total_s": 1.004, "wait_total_s": 0.09, "device_ms": 20.0, "idle_before_ms": 0.0},
+         "host_total_s": 1.004, "wait_total_s": 0.09, "device_ms": 20.0, "idle_before_ms": 0.0,
+         "phase_s": {"schedule": 0.501, "launch": 0.503}, "gc_total_s": 0.002, "gc_full_total": 0,
+         "alloc_retries_total": 0},
         {"t_s": 10.54, "num_tokens": 3, "num_rows": 3, "decode_only": True,
-         "host_total_s": 1.030, "wait_total_s": 0.10, "device_ms": 20.0, "idle_before_ms": 6.0},
+         "host_total_s": 1.030, "wait_total_s": 0.10, "device_ms": 20.0, "idle_before_ms": 6.0,
+         "phase_s": {"schedule": 0.502, "launch": 0.528}, "gc_total_s": 0.022, "gc_full_total": 1,
+         "alloc_retries_total": 2},
     ]
     summary = summarize_step_trace(records, start_s=10.4, end_s=10.7)
     assert summary["wall_ms"] == pytest.approx(300.0)
@@ -147,8 +153,29 @@ def test_summarize_step_trace():
     assert prefill["host_ms"] == pytest.approx(4.0) and prefill["wait_ms"] == pytest.approx(90.0)
     assert decode["host_ms"] == pytest.approx(26.0)  # the last record has no successor
     assert decode["idle_ms_per_step"] == pytest.approx(3.0) and decode["idle_steps"] == 1
+    assert records[1]["phase_ms"] == pytest.approx({"schedule": 1.0, "launch": 25.0})
+    assert records[1]["gc_ms"] == pytest.approx(20.0) and records[1]["gc_full"] == 1
+    assert decode["gc_ms"] == pytest.approx(20.0) and decode["alloc_retries"] == 2
+    assert prefill["gc_ms"] == pytest.approx(2.0) and prefill["gc_full"] == 0
+    # The one idle gap, before step 2, with the host time of the step before it.
+    (gap,) = summary["longest_idle_gaps"]
+    assert gap["step"] == 2 and gap["idle_before_ms"] == 6.0
+    assert gap["host_ms"] == pytest.approx(26.0) and gap["gc_ms"] == pytest.approx(20.0)
     line = format_step_trace(summary)
     assert "idle between steps 6" in line and "decode: 2 steps" in line
+    assert "gc 20 ms (1 full), allocator retries 2" in line
+
+
+def test_gc_pauses_times_collections():
+    import gc
+
+    from pyorch.metrics.stats import GcPauses
+
+    with GcPauses() as pauses:
+        gc.collect()
+        gc.collect(0)
+    assert pauses.full_collections == 1 and pauses.total_s > 0
+    assert pauses not in gc.callbacks
 
 
 @pytest.mark.skipif(not CUDA_AVAILABLE, reason="the step trace uses CUDA events")

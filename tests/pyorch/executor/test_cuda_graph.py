@@ -10,6 +10,7 @@ import torch
 from pyorch.executor.cuda_graph import (
     CUDAGraphRunner,
     default_capture_sizes,
+    graph_pool_bytes,
     default_max_mixed_size,
     normalize_capture_sizes,
 )
@@ -28,6 +29,21 @@ def test_default_capture_sizes():
     big = default_capture_sizes(1024, 16384)
     assert big[-1] == 1024 and 1008 in big and 520 not in big and 528 in big
     assert default_capture_sizes(1, 1) == [1]
+
+
+def test_graph_pool_bytes_sums_the_pools_segments(monkeypatch):
+    """Graph memory is what the allocator's snapshot holds in the graphs' pool on this device,
+    not other pools' segments or another device's."""
+    segments = [
+        {"device": 0, "segment_pool_id": (0, 7), "total_size": 2 << 20},
+        {"device": 0, "segment_pool_id": (0, 7), "total_size": 20 << 20},
+        {"device": 0, "segment_pool_id": (0, 0), "total_size": 64 << 20},  # the default pool
+        {"device": 1, "segment_pool_id": (0, 7), "total_size": 8 << 20},
+    ]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    assert graph_pool_bytes((0, 7), torch.device("cuda", 0)) == 22 << 20
+    assert graph_pool_bytes((0, 7), torch.device("cuda", 1)) == 8 << 20
+    assert graph_pool_bytes((0, 9), torch.device("cuda", 0)) == 0
 
 
 def test_normalize_capture_sizes():
@@ -105,6 +121,7 @@ def test_graph_replay_matches_eager(tiny_llama):
     assert runner.cuda_graphs is not None and sorted(runner.cuda_graphs.graphs) == [
         1, 2, 4, 8, 16, 32, 64]
     assert runner.cuda_graphs.capture_seconds > 0
+    assert runner.cuda_graphs.pool_bytes > 0  # the graphs' activations live in their pool
     graphs = runner.cuda_graphs
     assert sorted(graphs.decode_graphs) == [1, 2, 4, 8, 16]  # up to max_num_seqs
     assert graphs.decode_graphs[1] is graphs.graphs[1] and graphs.num_graphs == 7 + 4
