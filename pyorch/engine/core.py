@@ -91,9 +91,7 @@ class EngineCore:
         scheduler_output = self._schedule()
         handle = self.model_runner.execute_model(scheduler_output)
         self._in_flight = (scheduler_output, handle)
-        if previous is None:
-            self.num_steps += 1
-            self.timings.steps += 1
+        if previous is None:  # the pipeline fills: this step is counted when it finishes
             return EngineCoreOutputs(
                 outputs=[], scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
                 scheduled_time=scheduled_time,

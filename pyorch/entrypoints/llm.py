@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import itertools
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
@@ -122,9 +121,11 @@ class LLM:
         start = time.perf_counter()
         in_tokens = out_tokens = 0
         try:
-            with _frozen_gc_heap():
+            with _FrozenGcHeap() as frozen_heap:
                 while engine.has_unfinished_requests():
-                    for output in engine.step():
+                    outputs = engine.step()
+                    frozen_heap.step()
+                    for output in outputs:
                         if not output.finished or output.request_id not in wanted:
                             continue
                         finished[output.request_id] = output
@@ -144,21 +145,33 @@ class LLM:
         return [finished[r] for r in request_ids]
 
 
-@contextlib.contextmanager
-def _frozen_gc_heap() -> Iterator[None]:
-    """Keeps the garbage collector's full collections off the objects that exist when
-    generation starts (the model, the tokenizer, the queued requests: hundreds of thousands of
-    objects whose scan would stall a step for a large fraction of a second), as vLLM's engine
-    does after start-up. Unlike vLLM's, the freeze ends with the call, so whatever becomes
-    garbage in it is collected afterwards; a heap someone else froze is left as it is."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+class _FrozenGcHeap:
+    """Keeps the garbage collector's full collections off the heap while `LLM.generate` runs.
+
+    Entering freezes what exists (the model, the tokenizer, the queued requests: hundreds of
+    thousands of objects), as vLLM's engine does after start-up; `step()` freezes again after
+    each engine step, so what the steps keep alive (request state, outputs) is frozen too. On an
+    H100 at 128/128 x 1000, without the per-step freeze two full collections stopped the
+    process for 155-165 ms each (one step's idle device). Unlike vLLM's, the freeze ends with
+    the call, so whatever became garbage meanwhile is collected afterwards; a heap someone else
+    froze is left as it is."""
+
+    def __init__(self) -> None:
+        self.owned = False
+
+    def __enter__(self) -> _FrozenGcHeap:
+        self.owned = not gc.get_freeze_count()
+        if self.owned:
+            gc.freeze()
+        return self
+
+    def step(self) -> None:
+        if self.owned:
+            gc.freeze()  # O(1): the generations' lists are spliced into the frozen one
+
+    def __exit__(self, *exc: object) -> None:
+        if self.owned:
+            gc.unfreeze()
 
 
 def _as_prompt_list(prompts: Union[PromptType, Sequence[PromptType]]) -> list[PromptType]:

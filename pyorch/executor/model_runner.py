@@ -312,6 +312,8 @@ class ModelRunner:
         ]
         if not req_ids:
             self.timings.prepare += time.perf_counter() - start
+            if trace is not None:
+                trace["end"].record()
             return StepHandle(req_ids=[], sampled_rows=[], trace=trace)
         graph_size = None
         decode_only = so.total_num_scheduled_tokens == len(req_ids)

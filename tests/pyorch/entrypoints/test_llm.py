@@ -276,6 +276,19 @@ def test_generate_freezes_the_gc_heap_only_while_it_runs(tiny_model):
     assert gc.get_freeze_count() == 0
     llm.generate([prompt], _greedy(3), use_tqdm=False)
     assert seen and all(count > 0 for count in seen) and gc.get_freeze_count() == 0
+    # What a step keeps alive is frozen after it: full collections never scan it.
+    kept: list[list[int]] = []
+    seen.clear()
+
+    def step_keeping_objects():
+        seen.append(gc.get_freeze_count())
+        kept.extend([i] for i in range(1000))
+        return step()
+
+    engine.step = step_keeping_objects
+    llm.generate([prompt], _greedy(3), use_tqdm=False)
+    assert len(seen) >= 3 and all(b - a > 900 for a, b in zip(seen, seen[1:]))
+    assert gc.get_freeze_count() == 0
     gc.freeze()  # someone else's freeze is left alone
     try:
         frozen = gc.get_freeze_count()

@@ -27,7 +27,9 @@ def test_default_capture_sizes():
     assert default_capture_sizes(3, 8192) == [1, 2, 4, 6]
     # Beyond 512 up to max_num_seqs, so a decode of every sequence replays a graph.
     big = default_capture_sizes(1024, 16384)
-    assert big[-1] == 1024 and 1008 in big and 520 not in big and 528 in big
+    assert big[-1] == 1024 and 512 in big and 528 not in big and 544 in big
+    assert 1008 not in big and 992 in big  # multiples of 32 past 512: 1,000 rows pad to 1,024
+    assert default_capture_sizes(1000, 16384)[-2:] == [992, 1000]  # the largest batch itself
     assert default_capture_sizes(1, 1) == [1]
 
 
