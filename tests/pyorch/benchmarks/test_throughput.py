@@ -181,7 +181,8 @@ def test_gc_pauses_times_collections():
 @pytest.mark.skipif(not CUDA_AVAILABLE, reason="the step trace uses CUDA events")
 def test_step_trace_on_cuda(tiny_model_dir, tmp_path):
     out = tmp_path / "tp.json"
-    flags = [f if f != "cpu" else "cuda" for f in ENGINE_FLAGS]
+    # CUDA attention takes float16 / bfloat16 only.
+    flags = [{"cpu": "cuda", "float32": "bfloat16"}.get(f, f) for f in ENGINE_FLAGS]
     args = _parse(["--model", tiny_model_dir, "--input-len", "6", "--output-len", "5",
                    "--num-prompts", "4", "--skip-hf", "--hf-batch-sizes", "4", "--num-repeats", "2",
                    "--step-trace",
