@@ -305,16 +305,16 @@ class ModelRunner:
         scheduling): its input for that position is the previous step's sample, copied on the
         device, so the previous step need not be resolved first (steps run in stream order)."""
         start = time.perf_counter()
-        trace = self._trace_start(so, start) if self.timings.trace is not None else None
+        # (A step with nothing scheduled only delivers finished ids: no device work to trace.)
+        trace = (self._trace_start(so, start)
+                 if self.timings.trace is not None and so.total_num_scheduled_tokens else None)
         self._update_states(so)
         req_ids = [r for r in so.scheduled_cached_reqs.req_ids] + [
             n.req_id for n in so.scheduled_new_reqs
         ]
         if not req_ids:
             self.timings.prepare += time.perf_counter() - start
-            if trace is not None:
-                trace["end"].record()
-            return StepHandle(req_ids=[], sampled_rows=[], trace=trace)
+            return StepHandle(req_ids=[], sampled_rows=[])
         graph_size = None
         decode_only = so.total_num_scheduled_tokens == len(req_ids)
         if self.cuda_graphs is not None:

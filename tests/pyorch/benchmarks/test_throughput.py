@@ -190,10 +190,12 @@ def test_step_trace_on_cuda(tiny_model_dir, tmp_path):
     assert throughput.main(args) == 0
     (row,) = json.loads(out.read_text())["rows"]
     records, summary = row["step_trace_records"], row["step_trace"]
-    assert len(records) == row["engine_steps"]  # one record per step of the first run
+    # One record per step with work in the first run: the prompts, then 4 decodes of 4 rows.
+    # (Steps that schedule nothing are not traced; engine_steps counts them, among them the
+    # warm-up's last, which only finishes in this run.)
+    assert [r["num_tokens"] for r in records] == [4 * 6, 4, 4, 4, 4]
     assert all(r["device_ms"] > 0 for r in records)
-    assert records[0]["num_tokens"] == 4 * 6 and not records[0]["decode_only"]
-    assert sum(r["num_tokens"] for r in records if r["decode_only"]) == 4 * 4
+    assert not records[0]["decode_only"] and all(r["decode_only"] for r in records[1:])
     assert summary["device_busy_ms"] == pytest.approx(sum(r["device_ms"] for r in records))
     assert 0 < summary["device_busy_ms"] < summary["wall_ms"]
 
