@@ -124,7 +124,9 @@ def summarize_step_trace(records: list[dict[str, Any]], start_s: float,
     """Where a run's time went, from `StepTimings.trace` records (steps in launch order) and
     the run's perf_counter() bounds: device busy time per step, device idle time before each
     step's first device work, and the host's work and wait between one step's launch and the
-    next, split into decode-only steps and steps with prefill tokens."""
+    next, split into decode-only steps and steps with prefill tokens; per step also the host
+    time by phase, GC pauses and allocator retries where the records carry their totals, and
+    the five longest idle gaps with the host work of the step before each."""
     for r, nxt in zip(records, records[1:]):
         r["host_ms"] = (nxt["host_total_s"] - r["host_total_s"]) * 1e3
         r["wait_ms"] = (nxt["wait_total_s"] - r["wait_total_s"]) * 1e3
