@@ -14,24 +14,20 @@ import json
 import torch
 import torch.nn.functional as F
 
+from pyorch.benchmarks.attention import event_times
+
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
           "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
 ROWS = [256, 512, 768, 992, 1000, 1008, 1024, 1040, 2048, 16384]
 
 
 def time_ms(fn, iters: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(3):
-        start.record()
+    """Milliseconds per call: the best of 3 timed batches of `iters` back-to-back calls."""
+    def batch() -> None:
         for _ in range(iters):
             fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return min(times)
+
+    return min(event_times(batch, 3, warmup=1)) / iters
 
 
 def main() -> None:
