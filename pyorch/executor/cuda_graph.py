@@ -45,7 +45,7 @@ def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> lis
     every decode-only batch replays a graph, in multiples of 32 past 512; never past the token
     budget. cuBLAS picks slower kernels for Llama-3-8B's MLP GEMMs at 1,000-1,008 rows than at
     992 or 1,024 (H100: gate_up 375 us at 1,008, 346 at 1,024; down 212 against 200;
-    bench/gemm_large_m.py), so a batch of 1,000 pads to 1,024."""
+    bench/probes/gemm_large_m.py), so a batch of 1,000 pads to 1,024."""
     limit = max(min(_MAX_DEFAULT_CAPTURE, 2 * max_num_seqs), max_num_seqs)
     limit = max(1, min(limit, max_num_batched_tokens))
     sizes = [s for s in (1, 2, 4) if s <= limit] + list(range(8, min(limit, 256) + 1, 8))

@@ -1,4 +1,4 @@
-"""bench/plot_paged_attention.py: the rows it takes from bench_paged_attention's output."""
+"""bench/probes/plot_paged_attention.py: the rows it takes from bench_paged_attention's output."""
 
 import importlib.util
 import json
@@ -9,7 +9,8 @@ import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
     "plot_paged_attention",
-    os.path.join(os.path.dirname(__file__), "..", "..", "bench", "plot_paged_attention.py"))
+    os.path.join(os.path.dirname(__file__), "..", "..", "bench", "probes",
+                 "plot_paged_attention.py"))
 plot_paged_attention = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(plot_paged_attention)
 

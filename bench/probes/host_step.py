@@ -1,6 +1,6 @@
 """Host (CPU) time per engine step by phase, with the model's device work stubbed out.
 
-    python bench/host_step.py --model /tmp/tinyllama --num-prompts 1000 --input-len 128 \
+    python bench/probes/host_step.py --model /tmp/tinyllama --num-prompts 1000 --input-len 128 \
         --output-len 128 --max-num-seqs 1024 [--async-scheduling] [--profile]
 
 The model's forward returns zeros and its logits are slices of one fixed random table over a

@@ -1,7 +1,7 @@
 """Plots of `build/cuda/bench_paged_attention` results against issue 5's targets.
 
-    python bench/plot_paged_attention.py decode JSON [--key K] --out PREFIX
-    python bench/plot_paged_attention.py prefill JSON [--key K] --sdpa-from TXT \
+    python bench/probes/plot_paged_attention.py decode JSON [--key K] --out PREFIX
+    python bench/probes/plot_paged_attention.py prefill JSON [--key K] --sdpa-from TXT \
         [--head-size 128] --out PREFIX
 
 JSON is the binary's --json output (a list of rows), or a dict of such lists (one per variant or

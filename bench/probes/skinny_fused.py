@@ -2,7 +2,7 @@
 fused_add_rms_norm, skinny_gemm, silu_and_mul), each replayed in a CUDA graph over 32 layers of
 their own Llama-3-8B-shaped bf16 weights (no layer's weight is in L2 when it runs):
 
-    python bench/skinny_fused.py [--tokens 1 8] [--out bench/results/GPU/skinny_fused.json]
+    python bench/probes/skinny_fused.py [--tokens 1 8] [--out OUT.json]
 
 Per layer, unfused: fused_add_rms_norm, qkv GEMM, fused_add_rms_norm, gate_up GEMM, silu_and_mul,
 down GEMM, and o_proj's GEMM (its input stands in for attention's output); fused: qkv with the

@@ -1,7 +1,7 @@
 """Where an engine step's host time goes: runs LLM.generate on random prompts under cProfile and
 prints the hottest functions, the step count and the wall time per step.
 
-    python bench/profile_step.py --model MODEL_DIR --load-format dummy --dtype bfloat16 \
+    python bench/probes/profile_step.py --model MODEL_DIR --load-format dummy --dtype bfloat16 \
         --num-prompts 256 --input-len 128 --output-len 64 [--out DIR]
 
 A developer's tool for finding host overhead (`pyorch bench latency` / `throughput` give the

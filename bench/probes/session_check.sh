@@ -3,9 +3,9 @@
 # and `pyorch bench` sets through bench/gpu_check.sh, everything packed into OUT/NAME.tgz so
 # the device's limit on returned files (8) never drops a log.
 #
-#   bash bench/session_check.sh OUT NAME [--no-build] [--tests "PATHS"] [--sets a,b] [--trace]
+#   bash bench/probes/session_check.sh OUT NAME [--no-build] [--tests "PATHS"] [--sets a,b] [--trace]
 set -uo pipefail
-OUT=${1:?usage: bash bench/session_check.sh OUT NAME [...]}; NAME=${2:?}; shift 2
+OUT=${1:?usage: bash bench/probes/session_check.sh OUT NAME [...]}; NAME=${2:?}; shift 2
 BUILD=1 TESTS="" SETS="" TRACE=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 W="$OUT/$NAME"; mkdir -p "$W"
 export PYTHONUNBUFFERED=1
 if [ "$BUILD" = 1 ]; then

@@ -3,7 +3,7 @@ with torch's cuBLAS and cuBLASLt back ends, against the bf16 matmul ceiling meas
 run (8192^3). A developer's probe for the throughput workloads' GEMMs (decode at batch ~1000,
 16k-token prefill): which shapes lose to wave quantization or tile choice.
 
-    python bench/gemm_large_m.py [--json OUT.json]
+    python bench/probes/gemm_large_m.py [--json OUT.json]
 """
 
 from __future__ import annotations
