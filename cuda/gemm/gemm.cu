@@ -25,8 +25,8 @@ int skinny_pdl_override() {
 
 // The up-front L2 prefetch pays only under PDL, where it overlaps the previous kernel's tail:
 // launched plainly, the fused decode layer ran 5.76-5.78 ms/token without it against 5.92 with
-// one slice per warp (session_2026-11-25c/latency_sweep_small_grid_warps.txt,
-// latency_sweep_no_prefetch.txt).
+// one slice per warp (bench/results/NVIDIA_H100_80GB_HBM3/sweeps/:
+// latency_sweep_small_grid_warps.txt, latency_sweep_no_prefetch.txt).
 int default_prefetch_slices(int pdl) {
   const int override_slices = skinny_prefetch_slices_override();
   if (override_slices >= 0) return override_slices;
@@ -170,7 +170,7 @@ cudaError_t skinny_gemm_launch(void* out, const void* input, const void* weight,
 }  // namespace
 
 // NOTE(gemm): PDL off by default for the fused forms, measured on an H100 in the engine (batch-1
-// decode, bench/results/NVIDIA_H100_80GB_HBM3/session_2026-11-25c/latency_sweep_pdl.txt): the
+// decode, bench/results/NVIDIA_H100_80GB_HBM3/sweeps/latency_sweep_pdl.txt): the
 // fused decode layer ran 6.65 ms/token with every kernel under PDL, 5.92 with the GEMMs launched
 // plainly (the other kernels under PDL) and 5.94 with PDL off everywhere; the unfused layer
 // 6.16 under PDL. Its GEMMs follow GEMMs (o_proj -> gate_up, down -> qkv), and an early-launched
