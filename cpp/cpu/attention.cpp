@@ -7,6 +7,9 @@
 // Per item: KV tiles of kKvTile keys are gathered through the block table into fp32 (keys
 // transposed, so q.k over a tile is a broadcast-FMA loop over 8-wide vectors), then online softmax
 // in fp32 with a vectorized exp, and P.V accumulated in registers 64 dims at a time.
+// Any head size up to kMaxHeadSize runs: the loops are compiled for a tile of D dims (a
+// capacity, run_head_size), and a head of fewer dims has zeros in the rest, which add nothing to
+// q.k and are never stored.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -29,6 +32,10 @@ namespace {
 
 constexpr int kRowTile = 32;  // query rows per work item
 constexpr int kKvTile = 64;   // keys per KV tile
+// Head dims a work item's tiles are compiled for (multiples of 8: whole vectors), smallest first:
+// vLLM's head sizes run unpadded, any other size on the next capacity up.
+constexpr int kHeadCapacities[] = {32, 64, 80, 96, 112, 120, 128, 192, 256, 512, 1024};
+constexpr int kMaxHeadSize = 1024;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Eight floats: a GCC/Clang vector, one AVX2 register (two SSE registers without AVX2).
@@ -119,6 +126,7 @@ struct Problem {
   float v_scale;
   float soft_cap;  // <= 0: off
   const float* fp8;
+  int head_size;   // <= the tile's D; dims [head_size, D) of q, k and v are zeros
   std::vector<SeqInfo> seqs;
 };
 
@@ -132,6 +140,7 @@ inline KeyRange key_range(int pos, int seq_len, bool causal, int window) {
 
 template <int D>
 struct alignas(64) Scratch {
+  static_assert(D % 8 == 0, "whole vectors per head row");
   float q[kRowTile * D];
   float acc[kRowTile * D];
   float kt[D * kKvTile];  // keys of the tile, transposed: [D][kKvTile]
@@ -178,10 +187,12 @@ inline void pv_row(float* acc, const float* p, const float* v, int n) {
   }
 }
 
-// Gathers keys [k0, k0 + n) of one kv head through the block table into sc.kt / sc.v (fp32).
+// Gathers keys [k0, k0 + n) of one kv head through the block table into sc.kt / sc.v (fp32);
+// dims past the head size are zeros.
 template <typename T, typename CacheT, int D>
 void load_kv_tile(const Problem<T, CacheT>& pb, const WorkItem& it, int k0, int n, Scratch<D>& sc) {
   const int32_t* blocks = pb.block_table + it.seq * pb.block_table_stride;
+  const int hd = pb.head_size;
   for (int j = 0; j < kKvTile; ++j) {
     if (j >= n) {  // the tail of a partial tile: zeros (its scores are masked anyway)
       for (int d = 0; d < D; ++d) sc.kt[d * kKvTile + j] = 0.f;
@@ -194,9 +205,11 @@ void load_kv_tile(const Problem<T, CacheT>& pb, const WorkItem& it, int k0, int 
                       it.kv_head * pb.k_head_stride;
     const CacheT* v = pb.v_cache + block * pb.v_block_stride + offset * pb.v_token_stride +
                       it.kv_head * pb.v_head_stride;
-    cache_row_to_float(k, sc.row, D, pb.fp8);
+    cache_row_to_float(k, sc.row, hd, pb.fp8);
+    std::fill(sc.row + hd, sc.row + D, 0.f);
     for (int d = 0; d < D; ++d) sc.kt[d * kKvTile + j] = sc.row[d];
-    cache_row_to_float(v, sc.v + j * D, D, pb.fp8);
+    cache_row_to_float(v, sc.v + j * D, hd, pb.fp8);
+    std::fill(sc.v + j * D + hd, sc.v + (j + 1) * D, 0.f);
   }
 }
 
@@ -249,7 +262,8 @@ void attend_item(const Problem<T, CacheT>& pb, const WorkItem& it, Scratch<D>& s
     kv_lo = std::min(kv_lo, sc.range[r].lo);
     kv_hi = std::max(kv_hi, sc.range[r].hi);
     const T* q = pb.query + token * pb.q_token_stride + head * pb.q_head_stride;
-    for (int d = 0; d < D; ++d) sc.q[r * D + d] = static_cast<float>(q[d]) * pb.q_scale;
+    for (int d = 0; d < pb.head_size; ++d) sc.q[r * D + d] = static_cast<float>(q[d]) * pb.q_scale;
+    std::fill(sc.q + r * D + pb.head_size, sc.q + (r + 1) * D, 0.f);
     std::fill_n(sc.acc + r * D, D, 0.f);
     sc.m[r] = kNegInf;
     sc.l[r] = 0.f;
@@ -269,7 +283,7 @@ void attend_item(const Problem<T, CacheT>& pb, const WorkItem& it, Scratch<D>& s
     const int64_t head = static_cast<int64_t>(it.kv_head) * G + row % G;
     const float inv = sc.l[r] > 0.f ? pb.v_scale / sc.l[r] : 0.f;
     T* o = pb.out + token * pb.out_token_stride + head * pb.out_head_stride;
-    for (int d = 0; d < D; ++d) o[d] = static_cast<T>(sc.acc[r * D + d] * inv);
+    for (int d = 0; d < pb.head_size; ++d) o[d] = static_cast<T>(sc.acc[r * D + d] * inv);
   }
 }
 
@@ -286,16 +300,25 @@ void run_items(const Problem<T, CacheT>& pb, const std::vector<WorkItem>& items)
   });
 }
 
+// The smallest capacity that holds head_size (0: none, past kMaxHeadSize).
+constexpr int head_capacity(int64_t head_size) {
+  for (int d : kHeadCapacities) {
+    if (head_size <= d) return d;
+  }
+  return 0;
+}
+static_assert(head_capacity(kMaxHeadSize) == kMaxHeadSize, "the largest capacity");
+
 template <typename T, typename CacheT>
-void run_head_size(const Problem<T, CacheT>& pb, const std::vector<WorkItem>& items,
-                   int64_t head_size) {
-  switch (head_size) {
-    case 64: return run_items<T, CacheT, 64>(pb, items);
-    case 80: return run_items<T, CacheT, 80>(pb, items);
-    case 96: return run_items<T, CacheT, 96>(pb, items);
-    case 128: return run_items<T, CacheT, 128>(pb, items);
-    case 256: return run_items<T, CacheT, 256>(pb, items);
-    default: TORCH_CHECK(false, "Unsupported head size: " + std::to_string(head_size));
+void run_head_size(const Problem<T, CacheT>& pb, const std::vector<WorkItem>& items) {
+  switch (head_capacity(pb.head_size)) {
+#define PYORCH_CPU_CASE(D) \
+  case D: return run_items<T, CacheT, D>(pb, items);
+    PYORCH_CPU_CASE(32) PYORCH_CPU_CASE(64) PYORCH_CPU_CASE(80) PYORCH_CPU_CASE(96)
+    PYORCH_CPU_CASE(112) PYORCH_CPU_CASE(120) PYORCH_CPU_CASE(128) PYORCH_CPU_CASE(192)
+    PYORCH_CPU_CASE(256) PYORCH_CPU_CASE(512) PYORCH_CPU_CASE(1024)
+#undef PYORCH_CPU_CASE
+    default: TORCH_CHECK(false, "Unsupported head size: " + std::to_string(pb.head_size));
   }
 }
 
@@ -384,11 +407,11 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == dtype && out.stride(2) == 1,
               "paged_attention: out must match query's shape and dtype");
   const int64_t head_size = query.size(2);
-  TORCH_CHECK(head_size == 64 || head_size == 80 || head_size == 96 || head_size == 128 ||
-                  head_size == 256,
+  TORCH_CHECK(head_size >= 1 && head_size <= kMaxHeadSize,
               // std::to_string: formatting an integer through c10::str segfaulted in the
               // GPU machine's build (ostream<<long inside _C.so); see the attention report.
-              "Unsupported head size: " + std::to_string(head_size));
+              "Unsupported head size: " + std::to_string(head_size) +
+                  " (the CPU kernel takes 1 to " + std::to_string(kMaxHeadSize) + ")");
   const auto kv_dtype = parse_kv_cache_dtype(kv_cache_dtype);
   check_cpu_cache(key_cache, query, "key_cache");
   check_cpu_cache(value_cache, query, "value_cache");
@@ -436,8 +459,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
           v_scale_v,
           static_cast<float>(logits_soft_cap),
           fp8 ? fp8_table().data() : nullptr,
+          static_cast<int>(head_size),
           std::move(seqs)};
-      run_head_size(pb, make_items(pb, num_kv_heads), head_size);
+      run_head_size(pb, make_items(pb, num_kv_heads));
     };
     if (fp8) {
       run(uint8_t{});

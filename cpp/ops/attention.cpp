@@ -21,14 +21,17 @@ void check_cuda_int32_vector(const at::Tensor& t, const char* name) {
               "paged_attention: ", name, " must be a contiguous 1-D int32 CUDA tensor");
 }
 
-// 16-byte copies read query and cache rows: base pointers and row strides must allow them.
-void check_16b_rows(const at::Tensor& t, std::initializer_list<int64_t> strides, const char* name) {
-  const int64_t elems_per_16b = 16 / t.element_size();
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "paged_attention: ", name,
-              " must be 16-byte aligned");
+// The kernels copy query and cache rows paged_attention_copy_bytes at a time (16 bytes, 8 for an
+// fp8 row of 120): base pointers and row strides must allow those copies.
+void check_row_copies(const at::Tensor& t, std::initializer_list<int64_t> strides,
+                      const char* name) {
+  const int64_t copy_bytes = pyorch::paged_attention_copy_bytes(t.size(-1) * t.element_size());
+  const int64_t elems_per_copy = copy_bytes / t.element_size();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % copy_bytes == 0, "paged_attention: ",
+              name, " must be " + std::to_string(copy_bytes) + "-byte aligned");
   for (int64_t s : strides) {
-    TORCH_CHECK(s % elems_per_16b == 0, "paged_attention: ", name,
-                " strides must be multiples of 16 bytes");
+    TORCH_CHECK(s % elems_per_copy == 0, "paged_attention: ", name,
+                " strides must be multiples of " + std::to_string(copy_bytes) + " bytes");
   }
 }
 
@@ -40,7 +43,7 @@ void check_cache(const at::Tensor& cache, const at::Tensor& key_cache, pyorch::K
   TORCH_CHECK(cache.sizes() == key_cache.sizes(), "paged_attention: key_cache and value_cache "
               "shapes differ");
   pyorch::check_kv_cache_dtype(cache, kv_dtype, model_dtype, "paged_attention");
-  check_16b_rows(cache, {cache.stride(0), cache.stride(1), cache.stride(2)}, name);
+  check_row_copies(cache, {cache.stride(0), cache.stride(1), cache.stride(2)}, name);
 }
 
 const float* scale_ptr(const at::Tensor& scale, pyorch::KVCacheDType kv_dtype, const char* name) {
@@ -68,8 +71,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                   out.stride(2) == 1,
               "paged_attention: out must match query's shape and dtype");
   const int64_t head_size = query.size(2);
-  TORCH_CHECK(head_size == 64 || head_size == 80 || head_size == 96 || head_size == 128 ||
-                  head_size == 256,
+  // The kernels' own list (cuda/attention/attention.cu), not a copy of it.
+  TORCH_CHECK(pyorch::paged_attention_supports_head_size(head_size),
               // std::to_string: formatting an integer through c10::str segfaulted in the
               // GPU machine's build (ostream<<long inside _C.so); see the attention report.
               "Unsupported head size: " + std::to_string(head_size));
@@ -91,7 +94,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                   block_table.dim() == 2 && block_table.size(0) >= num_seqs &&
                   block_table.stride(1) == 1,
               "paged_attention: block_table must be an int32 CUDA [num_seqs, max_blocks] tensor");
-  check_16b_rows(query, {query.stride(0), query.stride(1)}, "query");
+  check_row_copies(query, {query.stride(0), query.stride(1)}, "query");
   TORCH_CHECK(out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 &&
                   reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0,
               "paged_attention: out rows must be 4-byte aligned");

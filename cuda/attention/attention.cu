@@ -72,11 +72,28 @@ cudaError_t allow_dynamic_smem(Kernel* kernel, size_t bytes, std::atomic<uint64_
   return cudaSuccess;
 }
 
-bool supported_head_size(int64_t head_size) {
+// THE list of head sizes (vLLM's attention's): calls f(std::integral_constant<int, D>{}) for
+// head_size D and returns true, or returns false for any other value. supported_head_size and
+// dispatch_head_size both go through it, so the check and the instantiations cannot disagree.
+// Every size runs the tensor-core kernels: whole 64-element panels (64, 128, 192, 256) the wgmma
+// prefill kernel with 16-bit caches; multiples of 16 the mma.sync kernels as they are; 120 the
+// mma.sync kernels on 128-dim tiles with the dims past 120 zero-filled (attn_tile_head).
+template <class F>
+bool with_head_size(int64_t head_size, F&& f) {
   switch (head_size) {
-    case 64: case 80: case 96: case 128: case 256: return true;
+#define PYORCH_CASE(D)                   \
+  case D:                                \
+    f(std::integral_constant<int, D>{}); \
+    return true;
+    PYORCH_CASE(32) PYORCH_CASE(64) PYORCH_CASE(80) PYORCH_CASE(96) PYORCH_CASE(112)
+    PYORCH_CASE(120) PYORCH_CASE(128) PYORCH_CASE(192) PYORCH_CASE(256)
+#undef PYORCH_CASE
     default: return false;
   }
+}
+
+bool supported_head_size(int64_t head_size) {
+  return with_head_size(head_size, [](auto) {});
 }
 
 // Every sequence has at most one m16 tile of rows (by the max_query_len hint): only
@@ -276,7 +293,7 @@ cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStre
 }
 
 // The wgmma kernel where its tiles fit (whole 64-element panels, fp16/bf16 caches); the mma.sync
-// kernel for head sizes 80/96 and fp8 caches. Both cover every case of the op (any block size,
+// kernel for the other head sizes and fp8 caches. Both cover every case of the op (any block size,
 // sliding window, soft cap, group size, split KV).
 template <typename T, int HEAD_SIZE, class Shape>
 cudaError_t launch_prefill_sm90(const AttnArgs& args, cudaStream_t stream) {
@@ -376,16 +393,19 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, const Workspac
 template <typename T, typename CacheT>
 cudaError_t dispatch_head_size(const PagedAttentionParams& p, const Workspace& ws,
                                cudaStream_t stream) {
-  switch (p.head_size) {
-#define PYORCH_CASE(D) \
-  case D: return launch_paged_attention<T, CacheT, D>(p, ws, stream);
-    PYORCH_CASE(64) PYORCH_CASE(80) PYORCH_CASE(96) PYORCH_CASE(128) PYORCH_CASE(256)
-#undef PYORCH_CASE
-    default: PYORCH_INVALID("Unsupported head size: %lld", static_cast<long long>(p.head_size));
-  }
+  cudaError_t status = cudaSuccess;
+  const bool known = with_head_size(p.head_size, [&](auto head) {
+    status = launch_paged_attention<T, CacheT, decltype(head)::value>(p, ws, stream);
+  });
+  if (!known) PYORCH_INVALID("Unsupported head size: %lld", static_cast<long long>(p.head_size));
+  return status;
 }
 
 }  // namespace
+
+bool paged_attention_supports_head_size(int64_t head_size) {
+  return supported_head_size(head_size);
+}
 
 size_t paged_attention_workspace_size(const PagedAttentionParams& p) {
   const int64_t num_splits = choose_num_splits(p);

@@ -35,6 +35,11 @@ constexpr int kAttnBlockM = 16 * kAttnWarps;  // query rows per CTA: one m16 mma
 // Keys per KV tile: 64, halved for head 256 to keep the O accumulators in registers.
 constexpr int attn_block_n(int head_size) { return head_size <= 128 ? 64 : 32; }
 
+// Head dims of a kernel's tiles: the head size rounded up to whole mma k-steps of 16. A head size
+// that is no multiple of 16 (120) runs at the next one: its loads zero-fill dims [head_size, tile)
+// of q, k and v, which add nothing to q.k, and the output dims there are never stored.
+constexpr int attn_tile_head(int head_size) { return (head_size + 15) / 16 * 16; }
+
 // Kernel arguments: the C API params plus what the launcher derives from them.
 struct AttnArgs {
   PagedAttentionParams p;
@@ -114,10 +119,10 @@ __device__ ScoreMap make_score_map(const PagedAttentionParams& p) {
   return sm;
 }
 
-// raw fp8 tile [kBlockN][HEAD_SIZE] -> padded T tile [kBlockN][kRowStride] (scale applied later).
+// raw fp8 tile [kBlockN][tile head] -> padded T tile [kBlockN][kRowStride] (scale applied later).
 template <class Tr, typename T>
 __device__ void unpack_fp8_tile(const uint8_t* raw, T* dst) {
-  constexpr int kHeadSize = Tr::kOTiles * 8;
+  constexpr int kHeadSize = Tr::kOTiles * 8;  // the tile's head dims: raw rows of as many bytes
   constexpr int kChunksPerRow = kHeadSize / 16;
   for (int c = threadIdx.x; c < Tr::kBlockN * kChunksPerRow; c += Tr::kThreads) {
     const int n = c / kChunksPerRow;

@@ -23,6 +23,21 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                : "memory");
 }
 
+// The same in BYTES = 16 or 8 (through L1: .cg takes only 16), for rows that are no whole number
+// of 16-byte chunks (an fp8 cache row of 120 bytes); src and dst aligned to BYTES.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src, bool valid) {
+  static_assert(BYTES == 16 || BYTES == 8, "cp.async copies of 16 or 8 bytes");
+  if constexpr (BYTES == 16) {
+    cp_async_16(smem_dst, gmem_src, valid);
+  } else {
+    const int src_bytes = valid ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem_dst)),
+                 "l"(gmem_src), "r"(src_bytes)
+                 : "memory");
+  }
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

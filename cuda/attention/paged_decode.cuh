@@ -58,15 +58,20 @@ struct DecodeMergeArgs {
 };
 
 // Shared-memory pieces of a decode CTA; no checks, so that the host can size shapes that do not
-// fit (DecodeTile asserts on the ones it builds).
+// fit (DecodeTile asserts on the ones it builds). HEAD_SIZE is the real head size; the tiles hold
+// kTileHead dims (attn_tile_head), the ones past HEAD_SIZE zero-filled.
 template <typename T, typename CacheT, int HEAD_SIZE>
 struct DecodeBytes {
   static constexpr bool kFp8 = std::is_same_v<CacheT, uint8_t>;
+  static constexpr int kHeadSize = HEAD_SIZE;
+  static constexpr int kTileHead = attn_tile_head(HEAD_SIZE);
   // Padded T row (16 bytes per row of shift): conflict-free ldmatrix for every head size.
-  static constexpr int kRowStride = HEAD_SIZE + 16 / sizeof(T);
-  static constexpr int kCacheRowBytes = HEAD_SIZE * static_cast<int>(sizeof(CacheT));
+  static constexpr int kRowStride = kTileHead + 16 / sizeof(T);
+  static constexpr int kCacheRowBytes = HEAD_SIZE * static_cast<int>(sizeof(CacheT));  // global
+  static constexpr int kCopyBytes = static_cast<int>(paged_attention_copy_bytes(kCacheRowBytes));
+  static constexpr int kRawRowBytes = kTileHead * static_cast<int>(sizeof(CacheT));  // fp8 tile
   static constexpr size_t kTTileBytes = sizeof(T) * kDecodeWarpKeys * kRowStride;
-  static constexpr size_t kRawTileBytes = static_cast<size_t>(kDecodeWarpKeys) * kCacheRowBytes;
+  static constexpr size_t kRawTileBytes = static_cast<size_t>(kDecodeWarpKeys) * kRawRowBytes;
   // One ring slot of a warp: K then V, padded T tiles, or raw byte tiles for fp8.
   static constexpr size_t kStageBytes = kFp8 ? 2 * kRawTileBytes : 2 * kTTileBytes;
   static constexpr size_t kUnpackBytes = kFp8 ? 2 * kTTileBytes : 0;  // per warp, fp8 only
@@ -88,10 +93,14 @@ struct DecodeTile : DecodeBytes<T, CacheT, HEAD_SIZE> {
   static constexpr bool kFp8 = B::kFp8;
   static constexpr int kWarps = WARPS;
   static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kHeadSize = B::kHeadSize;
+  static constexpr int kTileHead = B::kTileHead;
   static constexpr int kRowStride = B::kRowStride;
-  static constexpr int kOTiles = HEAD_SIZE / 8;
+  static constexpr int kOTiles = kTileHead / 8;
   static constexpr int kChunkElems = 16 / sizeof(T);
   static constexpr int kCacheRowBytes = B::kCacheRowBytes;
+  static constexpr int kCopyBytes = B::kCopyBytes;
+  static constexpr int kRawRowBytes = B::kRawRowBytes;
   static constexpr size_t kTTileBytes = B::kTTileBytes;
   static constexpr size_t kStageBytes = B::kStageBytes;
   static constexpr size_t kUnpackBytes = B::kUnpackBytes;
@@ -100,18 +109,20 @@ struct DecodeTile : DecodeBytes<T, CacheT, HEAD_SIZE> {
   static constexpr int kStages =
       kAutoStages < 2 ? 2 : (kAutoStages > kDecodeMaxStages ? kDecodeMaxStages : kAutoStages);
   static constexpr size_t kWarpBytes = kStages * kStageBytes + kUnpackBytes;
-  // The epilogue reuses the warps' rings: [warps][16][HEAD_SIZE] outputs, [warps][16] max and
+  // The epilogue reuses the warps' rings: [warps][16][kTileHead] outputs, [warps][16] max and
   // sum; then the split merge's "last CTA" flag.
   static constexpr size_t kMergeFloats =
-      static_cast<size_t>(kWarps) * kDecodeMaxRows * (HEAD_SIZE + 2);
+      static_cast<size_t>(kWarps) * kDecodeMaxRows * (kTileHead + 2);
   static constexpr size_t kEpilogueBytes = sizeof(float) * kMergeFloats + 16;
   static constexpr size_t kRingBytes =
       kWarps * kWarpBytes > kEpilogueBytes ? kWarps * kWarpBytes : kEpilogueBytes;
   static constexpr size_t kSmemBytes = kQBytes + kRingBytes;
 
   static_assert(sizeof(T) == 2, "the tensor-core path takes fp16/bf16");
-  static_assert(HEAD_SIZE % 16 == 0, "mma k-steps of 16");
-  static_assert(kCacheRowBytes % 16 == 0, "whole 16-byte chunks per cache row");
+  static_assert(kTileHead % 16 == 0, "mma k-steps of 16");
+  static_assert(HEAD_SIZE % 8 == 0 && kCacheRowBytes % kCopyBytes == 0,
+                "whole 16-byte chunks per query row, whole copies per cache row");
+  static_assert(kRawRowBytes % 16 == 0, "whole 16-byte chunks per raw fp8 tile row");
   static_assert(kStageBytes % 16 == 0 && kWarpBytes % 16 == 0 && kQBytes % 16 == 0,
                 "16-byte aligned shared-memory tiles");
   static_assert(CTAS_PER_SM == 1 || CTAS_PER_SM == 2, "one or two CTAs per SM");
@@ -165,7 +176,8 @@ __device__ __forceinline__ bool locate_decode_work(const AttnArgs& a, int seq, b
   return true;
 }
 
-// cp.async of the CTA's 16 query rows into q_smem [16][kRowStride]; rows past num_rows are zeros.
+// cp.async of the CTA's 16 query rows into q_smem [16][kRowStride]; rows past num_rows and dims
+// past the head size are zeros.
 template <class Tr, typename T>
 __device__ void load_decode_q(const AttnArgs& a, const WorkTile& w, int kv_head, T* q_smem) {
   constexpr int kChunksPerRow = Tr::kOTiles * 8 / Tr::kChunkElems;
@@ -173,7 +185,8 @@ __device__ void load_decode_q(const AttnArgs& a, const WorkTile& w, int kv_head,
   for (int c = threadIdx.x; c < kDecodeMaxRows * kChunksPerRow; c += Tr::kThreads) {
     const int r = c / kChunksPerRow;
     const int col = c % kChunksPerRow;
-    const bool valid = r < w.num_rows;
+    const bool valid =
+        r < w.num_rows && (Tr::kTileHead == Tr::kHeadSize || col * Tr::kChunkElems < Tr::kHeadSize);
     const T* src = query;
     if (valid) {
       const int64_t token = w.q_start + r / a.group_size;
@@ -185,16 +198,22 @@ __device__ void load_decode_q(const AttnArgs& a, const WorkTile& w, int kv_head,
 }
 
 // One warp's cp.async of keys [key0, key0 + 16) of kv_head into k_dst/v_dst: padded T tiles, or
-// raw [16][HEAD_SIZE] byte tiles for fp8. Keys >= kv_hi are zero-filled and never read (their
-// block-table entries may be stale). `one_block`: the 16 keys lie in one cache block (block_size
-// a multiple of 16 and an aligned key range), so the block table is read once per tile.
+// raw [16][kTileHead] byte tiles for fp8, in copies of kCopyBytes. Keys >= kv_hi are zero-filled
+// and never read (their block-table entries may be stale), and so are the dims past the head size
+// (col_valid). `one_block`: the 16 keys lie in one cache block (block_size a multiple of 16 and an
+// aligned key range), so the block table is read once per tile.
 template <class Tr, typename CacheT>
 __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile& w, int kv_head,
                                                int key0, bool one_block, char* k_dst,
                                                char* v_dst) {
-  constexpr int kChunksPerRow = Tr::kCacheRowBytes / 16;
+  constexpr int kCopy = Tr::kCopyBytes;
+  constexpr int kChunksPerRow = Tr::kTileHead * static_cast<int>(sizeof(CacheT)) / kCopy;
   constexpr int kChunks = kDecodeWarpKeys * kChunksPerRow;
-  constexpr int kDstRowBytes = Tr::kFp8 ? Tr::kCacheRowBytes : Tr::kRowStride * 2;
+  constexpr int kDstRowBytes = Tr::kFp8 ? Tr::kRawRowBytes : Tr::kRowStride * 2;
+  constexpr int kElemsPerCopy = kCopy / static_cast<int>(sizeof(CacheT));
+  auto col_valid = [](int col) {
+    return Tr::kTileHead == Tr::kHeadSize || col * kCopy < Tr::kCacheRowBytes;
+  };
   const PagedAttentionParams& p = a.p;
   const char* k_cache = static_cast<const char*>(p.key_cache);
   const char* v_cache = static_cast<const char*>(p.value_cache);
@@ -212,7 +231,8 @@ __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile
       constexpr int kRowsPerStep = kWarpSize / kChunksPerRow;
       const int n0 = lane / kChunksPerRow;
       const int col = lane % kChunksPerRow;
-      const int64_t elem = col * (16 / static_cast<int>(sizeof(CacheT)));
+      const bool in_row = col_valid(col);
+      const int64_t elem = col * kElemsPerCopy;
       const char* k_src = k_cache + sizeof(CacheT) * (tile_block * p.k_block_stride +
                                                       (tile_offset + n0) * p.k_token_stride +
                                                       kv_head * p.k_head_stride + elem);
@@ -224,10 +244,10 @@ __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile
 #pragma unroll
       for (int it = 0; it < kDecodeWarpKeys / kRowsPerStep; ++it) {
         const int n = it * kRowsPerStep + n0;
-        const bool valid = key0 + n < w.kv_hi;
-        const int dst = n * kDstRowBytes + col * 16;
-        attn::cp_async_16(k_dst + dst, valid ? k_src : k_cache, valid);
-        attn::cp_async_16(v_dst + dst, valid ? v_src : v_cache, valid);
+        const bool valid = in_row && key0 + n < w.kv_hi;
+        const int dst = n * kDstRowBytes + col * kCopy;
+        attn::cp_async<kCopy>(k_dst + dst, valid ? k_src : k_cache, valid);
+        attn::cp_async<kCopy>(v_dst + dst, valid ? v_src : v_cache, valid);
         k_src += k_step;
         v_src += v_step;
       }
@@ -241,28 +261,28 @@ __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile
     const int n = c / kChunksPerRow;
     const int col = c % kChunksPerRow;
     const int key = key0 + n;
-    const bool valid = key < w.kv_hi;
+    const bool valid = key < w.kv_hi && col_valid(col);
     const char* k_src = k_cache;
     const char* v_src = v_cache;
     if (valid) {
       const int64_t block = one_block ? tile_block : blocks[key / block_size];
       const int64_t offset = one_block ? tile_offset + n : key % block_size;
-      const int64_t elem = col * (16 / static_cast<int>(sizeof(CacheT)));
+      const int64_t elem = col * kElemsPerCopy;
       k_src += sizeof(CacheT) * (block * p.k_block_stride + offset * p.k_token_stride +
                                  kv_head * p.k_head_stride + elem);
       v_src += sizeof(CacheT) * (block * p.v_block_stride + offset * p.v_token_stride +
                                  kv_head * p.v_head_stride + elem);
     }
-    const int dst = n * kDstRowBytes + col * 16;
-    attn::cp_async_16(k_dst + dst, k_src, valid);
-    attn::cp_async_16(v_dst + dst, v_src, valid);
+    const int dst = n * kDstRowBytes + col * kCopy;
+    attn::cp_async<kCopy>(k_dst + dst, k_src, valid);
+    attn::cp_async<kCopy>(v_dst + dst, v_src, valid);
   }
 }
 
-// One warp: raw fp8 tile [16][HEAD_SIZE] -> padded T tile [16][kRowStride] (scale applied later).
+// One warp: raw fp8 tile [16][kTileHead] -> padded T tile [16][kRowStride] (scale applied later).
 template <class Tr, typename T>
 __device__ __forceinline__ void unpack_decode_fp8(const uint8_t* raw, T* dst) {
-  constexpr int kChunksPerRow = Tr::kCacheRowBytes / 16;
+  constexpr int kChunksPerRow = Tr::kRawRowBytes / 16;
   const int lane = threadIdx.x % kWarpSize;
   constexpr int kChunks = kDecodeWarpKeys * kChunksPerRow;
 #pragma unroll
@@ -271,7 +291,7 @@ __device__ __forceinline__ void unpack_decode_fp8(const uint8_t* raw, T* dst) {
     if (kChunks % kWarpSize != 0 && c >= kChunks) break;
     const int n = c / kChunksPerRow;
     const int col = c % kChunksPerRow;
-    const uint4 in = *reinterpret_cast<const uint4*>(raw + n * Tr::kCacheRowBytes + col * 16);
+    const uint4 in = *reinterpret_cast<const uint4*>(raw + n * Tr::kRawRowBytes + col * 16);
     uint4* out = reinterpret_cast<uint4*>(dst + n * Tr::kRowStride + col * 16);
     attn::fp8x16_to<T>(in, out[0], out[1]);
   }
@@ -284,12 +304,13 @@ template <class Tr, typename T>
 __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_head, int split,
                                    const float (&o)[Tr::kOTiles][4], const float (&m)[2],
                                    const float (&l)[2], float v_scale, float* scratch) {
-  constexpr int kHead = Tr::kOTiles * 8;
+  constexpr int kTile = Tr::kOTiles * 8;  // head dims of the accumulators
+  constexpr int kHead = Tr::kHeadSize;     // ... of which are stored (partial rows: kHead floats)
   constexpr int kRows = kDecodeMaxRows;
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  float* red_o = scratch;                          // [warps][16][kHead]
-  float* red_m = red_o + Tr::kWarps * kRows * kHead;  // [warps][16]
+  float* red_o = scratch;                          // [warps][16][kTile]
+  float* red_m = red_o + Tr::kWarps * kRows * kTile;  // [warps][16]
   float* red_l = red_m + Tr::kWarps * kRows;          // [warps][16]
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -298,7 +319,7 @@ __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int r = lane / 4 + 8 * i;
     if (r >= w.num_rows) continue;
-    float* dst = red_o + (warp * kRows + r) * kHead + (lane % 4) * 2;
+    float* dst = red_o + (warp * kRows + r) * kTile + (lane % 4) * 2;
 #pragma unroll
     for (int j = 0; j < Tr::kOTiles; ++j) {
       *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
@@ -322,7 +343,7 @@ __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_
     for (int v = 0; v < Tr::kWarps; ++v) {
       const float scale = exp2f(red_m[v * kRows + r] - m_use);
       sum += red_l[v * kRows + r] * scale;
-      const float2 x = *reinterpret_cast<const float2*>(red_o + (v * kRows + r) * kHead + col);
+      const float2 x = *reinterpret_cast<const float2*>(red_o + (v * kRows + r) * kTile + col);
       o0 += x.x * scale;
       o1 += x.y * scale;
     }
@@ -376,8 +397,8 @@ __device__ __forceinline__ int decode_arrive(unsigned long long* slot, unsigned 
 template <class Tr, typename T>
 __device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg,
                                     const WorkTile& w, int kv_head, float* scratch) {
-  constexpr int kHead = Tr::kOTiles * 8;
-  constexpr int kVecs = kHead / 4;  // float4 columns of a row
+  constexpr int kHead = Tr::kHeadSize;  // floats per partial row
+  constexpr int kVecs = kHead / 4;      // float4 columns of a row
   constexpr int kMergeBatch = 16;
   int* is_last = reinterpret_cast<int*>(scratch + Tr::kMergeFloats);
   __syncthreads();  // every thread's partial stores, before thread 0's release in decode_arrive

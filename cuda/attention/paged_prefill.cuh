@@ -26,7 +26,8 @@
 // rows against one KV tile). paged_prefill_sm90.cuh replaces those two (and the shared-memory
 // layout, Tr::*_chunk_offset) with Hopper wgmma and the main loop with a warp-specialized one (a
 // producer warpgroup loading, hence the loads' tid / Tr::kLoadThreads), and reuses the rest here;
-// attention.cu launches it where its tiles fit, this kernel for the rest (head 80/96, fp8 caches).
+// attention.cu launches it where its tiles fit, this kernel for the rest (head sizes that are no
+// multiple of 64, fp8 caches).
 #pragma once
 
 #include <algorithm>
@@ -57,9 +58,13 @@ struct PrefillShape {
   static constexpr int kMinBlocksPerSm = 2;  // two CTAs per SM hide each other's softmax
 };
 
+// HEAD_SIZE is the real head size; the tiles hold kTileHead dims (attn_tile_head), those past
+// HEAD_SIZE zero-filled by the loads and never stored.
 template <typename T, typename CacheT, int HEAD_SIZE, class Shape>
 struct PrefillTile {
   static constexpr bool kFp8 = std::is_same_v<CacheT, uint8_t>;
+  static constexpr int kHeadSize = HEAD_SIZE;
+  static constexpr int kTileHead = attn_tile_head(HEAD_SIZE);
   static constexpr int kWarps = Shape::kWarps;
   static constexpr int kMTiles = Shape::kMTiles;
   static constexpr int kThreads = kWarps * kWarpSize;
@@ -69,28 +74,34 @@ struct PrefillTile {
   static constexpr int kBlockN = Shape::kBlockN;
   static constexpr int kStages = Shape::kStages;
   // Rows padded by 16 bytes: the 8 row addresses of an ldmatrix hit 8 distinct 4-bank groups.
-  static constexpr int kRowStride = HEAD_SIZE + 16 / sizeof(T);
+  static constexpr int kRowStride = kTileHead + 16 / sizeof(T);
   static constexpr int kChunkElems = 16 / sizeof(T);
-  static constexpr int kCacheChunkElems = 16 / sizeof(CacheT);
+  // Cache rows are copied kCopyBytes at a time (8 for an fp8 row of 120 bytes).
+  static constexpr int kCacheRowBytes = HEAD_SIZE * static_cast<int>(sizeof(CacheT));
+  static constexpr int kCopyBytes = static_cast<int>(paged_attention_copy_bytes(kCacheRowBytes));
+  static constexpr int kCacheChunkElems = kCopyBytes / sizeof(CacheT);
   static constexpr int kTTiles = kFp8 ? 1 : kStages;  // fp8 lands raw, is unpacked to one T tile
   static constexpr int kQElems = kBlockM * kRowStride;
   static constexpr int kKvTileElems = kBlockN * kRowStride;
-  static constexpr int kRawTileBytes = kFp8 ? kBlockN * HEAD_SIZE : 0;
+  static constexpr int kRawTileBytes = kFp8 ? kBlockN * kTileHead : 0;
   static constexpr size_t kSmemBytes =
       sizeof(T) * (kQElems + 2 * kTTiles * kKvTileElems) + 2 * kStages * kRawTileBytes;
   static constexpr int kSTiles = kBlockN / 8;    // 8-key n-tiles of a warp's scores
-  static constexpr int kOTiles = HEAD_SIZE / 8;  // 8-wide n-tiles of a warp's output
+  static constexpr int kOTiles = kTileHead / 8;  // 8-wide n-tiles of a warp's output
 
-  // Byte offsets of 16-byte chunk `col` of Q row `row` / of KV tile row `key` (fp8: raw rows).
+  // Byte offsets of 16-byte chunk `col` of Q row `row` / of copy `col` (kCopyBytes) of KV tile
+  // row `key` (fp8: raw rows of kTileHead bytes).
   static __device__ __forceinline__ int q_chunk_offset(int row, int col) {
     return row * kRowStride * static_cast<int>(sizeof(T)) + col * 16;
   }
   static __device__ __forceinline__ int kv_chunk_offset(int key, int col) {
-    return key * (kFp8 ? HEAD_SIZE : kRowStride * static_cast<int>(sizeof(T))) + col * 16;
+    return key * (kFp8 ? kTileHead : kRowStride * static_cast<int>(sizeof(T))) + col * kCopyBytes;
   }
 
   static_assert(sizeof(T) == 2, "the tensor-core path takes fp16/bf16");
-  static_assert(HEAD_SIZE % 16 == 0 && kBlockN % 16 == 0, "mma k-steps of 16");
+  static_assert(kTileHead % 16 == 0 && kBlockN % 16 == 0, "mma k-steps of 16");
+  static_assert(HEAD_SIZE % 8 == 0 && kCacheRowBytes % kCopyBytes == 0,
+                "whole 16-byte chunks per query row, whole copies per cache row");
   static_assert(kStages >= 2, "the ring needs a stage to compute and one to fill");
   static_assert(kSmemBytes * Shape::kMinBlocksPerSm <= 227 * 1024, "fits Hopper shared memory");
 };
@@ -175,7 +186,8 @@ __device__ bool locate_prefill_tile(const AttnArgs& a, int64_t item, WorkTile& w
 }
 
 // cp.async of the CTA's query rows into q_smem (layout: Tr::q_chunk_offset) by the
-// Tr::kLoadThreads threads tid = 0.. of the loading warps; padding rows become zeros.
+// Tr::kLoadThreads threads tid = 0.. of the loading warps; padding rows and the dims past the
+// head size (Tr::kHeadSize < the tile's) become zeros.
 template <class Tr, typename T>
 __device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head, T* q_smem,
                                int tid) {
@@ -185,7 +197,8 @@ __device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head
     const int r = c / kChunksPerRow;
     const int col = c % kChunksPerRow;
     const int row = w.row0 + r;
-    const bool valid = row < w.num_rows;
+    const bool valid = row < w.num_rows && (Tr::kOTiles * 8 == Tr::kHeadSize ||
+                                            col * Tr::kChunkElems < Tr::kHeadSize);
     const T* src = query;
     if (valid) {
       const int64_t token = w.q_start + row / a.group_size;
@@ -197,23 +210,24 @@ __device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head
 }
 
 // cp.async of keys [k0, k0 + kBlockN) through the block table into T tiles (layout:
-// Tr::kv_chunk_offset), or raw [kBlockN][HEAD_SIZE] byte tiles for fp8. Keys >= kv_hi are
-// zero-filled and never read: their block-table entries may be stale. Each of the
-// Tr::kLoadThreads loading threads (tid) copies one
-// 16-byte column of kKeysPerThread consecutive keys, so it looks up one block and then steps
-// through it (a warp instruction still reads whole cache rows); a power-of-two block size (the
-// usual case) takes a shift.
+// Tr::kv_chunk_offset), or raw [kBlockN][tile head] byte tiles for fp8. Keys >= kv_hi are
+// zero-filled and never read: their block-table entries may be stale; so are the tile's dims
+// past the head size. Each of the Tr::kLoadThreads loading threads (tid) copies one
+// column (Tr::kCopyBytes) of kKeysPerThread consecutive keys, so it looks up one block and then
+// steps through it (a warp instruction still reads whole cache rows); a power-of-two block size
+// (the usual case) takes a shift.
 template <class Tr, typename CacheT>
 __device__ __forceinline__ void load_prefill_kv(const AttnArgs& a, const WorkTile& w, int kv_head,
                                                 int tile, void* k_dst, void* v_dst, int tid) {
-  constexpr int kHeadSize = Tr::kOTiles * 8;
-  constexpr int kChunksPerRow = kHeadSize / Tr::kCacheChunkElems;
+  constexpr int kTileHead = Tr::kOTiles * 8;
+  constexpr int kChunksPerRow = kTileHead / Tr::kCacheChunkElems;
   constexpr int kRowsPerPass = Tr::kLoadThreads / kChunksPerRow;
   constexpr int kKeysPerThread = (Tr::kBlockN + kRowsPerPass - 1) / kRowsPerPass;
   static_assert(kRowsPerPass >= 1, "a cache row fits one pass of the loading threads");
   const int r = tid / kChunksPerRow;
   const int col = tid % kChunksPerRow;
   if (r >= kRowsPerPass) return;
+  const bool in_row = kTileHead == Tr::kHeadSize || col * Tr::kCacheChunkElems < Tr::kHeadSize;
   const PagedAttentionParams& p = a.p;
   const int32_t* blocks = p.block_table + static_cast<int64_t>(w.seq) * p.block_table_stride;
   const CacheT* k_cache = static_cast<const CacheT*>(p.key_cache);
@@ -236,10 +250,10 @@ __device__ __forceinline__ void load_prefill_kv(const AttnArgs& a, const WorkTil
 #pragma unroll
   for (int i = 0; i < kKeysPerThread; ++i) {
     if (Tr::kBlockN % kRowsPerPass != 0 && n0 + i >= Tr::kBlockN) break;
-    const bool valid = key < w.kv_hi;
+    const bool valid = in_row && key < w.kv_hi;
     const int dst = Tr::kv_chunk_offset(n0 + i, col);
-    attn::cp_async_16(static_cast<char*>(k_dst) + dst, valid ? k_src : k_cache, valid);
-    attn::cp_async_16(static_cast<char*>(v_dst) + dst, valid ? v_src : v_cache, valid);
+    attn::cp_async<Tr::kCopyBytes>(static_cast<char*>(k_dst) + dst, valid ? k_src : k_cache, valid);
+    attn::cp_async<Tr::kCopyBytes>(static_cast<char*>(v_dst) + dst, valid ? v_src : v_cache, valid);
     ++key;
     k_src += p.k_token_stride;
     v_src += p.v_token_stride;
@@ -430,14 +444,17 @@ __device__ __forceinline__ void prefill_pv(const uint32_t (&pa)[Tr::kMTiles][Tr:
   }
 }
 
-// Normalizes and writes the warp's rows: to `out`, or to the split's partial slot with its
-// log-sum-exp (natural log; -inf and zeros for a row that saw no key), as merge_split_kv_kernel
-// expects.
+// Normalizes and writes the warp's rows: to `out`, or to the split's partial slot (rows of
+// Tr::kHeadSize floats) with its log-sum-exp (natural log; -inf and zeros for a row that saw no
+// key), as merge_split_kv_kernel expects. The n-tiles past the head size (a padded tile) are not
+// stored.
 template <class Tr, typename T>
 __device__ void store_prefill_rows(const AttnArgs& a, const WorkTile& w, int kv_head,
                                    int warp_row0, const float (&o)[Tr::kMTiles][Tr::kOTiles][4],
                                    const float (&m)[Tr::kMTiles][2],
                                    const float (&l)[Tr::kMTiles][2], float v_scale) {
+  static_assert(Tr::kHeadSize % 8 == 0, "whole n-tiles of the output are stored");
+  constexpr int kStoredTiles = Tr::kHeadSize / 8;
   const int lane = threadIdx.x % kWarpSize;
   const PagedAttentionParams& p = a.p;
 #pragma unroll
@@ -456,15 +473,15 @@ __device__ void store_prefill_rows(const AttnArgs& a, const WorkTile& w, int kv_
         T* dst = static_cast<T*>(p.out) + token * p.out_token_stride + head * p.out_head_stride +
                  (lane % 4) * 2;
 #pragma unroll
-        for (int j = 0; j < Tr::kOTiles; ++j) {
+        for (int j = 0; j < kStoredTiles; ++j) {
           *reinterpret_cast<uint32_t*>(dst + j * 8) =
               attn::pack2<T>(o[mt][j][2 * i] * inv, o[mt][j][2 * i + 1] * inv);
         }
       } else {
         const int64_t slot = (blockIdx.y * p.num_tokens + token) * p.num_heads + head;
-        float* dst = a.o_partial + slot * (Tr::kOTiles * 8) + (lane % 4) * 2;
+        float* dst = a.o_partial + slot * Tr::kHeadSize + (lane % 4) * 2;
 #pragma unroll
-        for (int j = 0; j < Tr::kOTiles; ++j) {
+        for (int j = 0; j < kStoredTiles; ++j) {
           *reinterpret_cast<float2*>(dst + j * 8) =
               make_float2(o[mt][j][2 * i] * inv, o[mt][j][2 * i + 1] * inv);
         }

@@ -22,8 +22,8 @@
 //    their Q buffer (double-buffered where it fits), so the next item's Q and first tiles load
 //    under this item's tail and its output stores.
 //
-// Head sizes 64, 128 and 256 (whole 64-element panels) with fp16/bf16 caches take this kernel;
-// head sizes 80/96 and fp8 caches stay on the mma.sync kernel (attention.cu routes them).
+// Head sizes 64, 128, 192 and 256 (whole 64-element panels) with fp16/bf16 caches take this
+// kernel; other head sizes and fp8 caches stay on the mma.sync kernel (attention.cu routes them).
 #pragma once
 
 #include <cstdint>
@@ -114,6 +114,10 @@ template <>
 struct PrefillSm90Default<256> {
   using type = PrefillSm90Shape<256, 64, 2, Sm90Schedule::kSequential, true, true, false>;
 };
+template <>
+struct PrefillSm90Default<192> {  // NOTE(prefill): head 256's shape, not measured for 192
+  using type = PrefillSm90Shape<192, 64, 2, Sm90Schedule::kSequential, true, true, false>;
+};
 
 template <typename T, int HEAD_SIZE, class Shape>
 struct PrefillSm90Tile {
@@ -134,6 +138,7 @@ struct PrefillSm90Tile {
   static constexpr bool kQInRegs = Shape::kQInRegs;
   static constexpr int kChunkElems = 16 / sizeof(T);
   static constexpr int kCacheChunkElems = kChunkElems;
+  static constexpr int kCopyBytes = 16;  // whole panels: no padded dims, no 8-byte copies
   static constexpr int kSTiles = kBlockN / 8;
   static constexpr int kOTiles = HEAD_SIZE / 8;
   static constexpr int kQBytes = kBlockM * HEAD_SIZE * static_cast<int>(sizeof(T));

@@ -31,7 +31,7 @@ struct PagedAttentionParams {
   int64_t num_seqs;
   int64_t num_heads;
   int64_t num_kv_heads;             // divides num_heads
-  int64_t head_size;                // 64, 80, 96, 128 or 256
+  int64_t head_size;                // paged_attention_supports_head_size(): vLLM's nine sizes
   int64_t block_size;               // tokens per cache block, any value >= 1
   int64_t max_blocks_per_seq;       // valid columns of block_table
   int64_t block_table_stride;
@@ -46,6 +46,18 @@ struct PagedAttentionParams {
   int32_t sliding_window;           // > 0: only keys with position > pos - sliding_window
   float logits_soft_cap;            // > 0: s = cap * tanh(s / cap) on the scaled scores
 };
+
+// The head sizes paged_attention runs: 32, 64, 80, 96, 112, 120, 128, 192 and 256 (vLLM's
+// attention's list). The list itself is written once, in cuda/attention/attention.cu; any other
+// size makes paged_attention return cudaErrorInvalidValue ("Unsupported head size: N").
+bool paged_attention_supports_head_size(int64_t head_size);
+
+// Bytes per copy with which the kernels load a query or cache row of `row_bytes` bytes (a multiple
+// of 8 for every supported head size): 16, or 8 where a row is no whole number of 16-byte chunks
+// (an fp8 cache at head size 120). The row's base pointer and strides must be multiples of it.
+constexpr int64_t paged_attention_copy_bytes(int64_t row_bytes) {
+  return row_bytes % 16 == 0 ? 16 : 8;
+}
 
 // Bytes of scratch that paged_attention needs for these params on the current device: the split
 // partials when it splits the KV range, and a few bytes of work-item counters whenever a sequence

@@ -9,7 +9,11 @@ from pyorch import _ops
 from tests.conftest import DEVICES, capture_graph, tol
 from tests.reference import attention as ref
 
-HEAD_SIZES = [64, 80, 96, 128, 256]
+# vLLM's attention's head sizes, every one of which the CUDA op runs (cuda/attention/attention.cu):
+# 64/128/192/256 take the wgmma prefill kernel with 16-bit caches, 120 runs on 128-dim tiles.
+HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
+# Sizes outside that list: the CPU op runs them (on the next tile capacity up), CUDA refuses them.
+CPU_ONLY_HEAD_SIZES = [8, 40, 72, 136, 300]
 # (num_heads, num_kv_heads): GQA ratios 1, 4 and 8, with an odd head count for ratio 1.
 HEADS = [(7, 7), (16, 4), (32, 4)]
 # (q_len, seq_len) per sequence: decodes, a chunked prefill of 37 over 200 cached tokens, full
@@ -115,11 +119,16 @@ def check(b: dict, out: torch.Tensor, causal: bool = True, sliding_window: int =
     assert pad.shape[0] == PAD_TOKENS and (pad == SENTINEL).all(), "padding rows were written"
 
 
+# Non-causal rows take no head-size-specific code: the sizes added for vLLM's list run causal only.
+MIXED_HEAD_CAUSAL = [(d, c) for d in [64, 80, 96, 128, 256] for c in (True, False)] + [
+    (d, True) for d in [32, 112, 120, 192]
+]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype_idx", [0, 1])
-@pytest.mark.parametrize("head_size", HEAD_SIZES)
+@pytest.mark.parametrize("head_size,causal", MIXED_HEAD_CAUSAL)
 @pytest.mark.parametrize("num_heads,num_kv_heads", HEADS)
-@pytest.mark.parametrize("causal", [True, False])
 def test_mixed_batch(device: str, dtype_idx: int, head_size: int, num_heads: int,
                      num_kv_heads: int, causal: bool) -> None:  # fmt: skip
     dtype = dtypes_for(device)[dtype_idx]
@@ -281,7 +290,7 @@ WGMMA_EDGES = [(127, 127), (128, 128), (129, 129), (255, 383), (257, 257), (5, 9
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("head_size", [64, 128, 192, 256])
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 @pytest.mark.parametrize("causal,sliding_window", [(True, 0), (False, 0), (True, 150)])
 def test_prefill_tile_edges(device: str, head_size: int, block_size: int, causal: bool,
@@ -292,10 +301,13 @@ def test_prefill_tile_edges(device: str, head_size: int, block_size: int, causal
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("head_size", [80, 128])
-def test_prefill_split_kv(device: str, head_size: int) -> None:
-    """Few CTAs and long contexts: CUDA splits the KV range of prefill and decode rows alike."""
-    b = make_batch([(40, 3000), (1, 2500), (9, 2000)], 4, 1, head_size, 16, torch.bfloat16, device)
+@pytest.mark.parametrize("head_size", [32, 80, 112, 120, 128, 192])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_prefill_split_kv(device: str, head_size: int, kv_cache_dtype: str) -> None:
+    """Few CTAs and long contexts: CUDA splits the KV range of prefill and decode rows alike
+    (partial rows of head_size floats, merged by merge_split_kv_kernel)."""
+    b = make_batch([(40, 3000), (1, 2500), (9, 2000)], 4, 1, head_size, 16, torch.bfloat16, device,
+                   kv_cache_dtype)  # fmt: skip
     check(b, run_op(b))
 
 
@@ -352,7 +364,8 @@ def test_decode_beside_prefill_splits(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "num_heads,num_kv_heads,head_size", [(8, 1, 128), (16, 2, 64), (8, 4, 256)]
+    "num_heads,num_kv_heads,head_size",
+    [(8, 1, 128), (16, 2, 64), (8, 4, 256), (8, 1, 120), (16, 2, 32), (8, 2, 192)],
 )
 def test_decode_split_merge_ragged(device: str, num_heads: int, num_kv_heads: int,
                                    head_size: int) -> None:  # fmt: skip
@@ -416,9 +429,34 @@ def test_cuda_graph_decode_split_replays(device: str, kv_cache_dtype: str) -> No
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_unsupported_head_size(device: str) -> None:
-    b = make_batch([(1, 5)], 4, 4, 72, 16, dtypes_for(device)[1], device)
-    with pytest.raises(RuntimeError, match="Unsupported head size: 72"):
+@pytest.mark.parametrize("head_size", [48, 136])
+def test_unsupported_head_size(device: str, head_size: int) -> None:
+    """CUDA refuses a size outside HEAD_SIZES with the op's own message; the CPU runs it."""
+    b = make_batch([(1, 5), (9, 9)], 4, 4, head_size, 16, dtypes_for(device)[1], device)
+    if device == "cpu":
+        check(b, run_op(b))
+        return
+    with pytest.raises(RuntimeError, match=f"Unsupported head size: {head_size}"):
+        run_op(b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", CPU_ONLY_HEAD_SIZES)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_cpu_any_head_size(device: str, head_size: int, kv_cache_dtype: str) -> None:
+    """The CPU op takes any head size (up to 1024): decode and prefill rows, GQA 4."""
+    if device != "cpu":
+        pytest.skip("CUDA runs HEAD_SIZES only (test_unsupported_head_size)")
+    b = make_batch(PREFILL_MIXED, 8, 2, head_size, 16, torch.bfloat16, device, kv_cache_dtype)
+    check(b, run_op(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cpu_head_size_limit(device: str) -> None:
+    if device != "cpu":
+        pytest.skip("the CPU kernel's bound")
+    b = make_batch([(1, 5)], 2, 2, 1032, 16, torch.float32, device)
+    with pytest.raises(RuntimeError, match="Unsupported head size: 1032"):
         run_op(b)
 
 
