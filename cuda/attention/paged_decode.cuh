@@ -10,7 +10,7 @@
 //
 // Two shapes (DecodeTile): CTAS_PER_SM = 2, four warps with a ring sized for half of the SM's
 // shared memory (big batches: two CTAs per SM); CTAS_PER_SM = 1 when the whole grid fits one CTA
-// per SM (small batches, split long contexts): eight warps (four for head 256) sharing the whole
+// per SM (small batches, split long contexts): eight warps (four at 192, 256) sharing the whole
 // shared memory, twice the bytes in flight per SM. NOTE(decode): measured on H100 against the
 // 4-warp CTA, both with merge_split_kv_kernel: head 128 gains only at 1x4k (+1.7 points of copy in
 // a graph; 1x32k and 16x1k within 0.5, so neither warps nor bytes in flight limit those); head 64
