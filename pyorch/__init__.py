@@ -1,14 +1,15 @@
-"""pyorch: a high-throughput, memory-efficient LLM inference and serving engine."""
+"""pyorch: a high-throughput, memory-efficient LLM inference and serving engine.
+
+`import pyorch` is light: it loads neither torch nor the extension. The ops (`torch.ops.pyorch.*`)
+are registered when `pyorch._ops` (or `pyorch._C`) is imported, which the model runner, layers and
+block pool do; the API-server process never imports them (see docs/architecture.md).
+"""
 
 from typing import Any
 
-import torch  # noqa: F401  (loads libtorch before the extension)
-
-from pyorch import _C  # noqa: F401  (registers torch.ops.pyorch.*)
-
 __version__ = "0.1.0"
 
-# The engine pulls in transformers; import it on first use so `import pyorch` stays light.
+# Imported on first use, so that `import pyorch` stays light.
 _LAZY = {
     "LLM": "pyorch.entrypoints.llm",
     "LLMEngine": "pyorch.engine.llm_engine",

@@ -37,7 +37,7 @@ def _str(name: str, default: Optional[str]) -> Callable[[], Optional[str]]:
 _VARS: dict[str, tuple[Callable[[], Any], str]] = {
     "PYORCH_LOGGING_LEVEL": (
         lambda: (os.environ.get("PYORCH_LOGGING_LEVEL") or "INFO").upper(),
-        "log level of the `pyorch` loggers in the CLI and the server (default `INFO`)"),
+        "log level of the `pyorch` loggers: CLI, server and engine-core process (default `INFO`)"),
     "PYORCH_API_KEY": (
         _str("PYORCH_API_KEY", None),
         "the server's API key when `--api-key` is not given"),

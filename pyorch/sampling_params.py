@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import enum
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -280,6 +280,26 @@ class SamplingParams:
     def bad_words_token_ids(self) -> list[list[int]] | None:
         """Token-id sequences of bad_words; None until update_from_tokenizer ran."""
         return self._bad_words_token_ids
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only (for the engine-core wire): the constructor's fields plus what the
+        engine filled in (stop ids, bad-word ids). `from_dict` rebuilds an equal object."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        d["output_kind"] = int(self.output_kind)
+        d["all_stop_token_ids"] = sorted(self._all_stop_token_ids)
+        d["bad_words_token_ids"] = self._bad_words_token_ids
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
+        """Inverse of `to_dict` (validates the fields again, as the constructor always does)."""
+        d = dict(d)
+        all_stop_token_ids = d.pop("all_stop_token_ids")
+        bad_words_token_ids = d.pop("bad_words_token_ids")
+        params = cls(**d)
+        params._all_stop_token_ids = set(all_stop_token_ids)
+        params._bad_words_token_ids = bad_words_token_ids
+        return params
 
     @property
     def sampling_type(self) -> SamplingType:

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from pyorch.logger import configure_logging
+
 # subcommand -> module with add_cli_args(parser) and main(args)
 _SERVE = "pyorch.entrypoints.openai.cli_args"
 _BENCH = {
@@ -51,22 +53,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging() -> None:
-    """pyorch's INFO lines (model load, KV capacity, CUDA graphs) on stderr, as vLLM prints them;
-    PYORCH_LOGGING_LEVEL overrides the level."""
-    level = os.environ.get("PYORCH_LOGGING_LEVEL", "INFO").upper()
-    logger = logging.getLogger("pyorch")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s",
-                                               "%m-%d %H:%M:%S"))
-        logger.addHandler(handler)
-    logger.setLevel(level)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _configure_logging()
+    configure_logging()
     args = build_parser(argv).parse_args(argv)
     return int(_load(args._module).main(args) or 0)
 

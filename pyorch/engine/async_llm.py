@@ -2,8 +2,9 @@
 
 Processes: this object lives in the API-server process and keeps tokenization, n > 1 fan-out,
 incremental detokenization and stop strings there (InputProcessor, OutputProcessor); the model,
-the KV cache and the scheduler run in the engine-core process (core_proc.py), reached through
-an `EngineCoreClient`. One asyncio task (the output handler) reads the core's per-step batches,
+the KV cache and the scheduler run in the engine-core process (`pyorch.core.core_proc`), reached
+through an `EngineCoreClient` in the wire protocol of `pyorch.wire`; this process never imports
+`pyorch.core`. One asyncio task (the output handler) reads the core's per-step batches,
 turns them into RequestOutputs, routes them to per-request streams and feeds the stat loggers.
 Concurrent `generate()` calls are batched by the core: every ADD that arrived before a step
 joins that step.
@@ -19,17 +20,15 @@ from collections import deque
 from typing import Any, AsyncGenerator, Optional, Union
 
 from pyorch.config import EngineConfig, ModelConfig
-from pyorch.engine import core_proc
 from pyorch.engine.arg_utils import EngineArgs
 from pyorch.engine.core_client import EngineCoreClient
 from pyorch.engine.exceptions import EngineDeadError
 from pyorch.engine.input_processor import InputProcessor, PromptType
-from pyorch.engine.llm_engine import record_stats
 from pyorch.engine.output_processor import OutputProcessor
-from pyorch.engine.scheduler_output import SchedulerStats
-from pyorch.metrics.stats import IterationStats, StatLoggerBase
+from pyorch.metrics.stats import IterationStats, SchedulerStats, StatLoggerBase, record_stats
 from pyorch.outputs import RequestOutput
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
+from pyorch import wire
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +101,6 @@ class AsyncLLM:
         self.block_size: int = info["block_size"]
         self.kv_cache_capacity_tokens: int = info["num_usable_blocks"] * self.block_size
         config.cache_config.num_blocks = self.num_kv_blocks
-        self.input_processor.num_kv_blocks = self.num_kv_blocks
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, *,
@@ -115,6 +113,11 @@ class AsyncLLM:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    @property
+    def engine_core_pid(self) -> Optional[int]:
+        """The engine-core process's pid (for operators and monitoring)."""
+        return self.engine_core.pid
 
     @property
     def errored(self) -> bool:
@@ -187,20 +190,20 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> bool:
         """Drops the prefix cache; False (nothing dropped) while requests hold blocks."""
-        return bool(await self._call(core_proc.RESET_PREFIX_CACHE))
+        return bool(await self._call(wire.RESET_PREFIX_CACHE))
 
     async def get_scheduler_stats(self) -> SchedulerStats:
         """A fresh SchedulerStats snapshot from the core."""
-        return core_proc.decode_stats(await self._call(core_proc.UTILITY, "get_stats"))
+        return wire.decode_stats(await self._call(wire.UTILITY, "get_stats"))
 
     async def get_kv_cache_info(self) -> dict[str, Any]:
         """num_blocks, num_usable_blocks, num_free_blocks, block_size, kv_cache_usage,
         num_unfinished_requests, as the core sees them now."""
-        return await self._call(core_proc.UTILITY, "get_kv_cache_info")
+        return await self._call(wire.UTILITY, "get_kv_cache_info")
 
     async def call_utility(self, method: str, *args: Any) -> Any:
-        """Runs a named utility in the engine core (see core_proc.EngineCoreProc._utility)."""
-        return await self._call(core_proc.UTILITY, method, *args)
+        """Runs a named utility in the engine core (`pyorch.core.core_proc.EngineCoreProc._utility`)."""
+        return await self._call(wire.UTILITY, method, *args)
 
     async def _call(self, kind: int, *args: Any) -> Any:
         self._check_alive()
@@ -209,7 +212,7 @@ class AsyncLLM:
         future = asyncio.get_running_loop().create_future()
         self._utility_calls[call_id] = future
         try:
-            if kind == core_proc.UTILITY:
+            if kind == wire.UTILITY:
                 method, *rest = args
                 self.engine_core.send((kind, call_id, method, rest))
             else:
@@ -279,11 +282,11 @@ class AsyncLLM:
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
-        if kind == core_proc.OUTPUTS:
+        if kind == wire.OUTPUTS:
             _, outputs, stats, _timestamp, scheduled_time, new_req_ids = msg
-            self._process_step([core_proc.decode_output(o) for o in outputs],
-                               core_proc.decode_stats(stats), scheduled_time, new_req_ids)
-        elif kind == core_proc.UTILITY_RESULT:
+            self._process_step([wire.decode_output(o) for o in outputs],
+                               wire.decode_stats(stats), scheduled_time, new_req_ids)
+        elif kind == wire.UTILITY_RESULT:
             _, call_id, ok, value = msg
             future = self._utility_calls.get(call_id)
             if future is not None and not future.done():
@@ -291,7 +294,7 @@ class AsyncLLM:
                     future.set_result(value)
                 else:
                     future.set_exception(RuntimeError(value))
-        elif kind == core_proc.REQUEST_ERROR:
+        elif kind == wire.REQUEST_ERROR:
             _, child_id, message = msg
             parent_id = self.output_processor.child_to_parent.get(child_id)
             if parent_id is not None:
@@ -300,7 +303,7 @@ class AsyncLLM:
                 stream = self._streams.get(parent_id)
                 if stream is not None:
                     stream.put(ValueError(message))
-        elif kind == core_proc.ENGINE_ERROR:
+        elif kind == wire.ENGINE_ERROR:
             _, message, tb = msg
             logger.error("the engine core failed:\n%s", tb)
             self._set_dead(EngineDeadError(f"the engine core failed: {message}"))

@@ -1,8 +1,10 @@
-"""EngineCoreClient: the front end's handle on the engine-core process (see core_proc.py).
+"""EngineCoreClient: the front end's handle on the engine-core process (`pyorch.core.core_proc`).
 
 It starts the process (spawn context: torch and fork do not mix), waits for READY, then sends
 messages without ever blocking the event loop (a non-blocking socket with an outgoing buffer
-flushed by the loop's writer callback) and receives frames with `await recv()`.
+flushed by the loop's writer callback) and receives frames with `await recv()`. Messages follow
+`pyorch.wire`. This module never imports `pyorch.core`: the child process does, through
+`_engine_core_main`.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import time
 import weakref
 from typing import Any, Optional
 
+from pyorch import wire
 from pyorch.config import EngineConfig
-from pyorch.engine import core_proc
-from pyorch.engine.core_proc import FrameReader, encode_frame, encode_params
 from pyorch.engine.exceptions import EngineDeadError
 from pyorch.sampling_params import SamplingParams
+from pyorch.wire import FrameReader, encode_frame, encode_params
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +44,8 @@ class EngineCoreClient:
         ctx = multiprocessing.get_context("spawn")
         self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for s in (self.sock, child_sock):
-            core_proc.configure_socket(s)
-        self.proc = ctx.Process(target=core_proc.run_engine_core, name="pyorch-engine-core",
+            wire.configure_socket(s)
+        self.proc = ctx.Process(target=_engine_core_main, name="pyorch-engine-core",
                                 args=(config, child_sock, os.getpid()), daemon=True)
         self.proc.start()
         child_sock.close()  # only the child holds its end: its death reads as EOF here
@@ -77,9 +79,9 @@ class EngineCoreClient:
                     "the engine-core process exited during start-up "
                     f"(exit code {self.proc.exitcode}); see its log above")
             for msg in self._reader.feed(data):
-                if msg[0] == core_proc.READY:
+                if msg[0] == wire.READY:
                     return msg[1]
-                if msg[0] == core_proc.STARTUP_ERROR:
+                if msg[0] == wire.STARTUP_ERROR:
                     _, type_name, message, tb = msg
                     logger.error("engine core failed to start:\n%s", tb)
                     raise _rebuild_exception(type_name, message)
@@ -90,22 +92,26 @@ class EngineCoreClient:
         return not self.closed and self.proc.is_alive()
 
     @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid
+
+    @property
     def exitcode(self) -> Optional[int]:
         return self.proc.exitcode
 
     # ---- sending -----------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float, priority: int, eos_token_id: Optional[int]) -> None:
-        self.send((core_proc.ADD, req_id, prompt_token_ids, encode_params(params), arrival_time,
+        self.send((wire.ADD, req_id, prompt_token_ids, encode_params(params), arrival_time,
                    priority, eos_token_id))
 
     def abort_requests(self, req_ids: list[str]) -> None:
         if req_ids:
-            self.send((core_proc.ABORT, list(req_ids)))
+            self.send((wire.ABORT, list(req_ids)))
 
     def finish_stopped(self, req_ids: list[str]) -> None:
         if req_ids:
-            self.send((core_proc.FINISH_STOPPED, list(req_ids)))
+            self.send((wire.FINISH_STOPPED, list(req_ids)))
 
     def send(self, msg: Any) -> None:
         """Queues one message and sends what the socket takes now; never blocks a loop."""
@@ -161,7 +167,7 @@ class EngineCoreClient:
                 self._out_buf.clear()
                 self.sock.setblocking(True)
                 self.sock.settimeout(1.0)
-                self.sock.sendall(encode_frame((core_proc.SHUTDOWN,)))
+                self.sock.sendall(encode_frame((wire.SHUTDOWN,)))
             except OSError:
                 pass
         # Closing our end now also frees a core blocked sending to us (it gets EPIPE / EOF).
@@ -191,6 +197,14 @@ class EngineCoreClient:
         self._writer_loop = None
         self.sock.close()
         self._finalizer.detach()
+
+
+def _engine_core_main(config: EngineConfig, sock: socket.socket, parent_pid: int) -> None:
+    """The engine-core process's entry point: the core (model runner, layers, ops) is imported
+    here, in the child, and never in the front end's process."""
+    from pyorch.core.core_proc import run_engine_core
+
+    run_engine_core(config, sock, parent_pid)
 
 
 def _rebuild_exception(type_name: str, message: str) -> BaseException:

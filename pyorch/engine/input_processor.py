@@ -2,7 +2,8 @@
 
 Both front ends (the in-process `LLMEngine` and the serving `AsyncLLM`) validate a request here,
 before anything is queued, so that a bad request raises ValueError/TypeError in the caller and
-never reaches the engine core.
+never reaches the engine core. `check_prompt` is the one home of the prompt rules: the OpenAI
+server calls it too (turning its ValueError into a 400), and the scheduler only asserts them.
 """
 
 from __future__ import annotations
@@ -10,11 +11,30 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 from pyorch.config import EngineConfig
-from pyorch.engine.kv_cache_manager import cdiv
 from pyorch.sampling_params import SamplingParams
 
 PromptType = Union[str, list[int], dict]
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+
+
+def check_token_ids(token_ids: list[int], vocab_size: int, what: str = "prompt token ids") -> None:
+    """Raises ValueError unless every id is in [0, vocab_size)."""
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{what} out of range [0, {vocab_size}): {bad[:5]}")
+
+
+def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
+    """The prompt rules, for every front end: not empty, ids in the vocabulary, not longer than
+    max_model_len (OpenAI's wording, which clients parse). A prompt that passes also fits the KV
+    cache: the scheduler refuses to start with a cache smaller than max_model_len."""
+    if not token_ids:
+        raise ValueError("the prompt is empty")
+    check_token_ids(token_ids, vocab_size)
+    if len(token_ids) > max_model_len:
+        raise ValueError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt is {len(token_ids)} tokens long.")
 
 
 class InputProcessor:
@@ -29,7 +49,6 @@ class InputProcessor:
     def __init__(self, config: EngineConfig, tokenizer: Any) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.num_kv_blocks: Optional[int] = None  # set once the KV cache is sized
 
     def tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         """(prompt text or None, prompt token ids)."""
@@ -56,23 +75,8 @@ class InputProcessor:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an int, got {priority!r}")
         prompt_text, token_ids = self.tokenize(prompt)
-        if not token_ids:
-            raise ValueError("the prompt is empty")
         vocab = self.config.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
-        max_model_len = self.config.scheduler_config.max_model_len
-        if len(token_ids) > max_model_len:
-            raise ValueError(
-                f"the prompt (length {len(token_ids)}) is longer than the maximum model length "
-                f"of {max_model_len}"
-            )
-        block_size = self.config.cache_config.block_size
-        if self.num_kv_blocks is not None and (
-            cdiv(len(token_ids), block_size) > self.num_kv_blocks - 1
-        ):
-            raise ValueError(f"the prompt (length {len(token_ids)}) does not fit in the KV cache")
+        check_prompt(token_ids, vocab, self.config.scheduler_config.max_model_len)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:

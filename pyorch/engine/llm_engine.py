@@ -11,13 +11,13 @@ from typing import Any, Iterable, Optional, Union
 
 from pyorch.config import EngineConfig
 from pyorch.engine.arg_utils import EngineArgs
-from pyorch.engine.core import EngineCore
+from pyorch.core.engine_core import EngineCore
 from pyorch.engine.input_processor import MAX_LOGPROBS, InputProcessor, PromptType
 from pyorch.engine.output_processor import OutputProcessor
-from pyorch.engine.request import Request, RequestStatus
-from pyorch.engine.scheduler import Scheduler
+from pyorch.core.request import Request, RequestStatus
+from pyorch.core.scheduler import Scheduler
 from pyorch.executor.model_runner import ModelRunner
-from pyorch.metrics.stats import IterationStats, StatLoggerBase
+from pyorch.metrics.stats import IterationStats, StatLoggerBase, record_stats
 from pyorch.outputs import RequestOutput
 from pyorch.sampling_params import SamplingParams
 
@@ -45,7 +45,6 @@ class LLMEngine:
                                            revision=mc.revision)
         self.engine_core = EngineCore(config)
         self.input_processor = InputProcessor(config, self.tokenizer)
-        self.input_processor.num_kv_blocks = self.engine_core.scheduler.kv_cache_manager.num_blocks
         self.output_processor = OutputProcessor(self.tokenizer)
         self.eos_token_id = self.input_processor.eos_token_id()
         self.stat_loggers: list[StatLoggerBase] = list(stat_loggers or [])
@@ -117,12 +116,3 @@ class LLMEngine:
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
 
-
-def record_stats(stat_loggers: list[StatLoggerBase], scheduler_stats: Any,
-                 iteration_stats: IterationStats) -> None:
-    """Hands one step's stats to every logger; a logger that raises is logged, not fatal."""
-    for stat_logger in stat_loggers:
-        try:
-            stat_logger.record(scheduler_stats, iteration_stats)
-        except Exception:
-            logger.exception("stat logger %s failed; continuing", type(stat_logger).__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyorch.layers.sampler import LogprobsLists
+from pyorch.core_types import LogprobsLists
 from pyorch.outputs import Logprob, PromptLogprobs, SampleLogprobs
 from pyorch.sampling_params import SamplingParams
 

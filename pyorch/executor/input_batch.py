@@ -1,6 +1,6 @@
 """Per-request state the model runner keeps across steps, and the packed per-step inputs.
 
-Who owns what (see also pyorch/engine/scheduler_output.py):
+Who owns what (see also pyorch/core/scheduler_output.py):
 - The scheduler owns requests, blocks and token budgets; each step it sends a `SchedulerOutput`
   diff (new requests with their block ids, new block ids for running ones, tokens to run).
 - The runner owns `CachedRequestState` (token ids, block ids, sampling state) for every request

@@ -12,15 +12,12 @@ import torch
 from pyorch.forward_context import AttentionMetadata, set_forward_context
 from pyorch.layers.sampler import SamplingRow, sample_rows
 from pyorch.sampling_params import SamplingParams
+from pyorch.utils import cdiv
 
 if TYPE_CHECKING:
     from pyorch.executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @torch.inference_mode()
@@ -32,7 +29,7 @@ def profile_activation_peak(runner: ModelRunner) -> int:
     block_size, dev = runner.block_size, runner.device
     num_tokens, num_seqs = runner.max_num_tokens, min(runner.max_num_seqs, runner.max_num_tokens)
     per_seq = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
-    blocks_per_seq = [_cdiv(n, block_size) for n in per_seq]
+    blocks_per_seq = [cdiv(n, block_size) for n in per_seq]
     temp = spec.allocate(sum(blocks_per_seq) + 1, dev)
     for layer, cache in zip(runner.attn_layers, temp):
         layer.kv_cache = cache

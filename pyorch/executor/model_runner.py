@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from pyorch.config import EngineConfig
-from pyorch.engine.scheduler_output import SchedulerOutput
+from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.executor.cuda_graph import (
     CUDAGraphRunner,
     default_capture_sizes,
@@ -33,18 +33,16 @@ from pyorch.executor.memory_profile import profile_activation_peak
 from pyorch.executor.step import ModelRunnerOutput, StepHandle
 from pyorch.forward_context import AttentionMetadata, set_forward_context
 from pyorch.layers.attention import Attention
-from pyorch.layers.sampler import LogprobsLists, Sampler, compute_prompt_logprobs, sample_rows
+from pyorch.core_types import LogprobsLists
+from pyorch.layers.sampler import Sampler, compute_prompt_logprobs, sample_rows
 from pyorch.metrics.stats import StepTimings
+from pyorch.utils import cdiv
 
 logger = logging.getLogger(__name__)
 
 
 def _step_seed(seed: int, index: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (1 << 63)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class ModelRunner:
@@ -57,7 +55,7 @@ class ModelRunner:
         self.block_size = self.cache_config.block_size
         self.max_num_tokens = sched.max_num_batched_tokens
         self.max_num_seqs = sched.max_num_seqs
-        self.max_blocks_per_seq = _cdiv(self.model_config.max_model_len, self.block_size)
+        self.max_blocks_per_seq = cdiv(self.model_config.max_model_len, self.block_size)
         self.vocab_size = self.model_config.vocab_size
         self.requests: dict[str, CachedRequestState] = {}
         # Held requests that want prompt logprobs (most steps have none: no per-row scan then).

@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 import torch
 
-from pyorch.layers.sampler import LogprobsLists, LogprobsTensors
+from pyorch.core_types import LogprobsLists
+from pyorch.layers.sampler import LogprobsTensors
 
 
 @dataclass

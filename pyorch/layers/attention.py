@@ -6,7 +6,6 @@ embedding, the layer also rotates query and key, in the kernel that writes the c
 (rotary_embedding_and_cache); PYORCH_ROPE_CACHE=0 runs the rotation and the write as two ops.
 """
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,8 +17,8 @@ from pyorch.forward_context import get_forward_context
 if TYPE_CHECKING:
     from pyorch.layers.rotary_embedding import RotaryEmbedding
 
-# Read once: A/B timing of the fused rotation + cache write against the two ops.
-_FUSE_ROPE_CACHE = os.environ.get("PYORCH_ROPE_CACHE", "1") != "0"
+# Tests turn this off to compare the fused rotation + cache write with the two separate ops.
+_FUSE_ROPE_CACHE = True
 
 
 class Attention(nn.Module):

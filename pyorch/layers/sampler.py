@@ -24,24 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from pyorch.core_types import LogprobsLists
 from pyorch.sampling_params import SamplingParams
 
 _SAMPLING_EPS = 1e-5
-
-
-class LogprobsLists(NamedTuple):
-    """Host copy of `LogprobsTensors`; row r describes one position (column 0 = chosen token)."""
-
-    logprob_token_ids: list[list[int]]  # [num_rows][num_logprobs + 1]
-    logprobs: list[list[float]]  # [num_rows][num_logprobs + 1]
-    sampled_token_ranks: list[int]  # [num_rows], rank of column 0's token (1 = most likely)
-
-    def slice(self, start: int, end: int) -> LogprobsLists:
-        return LogprobsLists(
-            self.logprob_token_ids[start:end],
-            self.logprobs[start:end],
-            self.sampled_token_ranks[start:end],
-        )
 
 
 class LogprobsTensors(NamedTuple):

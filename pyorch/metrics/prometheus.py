@@ -15,8 +15,7 @@ from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from pyorch.engine.scheduler_output import SchedulerStats
-from pyorch.metrics.stats import IterationStats, StatLoggerBase
+from pyorch.metrics.stats import IterationStats, SchedulerStats, StatLoggerBase
 
 logger = logging.getLogger(__name__)
 

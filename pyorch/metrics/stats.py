@@ -1,6 +1,6 @@
 """What the engine reports each step, for metrics.
 
-The engine-core process sends a `SchedulerStats` snapshot (pyorch.engine.scheduler_output) with
+The engine core sends a `SchedulerStats` snapshot (defined here; the scheduler fills it) with
 every batch of outputs; the front end (`AsyncLLM`, `LLMEngine`) turns each batch of
 EngineCoreOutputs into one `IterationStats` and hands both to its stat loggers
 (`StatLoggerBase.record`). The Prometheus logger in `pyorch.metrics.prometheus` exports them under
@@ -11,11 +11,30 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pyorch.engine.scheduler_output import SchedulerStats
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerStats:
+    """A snapshot of the scheduler for metrics (counters are cumulative since it started)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0  # fraction of usable blocks held by requests
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    num_preemptions: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        if not self.prefix_cache_queries:
+            return 0.0
+        return self.prefix_cache_hits / self.prefix_cache_queries
 
 
 @dataclass
@@ -51,6 +70,16 @@ class StatLoggerBase:
 
     def log(self) -> None:  # periodic summary (optional)
         pass
+
+
+def record_stats(stat_loggers: list[StatLoggerBase], scheduler_stats: Optional[SchedulerStats],
+                 iteration_stats: IterationStats) -> None:
+    """Hands one step's stats to every logger; a logger that raises is logged, not fatal."""
+    for stat_logger in stat_loggers:
+        try:
+            stat_logger.record(scheduler_stats, iteration_stats)
+        except Exception:
+            logger.exception("stat logger %s failed; continuing", type(stat_logger).__name__)
 
 
 @dataclass

@@ -54,6 +54,7 @@ from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat
 from pyorch.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pyorch.entrypoints.openai.serving_engine import ServerContext
 from pyorch.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pyorch.logger import configure_logging
 
 logger = logging.getLogger("pyorch.entrypoints.openai.api_server")
 
@@ -228,18 +229,6 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _configure_logging() -> None:
-    """pyorch's loggers at INFO on stderr (the dispatcher may have done it already)."""
-    pyorch_logger = logging.getLogger("pyorch")
-    if not pyorch_logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s",
-                                               "%m-%d %H:%M:%S"))
-        pyorch_logger.addHandler(handler)
-    if pyorch_logger.level == logging.NOTSET:
-        pyorch_logger.setLevel(logging.INFO)
-
-
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -255,8 +244,7 @@ def _say(message: str) -> None:
 def _startup_report(engine: Any, names: list[str], url: str) -> None:
     mc = engine.model_config
     sc = engine.config.scheduler_config
-    proc = getattr(getattr(engine, "engine_core", None), "proc", None)
-    pid = getattr(proc, "pid", None)
+    pid = engine.engine_core_pid
     dtype = str(mc.dtype).removeprefix("torch.")
     _say(f"loaded {mc.model} as {', '.join(names)} ({dtype}, device {mc.device}, "
          f"max_model_len {mc.max_model_len})")
@@ -275,7 +263,7 @@ def run_server(args: argparse.Namespace) -> int:
     from pyorch.engine.async_llm import AsyncLLM
     from pyorch.metrics.prometheus import PrometheusStatLogger
 
-    _configure_logging()
+    configure_logging()
     names = cli_args.served_model_names(args)
     try:
         chat_template = _load_chat_template(args.chat_template)
@@ -305,8 +293,7 @@ def run_server(args: argparse.Namespace) -> int:
         return 1
     ctx = ServerContext(
         engine=engine, served_model_names=names, max_model_len=engine.model_config.max_model_len,
-        vocab_size=engine.model_config.vocab_size, block_size=engine.block_size,
-        num_kv_blocks=engine.num_kv_blocks, tokenizer=engine.get_tokenizer(),
+        vocab_size=engine.model_config.vocab_size, tokenizer=engine.get_tokenizer(),
         chat_template=chat_template, log_requests=not args.disable_log_requests)
     app = build_app(ctx, stat_logger, args)
     host, port = sock.getsockname()[:2]

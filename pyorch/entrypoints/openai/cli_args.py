@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from typing import Any, Callable, Optional, Sequence
+
+from pyorch import envs
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 API_KEY_ENV = "PYORCH_API_KEY"
@@ -347,7 +348,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"pyorch serve: error: {e}", file=sys.stderr)
         return 2
     if args.api_key is None:
-        args.api_key = os.environ.get(API_KEY_ENV) or None
+        args.api_key = envs.PYORCH_API_KEY
     from pyorch.entrypoints.openai.api_server import run_server
 
     return run_server(args)

@@ -13,16 +13,20 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Awaitable, Optional, TypeVar
 
 import anyio
 from fastapi import Request
 
 from pyorch.engine.exceptions import EngineDeadError
+from pyorch.engine.input_processor import check_prompt
 from pyorch.entrypoints.openai.errors import OpenAIError, error_body, engine_dead_message
 from pyorch.entrypoints.openai.protocol import SamplingExtras
 from pyorch.outputs import Logprob, RequestOutput
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from pyorch.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("pyorch.entrypoints.openai")
 
@@ -36,13 +40,11 @@ _LOG_PROMPT_CHARS = 200
 class ServerContext:
     """What every handler needs: the engine, the names it answers to, and the limits."""
 
-    engine: Any  # AsyncLLM
+    engine: AsyncLLM
     served_model_names: list[str]
     max_model_len: int
     vocab_size: int
-    block_size: int
-    num_kv_blocks: int
-    tokenizer: Any
+    tokenizer: Any  # a transformers tokenizer; None with skip_tokenizer_init
     chat_template: Optional[str] = None
     log_requests: bool = True
 
@@ -72,20 +74,10 @@ class OpenAIServing:
         return self.ctx.tokenizer
 
     def check_prompt_ids(self, token_ids: list[int]) -> None:
-        if not token_ids:
-            raise OpenAIError("the prompt is empty", param="prompt")
-        vocab = self.ctx.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise OpenAIError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}",
-                              param="prompt")
-        if len(token_ids) > self.ctx.max_model_len:
-            raise OpenAIError(
-                f"This model's maximum context length is {self.ctx.max_model_len} tokens. "
-                f"However, your prompt is {len(token_ids)} tokens long.", param="prompt")
-        if -(-len(token_ids) // self.ctx.block_size) > self.ctx.num_kv_blocks - 1:
-            raise OpenAIError(f"the prompt ({len(token_ids)} tokens) does not fit in the KV cache",
-                              param="prompt")
+        try:
+            check_prompt(token_ids, self.ctx.vocab_size, self.ctx.max_model_len)
+        except ValueError as e:
+            raise OpenAIError(str(e), param="prompt") from None
 
     def resolve_max_tokens(self, requested: Optional[int], num_prompt: int) -> int:
         """OpenAI's rule: prompt + completion must fit max_model_len (the default fills it)."""

@@ -7,6 +7,7 @@ max_model_len.
 
 from __future__ import annotations
 
+from pyorch.engine.input_processor import check_token_ids
 from pyorch.entrypoints.openai.errors import OpenAIError
 from pyorch.entrypoints.openai.protocol import (
     DetokenizeRequest,
@@ -37,8 +38,8 @@ class OpenAIServingTokenization(OpenAIServing):
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
-        vocab = self.ctx.vocab_size
-        bad = [t for t in req.tokens if not 0 <= t < vocab]
-        if bad:
-            raise OpenAIError(f"token ids out of range [0, {vocab}): {bad[:5]}", param="tokens")
+        try:
+            check_token_ids(req.tokens, self.ctx.vocab_size, "token ids")
+        except ValueError as e:
+            raise OpenAIError(str(e), param="tokens") from None
         return DetokenizeResponse(prompt=self.tokenizer().decode(req.tokens))

@@ -21,7 +21,6 @@ import torch
 from pyorch import LLM, SamplingParams
 from pyorch.engine.arg_utils import EngineArgs
 from pyorch.engine.async_llm import AsyncLLM
-from pyorch.engine.core_proc import TEST_HOOKS_ENV
 from pyorch.engine.exceptions import EngineDeadError
 from pyorch.metrics.stats import StatLoggerBase
 from pyorch.sampling_params import RequestOutputKind
@@ -314,7 +313,7 @@ def test_sigkill_makes_generate_raise_engine_dead(ids_model_path, loop):
 
 
 def test_exception_in_step_is_reported(ids_model_path, loop, monkeypatch):
-    monkeypatch.setenv(TEST_HOOKS_ENV, "1")  # read by the core process at start-up
+    monkeypatch.setenv("PYORCH_ENGINE_CORE_TEST_HOOKS", "1")  # read by the core process at start-up
     engine = _ids_engine(ids_model_path)
     try:
         async def main():

@@ -4,9 +4,9 @@ import math
 
 import torch
 
+from pyorch.core_types import LogprobsLists
 from pyorch.engine.logprobs import LogprobsProcessor
 from pyorch.layers.sampler import (
-    LogprobsLists,
     Sampler,
     SamplingMetadata,
     SamplingRow,

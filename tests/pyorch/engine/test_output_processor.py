@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pyorch.engine.output_processor import OutputProcessor
-from pyorch.engine.scheduler_output import EngineCoreOutput
+from pyorch.core_types import EngineCoreOutput
 from pyorch.metrics.stats import IterationStats
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyorch.engine.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pyorch.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pyorch.executor.input_batch import BlockTable, StepBuffers
 from pyorch.sampling_params import SamplingParams
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import metric
 
-from pyorch.engine.scheduler_output import SchedulerStats
+from pyorch.metrics.stats import SchedulerStats
 from pyorch.metrics.prometheus import PrometheusStatLogger
 from pyorch.metrics.stats import FinishedRequestStats, IterationStats
 

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Optional
 
-from pyorch.engine.kv_cache_manager import KVCacheManager, cdiv
-from pyorch.engine.request import Request, RequestStatus, check_stop, create_request_queue
-from pyorch.engine.scheduler_output import (
-    CachedRequestData,
-    EngineCoreOutput,
-    NewRequestData,
-    SchedulerOutput,
-    SchedulerStats,
-)
+from pyorch.core.kv_cache_manager import KVCacheManager
+from pyorch.core.request import Request, RequestStatus, check_stop, create_request_queue
+from pyorch.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pyorch.metrics.stats import SchedulerStats
+from pyorch.core_types import EngineCoreOutput, LogprobsLists
+from pyorch.utils import cdiv
+
+if TYPE_CHECKING:
+    from pyorch.config import CacheConfig, SchedulerConfig
+    from pyorch.executor.step import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,8 @@ class Scheduler:
         self.growth_ratio = 1.0  # expected share of its length cap a request still grows into
 
     @classmethod
-    def from_config(cls, scheduler_config: Any, cache_config: Any, num_blocks: int) -> Scheduler:
+    def from_config(cls, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                    num_blocks: int) -> Scheduler:
         """Builds a scheduler from config objects with vLLM's field names."""
         sc, cc = scheduler_config, cache_config
         return cls(
@@ -128,18 +130,11 @@ class Scheduler:
     # ---- requests in and out ---------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queues a request; raises ValueError (nothing queued) if it can never run."""
-        num_prompt = request.num_prompt_tokens
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        if num_prompt == 0:
-            raise ValueError("the prompt is empty")
-        if num_prompt > self.max_model_len:
-            raise ValueError(
-                f"the prompt (length {num_prompt}) is longer than the maximum model length of "
-                f"{self.max_model_len}"
-            )
-        if cdiv(num_prompt, self.block_size) > self.kv_cache_manager.num_blocks - 1:
-            raise ValueError(f"the prompt (length {num_prompt}) does not fit in the KV cache")
+        # The front ends check prompts (pyorch.engine.input_processor.check_prompt); with the
+        # capacity check in __init__, such a prompt always fits the KV cache.
+        assert 0 < request.num_prompt_tokens <= self.max_model_len, request.num_prompt_tokens
         self.requests[request.request_id] = request
         request.status = RequestStatus.WAITING
         self.waiting.add(request)
@@ -211,7 +206,7 @@ class Scheduler:
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
-            num_wanted = (len(request._all_token_ids) + request.num_output_placeholders
+            num_wanted = (request.num_tokens + request.num_output_placeholders
                           - request.num_computed_tokens)
             if num_wanted <= 0 or (request.num_output_placeholders
                                    and request.at_length_cap(self.max_model_len)):
@@ -353,13 +348,13 @@ class Scheduler:
         # request scheduled up to its last token samples one: a placeholder until it lands.
         for request in (*scheduled_running, *scheduled_new):
             request.num_computed_tokens += num_scheduled[request.request_id]
-            if request.num_computed_tokens == (len(request._all_token_ids)
+            if request.num_computed_tokens == (request.num_tokens
                                                + request.num_output_placeholders):
                 request.num_output_placeholders += 1
         return output
 
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, runner_output: Any
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Appends sampled tokens, applies stop checks, caches computed blocks, frees finished
         requests. Returns one EngineCoreOutput per request with new tokens, prompt logprobs, or
@@ -389,12 +384,11 @@ class Scheduler:
                 # The step wrote these tokens' KV: their full blocks may now serve other
                 # requests (only tokens whose ids are known: later ones are still in flight).
                 kv.cache_blocks(request, min(request.num_computed_tokens,
-                                             len(request._all_token_ids)))
+                                             request.num_tokens))
             # (A request preempted while this step was in flight still takes its token.)
             new_token_ids: list[int] = []
             for token_id in sampled:
-                request.output_token_ids.append(token_id)
-                request._all_token_ids.append(token_id)
+                request.append_output_token_ids(token_id)
                 new_token_ids.append(token_id)
                 if check_stop(request, max_model_len):
                     stopped = True
@@ -425,7 +419,8 @@ class Scheduler:
         return outputs
 
     @staticmethod
-    def _new_prompt_logprobs(request: Request, num_tokens: int, entry: Any) -> Any:
+    def _new_prompt_logprobs(request: Request, num_tokens: int,
+                             entry: Optional[LogprobsLists]) -> Optional[LogprobsLists]:
         """Drops the prompt positions already returned before a preemption (the runner recomputes
         them). The entry covers positions [start, stop) of this step's chunk."""
         if entry is None:

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch  # noqa: F401  (loads libtorch, which pyorch._C links against)
+
 from pyorch._C import BlockPool
 
-from pyorch.engine.request import Request
+from pyorch.core.request import Request
+from pyorch.utils import cdiv
 
 NULL_BLOCK_ID = 0
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:

@@ -4,7 +4,7 @@ One step is three calls: `scheduler.schedule()` -> `model_runner.execute(...)` -
 `scheduler.update_from_output(...)`. The core takes `Request`s of token ids and returns, per
 step, an `EngineCoreOutputs` batch (new token ids, finishes, logprobs) and a `SchedulerStats`
 snapshot. Tokenization, detokenization, stop strings and n > 1 fan-out live in the front end
-(`LLMEngine` in-process, or `AsyncLLM` talking to `pyorch.engine.core_proc` in another process),
+(`LLMEngine` in-process, or `AsyncLLM` talking to `pyorch.core.core_proc` in another process),
 which calls `finish_requests(ids, FINISHED_STOPPED)` when it finds a stop string.
 """
 
@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pyorch.config import EngineConfig
-from pyorch.engine.request import Request, RequestStatus
-from pyorch.engine.scheduler import Scheduler
-from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerOutput, SchedulerStats
+from pyorch.core.request import Request, RequestStatus
+from pyorch.core.scheduler import Scheduler
+from pyorch.core.scheduler_output import SchedulerOutput
+from pyorch.core_types import EngineCoreOutput
+from pyorch.metrics.stats import SchedulerStats
 from pyorch.executor.model_runner import ModelRunner
 from pyorch.executor.step import StepHandle
 

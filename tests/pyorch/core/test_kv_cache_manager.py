@@ -3,8 +3,8 @@ allocation, caching after compute, salts, prompt-logprob requests, freeing order
 
 import pytest
 
-from pyorch.engine.kv_cache_manager import KVCacheManager
-from pyorch.engine.request import Request
+from pyorch.core.kv_cache_manager import KVCacheManager
+from pyorch.core.request import Request
 from pyorch.sampling_params import SamplingParams
 
 BS = 4

@@ -1,5 +1,4 @@
-"""What the scheduler hands the model runner each step (a diff), what it returns to the output
-processor, and its stats.
+"""What the scheduler hands the model runner each step: a diff.
 
 Who owns what:
 - The scheduler owns the `Request`s (token ids, status, num_computed_tokens) and, through the
@@ -9,14 +8,15 @@ Who owns what:
 - The model runner keeps its own copy of each running request's token ids and block ids, updates
   it from the diff, and appends the tokens it samples. It drops every id in `finished_req_ids`
   first (finished, aborted, or preempted: a preempted request comes back as a new request).
-- `update_from_output` turns the runner's `ModelRunnerOutput` into one `EngineCoreOutput` per
-  request that got tokens (or prompt logprobs, or finished).
+- `update_from_output` turns the runner's `ModelRunnerOutput` into one `EngineCoreOutput`
+  (`pyorch.core_types`) per request that got tokens (or prompt logprobs, or finished).
+- Its stats for metrics are a `SchedulerStats` (`pyorch.metrics.stats`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyorch.sampling_params import SamplingParams
@@ -56,38 +56,3 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]  # req_id -> tokens to run this step
     total_num_scheduled_tokens: int  # sum of num_scheduled_tokens
     finished_req_ids: set[str]  # finished/aborted/PREEMPTED since last step: runner drops them
-
-
-@dataclass
-class EngineCoreOutput:
-    """Per request and step: the tokens appended (stop checks applied) and why it finished."""
-
-    req_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | None (still running)
-    stop_reason: int | str | None = None  # the stop token id that ended it, if any
-    new_logprobs: Any = None  # the runner's logprobs entry for the sampled token(s)
-    new_prompt_logprobs: Any = None  # the runner's prompt-logprobs entry for this prompt chunk
-    num_cached_tokens: int = 0  # prefix-cache hit (tokens) when the request was first scheduled
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class SchedulerStats:
-    """A snapshot for metrics (counters are cumulative since the scheduler started)."""
-
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    kv_cache_usage: float = 0.0  # fraction of usable blocks held by requests
-    prefix_cache_queries: int = 0  # tokens looked up
-    prefix_cache_hits: int = 0  # tokens found
-    num_preemptions: int = 0
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        if not self.prefix_cache_queries:
-            return 0.0
-        return self.prefix_cache_hits / self.prefix_cache_queries

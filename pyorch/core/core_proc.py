@@ -1,147 +1,51 @@
-"""The engine-core process: EngineCore's busy loop behind a socket, and the wire protocol.
+"""The engine-core process: EngineCore's busy loop behind a socket.
 
-Wire format: length-prefixed frames (4-byte little-endian length, then a pickle protocol 5
-payload) over a stream socket (one end of a `socket.socketpair`). Payloads hold plain data only
-(tuples, lists, dicts, str, int, float, bool, None): both ends unpickle with a class-free
-unpickler, so a tensor or an object can never slip onto the wire.
-
-Front end -> core (first element = message type):
-    (ADD, req_id, prompt_token_ids, params_dict, arrival_time, priority, eos_token_id)
-    (ABORT, [req_id, ...])                      finish as aborted, free blocks
-    (FINISH_STOPPED, [req_id, ...])             the front end found a stop string
-    (RESET_PREFIX_CACHE, call_id)               answered with UTILITY_RESULT (bool)
-    (UTILITY, call_id, method, args)            answered with UTILITY_RESULT
-    (SHUTDOWN,)
-Core -> front end:
-    (READY, info_dict) | (STARTUP_ERROR, exc_type_name, message, traceback_text)
-    (OUTPUTS, [output tuple, ...], stats_dict, timestamp, scheduled_time, [new req ids])
-    (UTILITY_RESULT, call_id, ok, value or error text)
-    (REQUEST_ERROR, req_id, message)            the core refused an ADD
-    (ENGINE_ERROR, message, traceback_text)     a step raised; the process exits after it
-
-The process steps while it has work and blocks on the socket when idle. It exits on SHUTDOWN, on
-socket EOF (the front end closed or died), or when its parent process is gone.
+The front end (`pyorch.engine.core_client`) starts this process and talks to it in the wire
+protocol of `pyorch.wire`. The process steps while it has work and blocks on the socket when
+idle. It exits on SHUTDOWN, on socket EOF (the front end closed or died), or when its parent
+process is gone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
-import io
 import logging
 import os
-import pickle
 import select
 import signal
 import socket
-import struct
 import sys
 import traceback
 from typing import Any, Optional
 
-from pyorch.engine.core import EngineCore
-from pyorch.engine.request import Request, RequestStatus
-from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerStats
-from pyorch.layers.sampler import LogprobsLists
-from pyorch.sampling_params import SamplingParams
+from pyorch import envs
+from pyorch.config import EngineConfig
+from pyorch.core.engine_core import EngineCore
+from pyorch.core.request import Request, RequestStatus
+from pyorch.logger import configure_logging
+from pyorch.wire import (
+    ABORT,
+    ADD,
+    ENGINE_ERROR,
+    FINISH_STOPPED,
+    OUTPUTS,
+    READY,
+    REQUEST_ERROR,
+    RESET_PREFIX_CACHE,
+    SHUTDOWN,
+    STARTUP_ERROR,
+    UTILITY,
+    UTILITY_RESULT,
+    FrameReader,
+    decode_params,
+    encode_frame,
+    encode_output,
+    encode_stats,
+)
 
 logger = logging.getLogger(__name__)
 
-# Message types.
-ADD, ABORT, FINISH_STOPPED, RESET_PREFIX_CACHE, UTILITY, SHUTDOWN = 1, 2, 3, 4, 5, 6
-READY, STARTUP_ERROR, OUTPUTS, UTILITY_RESULT, REQUEST_ERROR, ENGINE_ERROR = 10, 11, 12, 13, 14, 15
-
-# With this set in the environment, the core accepts test-only utility calls (fault injection).
-TEST_HOOKS_ENV = "PYORCH_ENGINE_CORE_TEST_HOOKS"
 _IDLE_POLL_S = 1.0  # when idle, how often to check that the parent still lives
-_HEADER = struct.Struct("<I")
-_SOCKET_BUFFER_BYTES = 4 << 20
-
-
-# ---- framing ---------------------------------------------------------------------------------
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(
-            f"engine-core frames carry plain data only; refusing {module}.{name}")
-
-
-def encode_frame(msg: Any) -> bytes:
-    payload = pickle.dumps(msg, protocol=5)
-    return _HEADER.pack(len(payload)) + payload
-
-
-class FrameReader:
-    """Reassembles frames from a byte stream."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[Any]:
-        self._buf += data
-        msgs = []
-        while len(self._buf) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self._buf)
-            end = _HEADER.size + length
-            if len(self._buf) < end:
-                break
-            msgs.append(_PlainUnpickler(io.BytesIO(self._buf[_HEADER.size:end])).load())
-            del self._buf[:end]
-        return msgs
-
-
-def configure_socket(sock: socket.socket) -> None:
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER_BYTES)
-        except OSError:
-            pass
-
-
-# ---- payload encoding ------------------------------------------------------------------------
-def encode_params(params: SamplingParams) -> dict[str, Any]:
-    """SamplingParams -> a dict of plain values, with the engine-filled stop/bad-word ids."""
-    d = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
-    d["output_kind"] = int(params.output_kind)
-    d["_all_stop_token_ids"] = sorted(params.all_stop_token_ids)
-    d["_bad_words_token_ids"] = params.bad_words_token_ids
-    return d
-
-
-def decode_params(d: dict[str, Any]) -> SamplingParams:
-    d = dict(d)
-    all_stop = d.pop("_all_stop_token_ids")
-    bad_words_ids = d.pop("_bad_words_token_ids")
-    params = SamplingParams(**d)
-    params._all_stop_token_ids = set(all_stop)
-    params._bad_words_token_ids = bad_words_ids
-    return params
-
-
-def _lists(x: Optional[LogprobsLists]) -> Optional[tuple]:
-    return None if x is None else tuple(x)
-
-
-def encode_output(o: EngineCoreOutput) -> tuple:
-    return (o.req_id, o.new_token_ids, o.finish_reason, o.stop_reason, _lists(o.new_logprobs),
-            _lists(o.new_prompt_logprobs), o.num_cached_tokens)
-
-
-def decode_output(t: tuple) -> EngineCoreOutput:
-    req_id, new_ids, finish, stop, lp, plp, cached = t
-    return EngineCoreOutput(
-        req_id=req_id, new_token_ids=new_ids, finish_reason=finish, stop_reason=stop,
-        new_logprobs=None if lp is None else LogprobsLists(*lp),
-        new_prompt_logprobs=None if plp is None else LogprobsLists(*plp),
-        num_cached_tokens=cached,
-    )
-
-
-def encode_stats(stats: SchedulerStats) -> dict[str, Any]:
-    return {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
-
-
-def decode_stats(d: dict[str, Any]) -> SchedulerStats:
-    return SchedulerStats(**d)
 
 
 # ---- the process -----------------------------------------------------------------------------
@@ -157,7 +61,7 @@ class EngineCoreProc:
         self.sock = sock
         self.parent_pid = parent_pid
         self.reader = FrameReader()
-        self.test_hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
+        self.test_hooks = envs.PYORCH_ENGINE_CORE_TEST_HOOKS
 
     def send(self, msg: Any) -> None:
         self.sock.sendall(encode_frame(msg))
@@ -241,15 +145,14 @@ class EngineCoreProc:
         return True
 
 
-def run_engine_core(config: Any, sock: socket.socket, parent_pid: int) -> None:
+def run_engine_core(config: EngineConfig, sock: socket.socket, parent_pid: int) -> None:
     """Entry point of the engine-core process (multiprocessing, spawn context)."""
     # The front end owns Ctrl-C and SIGTERM (a process-group SIGTERM from systemd or `timeout`
     # reaches us too) and shuts us down after in-flight requests finish; we also exit on socket
     # EOF or when the parent dies, and its shutdown falls back to SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s engine-core %(levelname)s %(message)s")
+    configure_logging(process_name="engine-core")
     sock.setblocking(True)
     try:
         core = EngineCore(config)

@@ -1,5 +1,5 @@
-"""EngineCore in-process (steps, aborts, stop-string finishes, stats), the core process's wire
-encoding, and LLMEngine's stat loggers."""
+"""EngineCore in-process (steps, aborts, stop-string finishes, stats) and LLMEngine's stat
+loggers."""
 
 from __future__ import annotations
 
@@ -8,21 +8,9 @@ import pickle
 import pytest
 import torch
 
-from pyorch.engine.core import EngineCore
-from pyorch.engine.core_proc import (
-    FrameReader,
-    decode_output,
-    decode_params,
-    decode_stats,
-    encode_frame,
-    encode_output,
-    encode_params,
-    encode_stats,
-)
+from pyorch.core.engine_core import EngineCore
+from pyorch.core.request import Request, RequestStatus
 from pyorch.engine.llm_engine import LLMEngine
-from pyorch.engine.request import Request, RequestStatus
-from pyorch.engine.scheduler_output import EngineCoreOutput, SchedulerStats
-from pyorch.layers.sampler import LogprobsLists
 from pyorch.metrics.stats import StatLoggerBase
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
 from tests.pyorch.engine.test_async_llm import engine_args, make_tiny_model
@@ -102,48 +90,6 @@ def test_ready_info(core, config):
     assert info["block_size"] == 16 and info["max_model_len"] == 512
     assert info["vocab_size"] == config.model_config.vocab_size
     assert info["num_kv_blocks"] == info["num_usable_blocks"] + 1 > 32
-
-
-# ---- wire encoding ----------------------------------------------------------------------------
-def test_frames_roundtrip_in_pieces():
-    msgs = [(1, "req", [1, 2, 3], {"a": 1.5, "b": None}), (2, ["x", "y"]), (6,)]
-    data = b"".join(encode_frame(m) for m in msgs)
-    reader = FrameReader()
-    got = []
-    for i in range(0, len(data), 7):  # a stream delivers arbitrary pieces
-        got += reader.feed(data[i:i + 7])
-    assert got == msgs
-
-
-def test_frames_refuse_objects():
-    with pytest.raises(pickle.UnpicklingError, match="plain data only"):
-        FrameReader().feed(encode_frame((12, torch.zeros(2))))
-    with pytest.raises(pickle.UnpicklingError):
-        FrameReader().feed(encode_frame(SamplingParams()))
-
-
-def test_params_roundtrip_keeps_engine_filled_fields():
-    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=["x"],
-                            stop_token_ids=[9], logit_bias={4: 1.5}, max_tokens=7, min_tokens=2,
-                            logprobs=2, output_kind=RequestOutputKind.DELTA)
-    params.update_from_generation_config({"eos_token_id": [2, 11]}, 2)
-    params._bad_words_token_ids = [[5, 6]]
-    wire = encode_params(params)
-    FrameReader().feed(encode_frame(wire))  # plain data only
-    back = decode_params(wire)
-    assert back == params
-    assert back.all_stop_token_ids == {2, 9, 11} and back.bad_words_token_ids == [[5, 6]]
-    assert back.output_kind is RequestOutputKind.DELTA
-
-
-def test_outputs_and_stats_roundtrip():
-    lp = LogprobsLists([[3, 1]], [[-0.1, -2.0]], [1])
-    out = EngineCoreOutput("r", [3], "stop", 3, lp, None, 16)
-    (back,) = FrameReader().feed(encode_frame(encode_output(out)))
-    assert decode_output(back) == out
-    stats = SchedulerStats(2, 1, 0.25, 100, 40, 3)
-    (back,) = FrameReader().feed(encode_frame(encode_stats(stats)))
-    assert decode_stats(back) == stats
 
 
 # ---- LLMEngine (in-process front end) ---------------------------------------------------------

@@ -1,0 +1,121 @@
+"""The engine-core wire protocol: message ids, framing and payload codecs.
+
+Both processes import this module, and it imports nothing of torch, the model runner or the
+scheduler, so the API-server process never loads the engine core (see docs/architecture.md,
+"Processes at run time").
+
+Wire format: length-prefixed frames (4-byte little-endian length, then a pickle protocol 5
+payload) over a stream socket (one end of a `socket.socketpair`). Payloads hold plain data only
+(tuples, lists, dicts, str, int, float, bool, None): both ends unpickle with a class-free
+unpickler, so a tensor or an object can never slip onto the wire.
+
+Front end -> core (first element = message type):
+    (ADD, req_id, prompt_token_ids, params_dict, arrival_time, priority, eos_token_id)
+    (ABORT, [req_id, ...])                      finish as aborted, free blocks
+    (FINISH_STOPPED, [req_id, ...])             the front end found a stop string
+    (RESET_PREFIX_CACHE, call_id)               answered with UTILITY_RESULT (bool)
+    (UTILITY, call_id, method, args)            answered with UTILITY_RESULT
+    (SHUTDOWN,)
+Core -> front end:
+    (READY, info_dict) | (STARTUP_ERROR, exc_type_name, message, traceback_text)
+    (OUTPUTS, [output tuple, ...], stats_dict, timestamp, scheduled_time, [new req ids])
+    (UTILITY_RESULT, call_id, ok, value or error text)
+    (REQUEST_ERROR, req_id, message)            the core refused an ADD
+    (ENGINE_ERROR, message, traceback_text)     a step raised; the process exits after it
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+import socket
+import struct
+from typing import Any, Optional
+
+from pyorch.core_types import EngineCoreOutput, LogprobsLists
+from pyorch.metrics.stats import SchedulerStats
+from pyorch.sampling_params import SamplingParams
+
+# Message types.
+ADD, ABORT, FINISH_STOPPED, RESET_PREFIX_CACHE, UTILITY, SHUTDOWN = 1, 2, 3, 4, 5, 6
+READY, STARTUP_ERROR, OUTPUTS, UTILITY_RESULT, REQUEST_ERROR, ENGINE_ERROR = 10, 11, 12, 13, 14, 15
+
+_HEADER = struct.Struct("<I")
+_SOCKET_BUFFER_BYTES = 4 << 20
+
+
+# ---- framing ---------------------------------------------------------------------------------
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(
+            f"engine-core frames carry plain data only; refusing {module}.{name}")
+
+
+def encode_frame(msg: Any) -> bytes:
+    payload = pickle.dumps(msg, protocol=5)
+    return _HEADER.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Reassembles frames from a byte stream."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buf += data
+        msgs = []
+        while len(self._buf) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buf)
+            end = _HEADER.size + length
+            if len(self._buf) < end:
+                break
+            msgs.append(_PlainUnpickler(io.BytesIO(self._buf[_HEADER.size:end])).load())
+            del self._buf[:end]
+        return msgs
+
+
+def configure_socket(sock: socket.socket) -> None:
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER_BYTES)
+        except OSError:
+            pass
+
+
+# ---- payload encoding ------------------------------------------------------------------------
+def encode_params(params: SamplingParams) -> dict[str, Any]:
+    """SamplingParams -> a dict of plain values, with the engine-filled stop/bad-word ids."""
+    return params.to_dict()
+
+
+def decode_params(d: dict[str, Any]) -> SamplingParams:
+    return SamplingParams.from_dict(d)
+
+
+def _lists(x: Optional[LogprobsLists]) -> Optional[tuple]:
+    return None if x is None else tuple(x)
+
+
+def encode_output(o: EngineCoreOutput) -> tuple:
+    return (o.req_id, o.new_token_ids, o.finish_reason, o.stop_reason, _lists(o.new_logprobs),
+            _lists(o.new_prompt_logprobs), o.num_cached_tokens)
+
+
+def decode_output(t: tuple) -> EngineCoreOutput:
+    req_id, new_ids, finish, stop, lp, plp, cached = t
+    return EngineCoreOutput(
+        req_id=req_id, new_token_ids=new_ids, finish_reason=finish, stop_reason=stop,
+        new_logprobs=None if lp is None else LogprobsLists(*lp),
+        new_prompt_logprobs=None if plp is None else LogprobsLists(*plp),
+        num_cached_tokens=cached,
+    )
+
+
+def encode_stats(stats: SchedulerStats) -> dict[str, Any]:
+    return {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
+
+
+def decode_stats(d: dict[str, Any]) -> SchedulerStats:
+    return SchedulerStats(**d)
