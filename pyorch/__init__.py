@@ -4,7 +4,10 @@ from typing import Any
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from pyorch import _C  # noqa: F401  (registers torch.ops.pyorch.*)
+from pyorch import _C, envs  # noqa: F401  (registers torch.ops.pyorch.*)
+
+if _C.with_cuda:  # the kernels' PDL switch is process state of the C API (pyorch/launch.h)
+    _C.set_pdl_enabled(envs.PYORCH_PDL)
 
 __version__ = "0.1.0"
 
