@@ -156,7 +156,7 @@ PYBIND11_MODULE(_C, m) {
   // op, so a plain function here rather than a schema in TORCH_LIBRARY. pyorch/__init__.py sets
   // PDL from PYORCH_PDL right after loading this module.
   m.def("set_pdl_enabled", &pyorch::set_pdl_enabled, py::arg("enabled"),
-        "Turn programmatic dependent launch on or off for every pyorch kernel launched afterwards.");
+        "Turn programmatic dependent launch on or off for the pyorch kernels launched after.");
   m.def("pdl_enabled", &pyorch::pdl_enabled,
         "Whether pyorch kernels launch with PDL on the current device (setting and GPU).");
 #endif
