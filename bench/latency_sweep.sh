@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A/B timing of batch-1 decode under environment variants, one process each (the knobs below are
+# A/B timing of batch-1 decode under environment variants, one process each (the switches are
 # read once per process), in an order that interleaves the variants over REPEATS rounds so that
 # a drifting clock or a noisy neighbour hits all of them alike:
 #
 #   bash bench/latency_sweep.sh OUT_DIR MODEL_DIR NAME=ENV[,ENV...] ...   (REPEATS=2 by default)
 #
-# e.g. base= pf0=PYORCH_SKINNY_PREFETCH_SLICES=0 pdl_off=PYORCH_PDL=0. Each run is
+# e.g. base= pdl_off=PYORCH_PDL=0. Each run is
 # `pyorch bench latency` at the gpu_check.sh settings (batch 1, in 128, out 256, dummy bf16,
 # max_model_len 2048; INPUT_LEN and OUTPUT_LEN change the lengths),
 # logged as OUT_DIR/latency_NAME_rR.{log,json}; OUT_DIR/latency_sweep.txt sums them up.

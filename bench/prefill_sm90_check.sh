@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
 # One device call for the sm90 prefill kernel (Hopper): build pyorch (pip install -e), run
-# tests/cuda/attention, bench `bench_paged_attention --mode prefill` for the bf16 head-128 shape
-# variants (PYORCH_PREFILL_SM90_VARIANT, attention.cu) and head 64/256, the torch SDPA flash
-# baseline in the same run, and optionally an Nsight Compute profile of one 8k launch.
+# tests/cuda/attention, bench `bench_paged_attention --mode prefill` for the bf16 head sizes
+# (128, 64, 256 by default), the torch SDPA flash baseline in the same run, and optionally an
+# Nsight Compute profile of one 8k launch at head 128.
 #
-#   bash bench/prefill_sm90_check.sh OUT_DIR [--variants "128:0,1,2 64:0,1 256:0"] [--ncu "0 1"]
-#                                    [--no-tests]
+#   bash bench/prefill_sm90_check.sh OUT_DIR [--heads "128 64 256"] [--ncu] [--no-tests]
 #
 # Writes OUT_DIR/{tests.txt, prefill.txt, prefill.json, ncu.txt}; prints a short table last.
 set -uo pipefail
 OUT=${1:?usage: bash bench/prefill_sm90_check.sh OUT_DIR [options]}
 shift
-VARIANTS="128:0 64:0 256:0" NCU_VARIANTS="" TESTS=1
+HEADS="128 64 256" NCU=0 TESTS=1
 while [ $# -gt 0 ]; do
   case "$1" in
-    --variants) VARIANTS="$2"; shift ;;
-    --ncu) NCU_VARIANTS="$2"; shift ;;
+    --heads) HEADS="$2"; shift ;;
+    --ncu) NCU=1 ;;
     --no-tests) TESTS=0 ;;
   esac
   shift
@@ -47,46 +46,42 @@ tail -1 /tmp/bench_build.log
 BIN=build/cmake/bench_paged_attention
 [ -x "$BIN" ] || { echo "no bench binary"; tail -20 /tmp/bench_build.log; exit 1; }
 
+rm -f /tmp/prefill_d*.json
 {
   echo "# $(date -u +%F) $(nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader)"
-  for hv in $VARIANTS; do
-    d=${hv%%:*}
-    for v in $(echo "${hv#*:}" | tr ',' ' '); do
-      echo "== head $d variant $v --batch 1,1,4 --context 4096,8192,2048"
-      PYORCH_PREFILL_SM90_VARIANT=$v timeout 60 $BIN --mode prefill --head-size $d --batch 1,1,4 \
-        --context 4096,8192,2048 --json "/tmp/prefill_d${d}_v$v.json" | grep -v "^device"
-    done
+  for d in $HEADS; do
+    echo "== head $d --batch 1,1,4 --context 4096,8192,2048"
+    timeout 60 $BIN --mode prefill --head-size $d --batch 1,1,4 \
+      --context 4096,8192,2048 --json "/tmp/prefill_d${d}.json" | grep -v "^device"
   done
   echo "== torch_sdpa_flash"
-  for d in 128 64 256; do
+  for d in $HEADS; do
     timeout 90 python3 bench/sdpa_prefill.py --head-size $d --batch 1,1,4 --context 4096,8192,2048
   done
-  for hv in $VARIANTS; do  # again: the spread between two runs of one variant is the noise
-    d=${hv%%:*}
-    for v in $(echo "${hv#*:}" | tr ',' ' '); do
-      echo "== head $d variant $v (repeat)"
-      PYORCH_PREFILL_SM90_VARIANT=$v timeout 60 $BIN --mode prefill --head-size $d --batch 1,1,4 \
-        --context 4096,8192,2048 | grep -v "^device"
-    done
+  for d in $HEADS; do  # again: the spread between two runs of one shape is the noise
+    echo "== head $d (repeat)"
+    timeout 60 $BIN --mode prefill --head-size $d --batch 1,1,4 \
+      --context 4096,8192,2048 | grep -v "^device"
   done
 } > "$OUT/prefill.txt" 2>&1
-python3 - "$OUT/prefill.json" /tmp/prefill_*.json <<'PY'
+# shellcheck disable=SC2046
+python3 - "$OUT/prefill.json" $(for d in $HEADS; do echo "/tmp/prefill_d$d.json"; done) <<'PY'
 import json, sys
 merged = {p: json.load(open(p)) for p in sys.argv[2:]}
 json.dump(merged, open(sys.argv[1], "w"), indent=1)
 PY
 stamp "bench"
 
-for v in $NCU_VARIANTS; do
-  PYORCH_PREFILL_SM90_VARIANT=$v timeout 120 ncu --kernel-name regex:paged_prefill_sm90 \
+if [ "$NCU" = 1 ]; then
+  timeout 120 ncu --kernel-name regex:paged_prefill_sm90 \
     --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
     --section InstructionStats \
     --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum \
-    $BIN --mode prefill --batch 1 --context 8192 > "/tmp/ncu_v$v.txt" 2>&1
-  { echo "== ncu variant $v"; grep -vE "^==PROF==|^device|^dtype" "/tmp/ncu_v$v.txt" |
+    $BIN --mode prefill --batch 1 --context 8192 > /tmp/ncu_prefill.txt 2>&1
+  { echo "== ncu head 128"; grep -vE "^==PROF==|^device|^dtype" /tmp/ncu_prefill.txt |
       grep -E "[0-9]" | sed 's/  */ /g' | head -90; } >> "$OUT/ncu.txt"
-done
+fi
 stamp "ncu"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.txt" | head -20
 tail -3 "$OUT/tests.txt"

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include "ops.h"
+#include "pyorch/launch.h"
 
 namespace py = pybind11;
 
@@ -150,5 +151,14 @@ PYBIND11_MODULE(_C, m) {
   m.attr("with_cuda") = false;
 #endif
   pyorch::block::bind_block_manager(m);
+#ifdef PYORCH_WITH_CUDA
+  // Process-wide launch settings of the C API (cuda/include/pyorch/launch.h): state, not a tensor
+  // op, so a plain function here rather than a schema in TORCH_LIBRARY. pyorch/__init__.py sets
+  // PDL from PYORCH_PDL right after loading this module.
+  m.def("set_pdl_enabled", &pyorch::set_pdl_enabled, py::arg("enabled"),
+        "Turn programmatic dependent launch on or off for the pyorch kernels launched after.");
+  m.def("pdl_enabled", &pyorch::pdl_enabled,
+        "Whether pyorch kernels launch with PDL on the current device (setting and GPU).");
+#endif
   // @pybind (keep this marker)
 }

@@ -7,7 +7,10 @@ from typing import Optional
 
 import torch
 
-import pyorch._C  # noqa: F401  (registers the ops)
+from pyorch import _C, envs  # _C registers the ops
+
+if _C.with_cuda:  # the kernels' PDL switch is process state of the C API (pyorch/launch.h)
+    _C.set_pdl_enabled(envs.PYORCH_PDL)
 
 _ops = torch.ops.pyorch
 

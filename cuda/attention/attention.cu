@@ -11,7 +11,6 @@
 #include "attention/paged_decode.cuh"
 #include "attention/paged_prefill.cuh"
 #include "attention/paged_prefill_sm90.cuh"
-#include "common/env.cuh"
 #include "pyorch/attention.h"
 
 namespace pyorch {
@@ -29,7 +28,7 @@ constexpr int64_t kMaxSplits = kernels::kMaxKvSplits;
 // first load's latency and the warp merge, is then under half its streaming time).
 constexpr int64_t kMinDecodeChunksPerSplit = 2;
 // A decode sequence with at most this many keys runs in one split when the launch merges its
-// splits itself (decode_single_split_keys), however many splits the grid has. Measured on an
+// splits itself (DecodeMergeArgs), however many splits the grid has. Measured on an
 // H100 with `pyorch bench latency` (Llama-3-8B shapes, batch 1, graphs captured for 2048 tokens:
 // 16 splits of 128 keys), bench/latency_sweep.sh: at 128 in / 256 out (128-384 keys) one split
 // gives 6.18-6.19 ms/token against 6.30-6.31 with 2-3 live splits; at 1536 in (1.5-1.8k keys)
@@ -196,14 +195,6 @@ struct Workspace {
   int* item_counters;
 };
 
-// kDecodeSingleSplitKeys, or PYORCH_DECODE_SINGLE_SPLIT_KEYS=N (A/B timing; read once per
-// process; 0 keeps the grid's split size for every sequence).
-int decode_single_split_keys() {
-  static const int keys =
-      env_int("PYORCH_DECODE_SINGLE_SPLIT_KEYS", kDecodeSingleSplitKeys, 0, 1L << 30);
-  return keys;
-}
-
 // A fresh tag per call for the decode arrival slots (decode_arrive): 1 .. 2^48 - 1, never 0, so
 // that a slot the last CTA put back to 0 matches no call.
 unsigned long long next_decode_tag() {
@@ -232,7 +223,7 @@ cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
 // the 2-CTA shape: choose_decode_splits gives them two CTAs per SM.
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
-  kernels::DecodeMergeArgs merge{nullptr, 0, decode_single_split_keys()};
+  kernels::DecodeMergeArgs merge{nullptr, 0, kDecodeSingleSplitKeys};
   if (decode_merges_in_kernel(args.p, args.num_splits)) {
     merge.arrivals = reinterpret_cast<unsigned long long*>(
         reinterpret_cast<char*>(args.o_partial) + decode_arrivals_offset(args.p, args.num_splits));
@@ -306,60 +297,9 @@ cudaError_t launch_prefill_sm90(const AttnArgs& args, cudaStream_t stream) {
       Shape::kPersistent);
 }
 
-// TODO(prefill): tuning hook, bf16 only: PYORCH_PREFILL_SM90_VARIANT=N picks another shape of
-// the sm90 kernel for bench_paged_attention; drop once the shapes are settled.
-int prefill_sm90_variant() {
-  static const int variant = env_int("PYORCH_PREFILL_SM90_VARIANT", 0, 0, 64);
-  return variant;
-}
-
-// {BLOCK_N, STAGES, SCHEDULE, PINGPONG, PERSISTENT, Q_IN_REGS}; false: no such variant.
-template <typename T, int HEAD_SIZE>
-bool launch_prefill_sm90_variant(const AttnArgs& args, cudaStream_t stream, int variant,
-                                 cudaError_t& status) {
-  using kernels::PrefillSm90Shape;
-  constexpr auto kOverlap = kernels::Sm90Schedule::kOverlap;
-  constexpr auto kFused = kernels::Sm90Schedule::kFused;
-  constexpr auto kSequential = kernels::Sm90Schedule::kSequential;
-  constexpr int D = HEAD_SIZE;
-  if constexpr (D == 128) {
-    switch (variant) {
-      case 1: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 3, kFused, true, false, true>>(args, stream); return true;
-      case 2: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 3, kFused, false, true, true>>(args, stream); return true;
-      case 3: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 4, kOverlap, true, true, true>>(args, stream); return true;
-      case 4: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 3, kSequential, true, true, true>>(args, stream); return true;
-      case 5: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 4, kOverlap, true, true, false>>(args, stream); return true;
-      case 6: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 3, kFused, true, true, false>>(args, stream); return true;
-      default: return false;
-    }
-  } else if constexpr (D == 64) {
-    switch (variant) {
-      case 1: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 4, kOverlap, true, true, true>>(args, stream); return true;
-      case 2: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 128, 4, kFused, false, true, true>>(args, stream); return true;
-      default: return false;
-    }
-  } else if constexpr (D == 256) {
-    switch (variant) {
-      case 1: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 2, kSequential, true, false, false>>(args, stream); return true;
-      case 2: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 2, kSequential, false, true, false>>(args, stream); return true;
-      case 3: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 64, 2, kFused, true, true, false>>(args, stream); return true;
-      case 4: status = launch_prefill_sm90<T, D, PrefillSm90Shape<D, 32, 4, kSequential, true, true, false>>(args, stream); return true;
-      default: return false;
-    }
-  }
-  return false;
-}
-
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_prefill(const AttnArgs& args, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, CacheT> && HEAD_SIZE % 64 == 0) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      cudaError_t status = cudaSuccess;
-      if (const int variant = prefill_sm90_variant();
-          variant && launch_prefill_sm90_variant<T, HEAD_SIZE>(args, stream, variant, status)) {
-        return status;
-      }
-    }
     return launch_prefill_sm90<T, HEAD_SIZE, typename kernels::PrefillSm90Default<HEAD_SIZE>::type>(
         args, stream);
   } else {

@@ -11,42 +11,17 @@
 //   has called it (or exited). It does not publish anything: the next kernel still waits.
 // Without the launch attribute (PDL off, or an older GPU) both calls are no-ops.
 //
-// PYORCH_PDL=0 in the environment turns PDL off for every pyorch kernel (A/B timing, or a
-// driver that mishandles it); it is read once per process.
+// Launchers pass pdl_enabled() (pyorch/launch.h): off on older GPUs and wherever the process
+// turned PDL off with set_pdl_enabled(false) (pyorch does for PYORCH_PDL=0).
 #pragma once
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include <cuda_runtime.h>
 
-namespace pyorch {
+#include "pyorch/launch.h"
 
-// Whether pyorch kernels launch with PDL on the current device: compute capability 9.0+ and not
-// turned off by PYORCH_PDL=0. Cached per device (the query costs host time on every launch).
-inline bool pdl_enabled() {
-  static const bool env_on = [] {
-    const char* env = std::getenv("PYORCH_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  if (!env_on) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices] = {};  // 0 unknown, 1 off, 2 on
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (device < kMaxDevices) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known != 0) return known == 2;
-  }
-  int major = 0;
-  const bool on = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-                      cudaSuccess &&
-                  major >= 9;
-  if (device < kMaxDevices) cache[device].store(on ? 2 : 1, std::memory_order_relaxed);
-  return on;
-}
+namespace pyorch {
 
 namespace kernels {
 

@@ -1,6 +1,5 @@
 // Instantiates the skinny GEMM for fp16 and bf16 behind the torch-free C API, and picks its launch
 // configuration.
-#include "common/env.cuh"
 #include "gemm/skinny_gemm.cuh"
 #include "pyorch/gemm.h"
 
@@ -8,30 +7,11 @@ namespace pyorch {
 
 namespace {
 
-// PYORCH_SKINNY_PREFETCH_SLICES=N sets every skinny GEMM's up-front L2 prefetch to N slices per
-// warp (0: none), for A/B timing; read once per process. -1: unset.
-int skinny_prefetch_slices_override() {
-  static const int value = env_int("PYORCH_SKINNY_PREFETCH_SLICES", -1, 0, 1024);
-  return value;
-}
-
-// PYORCH_SKINNY_PDL=0 / 1 launches every skinny GEMM without / with PDL (the rest of pyorch
-// keeps its own setting), for A/B timing; read once per process. -1: unset, each entry point's
-// default (see skinny_gemm_fused).
-int skinny_pdl_override() {
-  static const int value = env_int("PYORCH_SKINNY_PDL", -1, 0, 1);
-  return value;
-}
-
 // The up-front L2 prefetch pays only under PDL, where it overlaps the previous kernel's tail:
 // launched plainly, the fused decode layer ran 5.76-5.78 ms/token without it against 5.92 with
 // one slice per warp (bench/results/NVIDIA_H100_80GB_HBM3/sweeps/:
 // latency_sweep_small_grid_warps.txt, latency_sweep_no_prefetch.txt).
-int default_prefetch_slices(int pdl) {
-  const int override_slices = skinny_prefetch_slices_override();
-  if (override_slices >= 0) return override_slices;
-  return pdl > 0 ? 1 : 0;
-}
+int default_prefetch_slices(int pdl) { return pdl > 0 ? 1 : 0; }
 
 }  // namespace
 
@@ -60,7 +40,7 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
     config.num_warps = input_size >= 8192 ? 8 : 4;
     config.l2_prefetch = 1;
   }
-  config.pdl = pdl_enabled() && skinny_pdl_override() != 0 ? 1 : 0;
+  config.pdl = pdl_enabled() ? 1 : 0;
   config.prefetch_slices = default_prefetch_slices(config.pdl);
   return config;
 }
@@ -69,9 +49,10 @@ namespace {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-template <typename T, bool NORM, kernels::SkinnyEpilogue EPI>
-cudaError_t launch_skinny_gemm(const kernels::SkinnyGemmArgs<T>& args,
-                               const SkinnyGemmConfig& config, cudaStream_t stream) {
+// M tiles: one n8 tile up to 8 tokens, two past that.
+template <typename T, bool NORM, SkinnyGemmEpilogue EPI>
+cudaError_t dispatch_m_tiles(const kernels::SkinnyGemmArgs<T>& args,
+                             const SkinnyGemmConfig& config, cudaStream_t stream) {
   const bool l2 = config.l2_prefetch > 0;
   const bool pdl = config.pdl > 0;
   if (args.num_tokens <= kernels::kSkinnyTileTokens) {
@@ -84,21 +65,20 @@ cudaError_t launch_skinny_gemm(const kernels::SkinnyGemmArgs<T>& args,
 
 // The fused forms the engine uses: plain, normed [+ SiLU-and-mul], SiLU-and-mul, add.
 template <typename T>
-cudaError_t launch_skinny_gemm_fused(const kernels::SkinnyGemmArgs<T>& args,
-                                     SkinnyGemmEpilogue epilogue, const SkinnyGemmConfig& config,
-                                     cudaStream_t stream) {
-  using kernels::SkinnyEpilogue;
+cudaError_t dispatch_epilogue(const kernels::SkinnyGemmArgs<T>& args, SkinnyGemmEpilogue epilogue,
+                              const SkinnyGemmConfig& config, cudaStream_t stream) {
+  using E = SkinnyGemmEpilogue;
   const bool norm = args.norm_weight != nullptr;
   switch (epilogue) {
-    case SkinnyGemmEpilogue::kStore:
-      return norm ? launch_skinny_gemm<T, true, SkinnyEpilogue::kStore>(args, config, stream)
-                  : launch_skinny_gemm<T, false, SkinnyEpilogue::kStore>(args, config, stream);
-    case SkinnyGemmEpilogue::kSiluMul:
-      return norm ? launch_skinny_gemm<T, true, SkinnyEpilogue::kSiluMul>(args, config, stream)
-                  : launch_skinny_gemm<T, false, SkinnyEpilogue::kSiluMul>(args, config, stream);
-    case SkinnyGemmEpilogue::kAdd:
+    case E::kStore:
+      return norm ? dispatch_m_tiles<T, true, E::kStore>(args, config, stream)
+                  : dispatch_m_tiles<T, false, E::kStore>(args, config, stream);
+    case E::kSiluMul:
+      return norm ? dispatch_m_tiles<T, true, E::kSiluMul>(args, config, stream)
+                  : dispatch_m_tiles<T, false, E::kSiluMul>(args, config, stream);
+    case E::kAdd:
       if (norm) PYORCH_INVALID("skinny_gemm_fused: the add epilogue takes no norm");
-      return launch_skinny_gemm<T, false, SkinnyEpilogue::kAdd>(args, config, stream);
+      return dispatch_m_tiles<T, false, E::kAdd>(args, config, stream);
   }
   PYORCH_INVALID("skinny_gemm_fused: unknown epilogue %d", static_cast<int>(epilogue));
 }
@@ -107,8 +87,9 @@ cudaError_t launch_skinny_gemm_fused(const kernels::SkinnyGemmArgs<T>& args,
 
 namespace {
 
-// Both entry points. fused_pdl_default: the launch's PDL default is off (skinny_gemm_fused).
-cudaError_t skinny_gemm_launch(void* out, const void* input, const void* weight, const void* bias,
+// Both entry points: checks, the launch configuration, the dtype. fused_pdl_default: the launch's
+// PDL default is off (skinny_gemm_fused).
+cudaError_t launch_skinny_gemm(void* out, const void* input, const void* weight, const void* bias,
                                const void* norm_weight, float eps, SkinnyGemmEpilogue epilogue,
                                DType dtype, int64_t num_tokens, int64_t output_size,
                                int64_t input_size, int64_t out_stride, int64_t input_stride,
@@ -137,12 +118,12 @@ cudaError_t skinny_gemm_launch(void* out, const void* input, const void* weight,
     PYORCH_INVALID("skinny_gemm: a normed input needs input_size > 0");
   }
   SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size);
-  if (fused_pdl_default && skinny_pdl_override() < 0) cfg.pdl = 0;
+  if (fused_pdl_default) cfg.pdl = 0;
   int prefetch_slices = -1;
   if (config != nullptr) {  // the caller's non-default fields win
     if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
     if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
-    // PDL only where it exists and is not turned off (PYORCH_PDL=0).
+    // PDL only where it exists and is not turned off (set_pdl_enabled(false)).
     if (config->pdl >= 0) cfg.pdl = config->pdl > 0 && pdl_enabled() ? 1 : 0;
     prefetch_slices = config->prefetch_slices;
   }
@@ -162,7 +143,7 @@ cudaError_t skinny_gemm_launch(void* out, const void* input, const void* weight,
     args.out_stride = out_stride;
     args.input_stride = input_stride;
     args.prefetch_slices = cfg.prefetch_slices;
-    PYORCH_RETURN_IF_ERROR(launch_skinny_gemm_fused<T>(args, epilogue, cfg, stream));
+    PYORCH_RETURN_IF_ERROR(dispatch_epilogue<T>(args, epilogue, cfg, stream));
     return cudaGetLastError();
   });
 }
@@ -183,7 +164,7 @@ cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, 
                               DType dtype, int64_t num_tokens, int64_t output_size,
                               int64_t input_size, int64_t out_stride, int64_t input_stride,
                               cudaStream_t stream, const SkinnyGemmConfig* config) {
-  return skinny_gemm_launch(out, input, weight, bias, norm_weight, eps, epilogue, dtype,
+  return launch_skinny_gemm(out, input, weight, bias, norm_weight, eps, epilogue, dtype,
                             num_tokens, output_size, input_size, out_stride, input_stride, stream,
                             config, /*fused_pdl_default=*/true);
 }
@@ -192,7 +173,7 @@ cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const 
                         DType dtype, int64_t num_tokens, int64_t output_size, int64_t input_size,
                         int64_t out_stride, int64_t input_stride, cudaStream_t stream,
                         const SkinnyGemmConfig* config) {
-  return skinny_gemm_launch(out, input, weight, bias, nullptr, 0.f, SkinnyGemmEpilogue::kStore,
+  return launch_skinny_gemm(out, input, weight, bias, nullptr, 0.f, SkinnyGemmEpilogue::kStore,
                             dtype, num_tokens, output_size, input_size, out_stride, input_stride,
                             stream, config, /*fused_pdl_default=*/false);
 }

@@ -1,6 +1,6 @@
 // Skinny GEMM for decode: out[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16, with optional
-// fusions around it (SkinnyGemmArgs::norm_weight, SkinnyEpilogue) that take the decoder layer's
-// RMSNorm, SiLU-and-mul and residual add out of their own kernels.
+// fusions around it (SkinnyGemmArgs::norm_weight, SkinnyGemmEpilogue) that take the decoder
+// layer's RMSNorm, SiLU-and-mul and residual add out of their own kernels.
 //
 // At M <= 16 a linear layer is a stream of its weight: N * K * 2 bytes read once, ~2 * M flops per
 // weight element. The kernel's whole job is to keep enough weight bytes in flight on every SM
@@ -50,6 +50,7 @@
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
+#include "pyorch/gemm.h"  // SkinnyGemmEpilogue, the C API's and the templates' one enum
 
 namespace pyorch::kernels {
 
@@ -68,9 +69,6 @@ template <int NUM_WARPS>
 constexpr int skinny_min_blocks() {
   return kRegistersPerSm / (NUM_WARPS * 32 * kSkinnyMaxRegisters);
 }
-
-// What a block does with its sums (see the fusions above).
-enum class SkinnyEpilogue : int { kStore = 0, kSiluMul = 1, kAdd = 2 };
 
 template <typename T>
 struct SkinnyGemmArgs {
@@ -223,11 +221,11 @@ struct SkinnySlice {
 // this one is multiplied), so an explicit unroll of two slices only cost registers (measured
 // slower on every shape).
 template <typename T, int M_TILES, int NUM_WARPS, bool L2_PREFETCH, bool NORM,
-          SkinnyEpilogue EPI>
+          SkinnyGemmEpilogue EPI>
 __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_WARPS>())
     skinny_gemm_kernel(const SkinnyGemmArgs<T> args) {
   constexpr int kTokens = M_TILES * kSkinnyTileTokens;
-  constexpr bool kPaired = EPI == SkinnyEpilogue::kSiluMul;
+  constexpr bool kPaired = EPI == SkinnyGemmEpilogue::kSiluMul;
   __shared__ float partial[NUM_WARPS][kTokens][kSkinnyRows];  // each warp's sums
   __shared__ float partial_sq[NUM_WARPS][kTokens];            // each warp's sums of x^2 (NORM)
 
@@ -369,7 +367,7 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
       if (args.bias != nullptr) up += to_float(args.bias[half + row]);
       *out = from_float<T>(
           act_fn<Activation::kSilu>(to_float(from_float<T>(sum))) * to_float(from_float<T>(up)));
-    } else if constexpr (EPI == SkinnyEpilogue::kAdd) {
+    } else if constexpr (EPI == SkinnyGemmEpilogue::kAdd) {
       *out = from_float<T>(to_float(from_float<T>(sum)) + to_float(*out));
     } else {
       *out = from_float<T>(sum);
@@ -377,12 +375,13 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
   }
 }
 
-template <typename T, int M_TILES, int NUM_WARPS, bool NORM, SkinnyEpilogue EPI>
+template <typename T, int M_TILES, int NUM_WARPS, bool NORM, SkinnyGemmEpilogue EPI>
 cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_prefetch, bool pdl,
                                        cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock =
-      EPI == SkinnyEpilogue::kSiluMul ? kSkinnyRows / 2 : kSkinnyRows;
-  const int64_t rows = EPI == SkinnyEpilogue::kSiluMul ? args.output_size / 2 : args.output_size;
+      EPI == SkinnyGemmEpilogue::kSiluMul ? kSkinnyRows / 2 : kSkinnyRows;
+  const int64_t rows =
+      EPI == SkinnyGemmEpilogue::kSiluMul ? args.output_size / 2 : args.output_size;
   const dim3 grid(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
   const dim3 block(NUM_WARPS * kWarpSize);
   if (l2_prefetch) {
@@ -393,7 +392,7 @@ cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_pr
                        0, stream, pdl, args);
 }
 
-template <typename T, int M_TILES, bool NORM, SkinnyEpilogue EPI>
+template <typename T, int M_TILES, bool NORM, SkinnyGemmEpilogue EPI>
 cudaError_t launch_skinny_gemm_tiles(const SkinnyGemmArgs<T>& args, int num_warps,
                                      bool l2_prefetch, bool pdl, cudaStream_t stream) {
   switch (num_warps) {

@@ -3,7 +3,7 @@
 One code path for every batch shape (prefills, chunked prefills, decodes, mixed) and device: the
 metadata comes from the forward context and both steps are pyorch ops. Given the model's rotary
 embedding, the layer also rotates query and key, in the kernel that writes the cache
-(rotary_embedding_and_cache); PYORCH_ROPE_CACHE=0 runs the rotation and the write as two ops.
+(rotary_embedding_and_cache); tests also run the rotation and the write as two ops.
 """
 
 from typing import TYPE_CHECKING

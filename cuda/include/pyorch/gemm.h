@@ -19,9 +19,9 @@ struct SkinnyGemmConfig {
   int num_warps = -1;    // warps per thread block, splitting K between them: 4, 8 or 16
   int l2_prefetch = -1;  // 1: weight loads carry the L2::256B prefetch hint, 0: they do not
   int prefetch_slices = -1;  // 128-wide K slices of its 16 rows each warp asks of L2 up front
-  int pdl = -1;  // 1: launch with programmatic dependent launch where the GPU has it and
-                 // PYORCH_PDL is not 0 (the weight stream starts while the previous kernel
-                 // drains), 0: a plain launch
+  int pdl = -1;  // 1: launch with programmatic dependent launch where pdl_enabled()
+                 // (pyorch/launch.h: the GPU has it and the process did not turn it off; the
+                 // weight stream starts while the previous kernel drains), 0: a plain launch
 };
 
 // The configuration skinny_gemm uses when given none.
@@ -43,7 +43,8 @@ cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const 
                         int64_t out_stride, int64_t input_stride, cudaStream_t stream,
                         const SkinnyGemmConfig* config = nullptr);
 
-// What skinny_gemm_fused does with the product p = norm(input) @ weight^T + bias (fp32).
+// What skinny_gemm_fused does with the product p = norm(input) @ weight^T + bias (fp32). The
+// kernel templates (cuda/gemm/skinny_gemm.cuh) take the same enum as a template parameter.
 enum class SkinnyGemmEpilogue : int {
   kStore = 0,    // out = p, rounded once (skinny_gemm)
   kSiluMul = 1,  // weight is [gate; up], output_size = 2 * d rows: out [num_tokens, d] =
@@ -59,8 +60,8 @@ enum class SkinnyGemmEpilogue : int {
 //   epilogue: see SkinnyGemmEpilogue. kSiluMul needs an even output_size; out then has
 //     output_size / 2 columns. kAdd reads and writes out (which must not overlap input).
 // Everything else as skinny_gemm; norm_weight shares the dtype and must be 16-byte aligned.
-// Launched without PDL unless config->pdl = 1 (or PYORCH_SKINNY_PDL=1): in a chain of these
-// GEMMs an early-launched one slowed the one before it (see gemm.cu).
+// Launched without PDL unless config->pdl = 1: in a chain of these GEMMs an early-launched one
+// slowed the one before it (see gemm.cu).
 cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, const void* bias,
                               const void* norm_weight, float eps, SkinnyGemmEpilogue epilogue,
                               DType dtype, int64_t num_tokens, int64_t output_size,

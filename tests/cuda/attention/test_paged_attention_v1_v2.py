@@ -13,7 +13,7 @@ import torch
 
 from pyorch import _ops
 from tests.conftest import DEVICES, tol
-from tests.reference import paged_attention_v2 as ref
+from tests.reference import paged_attention_v1_v2 as ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SEQ_LENS = [1, 7, 83, 769, 1025]  # 1025 crosses two partition boundaries in v2
@@ -22,6 +22,7 @@ FP8_NAN = 0x7F  # e4m3fn NaN byte
 # (head_size, block_size, gqa ratio, num_kv_heads, alibi): every head size and block size, GQA
 # ratios 1/4/8 and ALiBi on and off, without the full cross product (2 CPU cores run this).
 CASES = [
+    (32, 8, 4, 2, True),  # fp8: 2 key chunks for a thread group of 4 lanes
     (64, 8, 1, 2, False),
     (80, 16, 4, 1, True),
     (96, 32, 8, 1, False),

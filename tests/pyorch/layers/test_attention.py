@@ -126,7 +126,7 @@ def test_attention_rejects_bad_heads_and_dtype():
 @pytest.mark.parametrize("fuse", [True, False])
 def test_attention_with_rotary(device: str, dtype: torch.dtype, fuse: bool, monkeypatch):
     """Given rotary_emb, the layer rotates q and k (in the cache-writing kernel, or as a separate
-    op with PYORCH_ROPE_CACHE=0): the output, the caches and q / k equal rotating first with the
+    op with _FUSE_ROPE_CACHE off): the output, the caches and q / k equal rotating first with the
     RotaryEmbedding layer and then calling the layer without it."""
     import pyorch.layers.attention as attention_module
     from pyorch.layers.rotary_embedding import RotaryEmbedding

@@ -1,6 +1,6 @@
 // Argument checks of paged_attention_v1 / paged_attention_v2, shared by the CPU kernel
-// (cpp/cpu/paged_attention_v2.cpp) and the CUDA adapter (cpp/ops/paged_attention_v2.cpp), so that
-// both backends accept and reject the same calls with the same messages.
+// (cpp/cpu/paged_attention_v1_v2.cpp) and the CUDA adapter (cpp/ops/paged_attention_v1_v2.cpp),
+// so that both backends accept and reject the same calls with the same messages.
 #pragma once
 
 #include <cstdint>
@@ -11,22 +11,12 @@
 #include <c10/util/Exception.h>
 
 #include "common.h"
+#include "pyorch/paged_attention_v1_v2_sizes.h"  // CUDA-free: the head sizes and the partition
 
 namespace pyorch {
 
-// v2 partition length in tokens; equals kPagedAttentionPartitionSize of the CUDA API (the adapter
-// static_asserts it; this header stays free of CUDA headers for CPU-only builds).
-inline constexpr int64_t kPagedAttentionV2PartitionSize = 512;
-
-inline bool paged_attention_v2_head_size_supported(int64_t head_size) {
-  switch (head_size) {
-    case 64: case 80: case 96: case 112: case 120: case 128: case 192: case 256: return true;
-    default: return false;
-  }
-}
-
 // Sizes read off checked arguments.
-struct PagedAttentionV2Shape {
+struct PagedAttentionV1V2Shape {
   int64_t num_seqs;
   int64_t num_heads;
   int64_t num_kv_heads;
@@ -39,9 +29,10 @@ struct PagedAttentionV2Shape {
 };
 
 // Checks the split-layout caches against the sizes in s and fills s.x and s.num_blocks.
-inline void check_paged_attention_v2_caches(const char* op, PagedAttentionV2Shape& s,
-                                            const at::Tensor& key_cache,
-                                            const at::Tensor& value_cache, at::ScalarType dtype) {
+inline void check_paged_attention_v1_v2_caches(const char* op, PagedAttentionV1V2Shape& s,
+                                               const at::Tensor& key_cache,
+                                               const at::Tensor& value_cache,
+                                               at::ScalarType dtype) {
   const int64_t num_kv_heads = s.num_kv_heads, block_size = s.block_size;
   check_kv_cache_dtype(key_cache, s.kv_dtype, dtype, op);
   check_kv_cache_dtype(value_cache, s.kv_dtype, dtype, op);
@@ -72,7 +63,7 @@ inline void check_paged_attention_v2_caches(const char* op, PagedAttentionV2Shap
 // head_size / x, block_size, x]; value_cache: [num_blocks, num_kv_heads, head_size, block_size];
 // block_tables: [num_seqs, max_blocks_per_seq] int32; seq_lens: [num_seqs] int32;
 // alibi_slopes: [num_heads] float32; k_scale/v_scale: one float32 each (read for fp8 only).
-inline PagedAttentionV2Shape check_paged_attention_v2_args(
+inline PagedAttentionV1V2Shape check_paged_attention_v1_v2_args(
     const char* op, const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
     const at::Tensor& value_cache, int64_t num_kv_heads, const at::Tensor& block_tables,
     const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,
@@ -83,12 +74,12 @@ inline PagedAttentionV2Shape check_paged_attention_v2_args(
               ": blocksparse attention is not supported (blocksparse_vert_stride=",
               blocksparse_vert_stride, ", blocksparse_local_blocks=", blocksparse_local_blocks,
               ")");
-  PagedAttentionV2Shape s{};
+  PagedAttentionV1V2Shape s{};
   TORCH_CHECK(query.dim() == 3, op, ": query must be [num_seqs, num_heads, head_size]");
   s.num_seqs = query.size(0);
   s.num_heads = query.size(1);
   s.head_size = query.size(2);
-  TORCH_CHECK(paged_attention_v2_head_size_supported(s.head_size),
+  TORCH_CHECK(paged_attention_v1_v2_head_size_supported(s.head_size),
               "Unsupported head size: ", s.head_size);
   const auto dtype = query.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
@@ -105,7 +96,7 @@ inline PagedAttentionV2Shape check_paged_attention_v2_args(
   TORCH_CHECK(max_seq_len >= 0, op, ": max_seq_len must be >= 0");
 
   s.kv_dtype = parse_kv_cache_dtype(kv_cache_dtype);
-  check_paged_attention_v2_caches(op, s, key_cache, value_cache, dtype);
+  check_paged_attention_v1_v2_caches(op, s, key_cache, value_cache, dtype);
 
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
                   block_tables.size(0) == s.num_seqs &&
@@ -136,7 +127,7 @@ inline PagedAttentionV2Shape check_paged_attention_v2_args(
 // v2 scratch. exp_sums, max_logits: [num_seqs, num_heads, max_num_partitions] float32;
 // tmp_out: [num_seqs, num_heads, max_num_partitions, head_size] of query's dtype; all contiguous,
 // with max_num_partitions >= ceil(max_seq_len / 512). Returns max_num_partitions.
-inline int64_t check_paged_attention_v2_scratch(const PagedAttentionV2Shape& s,
+inline int64_t check_paged_attention_v2_scratch(const PagedAttentionV1V2Shape& s,
                                                 const at::Tensor& query, const at::Tensor& exp_sums,
                                                 const at::Tensor& max_logits,
                                                 const at::Tensor& tmp_out, int64_t max_seq_len) {

@@ -1,6 +1,6 @@
 // Benchmarks vLLM-style paged_attention_v1 / v2 (split KV layout) through pyorch's C API.
 //
-//   bench_paged_attention_v2 [--batch 64,256,1,16] [--context 4096,2048,32768,1024]
+//   bench_paged_attention_v1_v2 [--batch 64,256,1,16] [--context 4096,2048,32768,1024]
 //       [--num-heads 32] [--num-kv-heads 8] [--head-size 128] [--block-size 16] [--dtype bf16]
 //       [--kv-cache-dtype auto|fp8] [--version v1,v2] [--json FILE]
 //
@@ -25,7 +25,7 @@
 #include <cuda_runtime.h>
 
 #include "common/bench_util.h"
-#include "pyorch/paged_attention_v2.h"
+#include "pyorch/paged_attention_v1_v2.h"
 
 namespace {
 
@@ -118,7 +118,7 @@ void bench_config(int batch, int context, const Shape& sh, const std::vector<std
   BENCH_CHECK(cudaMemcpy(scales, &one, sizeof(float), cudaMemcpyHostToDevice));
   BENCH_CHECK(cudaMemcpy(scales + 1, &one, sizeof(float), cudaMemcpyHostToDevice));
 
-  const int64_t parts = pyorch::paged_attention_num_partitions(context);
+  const int64_t parts = pyorch::paged_attention_v2_num_partitions(context);
   const size_t scratch_rows = size_t(batch) * sh.num_heads * parts;
   float *exp_sums, *max_logits;
   void* tmp_out;
@@ -126,7 +126,7 @@ void bench_config(int batch, int context, const Shape& sh, const std::vector<std
   BENCH_CHECK(cudaMalloc(&max_logits, scratch_rows * sizeof(float)));
   BENCH_CHECK(cudaMalloc(&tmp_out, scratch_rows * sh.head_size * elem));
 
-  pyorch::PagedAttentionV2Args a{};
+  pyorch::PagedAttentionV1V2Args a{};
   a.out = out;
   a.query = query;
   a.key_cache = key_cache;

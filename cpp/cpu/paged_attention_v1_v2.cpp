@@ -18,7 +18,7 @@
 
 #include "cpu/cpu_utils.h"
 #include "ops.h"
-#include "paged_attention_v2_checks.h"
+#include "paged_attention_v1_v2_checks.h"
 
 namespace pyorch::cpu {
 namespace {
@@ -162,7 +162,7 @@ void attend_range(const Problem<T, CacheT>& p, int64_t seq, int64_t kv_head, int
 }
 
 // Rejects block tables and lengths that would read outside the caches (cheap on the host).
-void check_block_tables(const PagedAttentionV2Shape& s, const at::Tensor& block_tables,
+void check_block_tables(const PagedAttentionV1V2Shape& s, const at::Tensor& block_tables,
                         const at::Tensor& seq_lens, int64_t max_seq_len, const char* op) {
   const int32_t* lens = seq_lens.const_data_ptr<int32_t>();
   const int32_t* bt = block_tables.const_data_ptr<int32_t>();
@@ -182,7 +182,7 @@ void check_block_tables(const PagedAttentionV2Shape& s, const at::Tensor& block_
 }
 
 template <typename T, typename CacheT>
-Problem<T, CacheT> make_problem(const PagedAttentionV2Shape& s, const at::Tensor& query,
+Problem<T, CacheT> make_problem(const PagedAttentionV1V2Shape& s, const at::Tensor& query,
                                 const at::Tensor& key_cache, const at::Tensor& value_cache,
                                 const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                 const std::optional<at::Tensor>& alibi_slopes, double scale,
@@ -321,7 +321,7 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
   (void)tp_rank;  // only blocksparse attention used these; dense attention ignores them
   (void)blocksparse_block_size;
   (void)blocksparse_head_sliding_step;
-  const PagedAttentionV2Shape s = check_paged_attention_v2_args(
+  const PagedAttentionV1V2Shape s = check_paged_attention_v1_v2_args(
       "paged_attention_v1", out, query, key_cache, value_cache, num_kv_heads, block_tables,
       seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
       blocksparse_local_blocks, blocksparse_vert_stride);
@@ -353,7 +353,7 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
   (void)tp_rank;
   (void)blocksparse_block_size;
   (void)blocksparse_head_sliding_step;
-  const PagedAttentionV2Shape s = check_paged_attention_v2_args(
+  const PagedAttentionV1V2Shape s = check_paged_attention_v1_v2_args(
       "paged_attention_v2", out, query, key_cache, value_cache, num_kv_heads, block_tables,
       seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
       blocksparse_local_blocks, blocksparse_vert_stride);

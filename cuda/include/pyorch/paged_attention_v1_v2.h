@@ -7,23 +7,15 @@
 #include <cuda_runtime.h>
 
 #include "pyorch/dtype.h"
+#include "pyorch/paged_attention_v1_v2_sizes.h"
 
 namespace pyorch {
-
-// v2 splits each sequence into partitions of this many tokens (vLLM's PARTITION_SIZE).
-constexpr int kPagedAttentionPartitionSize = 512;
-
-// Number of v2 partitions a context of max_seq_len tokens needs: the last dim of exp_sums,
-// max_logits and tmp_out.
-inline int64_t paged_attention_num_partitions(int64_t max_seq_len) {
-  return (max_seq_len + kPagedAttentionPartitionSize - 1) / kPagedAttentionPartitionSize;
-}
 
 // Arguments shared by v1 and v2. Strides are in elements. Within one (block, kv head) the caches
 // are contiguous, and every tensor's last dimension is contiguous.
 // NOTE(pav2): the struct's name is distinct from the NHD attention's on purpose: both live in
 // namespace pyorch and are linked into one library.
-struct PagedAttentionV2Args {
+struct PagedAttentionV1V2Args {
   void* out;                  // [num_seqs, num_heads, head_size] (out_seq_stride, out_head_stride)
   const void* query;          // [num_seqs, num_heads, head_size] (q_seq_stride, q_head_stride)
   const void* key_cache;      // [num_blocks, num_kv_heads, head_size / x, block_size, x],
@@ -40,7 +32,7 @@ struct PagedAttentionV2Args {
   int num_seqs;
   int num_heads;
   int num_kv_heads;  // divides num_heads (GQA)
-  int head_size;     // 64, 80, 96, 112, 120, 128, 192 or 256
+  int head_size;     // one of kPagedAttentionV1V2HeadSizes
   int block_size;    // 8, 16 or 32
   int max_seq_len;   // bounds seq_lens; sizes the v2 grid
   float scale;       // softmax scale applied to q.k
@@ -54,14 +46,14 @@ struct PagedAttentionV2Args {
 // One pass per (head, sequence): out = softmax(scale * q.K^T + alibi) V.
 // Works for any context length (the kernel walks the context in 512-token chunks with an online
 // softmax, so its shared memory does not grow with max_seq_len).
-cudaError_t paged_attention_v1(const PagedAttentionV2Args& args, cudaStream_t stream);
+cudaError_t paged_attention_v1(const PagedAttentionV1V2Args& args, cudaStream_t stream);
 
 // Split-K: one pass per (head, sequence, 512-token partition) into caller-provided scratch, then a
 // reduce kernel combines the partitions into out.
 // exp_sums, max_logits: [num_seqs, num_heads, max_num_partitions] float32, contiguous;
 // tmp_out: [num_seqs, num_heads, max_num_partitions, head_size] of dtype, contiguous;
-// max_num_partitions >= paged_attention_num_partitions(max_seq_len).
-cudaError_t paged_attention_v2(const PagedAttentionV2Args& args, float* exp_sums,
+// max_num_partitions >= paged_attention_v2_num_partitions(max_seq_len).
+cudaError_t paged_attention_v2(const PagedAttentionV1V2Args& args, float* exp_sums,
                                float* max_logits, void* tmp_out, int64_t max_num_partitions,
                                cudaStream_t stream);
 

@@ -8,23 +8,20 @@
 
 #include "common.h"
 #include "ops.h"
-#include "paged_attention_v2_checks.h"
-#include "pyorch/paged_attention_v2.h"
-
-static_assert(pyorch::kPagedAttentionPartitionSize == pyorch::kPagedAttentionV2PartitionSize,
-              "the CPU and CUDA paths must partition alike");
+#include "paged_attention_v1_v2_checks.h"
+#include "pyorch/paged_attention_v1_v2.h"
 
 namespace {
 
 // The C API's arguments from checked tensors, plus the CUDA-only requirements (16-byte vector
 // loads from both caches).
-pyorch::PagedAttentionV2Args make_args(const pyorch::PagedAttentionV2Shape& s, const char* op,
-                                       at::Tensor& out, const at::Tensor& query,
-                                       const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                       const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                       const std::optional<at::Tensor>& alibi_slopes,
-                                       const at::Tensor& k_scale, const at::Tensor& v_scale,
-                                       double scale, int64_t max_seq_len) {
+pyorch::PagedAttentionV1V2Args make_args(const pyorch::PagedAttentionV1V2Shape& s,
+                                         const char* op, at::Tensor& out, const at::Tensor& query,
+                                         const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                         const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                         const std::optional<at::Tensor>& alibi_slopes,
+                                         const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                         double scale, int64_t max_seq_len) {
   TORCH_CHECK(query.is_cuda(), op, ": tensors must be on CUDA");
   for (const at::Tensor* cache : {&key_cache, &value_cache}) {
     TORCH_CHECK(reinterpret_cast<uintptr_t>(cache->data_ptr()) % 16 == 0 &&
@@ -34,7 +31,7 @@ pyorch::PagedAttentionV2Args make_args(const pyorch::PagedAttentionV2Shape& s, c
   TORCH_CHECK(max_seq_len <= INT_MAX && s.num_seqs <= INT_MAX && s.num_heads <= INT_MAX, op,
               ": sizes exceed int32");
   const bool fp8 = s.kv_dtype == pyorch::KVCacheDType::kFp8E4M3;
-  pyorch::PagedAttentionV2Args a{};
+  pyorch::PagedAttentionV1V2Args a{};
   a.out = out.data_ptr();
   a.query = query.data_ptr();
   a.key_cache = key_cache.data_ptr();
@@ -80,11 +77,11 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
   (void)blocksparse_block_size;
   (void)blocksparse_head_sliding_step;
   const char* op = "paged_attention_v1";
-  const pyorch::PagedAttentionV2Shape s = pyorch::check_paged_attention_v2_args(
+  const pyorch::PagedAttentionV1V2Shape s = pyorch::check_paged_attention_v1_v2_args(
       op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, block_size,
       max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, blocksparse_local_blocks,
       blocksparse_vert_stride);
-  const pyorch::PagedAttentionV2Args args =
+  const pyorch::PagedAttentionV1V2Args args =
       make_args(s, op, out, query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
                 k_scale, v_scale, scale, max_seq_len);
   if (s.num_seqs == 0) return;
@@ -106,13 +103,13 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
   (void)blocksparse_block_size;
   (void)blocksparse_head_sliding_step;
   const char* op = "paged_attention_v2";
-  const pyorch::PagedAttentionV2Shape s = pyorch::check_paged_attention_v2_args(
+  const pyorch::PagedAttentionV1V2Shape s = pyorch::check_paged_attention_v1_v2_args(
       op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, block_size,
       max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, blocksparse_local_blocks,
       blocksparse_vert_stride);
   const int64_t max_parts =
       pyorch::check_paged_attention_v2_scratch(s, query, exp_sums, max_logits, tmp_out, max_seq_len);
-  const pyorch::PagedAttentionV2Args args =
+  const pyorch::PagedAttentionV1V2Args args =
       make_args(s, op, out, query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
                 k_scale, v_scale, scale, max_seq_len);
   if (s.num_seqs == 0) return;

@@ -24,15 +24,15 @@
 #include "common/dtype.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
-#include "pyorch/paged_attention_v2.h"
+#include "pyorch/paged_attention_v1_v2.h"
 
 // NOTE(pav2): a nested namespace keeps these helpers' names apart from the NHD attention kernels,
 // which are linked into the same library (same-named inline templates would collide silently).
-namespace pyorch::kernels::paged_v2 {
+namespace pyorch::kernels::paged_v1_v2 {
 
 constexpr int kNumThreads = 128;
 constexpr int kNumWarps = kNumThreads / kWarpSize;
-constexpr int kChunkSize = kPagedAttentionPartitionSize;
+constexpr int kChunkSize = kPagedAttentionV2PartitionSize;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -301,9 +301,9 @@ __device__ __forceinline__ void store_output(
 // A sequence that fits one partition is written straight to out (the reduce kernel skips it).
 template <typename T, typename CacheT, int HEAD_SIZE, int BLOCK_SIZE>
 __global__ void __launch_bounds__(kNumThreads)
-    paged_attention_v2_kernel(const PagedAttentionV2Args args, float* __restrict__ exp_sums,
-                              float* __restrict__ max_logits, T* __restrict__ tmp_out,
-                              int64_t max_num_partitions) {
+    paged_attention_v1_v2_kernel(const PagedAttentionV1V2Args args, float* __restrict__ exp_sums,
+                                 float* __restrict__ max_logits, T* __restrict__ tmp_out,
+                                 int64_t max_num_partitions) {
   using Cfg = PagedConfig<CacheT, HEAD_SIZE, BLOCK_SIZE>;
   constexpr bool kIsFp8 = std::is_same_v<CacheT, uint8_t>;
   __shared__ float q_smem[HEAD_SIZE];
@@ -438,14 +438,14 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
 
 // v1 when exp_sums == nullptr, else v2 (attention kernel over all partitions, then the reduce).
 template <typename T, typename CacheT, int HEAD_SIZE, int BLOCK_SIZE>
-cudaError_t launch_paged_attention_v2(const PagedAttentionV2Args& args, float* exp_sums,
-                                      float* max_logits, T* tmp_out, int64_t max_num_partitions,
-                                      cudaStream_t stream) {
+cudaError_t launch_paged_attention_v1_v2(const PagedAttentionV1V2Args& args, float* exp_sums,
+                                         float* max_logits, T* tmp_out, int64_t max_num_partitions,
+                                         cudaStream_t stream) {
   const bool partitioned = exp_sums != nullptr;
   // At least one partition, so that empty sequences still get their zeros. With one partition
   // every sequence writes out directly and the scratch is never touched.
   const int64_t num_launched =
-      partitioned ? std::max<int64_t>(1, paged_attention_num_partitions(args.max_seq_len)) : 1;
+      partitioned ? std::max<int64_t>(1, paged_attention_v2_num_partitions(args.max_seq_len)) : 1;
   if (args.num_seqs > 65535 || num_launched > 65535 ||
       (num_launched > 1 && num_launched > max_num_partitions)) {
     PYORCH_INVALID("paged_attention: grid too large (num_seqs %d, partitions %lld of %lld)",
@@ -453,7 +453,7 @@ cudaError_t launch_paged_attention_v2(const PagedAttentionV2Args& args, float* e
                    static_cast<long long>(max_num_partitions));
   }
   const dim3 grid(args.num_heads, args.num_seqs, static_cast<unsigned>(num_launched));
-  paged_attention_v2_kernel<T, CacheT, HEAD_SIZE, BLOCK_SIZE>
+  paged_attention_v1_v2_kernel<T, CacheT, HEAD_SIZE, BLOCK_SIZE>
       <<<grid, kNumThreads, 0, stream>>>(args, exp_sums, max_logits, tmp_out, max_num_partitions);
   PYORCH_RETURN_IF_ERROR(cudaGetLastError());
   if (!partitioned || num_launched == 1) return cudaSuccess;  // every sequence wrote out itself
@@ -468,4 +468,4 @@ cudaError_t launch_paged_attention_v2(const PagedAttentionV2Args& args, float* e
   return cudaGetLastError();
 }
 
-}  // namespace pyorch::kernels::paged_v2
+}  // namespace pyorch::kernels::paged_v1_v2
