@@ -133,9 +133,9 @@ def test_pdl_chain_same_bits_with_and_without_pdl(num_tokens: int):
 
 
 def test_pyorch_pdl_sets_the_process_wide_switch():
-    # pyorch/__init__.py hands envs.PYORCH_PDL to the C API (pyorch/launch.h) when the extension
-    # loads; nothing under cuda/ reads the environment. With it off no kernel may launch with PDL.
-    code = "import pyorch; print('PDL', pyorch._C.pdl_enabled())"
+    # pyorch/_ops.py hands envs.PYORCH_PDL to the C API (pyorch/launch.h) when it loads the ops;
+    # nothing under cuda/ reads the environment. With it off no kernel may launch with PDL.
+    code = "import pyorch._ops; print('PDL', pyorch._C.pdl_enabled())"
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     seen = {}
     for pdl in ("0", "1"):
