@@ -153,7 +153,7 @@ PYBIND11_MODULE(_C, m) {
   pyorch::block::bind_block_manager(m);
 #ifdef PYORCH_WITH_CUDA
   // Process-wide launch settings of the C API (cuda/include/pyorch/launch.h): state, not a tensor
-  // op, so a plain function here rather than a schema in TORCH_LIBRARY. pyorch/__init__.py sets
+  // op, so a plain function here rather than a schema in TORCH_LIBRARY. pyorch/_ops.py sets
   // PDL from PYORCH_PDL right after loading this module.
   m.def("set_pdl_enabled", &pyorch::set_pdl_enabled, py::arg("enabled"),
         "Turn programmatic dependent launch on or off for the pyorch kernels launched after.");
