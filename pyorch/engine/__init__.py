@@ -1,0 +1,1 @@
+"""The engine: scheduler, engine core, clients and request processing."""
