@@ -38,7 +38,8 @@ def _rates(text: str) -> list[float]:
     try:
         rates = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers or inf separated by commas: {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected numbers or inf separated by commas: {text!r}") from None
     if not rates or any(not r > 0 for r in rates):
         raise argparse.ArgumentTypeError(f"request rates must be positive: {text!r}")
     return rates
@@ -111,7 +112,7 @@ def make_requests(args: argparse.Namespace, tokenizer: Any, vocab_size: int,
                                      args.num_prompts, seed + 1)
     prompts = common.random_token_prompts(in_lens, vocab_size, seed + 2)
     specs = []
-    for ids, out_len in zip(prompts, out_lens):
+    for ids, out_len in zip(prompts, out_lens, strict=True):
         if tokenizer is None:
             specs.append(RequestSpec(ids, len(ids), out_len))
         else:
@@ -154,7 +155,7 @@ async def run_rate(client: Any, args: argparse.Namespace, url: str, model: str,
             return await send_request(client, target, body, spec.prompt_len, start)
 
     start = time.perf_counter()
-    results = await asyncio.gather(*(one(s, o, start) for s, o in zip(specs, offsets)))
+    results = await asyncio.gather(*(one(s, o, start) for s, o in zip(specs, offsets, strict=True)))
     duration = time.perf_counter() - start
     summary = summarize(results, duration)
     summary.update(request_rate=rate, burstiness=args.burstiness, arrival=args.arrival,
@@ -197,7 +198,7 @@ def plot(path: str, runs: list[dict[str, Any]], title: str) -> None:
     for ax, key, name in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
         for q, style in (("p50", "o-"), ("p99", "s--")):
             ax.plot(x, [r[key][q] for r in runs], style, label=f"{name} {q}")
-        for xi, yi, lab in zip(x, [r[key]["p50"] for r in runs], labels):
+        for xi, yi, lab in zip(x, [r[key]["p50"] for r in runs], labels, strict=True):
             ax.annotate(f"rate {lab}", (xi, yi), textcoords="offset points", xytext=(4, 4),
                         fontsize=7)
         ax.set_xlabel("achieved load (completed requests/s)")

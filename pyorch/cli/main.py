@@ -17,8 +17,10 @@ from typing import Optional, Sequence
 # subcommand -> module with add_cli_args(parser) and main(args)
 _SERVE = "pyorch.entrypoints.openai.cli_args"
 _BENCH = {
-    "throughput": ("pyorch.benchmarks.throughput", "offline throughput: pyorch against transformers"),
-    "latency": ("pyorch.benchmarks.latency", "batch-1 decode latency against the weight-read floor"),
+    "throughput": ("pyorch.benchmarks.throughput",
+                   "offline throughput: pyorch against transformers"),
+    "latency": ("pyorch.benchmarks.latency",
+                "batch-1 decode latency against the weight-read floor"),
     "startup": ("pyorch.benchmarks.startup", "cold start to ready"),
     "serve": ("pyorch.benchmarks.serve", "load generator for any OpenAI-compatible server"),
     "attention": ("pyorch.benchmarks.attention",
