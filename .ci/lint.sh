@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 failed=()
 
 echo "== ruff check pyorch"
-ruff check pyorch || failed+=(ruff)
+ruff check --output-format concise pyorch || failed+=(ruff)
 
 echo "== mypy pyorch"
 mypy pyorch || failed+=(mypy)
