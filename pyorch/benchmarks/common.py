@@ -214,7 +214,7 @@ def args_dict(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
 
 
-def pyplot():
+def pyplot() -> Any:
     """matplotlib.pyplot with the Agg backend, imported only when a figure is drawn."""
     import matplotlib
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from pyorch.benchmarks import common
 from pyorch.benchmarks.serve_client import (
+    RequestResult,
     RequestSpec,
     arrival_offsets,
     build_payload,
@@ -144,7 +145,7 @@ async def run_rate(client: Any, args: argparse.Namespace, url: str, model: str,
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     target = url + args.endpoint
 
-    async def one(spec: RequestSpec, offset: float, start: float):
+    async def one(spec: RequestSpec, offset: float, start: float) -> RequestResult:
         delay = start + offset - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)

@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+from types import ModuleType
 from typing import Optional, Sequence
 
 # subcommand -> module with add_cli_args(parser) and main(args)
@@ -28,7 +29,7 @@ _BENCH = {
 }
 
 
-def _load(module: str):
+def _load(module: str) -> ModuleType:
     return importlib.import_module(module)
 
 
