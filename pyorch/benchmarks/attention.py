@@ -216,7 +216,7 @@ def main(args: argparse.Namespace) -> int:
     copy_bps = copy_bandwidth()
     print(f"device={torch.cuda.get_device_name()} copy={copy_bps / 1e9:.1f} GB/s (read+written)")
     rows = []
-    for batch, context in zip(args.batch, contexts):
+    for batch, context in zip(args.batch, contexts, strict=True):
         kv_bytes = 2 * batch * context * args.num_kv_heads * args.head_size * 2
         copies = min(GRAPH_CALLS, max(1, math.ceil(ROTATION_BYTES / kv_bytes)))
         row = Row(args, batch, context, copies)

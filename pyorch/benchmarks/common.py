@@ -214,7 +214,7 @@ def args_dict(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
 
 
-def pyplot():
+def pyplot() -> Any:
     """matplotlib.pyplot with the Agg backend, imported only when a figure is drawn."""
     import matplotlib
 
@@ -248,7 +248,7 @@ def plot_grouped_bars(
         pts = [(i, v) for i, v in enumerate(values) if v is not None]
         xs = [i + (k - (len(series) - 1) / 2) * width for i, _ in pts]
         bars = ax.bar(xs, [v for _, v in pts], width, label=name)
-        for bar, (_, v) in zip(bars, pts):
+        for bar, (_, v) in zip(bars, pts, strict=True):
             ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.0f}", ha="center", va="bottom",
                     fontsize=7)
     labelled = False

@@ -73,7 +73,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
 
-def _left_padded(prompts: Sequence[list[int]], pad_id: int, device: str):
+def _left_padded(prompts: Sequence[list[int]], pad_id: int,
+                 device: str) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)

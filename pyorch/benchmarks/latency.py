@@ -103,7 +103,7 @@ def gemm_chain(weights: list[torch.Tensor], batch: int, device: torch.device,
     outs = [torch.empty(batch, w.shape[0], dtype=w.dtype, device=device) for w in weights]
 
     def run() -> None:
-        for w, out in zip(weights, outs):
+        for w, out in zip(weights, outs, strict=True):
             torch.matmul(inputs[w.shape[1]], w.t(), out=out)
 
     flops = sum(2 * batch * w.shape[0] * w.shape[1] for w in weights)

@@ -24,6 +24,7 @@ from typing import Any
 
 from pyorch.benchmarks import common
 from pyorch.benchmarks.serve_client import (
+    RequestResult,
     RequestSpec,
     arrival_offsets,
     build_payload,
@@ -38,7 +39,8 @@ def _rates(text: str) -> list[float]:
     try:
         rates = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers or inf separated by commas: {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected numbers or inf separated by commas: {text!r}") from None
     if not rates or any(not r > 0 for r in rates):
         raise argparse.ArgumentTypeError(f"request rates must be positive: {text!r}")
     return rates
@@ -111,7 +113,7 @@ def make_requests(args: argparse.Namespace, tokenizer: Any, vocab_size: int,
                                      args.num_prompts, seed + 1)
     prompts = common.random_token_prompts(in_lens, vocab_size, seed + 2)
     specs = []
-    for ids, out_len in zip(prompts, out_lens):
+    for ids, out_len in zip(prompts, out_lens, strict=True):
         if tokenizer is None:
             specs.append(RequestSpec(ids, len(ids), out_len))
         else:
@@ -143,7 +145,7 @@ async def run_rate(client: Any, args: argparse.Namespace, url: str, model: str,
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     target = url + args.endpoint
 
-    async def one(spec: RequestSpec, offset: float, start: float):
+    async def one(spec: RequestSpec, offset: float, start: float) -> RequestResult:
         delay = start + offset - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -154,7 +156,7 @@ async def run_rate(client: Any, args: argparse.Namespace, url: str, model: str,
             return await send_request(client, target, body, spec.prompt_len, start)
 
     start = time.perf_counter()
-    results = await asyncio.gather(*(one(s, o, start) for s, o in zip(specs, offsets)))
+    results = await asyncio.gather(*(one(s, o, start) for s, o in zip(specs, offsets, strict=True)))
     duration = time.perf_counter() - start
     summary = summarize(results, duration)
     summary.update(request_rate=rate, burstiness=args.burstiness, arrival=args.arrival,
@@ -197,7 +199,7 @@ def plot(path: str, runs: list[dict[str, Any]], title: str) -> None:
     for ax, key, name in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
         for q, style in (("p50", "o-"), ("p99", "s--")):
             ax.plot(x, [r[key][q] for r in runs], style, label=f"{name} {q}")
-        for xi, yi, lab in zip(x, [r[key]["p50"] for r in runs], labels):
+        for xi, yi, lab in zip(x, [r[key]["p50"] for r in runs], labels, strict=True):
             ax.annotate(f"rate {lab}", (xi, yi), textcoords="offset points", xytext=(4, 4),
                         fontsize=7)
         ax.set_xlabel("achieved load (completed requests/s)")

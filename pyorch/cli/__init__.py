@@ -1,1 +1,2 @@
-"""The `pyorch` command line: `pyorch serve ...` and `pyorch bench {throughput,latency,startup,serve}`."""
+"""The `pyorch` command line: `pyorch serve ...` and
+`pyorch bench {throughput,latency,startup,serve}`."""

@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+from types import ModuleType
 from typing import Optional, Sequence
 
 from pyorch.logger import configure_logging
@@ -19,8 +20,10 @@ from pyorch.logger import configure_logging
 # subcommand -> module with add_cli_args(parser) and main(args)
 _SERVE = "pyorch.entrypoints.openai.cli_args"
 _BENCH = {
-    "throughput": ("pyorch.benchmarks.throughput", "offline throughput: pyorch against transformers"),
-    "latency": ("pyorch.benchmarks.latency", "batch-1 decode latency against the weight-read floor"),
+    "throughput": ("pyorch.benchmarks.throughput",
+                   "offline throughput: pyorch against transformers"),
+    "latency": ("pyorch.benchmarks.latency",
+                "batch-1 decode latency against the weight-read floor"),
     "startup": ("pyorch.benchmarks.startup", "cold start to ready"),
     "serve": ("pyorch.benchmarks.serve", "load generator for any OpenAI-compatible server"),
     "attention": ("pyorch.benchmarks.attention",
@@ -28,7 +31,7 @@ _BENCH = {
 }
 
 
-def _load(module: str):
+def _load(module: str) -> ModuleType:
     return importlib.import_module(module)
 
 

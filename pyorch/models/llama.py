@@ -14,7 +14,10 @@ from torch import nn
 from pyorch.layers.activation import SiluAndMul, get_act_and_mul_fn
 from pyorch.layers.attention import Attention
 from pyorch.layers.fused_linear import (
-    fused_decode_batch, linear_add_, norm_linear, skinny_fusable,
+    fused_decode_batch,
+    linear_add_,
+    norm_linear,
+    skinny_fusable,
 )
 from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
