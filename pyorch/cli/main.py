@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
-import os
 import sys
 from types import ModuleType
 from typing import Optional, Sequence

@@ -21,9 +21,9 @@ from pyorch.core.request import Request, RequestStatus
 from pyorch.core.scheduler import Scheduler
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.core_types import EngineCoreOutput
-from pyorch.metrics.stats import SchedulerStats
 from pyorch.executor.model_runner import ModelRunner
 from pyorch.executor.step import StepHandle
+from pyorch.metrics.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 

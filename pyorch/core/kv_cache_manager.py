@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import torch  # noqa: F401  (loads libtorch, which pyorch._C links against)
 
 from pyorch._C import BlockPool
-
 from pyorch.core.request import Request
 from pyorch.utils import cdiv
 

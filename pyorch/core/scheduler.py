@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Optional
 from pyorch.core.kv_cache_manager import KVCacheManager
 from pyorch.core.request import Request, RequestStatus, check_stop, create_request_queue
 from pyorch.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from pyorch.metrics.stats import SchedulerStats
 from pyorch.core_types import EngineCoreOutput, LogprobsLists
+from pyorch.metrics.stats import SchedulerStats
 from pyorch.utils import cdiv
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from typing import Any, AsyncGenerator, Optional, Union
 
+from pyorch import wire
 from pyorch.config import EngineConfig, ModelConfig
 from pyorch.engine.arg_utils import EngineArgs
 from pyorch.engine.core_client import EngineCoreClient
@@ -28,7 +29,6 @@ from pyorch.engine.output_processor import OutputProcessor
 from pyorch.metrics.stats import IterationStats, SchedulerStats, StatLoggerBase, record_stats
 from pyorch.outputs import RequestOutput
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
-from pyorch import wire
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class AsyncLLM:
         return await self._call(wire.UTILITY, "get_kv_cache_info")
 
     async def call_utility(self, method: str, *args: Any) -> Any:
-        """Runs a named utility in the engine core (`pyorch.core.core_proc.EngineCoreProc._utility`)."""
+        """Runs a named utility in the engine core (`core_proc.EngineCoreProc._utility`)."""
         return await self._call(wire.UTILITY, method, *args)
 
     async def _call(self, kind: int, *args: Any) -> Any:

@@ -131,7 +131,8 @@ class EngineCoreClient:
                 except RuntimeError:  # no loop: wait for room (start-up, sync shutdown)
                     deadline = deadline or time.monotonic() + _SYNC_SEND_TIMEOUT_S
                     if time.monotonic() > deadline:
-                        raise EngineDeadError("the engine core stopped reading its socket")
+                        raise EngineDeadError(
+                            "the engine core stopped reading its socket") from None
                     select.select([], [self.sock], [], 0.1)
                     continue
                 if self._writer_loop is None:

@@ -10,12 +10,12 @@ import time
 from typing import Any, Iterable, Optional, Union
 
 from pyorch.config import EngineConfig
-from pyorch.engine.arg_utils import EngineArgs
 from pyorch.core.engine_core import EngineCore
-from pyorch.engine.input_processor import MAX_LOGPROBS, InputProcessor, PromptType
-from pyorch.engine.output_processor import OutputProcessor
 from pyorch.core.request import Request, RequestStatus
 from pyorch.core.scheduler import Scheduler
+from pyorch.engine.arg_utils import EngineArgs
+from pyorch.engine.input_processor import MAX_LOGPROBS, InputProcessor, PromptType
+from pyorch.engine.output_processor import OutputProcessor
 from pyorch.executor.model_runner import ModelRunner
 from pyorch.metrics.stats import IterationStats, StatLoggerBase, record_stats
 from pyorch.outputs import RequestOutput

@@ -66,7 +66,7 @@ class LLM:
             raise ValueError("priority must have one entry per prompt")
         request_ids = []
         try:
-            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
                 if params is not None and params.output_kind != RequestOutputKind.FINAL_ONLY:
                     # generate() returns whole outputs: the engine need not build the others.
                     params = params.clone()
@@ -109,7 +109,8 @@ class LLM:
             prompts.append({"prompt_token_ids": list(ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: Union[bool, Callable]) -> list[RequestOutput]:
+    def _run_engine(self, request_ids: list[str],
+                    use_tqdm: Union[bool, Callable]) -> list[RequestOutput]:
         engine = self.llm_engine
         pbar = None
         if use_tqdm:

@@ -153,8 +153,8 @@ class CUDAGraphRunner:
         stream = torch.cuda.Stream(self.device)
         # Largest first over both kinds: the pool's blocks are reused by everything after.
         # Size 1 is one decode token either way: its mixed graph is also the decode graph.
-        order = sorted([(s, False) for s in self.mixed_sizes] +
-                       [(s, True) for s in self.decode_sizes if s != 1 or 1 not in self.mixed_sizes],
+        decode_keys = [(s, True) for s in self.decode_sizes if s != 1 or 1 not in self.mixed_sizes]
+        order = sorted([(s, False) for s in self.mixed_sizes] + decode_keys,
                        key=lambda k: (-k[0], k[1]))
         for size, decode in order:
             num_seqs = self.num_seqs_for(size)

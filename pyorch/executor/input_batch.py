@@ -112,7 +112,8 @@ class StepBuffers:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = torch.device(device)
         counts = self._counts(max_tokens, max_seqs, max_seqs * max_blocks_per_seq)
-        nbytes = sum(np.dtype(dt).itemsize * n + 8 for (_, dt), n in zip(_FIELDS, counts))
+        nbytes = sum(np.dtype(dt).itemsize * n + 8 for (_, dt), n in
+                     zip(_FIELDS, counts, strict=True))
         pin = self.device.type == "cuda"
         self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
         self.host_np = self.host.numpy()
@@ -132,7 +133,7 @@ class StepBuffers:
         """Byte offsets of each field for this step's sizes (8-byte aligned)."""
         out, offset = {}, 0
         counts = self._counts(num_tokens, num_seqs, num_seqs * table_width)
-        for (name, dt), n in zip(_FIELDS, counts):
+        for (name, dt), n in zip(_FIELDS, counts, strict=True):
             out[name] = (offset, n, dt)
             offset += -(-np.dtype(dt).itemsize * n // 8) * 8
         out["_total"] = (offset, 0, None)

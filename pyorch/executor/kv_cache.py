@@ -31,7 +31,8 @@ class KVCacheSpec:
         # key + value, every layer
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_size * elem
 
-    def allocate(self, num_blocks: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def allocate(self, num_blocks: int,
+                 device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         # One allocation for all layers: [num_layers, 2, *shape]; each layer gets two views.
         storage = torch.empty((self.num_layers, 2, *shape), dtype=self.dtype, device=device)
@@ -43,7 +44,8 @@ def num_blocks_from_bytes(spec: KVCacheSpec, budget_bytes: int, what: str) -> in
     if num_blocks < 2:
         raise ValueError(
             f"{what} ({budget_bytes / 2**20:.1f} MiB) holds no KV block: one block needs "
-            f"{spec.bytes_per_block / 2**20:.2f} MiB. Increase it or lower max_model_len/block_size."
+            f"{spec.bytes_per_block / 2**20:.2f} MiB. Increase it or lower "
+            "max_model_len/block_size."
         )
     return int(num_blocks)
 

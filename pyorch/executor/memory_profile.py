@@ -31,14 +31,14 @@ def profile_activation_peak(runner: ModelRunner) -> int:
     per_seq = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
     blocks_per_seq = [cdiv(n, block_size) for n in per_seq]
     temp = spec.allocate(sum(blocks_per_seq) + 1, dev)
-    for layer, cache in zip(runner.attn_layers, temp):
+    for layer, cache in zip(runner.attn_layers, temp, strict=True):
         layer.kv_cache = cache
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
     next_block, table = 1, np.zeros((num_seqs, max(blocks_per_seq)), dtype=np.int32)
     slots = []
-    for i, (n, nb) in enumerate(zip(per_seq, blocks_per_seq)):
+    for i, (n, nb) in enumerate(zip(per_seq, blocks_per_seq, strict=True)):
         table[i, :nb] = np.arange(next_block, next_block + nb)
         slots.append(next_block * block_size + np.arange(n))
         next_block += nb

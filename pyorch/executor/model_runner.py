@@ -16,6 +16,7 @@ from torch import nn
 
 from pyorch.config import EngineConfig
 from pyorch.core.scheduler_output import SchedulerOutput
+from pyorch.core_types import LogprobsLists
 from pyorch.executor.cuda_graph import (
     CUDAGraphRunner,
     default_capture_sizes,
@@ -33,7 +34,6 @@ from pyorch.executor.memory_profile import profile_activation_peak
 from pyorch.executor.step import ModelRunnerOutput, StepHandle
 from pyorch.forward_context import AttentionMetadata, set_forward_context
 from pyorch.layers.attention import Attention
-from pyorch.core_types import LogprobsLists
 from pyorch.layers.sampler import Sampler, compute_prompt_logprobs, sample_rows
 from pyorch.metrics.stats import StepTimings
 from pyorch.utils import cdiv
@@ -106,13 +106,14 @@ class ModelRunner:
                 spec, self.cache_config.kv_cache_memory_bytes, "kv_cache_memory_bytes")
         elif self.device.type == "cuda":
             peak = profile_activation_peak(self)
-            budget = gpu_kv_budget_bytes(self.device, self.cache_config.gpu_memory_utilization, peak)
+            budget = gpu_kv_budget_bytes(self.device, self.cache_config.gpu_memory_utilization,
+                                         peak)
             num_blocks = num_blocks_from_bytes(spec, budget, "the GPU memory left for the KV cache")
         else:
             num_blocks = num_blocks_from_bytes(spec, DEFAULT_CPU_KV_CACHE_BYTES,
                                                "the default CPU KV budget")
         self.kv_caches = spec.allocate(num_blocks, self.device)
-        for layer, cache in zip(self.attn_layers, self.kv_caches):
+        for layer, cache in zip(self.attn_layers, self.kv_caches, strict=True):
             layer.kv_cache = cache
         self.cache_config.num_blocks = num_blocks
         tokens = (num_blocks - 1) * self.block_size
@@ -175,7 +176,7 @@ class ModelRunner:
                 self._prompt_logprob_req_ids.add(new.req_id)
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
         ):
             state = self.requests[req_id]
             if new_blocks:
@@ -270,7 +271,8 @@ class ModelRunner:
         last_rows = self._last_step.sampled_row_of if self._last_step is not None else {}
         pending_dst: list[int] = []
         pending_src: list[int] = []
-        for st, a, num, k, o in zip(states, start_list, n_list, known_list, offsets):
+        for st, a, num, k, o in zip(states, start_list, n_list, known_list,
+                                       offsets, strict=True):
             b = a + num
             if num == 1 and b <= k:  # a decode row whose input token is known
                 input_ids[o] = st.token_ids[a]

@@ -31,7 +31,8 @@ class GeluAndMul(nn.Module):
     def __init__(self, approximate: str = "none"):
         super().__init__()
         if approximate not in ("none", "tanh"):
-            raise ValueError(f"GeluAndMul: approximate must be 'none' or 'tanh', not {approximate!r}")
+            raise ValueError(
+                f"GeluAndMul: approximate must be 'none' or 'tanh', not {approximate!r}")
         self.approximate = approximate
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:  # [..., 2 * d] -> [..., d]

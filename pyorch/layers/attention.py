@@ -117,6 +117,7 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"layer_idx={self.layer_idx}, num_heads={self.num_heads}, "
-            f"num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, scale={self.scale:.4g}, "
+            f"num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
+            f"scale={self.scale:.4g}, "
             f"sliding_window={self.sliding_window}, logits_soft_cap={self.logits_soft_cap}"
         )

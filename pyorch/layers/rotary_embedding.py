@@ -194,7 +194,8 @@ class RotaryEmbedding(nn.Module):
 
     def _rotate(
         self,
-        x: torch.Tensor,  # [num_tokens, num_heads * head_size] (or [num_tokens, num_heads, head_size])
+        # [num_tokens, num_heads * head_size] (or [num_tokens, num_heads, head_size])
+        x: torch.Tensor,
         cos: torch.Tensor,  # [num_tokens, rotary_dim // 2]
         sin: torch.Tensor,  # [num_tokens, rotary_dim // 2]
     ) -> torch.Tensor:

@@ -448,11 +448,11 @@ def sample_rows(sampler: "Sampler", logits: torch.Tensor,
     widths = [m.max_num_logprobs for m in metas if m.max_num_logprobs is not None]
     for m in metas:  # one top-N width for the whole batch
         m.max_num_logprobs = max(widths) if widths else None
-    outs = [sampler(logits[a:b], m) for (a, b), m in zip(chunks, metas)]
+    outs = [sampler(logits[a:b], m) for (a, b), m in zip(chunks, metas, strict=True)]
     logprobs = None
     if widths:
         logprobs = LogprobsTensors(*(torch.cat(parts) for parts in
-                                     zip(*(o.logprobs for o in outs))))
+                                     zip(*(o.logprobs for o in outs), strict=True)))
     return SamplerOutput(sampled_token_ids=torch.cat([o.sampled_token_ids for o in outs]),
                          logprobs=logprobs)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -156,7 +157,7 @@ def summarize_step_trace(records: list[dict[str, Any]], start_s: float,
     next, split into decode-only steps and steps with prefill tokens; per step also the host
     time by phase, GC pauses and allocator retries where the records carry their totals, and
     the five longest idle gaps with the host work of the step before each."""
-    for r, nxt in zip(records, records[1:]):
+    for r, nxt in itertools.pairwise(records):
         r["host_ms"] = (nxt["host_total_s"] - r["host_total_s"]) * 1e3
         r["wait_ms"] = (nxt["wait_total_s"] - r["wait_total_s"]) * 1e3
         if "phase_s" in r:  # the host time by phase

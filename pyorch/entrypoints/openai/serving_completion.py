@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pyorch.entrypoints.openai.errors import OpenAIError
 from pyorch.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -26,13 +27,12 @@ from pyorch.entrypoints.openai.serving_engine import (
     close_quietly,
     collect_finals,
     first_output,
+    ranked,
     sse,
     sse_error,
-    ranked,
     stream_with_errors,
     token_text,
 )
-from pyorch.entrypoints.openai.errors import OpenAIError
 from pyorch.outputs import Logprob, RequestOutput
 
 
@@ -94,7 +94,7 @@ class OpenAIServingCompletion(OpenAIServing):
     def _response(self, req: CompletionRequest, prompts: list[_Prompt],
                   finals: list[RequestOutput], request_id: str) -> CompletionResponse:
         choices, num_generated = [], 0
-        for i, (prompt, final) in enumerate(zip(prompts, finals)):
+        for i, (prompt, final) in enumerate(zip(prompts, finals, strict=True)):
             for c in final.outputs:
                 text, logprobs = c.text, None
                 if req.logprobs is not None:

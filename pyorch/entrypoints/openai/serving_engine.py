@@ -20,7 +20,7 @@ from fastapi import Request
 
 from pyorch.engine.exceptions import EngineDeadError
 from pyorch.engine.input_processor import check_prompt
-from pyorch.entrypoints.openai.errors import OpenAIError, error_body, engine_dead_message
+from pyorch.entrypoints.openai.errors import OpenAIError, engine_dead_message, error_body
 from pyorch.entrypoints.openai.protocol import SamplingExtras
 from pyorch.outputs import Logprob, RequestOutput
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
