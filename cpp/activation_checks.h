@@ -37,8 +37,8 @@ inline int64_t check_act_and_mul(const at::Tensor& out, const at::Tensor& input,
                   out.sizes().slice(0, out.dim() - 1) == input.sizes().slice(0, input.dim() - 1),
               op, ": out must be input's shape with the last dimension halved, got out ",
               out.sizes(), " for input ", input.sizes());
-  TORCH_CHECK((input.size(-1) <= 1 || input.stride(-1) == 1) && (d <= 1 || out.stride(-1) == 1),
-              op, ": the last dimension must be contiguous");
+  TORCH_CHECK((input.size(-1) <= 1 || input.stride(-1) == 1) && (d <= 1 || out.stride(-1) == 1), op,
+              ": the last dimension must be contiguous");
   return d;
 }
 

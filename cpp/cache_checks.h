@@ -49,13 +49,14 @@ inline void check_scale(const at::Tensor& scale, const at::Tensor& key, const ch
 
 inline void check_flash_caches(const at::Tensor& key_cache, const at::Tensor& value_cache,
                                int64_t num_kv_heads, int64_t head_size, const char* op) {
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.size(2) == num_kv_heads &&
-                  key_cache.size(3) == head_size,
-              op, ": key_cache must be [num_blocks, block_size, num_kv_heads=", num_kv_heads,
-              ", head_size=", head_size, "], got ", key_cache.sizes());
+  TORCH_CHECK(
+      key_cache.dim() == 4 && key_cache.size(2) == num_kv_heads && key_cache.size(3) == head_size,
+      op, ": key_cache must be [num_blocks, block_size, num_kv_heads=", num_kv_heads,
+      ", head_size=", head_size, "], got ", key_cache.sizes());
   TORCH_CHECK(value_cache.sizes() == key_cache.sizes(), op, ": value_cache shape ",
               value_cache.sizes(), " != key_cache shape ", key_cache.sizes());
-  TORCH_CHECK(has_stride(key_cache, 3, 1), op, ": the head_size dim of the caches must be contiguous");
+  TORCH_CHECK(has_stride(key_cache, 3, 1), op,
+              ": the head_size dim of the caches must be contiguous");
   TORCH_CHECK(value_cache.strides() == key_cache.strides(), op,
               ": key_cache and value_cache must have the same strides, got ", key_cache.strides(),
               " and ", value_cache.strides());
@@ -66,9 +67,10 @@ inline void check_split_caches(const at::Tensor& key_cache, const at::Tensor& va
   const int64_t x = 16 / static_cast<int64_t>(key_cache.element_size());
   TORCH_CHECK(head_size % x == 0, op, ": head_size ", head_size, " is not divisible by x = 16 / ",
               key_cache.element_size(), "-byte cache element = ", x);
-  TORCH_CHECK(key_cache.dim() == 5 && key_cache.size(4) == x, op,
-              ": key_cache must be [num_blocks, num_kv_heads, head_size / x, block_size, x] with x = ",
-              x, ", got ", key_cache.sizes());
+  TORCH_CHECK(
+      key_cache.dim() == 5 && key_cache.size(4) == x, op,
+      ": key_cache must be [num_blocks, num_kv_heads, head_size / x, block_size, x] with x = ", x,
+      ", got ", key_cache.sizes());
   TORCH_CHECK(key_cache.size(1) == num_kv_heads && key_cache.size(2) == head_size / x, op,
               ": key_cache must be [num_blocks, num_kv_heads=", num_kv_heads,
               ", head_size/x=", head_size / x, ", block_size, x], got ", key_cache.sizes());
@@ -89,8 +91,7 @@ inline void check_split_caches(const at::Tensor& key_cache, const at::Tensor& va
 
 // Checks the arguments of reshape_and_cache (kSplit) or reshape_and_cache_flash (kFlash).
 inline CacheWriteShape check_cache_write(const at::Tensor& key, const at::Tensor& value,
-                                         const at::Tensor& key_cache,
-                                         const at::Tensor& value_cache,
+                                         const at::Tensor& key_cache, const at::Tensor& value_cache,
                                          const at::Tensor& slot_mapping,
                                          const std::string& kv_cache_dtype,
                                          const at::Tensor& k_scale, const at::Tensor& v_scale,
@@ -98,8 +99,8 @@ inline CacheWriteShape check_cache_write(const at::Tensor& key, const at::Tensor
   const KVCacheDType kv = parse_kv_cache_dtype(kv_cache_dtype);
   TORCH_CHECK(key.dim() == 3, op, ": key must be [num_tokens, num_kv_heads, head_size], got ",
               key.sizes());
-  TORCH_CHECK(value.sizes() == key.sizes(), op, ": value shape ", value.sizes(),
-              " != key shape ", key.sizes());
+  TORCH_CHECK(value.sizes() == key.sizes(), op, ": value shape ", value.sizes(), " != key shape ",
+              key.sizes());
   const at::ScalarType dtype = key.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
               ": key must be float32, float16 or bfloat16, got ", dtype);
@@ -162,8 +163,8 @@ inline void check_block_ids(const at::Tensor& host_mapping, int64_t num_src_bloc
   for (int64_t i = 0; i < host_mapping.size(0); ++i) {
     TORCH_CHECK(ids[2 * i] >= 0 && ids[2 * i] < num_src_blocks, op, ": block_mapping[", i,
                 "] has src block id ", ids[2 * i], " outside [0, ", num_src_blocks, ")");
-    TORCH_CHECK(ids[2 * i + 1] >= 0 && ids[2 * i + 1] < num_dst_blocks, op, ": block_mapping[",
-                i, "] has dst block id ", ids[2 * i + 1], " outside [0, ", num_dst_blocks, ")");
+    TORCH_CHECK(ids[2 * i + 1] >= 0 && ids[2 * i + 1] < num_dst_blocks, op, ": block_mapping[", i,
+                "] has dst block id ", ids[2 * i + 1], " outside [0, ", num_dst_blocks, ")");
   }
 }
 
@@ -187,10 +188,10 @@ inline CopyBlocksShape check_copy_blocks(const std::vector<at::Tensor>& key_cach
   const at::Tensor& k0 = key_caches[0];
   const at::Tensor& v0 = value_caches[0];
   const int64_t block_bytes = block_bytes_of(k0, "key_caches[0]", op);
-  TORCH_CHECK(block_bytes_of(v0, "value_caches[0]", op) == block_bytes &&
-                  v0.size(0) == k0.size(0) && v0.element_size() == k0.element_size() &&
-                  v0.stride(0) == k0.stride(0),
-              op, ": value caches must have the key caches' num_blocks, block bytes and block stride");
+  TORCH_CHECK(
+      block_bytes_of(v0, "value_caches[0]", op) == block_bytes && v0.size(0) == k0.size(0) &&
+          v0.element_size() == k0.element_size() && v0.stride(0) == k0.stride(0),
+      op, ": value caches must have the key caches' num_blocks, block bytes and block stride");
   for (int64_t l = 0; l < num_layers; ++l) {
     for (const auto* pair : {&key_caches, &value_caches}) {
       const at::Tensor& c = (*pair)[l];
@@ -201,7 +202,8 @@ inline CopyBlocksShape check_copy_blocks(const std::vector<at::Tensor>& key_cach
                   " cache must match layer 0's shape ", ref.sizes(), ", strides, dtype and device");
     }
   }
-  return {num_layers, k0.size(0), block_bytes, k0.stride(0) * static_cast<int64_t>(k0.element_size())};
+  return {num_layers, k0.size(0), block_bytes,
+          k0.stride(0) * static_cast<int64_t>(k0.element_size())};
 }
 
 // What swap_blocks needs: the mapping on the host, block bytes and block strides in bytes.
@@ -219,9 +221,9 @@ inline SwapBlocksShape check_swap_blocks(const at::Tensor& src, const at::Tensor
               block_mapping.device());
   TORCH_CHECK(src.scalar_type() == dst.scalar_type(), op, ": src dtype ", src.scalar_type(),
               " != dst dtype ", dst.scalar_type());
-  TORCH_CHECK(src.dim() == dst.dim() && src.dim() >= 1 && src.sizes().slice(1) == dst.sizes().slice(1),
-              op, ": src and dst must have the same block shape, got ", src.sizes(), " and ",
-              dst.sizes());
+  TORCH_CHECK(
+      src.dim() == dst.dim() && src.dim() >= 1 && src.sizes().slice(1) == dst.sizes().slice(1), op,
+      ": src and dst must have the same block shape, got ", src.sizes(), " and ", dst.sizes());
   const int64_t block_bytes = block_bytes_of(src, "src", op);
   block_bytes_of(dst, "dst", op);
   at::Tensor host_mapping = block_mapping.contiguous();

@@ -61,19 +61,19 @@ inline SkinnyGemmShape check_skinny_gemm(const at::Tensor& out, const at::Tensor
               " does not match input ", input.sizes());
   TORCH_CHECK(out.size(0) == s.num_tokens && out.size(1) == out_columns, "skinny_gemm: out ",
               out.sizes(), " must be [", s.num_tokens, ", ", out_columns, "]");
-  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == s.output_size &&
-                        bias->is_contiguous()),
-              "skinny_gemm: bias must be [", s.output_size, "] and contiguous");
+  TORCH_CHECK(
+      !bias || (bias->dim() == 1 && bias->size(0) == s.output_size && bias->is_contiguous()),
+      "skinny_gemm: bias must be [", s.output_size, "] and contiguous");
   TORCH_CHECK(s.num_tokens <= kSkinnyGemmMaxRows, "skinny_gemm: num_tokens ", s.num_tokens,
               " is above the maximum ", kSkinnyGemmMaxRows, " (use F.linear)");
   TORCH_CHECK(s.input_size % 8 == 0, "skinny_gemm: input_size ", s.input_size,
               " must be a multiple of 8");
   TORCH_CHECK(weight.is_contiguous(), "skinny_gemm: weight must be contiguous");
-  TORCH_CHECK((s.input_size <= 1 || input.stride(1) == 1) &&
-                  (out_columns <= 1 || out.stride(1) == 1),
-              "skinny_gemm: the last dimension of input and out must be contiguous");
-  TORCH_CHECK(s.input_stride % 8 == 0, "skinny_gemm: input row stride ",
-              s.input_stride, " must be a multiple of 8");
+  TORCH_CHECK(
+      (s.input_size <= 1 || input.stride(1) == 1) && (out_columns <= 1 || out.stride(1) == 1),
+      "skinny_gemm: the last dimension of input and out must be contiguous");
+  TORCH_CHECK(s.input_stride % 8 == 0, "skinny_gemm: input row stride ", s.input_stride,
+              " must be a multiple of 8");
   TORCH_CHECK(skinny_aligned16(input) && skinny_aligned16(weight),
               "skinny_gemm: input and weight must be 16-byte aligned");
   return s;
@@ -110,8 +110,8 @@ inline SkinnyGemmShape check_skinny_gemm_fused(const at::Tensor& out, const at::
   if (epi == SkinnyFusedEpilogue::kAdd) {
     const auto* o = static_cast<const char*>(out.const_data_ptr());
     const auto* x = static_cast<const char*>(input.const_data_ptr());
-    const bool disjoint = out.numel() == 0 || input.numel() == 0 ||
-                          o + out.nbytes() <= x || x + input.nbytes() <= o;
+    const bool disjoint =
+        out.numel() == 0 || input.numel() == 0 || o + out.nbytes() <= x || x + input.nbytes() <= o;
     TORCH_CHECK(disjoint, "skinny_gemm_fused: the add epilogue's out must not overlap input");
   }
   return s;

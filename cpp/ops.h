@@ -1,6 +1,6 @@
-// One prototype per registered op. CUDA adapters live in cpp/ops/ (global namespace, built only when
-// torch has CUDA), CPU kernels in cpp/cpu/ (namespace pyorch::cpu). Both bind the same schema in
-// torch_bindings.cpp; shapes are documented there and in the cuda/include headers.
+// One prototype per registered op. CUDA adapters live in cpp/ops/ (global namespace, built only
+// when torch has CUDA), CPU kernels in cpp/cpu/ (namespace pyorch::cpu). Both bind the same schema
+// in torch_bindings.cpp; shapes are documented there and in the cuda/include headers.
 #pragma once
 
 #include <optional>
@@ -10,64 +10,63 @@
 #include <ATen/core/Tensor.h>
 
 #define PYORCH_DECLARE_OPS                                                                        \
-  void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double eps); \
+  void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double eps);  \
   void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,      \
-                          double eps);                                                           \
-  void rotary_embedding(const at::Tensor& positions, at::Tensor& query,                          \
-                        std::optional<at::Tensor> key, int64_t head_size,                        \
-                        const at::Tensor& cos_sin_cache, bool is_neox);                          \
-  void rotary_embedding_and_cache(                                                               \
-      const at::Tensor& positions, at::Tensor& query, at::Tensor& key, const at::Tensor& value,  \
-      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,   \
+                          double eps);                                                            \
+  void rotary_embedding(const at::Tensor& positions, at::Tensor& query,                           \
+                        std::optional<at::Tensor> key, int64_t head_size,                         \
+                        const at::Tensor& cos_sin_cache, bool is_neox);                           \
+  void rotary_embedding_and_cache(                                                                \
+      const at::Tensor& positions, at::Tensor& query, at::Tensor& key, const at::Tensor& value,   \
+      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,    \
       at::Tensor& value_cache, const at::Tensor& slot_mapping, const std::string& kv_cache_dtype, \
-      const at::Tensor& k_scale, const at::Tensor& v_scale);                                     \
-  void silu_and_mul(at::Tensor& out, const at::Tensor& input);                                   \
-  void gelu_and_mul(at::Tensor& out, const at::Tensor& input);                                   \
-  void gelu_tanh_and_mul(at::Tensor& out, const at::Tensor& input);                              \
-  void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,  \
-                         at::Tensor& value_cache, const at::Tensor& slot_mapping,                \
-                         const std::string& kv_cache_dtype, const at::Tensor& k_scale,           \
-                         const at::Tensor& v_scale);                                             \
-  void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value,                   \
-                               at::Tensor& key_cache, at::Tensor& value_cache,                   \
-                               const at::Tensor& slot_mapping,                                   \
-                               const std::string& kv_cache_dtype, const at::Tensor& k_scale,     \
-                               const at::Tensor& v_scale);                                       \
-  void copy_blocks(const std::vector<at::Tensor>& key_caches,                                    \
+      const at::Tensor& k_scale, const at::Tensor& v_scale);                                      \
+  void silu_and_mul(at::Tensor& out, const at::Tensor& input);                                    \
+  void gelu_and_mul(at::Tensor& out, const at::Tensor& input);                                    \
+  void gelu_tanh_and_mul(at::Tensor& out, const at::Tensor& input);                               \
+  void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,   \
+                         at::Tensor& value_cache, const at::Tensor& slot_mapping,                 \
+                         const std::string& kv_cache_dtype, const at::Tensor& k_scale,            \
+                         const at::Tensor& v_scale);                                              \
+  void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value,                    \
+                               at::Tensor& key_cache, at::Tensor& value_cache,                    \
+                               const at::Tensor& slot_mapping, const std::string& kv_cache_dtype, \
+                               const at::Tensor& k_scale, const at::Tensor& v_scale);             \
+  void copy_blocks(const std::vector<at::Tensor>& key_caches,                                     \
                    const std::vector<at::Tensor>& value_caches, const at::Tensor& block_mapping); \
-  void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block_mapping);     \
-  void paged_attention_v1(                                                                       \
-      at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,                     \
-      const at::Tensor& value_cache, int64_t num_kv_heads, double scale,                         \
-      const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,            \
-      int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,                        \
-      const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale,   \
-      int64_t tp_rank, int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,        \
-      int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step);                    \
-  void paged_attention_v2(                                                                       \
-      at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits, at::Tensor& tmp_out,        \
-      const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,       \
-      int64_t num_kv_heads, double scale, const at::Tensor& block_tables,                        \
-      const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,                       \
-      const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,          \
-      const at::Tensor& k_scale, const at::Tensor& v_scale, int64_t tp_rank,                     \
-      int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,                         \
-      int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step);                    \
-  void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,    \
-                       const at::Tensor& value_cache, const at::Tensor& query_start_loc,         \
-                       const at::Tensor& seq_lens, const at::Tensor& block_table,                \
-                       int64_t max_query_len, int64_t max_seq_len, double scale, bool causal,    \
-                       int64_t sliding_window, double logits_soft_cap,                           \
-                       const std::string& kv_cache_dtype, const at::Tensor& k_scale,             \
-                       const at::Tensor& v_scale);                                               \
-  void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,               \
-                         const at::Tensor& prefix_output, const at::Tensor& prefix_lse,          \
-                         const at::Tensor& suffix_output, const at::Tensor& suffix_lse);         \
-  void skinny_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,           \
-                   const std::optional<at::Tensor>& bias);                                       \
-  void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,     \
-                         const std::optional<at::Tensor>& bias,                                  \
-                         const std::optional<at::Tensor>& norm_weight, double epsilon,           \
+  void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block_mapping);      \
+  void paged_attention_v1(                                                                        \
+      at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,                      \
+      const at::Tensor& value_cache, int64_t num_kv_heads, double scale,                          \
+      const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,             \
+      int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,                         \
+      const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale,    \
+      int64_t tp_rank, int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,         \
+      int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step);                     \
+  void paged_attention_v2(                                                                        \
+      at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits, at::Tensor& tmp_out,         \
+      const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,        \
+      int64_t num_kv_heads, double scale, const at::Tensor& block_tables,                         \
+      const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,                        \
+      const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,           \
+      const at::Tensor& k_scale, const at::Tensor& v_scale, int64_t tp_rank,                      \
+      int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,                          \
+      int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step);                     \
+  void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,     \
+                       const at::Tensor& value_cache, const at::Tensor& query_start_loc,          \
+                       const at::Tensor& seq_lens, const at::Tensor& block_table,                 \
+                       int64_t max_query_len, int64_t max_seq_len, double scale, bool causal,     \
+                       int64_t sliding_window, double logits_soft_cap,                            \
+                       const std::string& kv_cache_dtype, const at::Tensor& k_scale,              \
+                       const at::Tensor& v_scale);                                                \
+  void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,                \
+                         const at::Tensor& prefix_output, const at::Tensor& prefix_lse,           \
+                         const at::Tensor& suffix_output, const at::Tensor& suffix_lse);          \
+  void skinny_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,            \
+                   const std::optional<at::Tensor>& bias);                                        \
+  void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,      \
+                         const std::optional<at::Tensor>& bias,                                   \
+                         const std::optional<at::Tensor>& norm_weight, double epsilon,            \
                          int64_t epilogue, std::optional<bool> pdl);
 
 // CUDA adapters (cpp/ops/*.cpp).

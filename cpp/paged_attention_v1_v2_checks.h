@@ -44,8 +44,8 @@ inline void check_paged_attention_v1_v2_caches(const char* op, PagedAttentionV1V
   TORCH_CHECK(key_cache.dim() == 5 && key_cache.size(1) == num_kv_heads &&
                   key_cache.size(2) == s.head_size / s.x && key_cache.size(3) == block_size &&
                   key_cache.size(4) == s.x,
-              op, ": key_cache must be [num_blocks, ", num_kv_heads, ", ", s.head_size / s.x,
-              ", ", block_size, ", ", s.x, "], got ", key_cache.sizes());
+              op, ": key_cache must be [num_blocks, ", num_kv_heads, ", ", s.head_size / s.x, ", ",
+              block_size, ", ", s.x, "], got ", key_cache.sizes());
   TORCH_CHECK(key_cache.stride(4) == 1 && key_cache.stride(3) == s.x &&
                   key_cache.stride(2) == block_size * s.x,
               op, ": each (block, kv head) of key_cache must be contiguous");
@@ -70,10 +70,10 @@ inline PagedAttentionV1V2Shape check_paged_attention_v1_v2_args(
     const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
     const at::Tensor& k_scale, const at::Tensor& v_scale, int64_t blocksparse_local_blocks,
     int64_t blocksparse_vert_stride) {
-  TORCH_CHECK(blocksparse_vert_stride <= 1 && blocksparse_local_blocks == 0, op,
-              ": blocksparse attention is not supported (blocksparse_vert_stride=",
-              blocksparse_vert_stride, ", blocksparse_local_blocks=", blocksparse_local_blocks,
-              ")");
+  TORCH_CHECK(
+      blocksparse_vert_stride <= 1 && blocksparse_local_blocks == 0, op,
+      ": blocksparse attention is not supported (blocksparse_vert_stride=", blocksparse_vert_stride,
+      ", blocksparse_local_blocks=", blocksparse_local_blocks, ")");
   PagedAttentionV1V2Shape s{};
   TORCH_CHECK(query.dim() == 3, op, ": query must be [num_seqs, num_heads, head_size]");
   s.num_seqs = query.size(0);
@@ -87,8 +87,8 @@ inline PagedAttentionV1V2Shape check_paged_attention_v1_v2_args(
   TORCH_CHECK(query.stride(2) == 1, op, ": query's last dimension must be contiguous");
   TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == dtype && out.stride(2) == 1, op,
               ": out must match query's shape and dtype, with a contiguous last dimension");
-  TORCH_CHECK(num_kv_heads > 0 && s.num_heads % num_kv_heads == 0, op, ": num_heads (",
-              s.num_heads, ") must be a multiple of num_kv_heads (", num_kv_heads, ")");
+  TORCH_CHECK(num_kv_heads > 0 && s.num_heads % num_kv_heads == 0, op, ": num_heads (", s.num_heads,
+              ") must be a multiple of num_kv_heads (", num_kv_heads, ")");
   s.num_kv_heads = num_kv_heads;
   TORCH_CHECK(block_size == 8 || block_size == 16 || block_size == 32,
               "Unsupported block size: ", block_size);
@@ -101,7 +101,8 @@ inline PagedAttentionV1V2Shape check_paged_attention_v1_v2_args(
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
                   block_tables.size(0) == s.num_seqs &&
                   (block_tables.size(1) <= 1 || block_tables.stride(1) == 1),
-              op, ": block_tables must be int32 [num_seqs, max_blocks_per_seq] with contiguous rows");
+              op,
+              ": block_tables must be int32 [num_seqs, max_blocks_per_seq] with contiguous rows");
   s.max_blocks_per_seq = block_tables.size(1);
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 &&
                   seq_lens.size(0) == s.num_seqs && seq_lens.is_contiguous(),
@@ -114,8 +115,9 @@ inline PagedAttentionV1V2Shape check_paged_attention_v1_v2_args(
   }
   if (s.kv_dtype == KVCacheDType::kFp8E4M3) {
     for (const at::Tensor* t : {&k_scale, &v_scale}) {
-      TORCH_CHECK(t->numel() == 1 && t->scalar_type() == at::kFloat && t->device() == query.device(),
-                  op, ": k_scale and v_scale must be one float32 element on query's device");
+      TORCH_CHECK(
+          t->numel() == 1 && t->scalar_type() == at::kFloat && t->device() == query.device(), op,
+          ": k_scale and v_scale must be one float32 element on query's device");
     }
   }
   for (const at::Tensor* t : {&out, &key_cache, &value_cache, &block_tables, &seq_lens}) {

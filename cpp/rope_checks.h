@@ -20,7 +20,8 @@ struct HeadsView {
 
 // Accepts [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size], whose token
 // (and head) strides may be anything, e.g. a slice of a fused qkv projection.
-inline HeadsView heads_view(const at::Tensor& x, int64_t num_tokens, int64_t head_size, const char* name) {
+inline HeadsView heads_view(const at::Tensor& x, int64_t num_tokens, int64_t head_size,
+                            const char* name) {
   TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "rotary_embedding: ", name,
               " must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size]");
   TORCH_CHECK(x.size(0) == num_tokens, "rotary_embedding: ", name, " has ", x.size(0),
@@ -76,15 +77,15 @@ inline RopeCacheShape check_rope_and_cache(
     const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale) {
   constexpr const char* kOp = "rotary_embedding_and_cache";
   const int64_t rot_dim = check_rope_args(query, head_size, cos_sin_cache);
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 &&
-                  positions.is_contiguous(),
-              kOp, ": positions must be a contiguous [num_tokens] int64 tensor");
+  TORCH_CHECK(
+      positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.is_contiguous(),
+      kOp, ": positions must be a contiguous [num_tokens] int64 tensor");
   const int64_t num_tokens = positions.size(0);
   TORCH_CHECK(key.scalar_type() == query.scalar_type(), kOp, ": key dtype ", key.scalar_type(),
               " != query dtype ", query.scalar_type());
-  const CacheWriteShape cache = check_cache_write(key, value, key_cache, value_cache, slot_mapping,
-                                                  kv_cache_dtype, k_scale, v_scale,
-                                                  CacheLayout::kFlash, kOp);
+  const CacheWriteShape cache =
+      check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                        v_scale, CacheLayout::kFlash, kOp);
   TORCH_CHECK(cache.head_size == head_size, kOp, ": key head size ", cache.head_size,
               " != head_size ", head_size);
   check_same_device(query, "query", key, "key", kOp);

@@ -1,8 +1,8 @@
 // The one TORCH_LIBRARY(pyorch, m) block: every stateless op's schema, its CPU kernel and (when
 // built with CUDA) its CUDA adapter. Stateful host objects (the block pool) are bound with pybind11
 // in PYBIND11_MODULE below, which also serves as the extension's module init.
-#include <torch/library.h>
 #include <pybind11/pybind11.h>
+#include <torch/library.h>
 
 #include "ops.h"
 #include "pyorch/launch.h"
@@ -51,7 +51,8 @@ TORCH_LIBRARY(pyorch, m) {
       "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
   // block_mapping: [num_pairs, 2] int64 (src, dst) block ids, copied within each cache.
   m.def(
-      "copy_blocks(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, Tensor block_mapping) -> ()");
+      "copy_blocks(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, Tensor block_mapping) -> "
+      "()");
   // src/dst: caches on different devices (or the same); block_mapping: [num_pairs, 2] int64 on CPU.
   m.def("swap_blocks(Tensor src, Tensor! dst, Tensor block_mapping) -> ()");
 

@@ -52,7 +52,8 @@ size_t dtype_bytes(DType dtype) {
   return dtype == DType::kFloat32 ? 4 : (dtype == DType::kFp8E4M3 ? 1 : 2);
 }
 
-// One device allocation, filled with noise of `dtype` (raw bytes for kFp8E4M3), freed on scope exit.
+// One device allocation, filled with noise of `dtype` (raw bytes for kFp8E4M3), freed on scope
+// exit.
 struct DeviceBuffer {
   void* ptr = nullptr;
   DeviceBuffer(size_t n, DType dtype, uint32_t seed) {
@@ -129,7 +130,8 @@ void bench_write(const Config& c, bool split, int64_t num_tokens, bool prefill, 
   const size_t kv_elems = size_t(num_tokens) * row;
   const size_t cache_elems = size_t(num_blocks) * c.block_size * row;
   DeviceBuffer key(kv_elems, c.dtype, 1), value(kv_elems, c.dtype, 2);
-  DeviceBuffer key_cache(cache_elems, c.cache_dtype(), 3), value_cache(cache_elems, c.cache_dtype(), 4);
+  DeviceBuffer key_cache(cache_elems, c.cache_dtype(), 3),
+      value_cache(cache_elems, c.cache_dtype(), 4);
   DeviceBuffer slot_mapping(slots);
   DeviceBuffer scales(std::vector<float>{0.37f, 2.5f});
   const float* k_scale = static_cast<const float*>(scales.ptr);
@@ -152,8 +154,8 @@ void bench_write(const Config& c, bool split, int64_t num_tokens, bool prefill, 
         }
       },
       c.stream, c.warmup, c.iters);
-  const double bytes = 2.0 * kv_elems * (dtype_bytes(c.dtype) + dtype_bytes(c.cache_dtype())) +
-                       8.0 * num_tokens;
+  const double bytes =
+      2.0 * kv_elems * (dtype_bytes(c.dtype) + dtype_bytes(c.cache_dtype())) + 8.0 * num_tokens;
   add_row(report, c, split ? "reshape_and_cache" : "reshape_and_cache_flash",
           {{"tokens", std::to_string(num_tokens)}, {"slots", prefill ? "prefill" : "random"}}, us,
           bytes);

@@ -127,8 +127,7 @@ struct RopeShape {
   int64_t num_heads, num_kv_heads, head_size, rot_dim, max_position;
 };
 
-void bench_rope(int64_t tokens, const RopeShape& r, bool is_neox, const Config& c,
-                Report& report) {
+void bench_rope(int64_t tokens, const RopeShape& r, bool is_neox, const Config& c, Report& report) {
   const int64_t qkv_width = (r.num_heads + 2 * r.num_kv_heads) * r.head_size;
   DeviceBuffer qkv(size_t(tokens) * qkv_width, c.dtype, -2.f, 2.f, 7);
   DeviceBuffer cache(size_t(r.max_position) * r.rot_dim, c.dtype, -1.f, 1.f, 8);
@@ -137,8 +136,8 @@ void bench_rope(int64_t tokens, const RopeShape& r, bool is_neox, const Config& 
   for (auto& p : host_pos) p = static_cast<int64_t>(rng() % uint64_t(r.max_position));
   int64_t* positions;
   BENCH_CHECK(cudaMalloc(&positions, std::max<size_t>(tokens, 1) * sizeof(int64_t)));
-  BENCH_CHECK(cudaMemcpy(positions, host_pos.data(), tokens * sizeof(int64_t),
-                         cudaMemcpyHostToDevice));
+  BENCH_CHECK(
+      cudaMemcpy(positions, host_pos.data(), tokens * sizeof(int64_t), cudaMemcpyHostToDevice));
   char* q = static_cast<char*>(qkv.ptr);
   char* k = q + r.num_heads * r.head_size * dtype_bytes(c.dtype);
   const double us = pyorch::bench::time_us(
@@ -157,8 +156,7 @@ void bench_rope(int64_t tokens, const RopeShape& r, bool is_neox, const Config& 
   const std::string shape = std::to_string(tokens) + "x(" + std::to_string(r.num_heads) + "+" +
                             std::to_string(r.num_kv_heads) + ")x" + std::to_string(r.head_size) +
                             "/rot" + std::to_string(r.rot_dim);
-  add_row(report, c, is_neox ? "rotary_embedding_neox" : "rotary_embedding_gptj", shape, us,
-          bytes);
+  add_row(report, c, is_neox ? "rotary_embedding_neox" : "rotary_embedding_gptj", shape, us, bytes);
 }
 
 }  // namespace
@@ -166,9 +164,9 @@ void bench_rope(int64_t tokens, const RopeShape& r, bool is_neox, const Config& 
 int main(int argc, char** argv) {
   const Args args(argc, argv);
   Report report(args);
-  const std::vector<std::string> ops = args.strs(
-      "ops", {"rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
-              "gelu_tanh_and_mul"});
+  const std::vector<std::string> ops =
+      args.strs("ops", {"rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
+                        "gelu_and_mul", "gelu_tanh_and_mul"});
   const std::vector<int64_t> tokens_list = args.list("tokens", {1, 83, 1024, 4096, 16384});
   const std::vector<int64_t> hidden_list = args.list("hidden", {4096, 8192, 14336});
   const std::string dtype_name = args.str("dtype", "bf16");
@@ -183,14 +181,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown --dtype %s (bf16, fp16 or fp32)\n", dtype_name.c_str());
     return 1;
   }
-  RopeShape rope{args.num("num-heads", 32), args.num("num-kv-heads", 8),
-                 args.num("head-size", 128), 0, args.num("max-position", 8192)};
+  RopeShape rope{args.num("num-heads", 32), args.num("num-kv-heads", 8), args.num("head-size", 128),
+                 0, args.num("max-position", 8192)};
   rope.rot_dim = args.num("rot-dim", rope.head_size);
 
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreate(&stream));
-  Config c{dtype, dtype_name, static_cast<int>(args.num("iters", 30)),
-           static_cast<int>(args.num("warmup", 5)), 0.0, stream};
+  Config c{dtype,
+           dtype_name,
+           static_cast<int>(args.num("iters", 30)),
+           static_cast<int>(args.num("warmup", 5)),
+           0.0,
+           stream};
   c.copy_gbs = pyorch::bench::copy_bandwidth_gbs(stream);
   std::printf("device=\"%s\" copy_GB/s=%.1f\n", pyorch::bench::device_name().c_str(), c.copy_gbs);
 

@@ -40,14 +40,14 @@ using pyorch::bench::Report;
 using bf16 = __nv_bfloat16;
 
 #ifdef PYORCH_BENCH_CUBLAS
-#define CUBLAS_CHECK(expr)                                                          \
-  do {                                                                              \
-    cublasStatus_t s_ = (expr);                                                     \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                              \
+#define CUBLAS_CHECK(expr)                                                             \
+  do {                                                                                 \
+    cublasStatus_t s_ = (expr);                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
       std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, \
-                   static_cast<int>(s_));                                           \
-      std::exit(1);                                                                 \
-    }                                                                               \
+                   static_cast<int>(s_));                                              \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 #else
 // Built where cuBLAS is missing (a CPU-only CI machine): everything compiles, main() refuses to
@@ -99,8 +99,8 @@ struct Gemm {
 };
 
 void run_ours(const Gemm& g, const SkinnyGemmConfig* config, cudaStream_t s) {
-  BENCH_CHECK(pyorch::skinny_gemm(g.out, g.x, g.w, nullptr, pyorch::DType::kBFloat16, g.m, g.n,
-                                  g.k, g.n, g.k, s, config));
+  BENCH_CHECK(pyorch::skinny_gemm(g.out, g.x, g.w, nullptr, pyorch::DType::kBFloat16, g.m, g.n, g.k,
+                                  g.n, g.k, s, config));
 }
 
 void run_cublas(cublasHandle_t handle, const Gemm& g, cudaStream_t s) {
@@ -368,8 +368,8 @@ int main(int argc, char** argv) {
 
   const auto names = args.strs("shapes", {"qkv_proj", "o_proj", "gate_up", "down", "lm_head"});
   const auto tokens = args.list("tokens", {1, 2, 4, 8, 16});
-  const auto sweep = args.has("no-sweep") ? std::vector<int64_t>{}
-                                          : args.list("sweep-tokens", {1, 8, 16});
+  const auto sweep =
+      args.has("no-sweep") ? std::vector<int64_t>{} : args.list("sweep-tokens", {1, 8, 16});
   for (const Shape& s : kLlamaShapes) {
     if (std::find(names.begin(), names.end(), s.name) != names.end()) {
       bench_shape(b, s, tokens, sweep);

@@ -33,9 +33,14 @@ using pyorch::bench::Report;
 // Fills n elements of 2-byte (bits=16) or 1-byte (bits=8) data with hashed uniform noise in
 // [-1, 1) (fp16/bf16) or with fp8 e4m3 bytes of magnitude <= 2 (never NaN): real data, not zeros.
 __global__ void fill_random_kernel(void* data, size_t n, uint32_t seed, int kind) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
     const float u = (h & 0xffffff) / 8388608.f - 1.f;
     if (kind == 0) static_cast<__half*>(data)[i] = __float2half(u);
     if (kind == 1) static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16(u);
@@ -90,22 +95,36 @@ void bench_one(const Shape& s, int64_t batch, int64_t context, int64_t q_len, bo
   float* d_scales = device_copy(std::vector<float>{0.05f, 0.05f});
 
   pyorch::PagedAttentionParams p{};
-  p.out = out; p.query = query; p.key_cache = k_cache; p.value_cache = v_cache;
-  p.query_start_loc = d_qsl; p.seq_lens = d_lens; p.block_table = d_table;
-  p.k_scale = s.fp8 ? d_scales : nullptr; p.v_scale = s.fp8 ? d_scales + 1 : nullptr;
+  p.out = out;
+  p.query = query;
+  p.key_cache = k_cache;
+  p.value_cache = v_cache;
+  p.query_start_loc = d_qsl;
+  p.seq_lens = d_lens;
+  p.block_table = d_table;
+  p.k_scale = s.fp8 ? d_scales : nullptr;
+  p.v_scale = s.fp8 ? d_scales + 1 : nullptr;
   p.dtype = s.bf16 ? pyorch::DType::kBFloat16 : pyorch::DType::kFloat16;
   p.kv_cache_dtype = s.fp8 ? pyorch::KVCacheDType::kFp8E4M3 : pyorch::KVCacheDType::kAuto;
-  p.num_tokens = num_tokens; p.num_seqs = batch; p.num_heads = s.num_heads;
-  p.num_kv_heads = s.num_kv_heads; p.head_size = s.head_size; p.block_size = s.block_size;
-  p.max_blocks_per_seq = blocks_per_seq; p.block_table_stride = blocks_per_seq;
+  p.num_tokens = num_tokens;
+  p.num_seqs = batch;
+  p.num_heads = s.num_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_size = s.head_size;
+  p.block_size = s.block_size;
+  p.max_blocks_per_seq = blocks_per_seq;
+  p.block_table_stride = blocks_per_seq;
   p.q_token_stride = p.out_token_stride = s.num_heads * s.head_size;
   p.q_head_stride = p.out_head_stride = s.head_size;
   p.k_token_stride = p.v_token_stride = s.num_kv_heads * s.head_size;
   p.k_block_stride = p.v_block_stride = s.block_size * p.k_token_stride;
   p.k_head_stride = p.v_head_stride = s.head_size;
-  p.max_query_len = q_len; p.max_seq_len = context;
+  p.max_query_len = q_len;
+  p.max_seq_len = context;
   p.scale = 1.f / std::sqrt(static_cast<float>(s.head_size));
-  p.causal = true; p.sliding_window = 0; p.logits_soft_cap = 0.f;
+  p.causal = true;
+  p.sliding_window = 0;
+  p.logits_soft_cap = 0.f;
 
   const size_t ws_bytes = pyorch::paged_attention_workspace_size(p);
   void* workspace = nullptr;
@@ -120,9 +139,9 @@ void bench_one(const Shape& s, int64_t batch, int64_t context, int64_t q_len, bo
   BENCH_CHECK(pyorch::paged_attention(p, workspace, ws_bytes, stream));
   BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
   BENCH_CHECK(cudaGraphInstantiate(&graph_exec, graph, 0));
-  const double graph_us = pyorch::bench::time_us(
-      [&](cudaStream_t st) { BENCH_CHECK(cudaGraphLaunch(graph_exec, st)); }, stream,
-      prefill ? 3 : 10, prefill ? 10 : 50);
+  const double graph_us =
+      pyorch::bench::time_us([&](cudaStream_t st) { BENCH_CHECK(cudaGraphLaunch(graph_exec, st)); },
+                             stream, prefill ? 3 : 10, prefill ? 10 : 50);
   BENCH_CHECK(cudaGraphExecDestroy(graph_exec));
   BENCH_CHECK(cudaGraphDestroy(graph));
   const double kv_bytes = 2.0 * batch * context * s.num_kv_heads * s.head_size * (s.fp8 ? 1 : 2);
@@ -145,8 +164,9 @@ void bench_one(const Shape& s, int64_t batch, int64_t context, int64_t q_len, bo
     }
     BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
     BENCH_CHECK(cudaGraphInstantiate(&graph_exec, graph, 0));
-    steady_us = pyorch::bench::time_us(
-        [&](cudaStream_t st) { BENCH_CHECK(cudaGraphLaunch(graph_exec, st)); }, stream, 3, 15) /
+    steady_us =
+        pyorch::bench::time_us(
+            [&](cudaStream_t st) { BENCH_CHECK(cudaGraphLaunch(graph_exec, st)); }, stream, 3, 15) /
         kSteadyCalls;
     BENCH_CHECK(cudaGraphExecDestroy(graph_exec));
     BENCH_CHECK(cudaGraphDestroy(graph));
@@ -156,13 +176,17 @@ void bench_one(const Shape& s, int64_t batch, int64_t context, int64_t q_len, bo
     }
   }
 
-  Report::Row row = {{"op", "paged_attention"}, {"mode", prefill ? "prefill" : "decode"},
-                     {"dtype", s.bf16 ? "bf16" : "fp16"}, {"kv_dtype", s.fp8 ? "fp8" : "auto"},
-                     {"batch", std::to_string(batch)}, {"context", std::to_string(context)},
+  Report::Row row = {{"op", "paged_attention"},
+                     {"mode", prefill ? "prefill" : "decode"},
+                     {"dtype", s.bf16 ? "bf16" : "fp16"},
+                     {"kv_dtype", s.fp8 ? "fp8" : "auto"},
+                     {"batch", std::to_string(batch)},
+                     {"context", std::to_string(context)},
                      {"heads", std::to_string(s.num_heads) + "/" + std::to_string(s.num_kv_heads)},
                      {"head_size", std::to_string(s.head_size)},
                      {"block_size", std::to_string(s.block_size)},
-                     {"time_us", Report::fmt(us)}, {"graph_us", Report::fmt(graph_us)}};
+                     {"time_us", Report::fmt(us)},
+                     {"graph_us", Report::fmt(graph_us)}};
   if (prefill) {
     const double flops = 4.0 * batch * s.num_heads * double(q_len) * context * s.head_size / 2;
     row.push_back({"TFLOP/s", Report::fmt(flops / (us * 1e6), 1)});
@@ -179,9 +203,9 @@ void bench_one(const Shape& s, int64_t batch, int64_t context, int64_t q_len, bo
   }
   row.push_back({"splits_workspace_MB", Report::fmt(ws_bytes / 1e6, 2)});
   report.add(row);
-  for (void* ptr : {k_cache, v_cache, query, out, static_cast<void*>(d_table),
-                    static_cast<void*>(d_qsl), static_cast<void*>(d_lens),
-                    static_cast<void*>(d_scales), workspace}) {
+  for (void* ptr :
+       {k_cache, v_cache, query, out, static_cast<void*>(d_table), static_cast<void*>(d_qsl),
+        static_cast<void*>(d_lens), static_cast<void*>(d_scales), workspace}) {
     if (ptr) BENCH_CHECK(cudaFree(ptr));
   }
 }
@@ -192,13 +216,14 @@ int main(int argc, char** argv) {
   Args args(argc, argv);
   Report report(args);
   const bool prefill = args.str("mode", "decode") == "prefill";
-  Shape s{args.num("num-heads", 32), args.num("num-kv-heads", 8), args.num("head-size", 128),
-          args.num("block-size", 16), args.str("dtype", "bf16") == "bf16",
-          args.str("kv-dtype", "auto") == "fp8"};
-  const std::vector<int64_t> batches =
-      args.list("batch", prefill ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{64, 256, 1, 16, 1});
-  std::vector<int64_t> contexts = args.list(
-      "context", prefill ? std::vector<int64_t>{4096, 8192} : std::vector<int64_t>{4096, 2048, 32768, 1024, 4096});
+  Shape s{args.num("num-heads", 32),           args.num("num-kv-heads", 8),
+          args.num("head-size", 128),          args.num("block-size", 16),
+          args.str("dtype", "bf16") == "bf16", args.str("kv-dtype", "auto") == "fp8"};
+  const std::vector<int64_t> batches = args.list(
+      "batch", prefill ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{64, 256, 1, 16, 1});
+  std::vector<int64_t> contexts =
+      args.list("context", prefill ? std::vector<int64_t>{4096, 8192}
+                                   : std::vector<int64_t>{4096, 2048, 32768, 1024, 4096});
   if (contexts.size() == 1) contexts.assign(batches.size(), contexts[0]);
   if (contexts.size() != batches.size()) {
     std::fprintf(stderr, "--batch and --context must have the same length (or one context)\n");

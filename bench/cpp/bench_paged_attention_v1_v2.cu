@@ -43,10 +43,14 @@ __device__ __forceinline__ float hashed_uniform(uint64_t i, uint64_t seed) {
 
 template <typename T>
 __device__ __forceinline__ T convert(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
 template <typename T>
@@ -62,10 +66,14 @@ void* random_buffer(size_t n, size_t elem_bytes, const std::string& type, uint64
   void* p;
   BENCH_CHECK(cudaMalloc(&p, n * elem_bytes));
   const int threads = 256, blocks = 1024;
-  if (type == "fp32") fill_kernel<<<blocks, threads>>>(static_cast<float*>(p), n, seed);
-  else if (type == "fp16") fill_kernel<<<blocks, threads>>>(static_cast<__half*>(p), n, seed);
-  else if (type == "bf16") fill_kernel<<<blocks, threads>>>(static_cast<__nv_bfloat16*>(p), n, seed);
-  else fill_kernel<<<blocks, threads>>>(static_cast<uint8_t*>(p), n, seed);
+  if (type == "fp32")
+    fill_kernel<<<blocks, threads>>>(static_cast<float*>(p), n, seed);
+  else if (type == "fp16")
+    fill_kernel<<<blocks, threads>>>(static_cast<__half*>(p), n, seed);
+  else if (type == "bf16")
+    fill_kernel<<<blocks, threads>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  else
+    fill_kernel<<<blocks, threads>>>(static_cast<uint8_t*>(p), n, seed);
   BENCH_CHECK(cudaGetLastError());
   return p;
 }
@@ -153,7 +161,8 @@ void bench_config(int batch, int context, const Shape& sh, const std::vector<std
   a.k_head_stride = a.v_head_stride = int64_t(sh.head_size) * sh.block_size;
   a.block_table_stride = blocks_per_seq;
 
-  const double kv_bytes = 2.0 * batch * double(context) * sh.num_kv_heads * sh.head_size * cache_elem;
+  const double kv_bytes =
+      2.0 * batch * double(context) * sh.num_kv_heads * sh.head_size * cache_elem;
   for (const std::string& version : versions) {
     auto fn = [&](cudaStream_t s) {
       if (version == "v1") {

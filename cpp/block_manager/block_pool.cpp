@@ -10,8 +10,7 @@
 
 namespace pyorch::block {
 
-BlockPool::BlockPool(int32_t num_blocks, int32_t block_size, bool enable_caching,
-                     int32_t hash_bits)
+BlockPool::BlockPool(int32_t num_blocks, int32_t block_size, bool enable_caching, int32_t hash_bits)
     : block_size_(block_size), enable_caching_(enable_caching) {
   if (num_blocks < 2) {
     throw std::invalid_argument(

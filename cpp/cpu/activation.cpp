@@ -12,8 +12,8 @@
 
 #include <ATen/Parallel.h>
 
-#include "cpu/cpu_utils.h"
 #include "activation_checks.h"
+#include "cpu/cpu_utils.h"
 #include "ops.h"
 
 namespace pyorch::cpu {

@@ -77,7 +77,8 @@ const std::array<float, 256>& fp8_table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
     for (int i = 0; i < 256; ++i) {
-      t[i] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(i), c10::Float8_e4m3fn::from_bits()));
+      t[i] = static_cast<float>(
+          c10::Float8_e4m3fn(static_cast<uint8_t>(i), c10::Float8_e4m3fn::from_bits()));
     }
     return t;
   }();
@@ -122,11 +123,11 @@ struct Problem {
   int block_size;
   bool causal;
   int sliding_window;
-  float q_scale;   // softmax scale * k_scale, folded into q
+  float q_scale;  // softmax scale * k_scale, folded into q
   float v_scale;
   float soft_cap;  // <= 0: off
   const float* fp8;
-  int head_size;   // <= the tile's D; dims [head_size, D) of q, k and v are zeros
+  int head_size;  // <= the tile's D; dims [head_size, D) of q, k and v are zeros
   std::vector<SeqInfo> seqs;
 };
 
@@ -135,7 +136,8 @@ struct KeyRange {
   int lo, hi;
 };
 inline KeyRange key_range(int pos, int seq_len, bool causal, int window) {
-  return {window > 0 ? std::max(0, pos - window + 1) : 0, causal ? std::min(pos + 1, seq_len) : seq_len};
+  return {window > 0 ? std::max(0, pos - window + 1) : 0,
+          causal ? std::min(pos + 1, seq_len) : seq_len};
 }
 
 template <int D>
@@ -314,9 +316,17 @@ void run_head_size(const Problem<T, CacheT>& pb, const std::vector<WorkItem>& it
   switch (head_capacity(pb.head_size)) {
 #define PYORCH_CPU_CASE(D) \
   case D: return run_items<T, CacheT, D>(pb, items);
-    PYORCH_CPU_CASE(32) PYORCH_CPU_CASE(64) PYORCH_CPU_CASE(80) PYORCH_CPU_CASE(96)
-    PYORCH_CPU_CASE(112) PYORCH_CPU_CASE(120) PYORCH_CPU_CASE(128) PYORCH_CPU_CASE(192)
-    PYORCH_CPU_CASE(256) PYORCH_CPU_CASE(512) PYORCH_CPU_CASE(1024)
+    PYORCH_CPU_CASE(32)
+    PYORCH_CPU_CASE(64)
+    PYORCH_CPU_CASE(80)
+    PYORCH_CPU_CASE(96)
+    PYORCH_CPU_CASE(112)
+    PYORCH_CPU_CASE(120)
+    PYORCH_CPU_CASE(128)
+    PYORCH_CPU_CASE(192)
+    PYORCH_CPU_CASE(256)
+    PYORCH_CPU_CASE(512)
+    PYORCH_CPU_CASE(1024)
 #undef PYORCH_CPU_CASE
     default: TORCH_CHECK(false, "Unsupported head size: " + std::to_string(pb.head_size));
   }
@@ -337,14 +347,18 @@ std::vector<SeqInfo> read_seqs(const at::Tensor& query_start_loc, const at::Tens
   for (int64_t i = 0; i < num_seqs; ++i) {
     const int q_len = qsl[i + 1] - qsl[i];
     const int seq_len = lens[i];
-    TORCH_CHECK(q_len >= 0 && qsl[i + 1] <= num_tokens, "paged_attention: query_start_loc must "
+    TORCH_CHECK(q_len >= 0 && qsl[i + 1] <= num_tokens,
+                "paged_attention: query_start_loc must "
                 "be non-decreasing and at most num_tokens");
-    TORCH_CHECK(q_len <= seq_len && seq_len <= max_blocks * block_size, "paged_attention: "
-                "sequence ", i, " has q_len ", q_len, " and seq_len ", seq_len,
+    TORCH_CHECK(q_len <= seq_len && seq_len <= max_blocks * block_size,
+                "paged_attention: "
+                "sequence ",
+                i, " has q_len ", q_len, " and seq_len ", seq_len,
                 " (needs q_len <= seq_len <= max_blocks_per_seq * block_size)");
     seqs[i] = {qsl[i], q_len, seq_len};
     if (q_len == 0) continue;
-    const int first_key = sliding_window > 0 ? std::max(0, seq_len - q_len - sliding_window + 1) : 0;
+    const int first_key =
+        sliding_window > 0 ? std::max(0, seq_len - q_len - sliding_window + 1) : 0;
     for (int64_t b = first_key / block_size; b * block_size < seq_len; ++b) {
       const int32_t block = table[i * block_table.stride(0) + b];
       TORCH_CHECK(block >= 0 && block < num_blocks, "paged_attention: block_table[", i, "][", b,
@@ -363,8 +377,10 @@ std::vector<WorkItem> make_items(const Problem<T, CacheT>& pb, int64_t num_kv_he
     const int first_pos = si.seq_len - si.q_len;
     for (int row0 = 0; row0 < si.q_len * G; row0 += kRowTile) {
       const int row1 = std::min(row0 + kRowTile, si.q_len * G) - 1;
-      const KeyRange first = key_range(first_pos + row0 / G, si.seq_len, pb.causal, pb.sliding_window);
-      const KeyRange last = key_range(first_pos + row1 / G, si.seq_len, pb.causal, pb.sliding_window);
+      const KeyRange first =
+          key_range(first_pos + row0 / G, si.seq_len, pb.causal, pb.sliding_window);
+      const KeyRange last =
+          key_range(first_pos + row1 / G, si.seq_len, pb.causal, pb.sliding_window);
       const int64_t cost = int64_t{row1 - row0 + 1} * (last.hi - first.lo + kKvTile);
       for (int h = 0; h < num_kv_heads; ++h) items.push_back({s, h, row0, cost});
     }
@@ -376,15 +392,17 @@ std::vector<WorkItem> make_items(const Problem<T, CacheT>& pb, int64_t num_kv_he
 
 void check_cpu_cache(const at::Tensor& cache, const at::Tensor& query, const char* name) {
   TORCH_CHECK(cache.device().is_cpu() && cache.dim() == 4 && cache.stride(3) == 1,
-              "paged_attention: ", name, " must be a CPU [num_blocks, block_size, num_kv_heads, "
+              "paged_attention: ", name,
+              " must be a CPU [num_blocks, block_size, num_kv_heads, "
               "head_size] tensor with a contiguous last dimension");
   TORCH_CHECK(cache.size(3) == query.size(2), "paged_attention: ", name, " head_size ",
               cache.size(3), " != query head_size ", query.size(2));
 }
 
 void check_cpu_int32_vector(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kInt && t.dim() == 1 && t.is_contiguous(),
-              "paged_attention: ", name, " must be a contiguous 1-D int32 CPU tensor");
+  TORCH_CHECK(
+      t.device().is_cpu() && t.scalar_type() == at::kInt && t.dim() == 1 && t.is_contiguous(),
+      "paged_attention: ", name, " must be a contiguous 1-D int32 CPU tensor");
 }
 
 }  // namespace
@@ -399,10 +417,12 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   (void)max_query_len;  // grid-sizing hints for the CUDA kernel; the CPU reads the real lengths
   (void)max_seq_len;
   const auto dtype = query.scalar_type();
-  TORCH_CHECK(query.device().is_cpu() && out.device().is_cpu(), "paged_attention: tensors must be on CPU");
+  TORCH_CHECK(query.device().is_cpu() && out.device().is_cpu(),
+              "paged_attention: tensors must be on CPU");
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
               "paged_attention: query must be float32, bfloat16 or float16 on CPU, got ", dtype);
-  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "paged_attention: query must be "
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1,
+              "paged_attention: query must be "
               "[num_tokens, num_heads, head_size] with a contiguous last dimension");
   TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == dtype && out.stride(2) == 1,
               "paged_attention: out must match query's shape and dtype");
@@ -415,7 +435,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const auto kv_dtype = parse_kv_cache_dtype(kv_cache_dtype);
   check_cpu_cache(key_cache, query, "key_cache");
   check_cpu_cache(value_cache, query, "value_cache");
-  TORCH_CHECK(value_cache.sizes() == key_cache.sizes(), "paged_attention: key_cache and "
+  TORCH_CHECK(value_cache.sizes() == key_cache.sizes(),
+              "paged_attention: key_cache and "
               "value_cache shapes differ");
   check_kv_cache_dtype(key_cache, kv_dtype, dtype, "paged_attention");
   check_kv_cache_dtype(value_cache, kv_dtype, dtype, "paged_attention");
@@ -434,33 +455,38 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const float k_scale_v = fp8 ? scale_value(k_scale, "paged_attention") : 1.f;
   const float v_scale_v = fp8 ? scale_value(v_scale, "paged_attention") : 1.f;
   const int window = static_cast<int>(std::max<int64_t>(sliding_window, 0));
-  std::vector<SeqInfo> seqs =
-      read_seqs(query_start_loc, seq_lens, block_table, query.size(0), key_cache.size(0),
-                key_cache.size(1), window);
+  std::vector<SeqInfo> seqs = read_seqs(query_start_loc, seq_lens, block_table, query.size(0),
+                                        key_cache.size(0), key_cache.size(1), window);
 
   PYORCH_CPU_DISPATCH_FLOATS(dtype, "paged_attention", [&] {
     auto run = [&](auto cache_tag) {
       using CacheT = decltype(cache_tag);
-      Problem<scalar_t, CacheT> pb{
-          out.data_ptr<scalar_t>(),
-          query.const_data_ptr<scalar_t>(),
-          static_cast<const CacheT*>(key_cache.const_data_ptr()),
-          static_cast<const CacheT*>(value_cache.const_data_ptr()),
-          block_table.const_data_ptr<int32_t>(),
-          query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-          key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-          value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-          block_table.stride(0),
-          static_cast<int>(query.size(1) / num_kv_heads),
-          static_cast<int>(key_cache.size(1)),
-          causal,
-          window,
-          static_cast<float>(scale) * k_scale_v,
-          v_scale_v,
-          static_cast<float>(logits_soft_cap),
-          fp8 ? fp8_table().data() : nullptr,
-          static_cast<int>(head_size),
-          std::move(seqs)};
+      Problem<scalar_t, CacheT> pb{out.data_ptr<scalar_t>(),
+                                   query.const_data_ptr<scalar_t>(),
+                                   static_cast<const CacheT*>(key_cache.const_data_ptr()),
+                                   static_cast<const CacheT*>(value_cache.const_data_ptr()),
+                                   block_table.const_data_ptr<int32_t>(),
+                                   query.stride(0),
+                                   query.stride(1),
+                                   out.stride(0),
+                                   out.stride(1),
+                                   key_cache.stride(0),
+                                   key_cache.stride(1),
+                                   key_cache.stride(2),
+                                   value_cache.stride(0),
+                                   value_cache.stride(1),
+                                   value_cache.stride(2),
+                                   block_table.stride(0),
+                                   static_cast<int>(query.size(1) / num_kv_heads),
+                                   static_cast<int>(key_cache.size(1)),
+                                   causal,
+                                   window,
+                                   static_cast<float>(scale) * k_scale_v,
+                                   v_scale_v,
+                                   static_cast<float>(logits_soft_cap),
+                                   fp8 ? fp8_table().data() : nullptr,
+                                   static_cast<int>(head_size),
+                                   std::move(seqs)};
       run_head_size(pb, make_items(pb, num_kv_heads));
     };
     if (fp8) {
@@ -477,7 +503,8 @@ void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,
   const auto dtype = output.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
               "merge_attn_states: outputs must be float32, float16 or bfloat16, got ", dtype);
-  TORCH_CHECK(output.dim() == 3 && output.stride(2) == 1, "merge_attn_states: output must be "
+  TORCH_CHECK(output.dim() == 3 && output.stride(2) == 1,
+              "merge_attn_states: output must be "
               "[num_tokens, num_heads, head_size] with a contiguous last dimension");
   for (const at::Tensor* t : {&prefix_output, &suffix_output}) {
     TORCH_CHECK(t->device().is_cpu() && t->sizes() == output.sizes() && t->scalar_type() == dtype &&
@@ -490,9 +517,10 @@ void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,
   std::vector<const at::Tensor*> lses = {&prefix_lse, &suffix_lse};
   if (output_lse.has_value()) lses.push_back(&*output_lse);
   for (const at::Tensor* t : lses) {
-    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == 2 &&
-                    t->size(0) == num_heads && t->size(1) == num_tokens && t->is_contiguous(),
-                "merge_attn_states: lse tensors must be contiguous float32 [num_heads, num_tokens]");
+    TORCH_CHECK(
+        t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == 2 &&
+            t->size(0) == num_heads && t->size(1) == num_tokens && t->is_contiguous(),
+        "merge_attn_states: lse tensors must be contiguous float32 [num_heads, num_tokens]");
   }
   const float* p_lse = prefix_lse.const_data_ptr<float>();
   const float* s_lse = suffix_lse.const_data_ptr<float>();
@@ -505,8 +533,10 @@ void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,
       for (int64_t pair = begin; pair < end; ++pair) {
         const int64_t t = pair / num_heads, h = pair % num_heads;
         // +inf (FlashAttention-2's empty part) reads as -inf; see cuda/include/pyorch/attention.h.
-        const float lp = std::isinf(p_lse[h * num_tokens + t]) ? kNegInf : p_lse[h * num_tokens + t];
-        const float ls = std::isinf(s_lse[h * num_tokens + t]) ? kNegInf : s_lse[h * num_tokens + t];
+        const float lp =
+            std::isinf(p_lse[h * num_tokens + t]) ? kNegInf : p_lse[h * num_tokens + t];
+        const float ls =
+            std::isinf(s_lse[h * num_tokens + t]) ? kNegInf : s_lse[h * num_tokens + t];
         const float m = std::max(lp, ls);
         scalar_t* o = out + t * output.stride(0) + h * output.stride(1);
         const scalar_t* po = p_out + t * prefix_output.stride(0) + h * prefix_output.stride(1);

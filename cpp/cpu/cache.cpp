@@ -91,9 +91,9 @@ void write_tokens(const at::Tensor& key, const at::Tensor& value, at::Tensor& ke
 }
 
 void write_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
-                 at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                 const at::Tensor& k_scale, const at::Tensor& v_scale, const CacheWriteShape& s,
-                 const CacheStrides& cs, const char* op) {
+                 at::Tensor& value_cache, const at::Tensor& slot_mapping, const at::Tensor& k_scale,
+                 const at::Tensor& v_scale, const CacheWriteShape& s, const CacheStrides& cs,
+                 const char* op) {
   TORCH_CHECK(key.device().is_cpu(), op, ": tensors must be on the CPU");
   check_slots(slot_mapping, s.num_blocks * s.block_size, op);
   if (s.num_tokens == 0 || s.num_kv_heads == 0 || s.head_size == 0) return;
@@ -105,26 +105,32 @@ void write_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key
       write_tokens<scalar_t, uint8_t, true>(key, value, key_cache, value_cache, slot_mapping, ks,
                                             vs, s, cs);
     } else {
-      write_tokens<scalar_t, scalar_t, false>(key, value, key_cache, value_cache, slot_mapping,
-                                              ks, vs, s, cs);
+      write_tokens<scalar_t, scalar_t, false>(key, value, key_cache, value_cache, slot_mapping, ks,
+                                              vs, s, cs);
     }
   });
 }
 
 }  // namespace
 
-void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value,
-                             at::Tensor& key_cache, at::Tensor& value_cache,
-                             const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                             const at::Tensor& k_scale, const at::Tensor& v_scale) {
+void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                             at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                             const std::string& kv_cache_dtype, const at::Tensor& k_scale,
+                             const at::Tensor& v_scale) {
   constexpr const char* kOp = "reshape_and_cache_flash";
-  const CacheWriteShape s = check_cache_write(key, value, key_cache, value_cache, slot_mapping,
-                                              kv_cache_dtype, k_scale, v_scale,
-                                              CacheLayout::kFlash, kOp);
+  const CacheWriteShape s =
+      check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                        v_scale, CacheLayout::kFlash, kOp);
   // A token's head row is head_size contiguous elements in both caches.
-  const CacheStrides cs{key_cache.stride(0), key_cache.stride(2), value_cache.stride(0),
-                        value_cache.stride(2), key_cache.stride(1), value_cache.stride(1),
-                        std::max<int64_t>(s.head_size, 1), 0, 1};
+  const CacheStrides cs{key_cache.stride(0),
+                        key_cache.stride(2),
+                        value_cache.stride(0),
+                        value_cache.stride(2),
+                        key_cache.stride(1),
+                        value_cache.stride(1),
+                        std::max<int64_t>(s.head_size, 1),
+                        0,
+                        1};
   write_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, s, cs, kOp);
 }
 
@@ -133,13 +139,20 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
                        const std::string& kv_cache_dtype, const at::Tensor& k_scale,
                        const at::Tensor& v_scale) {
   constexpr const char* kOp = "reshape_and_cache";
-  const CacheWriteShape s = check_cache_write(key, value, key_cache, value_cache, slot_mapping,
-                                              kv_cache_dtype, k_scale, v_scale,
-                                              CacheLayout::kSplit, kOp);
+  const CacheWriteShape s =
+      check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                        v_scale, CacheLayout::kSplit, kOp);
   // Key: x-element chunks, block_size * x apart; value: single elements, block_size apart.
   const int64_t x = 16 / static_cast<int64_t>(key_cache.element_size());
-  const CacheStrides cs{key_cache.stride(0), key_cache.stride(1), value_cache.stride(0),
-                        value_cache.stride(1), x, 1, x, s.block_size * x, s.block_size};
+  const CacheStrides cs{key_cache.stride(0),
+                        key_cache.stride(1),
+                        value_cache.stride(0),
+                        value_cache.stride(1),
+                        x,
+                        1,
+                        x,
+                        s.block_size * x,
+                        s.block_size};
   write_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, s, cs, kOp);
 }
 

@@ -50,7 +50,8 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
       std::vector<float> buf(hidden);
       for (int64_t r = begin; r < end; ++r) {
         to_float(in + r * in_stride, buf.data(), hidden);
-        normalize_row(buf.data(), w, o + r * out_stride, hidden, inv_rms_of(buf.data(), hidden, eps));
+        normalize_row(buf.data(), w, o + r * out_stride, hidden,
+                      inv_rms_of(buf.data(), hidden, eps));
       }
     });
   });
@@ -76,7 +77,8 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
         scalar_t* rr = res + r * res_stride;
         for (int64_t i = 0; i < hidden; ++i) {
           // The residual stream is stored in T, so the sum is rounded before it is normalized.
-          const scalar_t s = static_cast<scalar_t>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
+          const scalar_t s =
+              static_cast<scalar_t>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
           rr[i] = s;
           buf[i] = static_cast<float>(s);
         }

@@ -97,10 +97,12 @@ void attend_range(const Problem<T, CacheT>& p, int64_t seq, int64_t kv_head, int
 
   // Scores: scale * q.k * k_scale + alibi.
   for (int64_t blk = first_block; blk < end_block; ++blk) {
-    const CacheT* kb = p.key_cache + block_table[blk] * p.k_block_stride + kv_head * p.k_head_stride;
+    const CacheT* kb =
+        p.key_cache + block_table[blk] * p.k_block_stride + kv_head * p.k_head_stride;
     for (int64_t c = 0; c < hs / x; ++c) {  // kb: [head_size / x, block_size, x]
       for (int64_t t = 0; t < bs; ++t) {
-        for (int64_t j = 0; j < x; ++j) ws.kt[(c * x + j) * bs + t] = p.load(kb[(c * bs + t) * x + j]);
+        for (int64_t j = 0; j < x; ++j)
+          ws.kt[(c * x + j) * bs + t] = p.load(kb[(c * bs + t) * x + j]);
       }
     }
     const int64_t t_lo = std::max(begin, blk * bs) - blk * bs;

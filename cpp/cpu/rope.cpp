@@ -70,9 +70,8 @@ void rope_tokens(const int64_t* positions, T* query, T* key, const CacheT* cache
 
 }  // namespace
 
-void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
-                      std::optional<at::Tensor> key, int64_t head_size,
-                      const at::Tensor& cos_sin_cache, bool is_neox) {
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query, std::optional<at::Tensor> key,
+                      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox) {
   TORCH_CHECK(positions.device().is_cpu() && query.device().is_cpu() &&
                   cos_sin_cache.device().is_cpu() && (!key.has_value() || key->device().is_cpu()),
               "rotary_embedding: tensors must be on CPU");
@@ -113,8 +112,8 @@ void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, 
   pyorch::check_rope_and_cache(positions, query, key, value, head_size, cos_sin_cache, key_cache,
                                value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale);
   rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox);
-  reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                          k_scale, v_scale);
+  reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                          v_scale);
 }
 
 }  // namespace pyorch::cpu

@@ -10,18 +10,17 @@
 namespace {
 
 // out: [..., d], input: [..., 2 * d].
-void act_and_mul(at::Tensor& out, const at::Tensor& input, pyorch::Activation act,
-                 const char* op) {
+void act_and_mul(at::Tensor& out, const at::Tensor& input, pyorch::Activation act, const char* op) {
   TORCH_CHECK(out.is_cuda() && input.is_cuda() && out.device() == input.device(), op,
               ": tensors must be on the same CUDA device");
   const at::ScalarType dtype = input.scalar_type();
   const int64_t d = pyorch::check_act_and_mul(out, input, op);
   const int64_t num_tokens = d == 0 ? 0 : out.numel() / d;
   const c10::cuda::OptionalCUDAGuard guard(input.device());
-  PYORCH_CHECK_CUDA(pyorch::act_and_mul(out.data_ptr(), input.const_data_ptr(), act,
-                                        pyorch::to_pyorch_dtype(dtype), num_tokens, d,
-                                        pyorch::act_row_stride(out, op), pyorch::act_row_stride(input, op),
-                                        c10::cuda::getCurrentCUDAStream()));
+  PYORCH_CHECK_CUDA(pyorch::act_and_mul(
+      out.data_ptr(), input.const_data_ptr(), act, pyorch::to_pyorch_dtype(dtype), num_tokens, d,
+      pyorch::act_row_stride(out, op), pyorch::act_row_stride(input, op),
+      c10::cuda::getCurrentCUDAStream()));
 }
 
 }  // namespace

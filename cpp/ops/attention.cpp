@@ -27,20 +27,23 @@ void check_row_copies(const at::Tensor& t, std::initializer_list<int64_t> stride
                       const char* name) {
   const int64_t copy_bytes = pyorch::paged_attention_copy_bytes(t.size(-1) * t.element_size());
   const int64_t elems_per_copy = copy_bytes / t.element_size();
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % copy_bytes == 0, "paged_attention: ",
-              name, " must be " + std::to_string(copy_bytes) + "-byte aligned");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % copy_bytes == 0,
+              "paged_attention: ", name,
+              " must be " + std::to_string(copy_bytes) + "-byte aligned");
   for (int64_t s : strides) {
     TORCH_CHECK(s % elems_per_copy == 0, "paged_attention: ", name,
                 " strides must be multiples of " + std::to_string(copy_bytes) + " bytes");
   }
 }
 
-void check_cache(const at::Tensor& cache, const at::Tensor& key_cache, pyorch::KVCacheDType kv_dtype,
-                 at::ScalarType model_dtype, const char* name) {
-  TORCH_CHECK(cache.is_cuda() && cache.dim() == 4 && cache.stride(3) == 1, "paged_attention: ",
-              name, " must be a CUDA [num_blocks, block_size, num_kv_heads, head_size] tensor "
+void check_cache(const at::Tensor& cache, const at::Tensor& key_cache,
+                 pyorch::KVCacheDType kv_dtype, at::ScalarType model_dtype, const char* name) {
+  TORCH_CHECK(cache.is_cuda() && cache.dim() == 4 && cache.stride(3) == 1,
+              "paged_attention: ", name,
+              " must be a CUDA [num_blocks, block_size, num_kv_heads, head_size] tensor "
               "with a contiguous last dimension");
-  TORCH_CHECK(cache.sizes() == key_cache.sizes(), "paged_attention: key_cache and value_cache "
+  TORCH_CHECK(cache.sizes() == key_cache.sizes(),
+              "paged_attention: key_cache and value_cache "
               "shapes differ");
   pyorch::check_kv_cache_dtype(cache, kv_dtype, model_dtype, "paged_attention");
   check_row_copies(cache, {cache.stride(0), cache.stride(1), cache.stride(2)}, name);
@@ -63,9 +66,12 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const std::string& kv_cache_dtype, const at::Tensor& k_scale,
                      const at::Tensor& v_scale) {
   TORCH_CHECK(query.is_cuda() && out.is_cuda(), "paged_attention: query and out must be on CUDA");
-  TORCH_CHECK(is_half_type(query.scalar_type()), "paged_attention: query must be float16 or "
-              "bfloat16 on CUDA, got ", query.scalar_type());
-  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "paged_attention: query must be "
+  TORCH_CHECK(is_half_type(query.scalar_type()),
+              "paged_attention: query must be float16 or "
+              "bfloat16 on CUDA, got ",
+              query.scalar_type());
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1,
+              "paged_attention: query must be "
               "[num_tokens, num_heads, head_size] with a contiguous last dimension");
   TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == query.scalar_type() &&
                   out.stride(2) == 1,
@@ -141,12 +147,11 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const size_t workspace_bytes = pyorch::paged_attention_workspace_size(p);
   at::Tensor workspace;
   if (workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)},
-                          query.options().dtype(at::kByte));
+    workspace =
+        at::empty({static_cast<int64_t>(workspace_bytes)}, query.options().dtype(at::kByte));
   }
-  PYORCH_CHECK_CUDA(pyorch::paged_attention(
-      p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, workspace_bytes,
-      c10::cuda::getCurrentCUDAStream()));
+  PYORCH_CHECK_CUDA(pyorch::paged_attention(p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr,
+                                            workspace_bytes, c10::cuda::getCurrentCUDAStream()));
 }
 
 void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,
@@ -155,7 +160,8 @@ void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,
   TORCH_CHECK(output.is_cuda() && prefix_output.is_cuda() && suffix_output.is_cuda() &&
                   prefix_lse.is_cuda() && suffix_lse.is_cuda(),
               "merge_attn_states: tensors must be on CUDA");
-  TORCH_CHECK(output.dim() == 3 && output.stride(2) == 1, "merge_attn_states: output must be "
+  TORCH_CHECK(output.dim() == 3 && output.stride(2) == 1,
+              "merge_attn_states: output must be "
               "[num_tokens, num_heads, head_size] with a contiguous last dimension");
   for (const at::Tensor* t : {&prefix_output, &suffix_output}) {
     TORCH_CHECK(t->sizes() == output.sizes() && t->scalar_type() == output.scalar_type() &&
@@ -170,9 +176,10 @@ void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,
   std::vector<const at::Tensor*> lses = {&prefix_lse, &suffix_lse};
   if (output_lse.has_value()) lses.push_back(&*output_lse);
   for (const at::Tensor* t : lses) {
-    TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->dim() == 2 &&
-                    t->size(0) == num_heads && t->size(1) == num_tokens && t->is_contiguous(),
-                "merge_attn_states: lse tensors must be contiguous float32 [num_heads, num_tokens]");
+    TORCH_CHECK(
+        t->is_cuda() && t->scalar_type() == at::kFloat && t->dim() == 2 &&
+            t->size(0) == num_heads && t->size(1) == num_tokens && t->is_contiguous(),
+        "merge_attn_states: lse tensors must be contiguous float32 [num_heads, num_tokens]");
   }
   const c10::cuda::OptionalCUDAGuard guard(output.device());
   PYORCH_CHECK_CUDA(pyorch::merge_attn_states(

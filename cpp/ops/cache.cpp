@@ -22,10 +22,10 @@ const float* scale_ptr(const at::Tensor& scale, const pyorch::CacheWriteShape& s
 
 }  // namespace
 
-void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value,
-                             at::Tensor& key_cache, at::Tensor& value_cache,
-                             const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                             const at::Tensor& k_scale, const at::Tensor& v_scale) {
+void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                             at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                             const std::string& kv_cache_dtype, const at::Tensor& k_scale,
+                             const at::Tensor& v_scale) {
   constexpr const char* kOp = "reshape_and_cache_flash";
   const pyorch::CacheWriteShape s =
       pyorch::check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,

@@ -1,4 +1,5 @@
-// CUDA adapters for skinny_gemm and skinny_gemm_fused: check, guard, stream, call cuda/, check status. No math here.
+// CUDA adapters for skinny_gemm and skinny_gemm_fused: check, guard, stream, call cuda/, check
+// status. No math here.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 

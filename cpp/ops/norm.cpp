@@ -1,6 +1,6 @@
 // CUDA adapters for the norms: check, guard, stream, call cuda/, check status. No math here.
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "common.h"
 #include "ops.h"

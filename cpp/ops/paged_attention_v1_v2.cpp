@@ -15,8 +15,8 @@ namespace {
 
 // The C API's arguments from checked tensors, plus the CUDA-only requirements (16-byte vector
 // loads from both caches).
-pyorch::PagedAttentionV1V2Args make_args(const pyorch::PagedAttentionV1V2Shape& s,
-                                         const char* op, at::Tensor& out, const at::Tensor& query,
+pyorch::PagedAttentionV1V2Args make_args(const pyorch::PagedAttentionV1V2Shape& s, const char* op,
+                                         at::Tensor& out, const at::Tensor& query,
                                          const at::Tensor& key_cache, const at::Tensor& value_cache,
                                          const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                          const std::optional<at::Tensor>& alibi_slopes,
@@ -107,8 +107,8 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
       op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, block_size,
       max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, blocksparse_local_blocks,
       blocksparse_vert_stride);
-  const int64_t max_parts =
-      pyorch::check_paged_attention_v2_scratch(s, query, exp_sums, max_logits, tmp_out, max_seq_len);
+  const int64_t max_parts = pyorch::check_paged_attention_v2_scratch(s, query, exp_sums, max_logits,
+                                                                     tmp_out, max_seq_len);
   const pyorch::PagedAttentionV1V2Args args =
       make_args(s, op, out, query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
                 k_scale, v_scale, scale, max_seq_len);

@@ -10,14 +10,13 @@
 using pyorch::heads_view;
 using pyorch::HeadsView;
 
-void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
-                      std::optional<at::Tensor> key, int64_t head_size,
-                      const at::Tensor& cos_sin_cache, bool is_neox) {
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query, std::optional<at::Tensor> key,
+                      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox) {
   TORCH_CHECK(positions.is_cuda() && query.is_cuda() && cos_sin_cache.is_cuda(),
               "rotary_embedding: tensors must be on CUDA");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 &&
-                  positions.is_contiguous(),
-              "rotary_embedding: positions must be a contiguous [num_tokens] int64 tensor");
+  TORCH_CHECK(
+      positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.is_contiguous(),
+      "rotary_embedding: positions must be a contiguous [num_tokens] int64 tensor");
   const at::ScalarType dtype = query.scalar_type();
   const int64_t rot_dim = pyorch::check_rope_args(query, head_size, cos_sin_cache);
   const int64_t num_tokens = positions.size(0);
@@ -46,22 +45,20 @@ void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, 
                                 const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
                                 const at::Tensor& k_scale, const at::Tensor& v_scale) {
   const pyorch::RopeCacheShape s = pyorch::check_rope_and_cache(
-      positions, query, key, value, head_size, cos_sin_cache, key_cache, value_cache,
-      slot_mapping, kv_cache_dtype, k_scale, v_scale);
+      positions, query, key, value, head_size, cos_sin_cache, key_cache, value_cache, slot_mapping,
+      kv_cache_dtype, k_scale, v_scale);
   TORCH_CHECK(query.is_cuda(), "rotary_embedding_and_cache: tensors must be on CUDA, got ",
               query.device());
   const bool fp8 = s.cache.kv_cache_dtype == pyorch::KVCacheDType::kFp8E4M3;
   const c10::cuda::OptionalCUDAGuard guard(query.device());
   PYORCH_CHECK_CUDA(pyorch::rotary_embedding_and_cache(
-      positions.const_data_ptr<int64_t>(), query.data_ptr(), key.data_ptr(),
-      value.const_data_ptr(), cos_sin_cache.const_data_ptr(),
-      pyorch::to_pyorch_dtype(query.scalar_type()),
-      pyorch::to_pyorch_dtype(cos_sin_cache.scalar_type()), s.cache.num_tokens,
-      s.query.num_heads, s.key.num_heads, head_size, s.rot_dim, s.query.token_stride,
-      s.query.head_stride, s.key.token_stride, s.key.head_stride, value.stride(0),
-      value.stride(1), cos_sin_cache.stride(0), is_neox, key_cache.data_ptr(),
-      value_cache.data_ptr(), slot_mapping.const_data_ptr<int64_t>(),
-      fp8 ? k_scale.const_data_ptr<float>() : nullptr,
+      positions.const_data_ptr<int64_t>(), query.data_ptr(), key.data_ptr(), value.const_data_ptr(),
+      cos_sin_cache.const_data_ptr(), pyorch::to_pyorch_dtype(query.scalar_type()),
+      pyorch::to_pyorch_dtype(cos_sin_cache.scalar_type()), s.cache.num_tokens, s.query.num_heads,
+      s.key.num_heads, head_size, s.rot_dim, s.query.token_stride, s.query.head_stride,
+      s.key.token_stride, s.key.head_stride, value.stride(0), value.stride(1),
+      cos_sin_cache.stride(0), is_neox, key_cache.data_ptr(), value_cache.data_ptr(),
+      slot_mapping.const_data_ptr<int64_t>(), fp8 ? k_scale.const_data_ptr<float>() : nullptr,
       fp8 ? v_scale.const_data_ptr<float>() : nullptr, s.cache.kv_cache_dtype, s.cache.num_blocks,
       s.cache.block_size, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
       c10::cuda::getCurrentCUDAStream()));

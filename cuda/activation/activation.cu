@@ -4,9 +4,8 @@
 
 namespace pyorch {
 
-cudaError_t act_and_mul(void* out, const void* in, Activation act, DType dtype,
-                        int64_t num_tokens, int64_t d, int64_t out_stride, int64_t in_stride,
-                        cudaStream_t stream) {
+cudaError_t act_and_mul(void* out, const void* in, Activation act, DType dtype, int64_t num_tokens,
+                        int64_t d, int64_t out_stride, int64_t in_stride, cudaStream_t stream) {
   return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&]() -> cudaError_t {
     T* o = static_cast<T*>(out);
     const T* x = static_cast<const T*>(in);

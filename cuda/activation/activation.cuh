@@ -90,8 +90,7 @@ __global__ void __launch_bounds__(kActThreads)
     if (i < num_vecs) {
 #pragma unroll
       for (int j = 0; j < VEC_SIZE; ++j) {
-        g[k].data[j] =
-            from_float<T>(act_fn<ACT>(to_float(g[k].data[j])) * to_float(u[k].data[j]));
+        g[k].data[j] = from_float<T>(act_fn<ACT>(to_float(g[k].data[j])) * to_float(u[k].data[j]));
       }
       store_vec(y + i * VEC_SIZE, g[k]);
     }
@@ -128,14 +127,17 @@ cudaError_t launch_act_and_mul(T* out, const T* in, int64_t num_tokens, int64_t 
   const int vec = max_vec_size<T>(d, {out, in}, {out_stride, in_stride});
   constexpr int kMaxVec = 16 / sizeof(T);
   switch (vec) {
-#define PYORCH_CASE(V)                                                                          \
-  case V:                                                                                       \
-    if constexpr (V <= kMaxVec) {                                                               \
-      return launch_act_and_mul_vec<T, ACT, V>(out, in, num_tokens, d, out_stride, in_stride,   \
-                                               stream);                                         \
-    }                                                                                           \
+#define PYORCH_CASE(V)                                                                        \
+  case V:                                                                                     \
+    if constexpr (V <= kMaxVec) {                                                             \
+      return launch_act_and_mul_vec<T, ACT, V>(out, in, num_tokens, d, out_stride, in_stride, \
+                                               stream);                                       \
+    }                                                                                         \
     break;
-    PYORCH_CASE(1) PYORCH_CASE(2) PYORCH_CASE(4) PYORCH_CASE(8)
+    PYORCH_CASE(1)
+    PYORCH_CASE(2)
+    PYORCH_CASE(4)
+    PYORCH_CASE(8)
 #undef PYORCH_CASE
     default: break;
   }

@@ -80,12 +80,17 @@ cudaError_t allow_dynamic_smem(Kernel* kernel, size_t bytes, std::atomic<uint64_
 template <class F>
 bool with_head_size(int64_t head_size, F&& f) {
   switch (head_size) {
-#define PYORCH_CASE(D)                   \
-  case D:                                \
-    f(std::integral_constant<int, D>{}); \
-    return true;
-    PYORCH_CASE(32) PYORCH_CASE(64) PYORCH_CASE(80) PYORCH_CASE(96) PYORCH_CASE(112)
-    PYORCH_CASE(120) PYORCH_CASE(128) PYORCH_CASE(192) PYORCH_CASE(256)
+#define PYORCH_CASE(D) \
+  case D: f(std::integral_constant<int, D>{}); return true;
+    PYORCH_CASE(32)
+    PYORCH_CASE(64)
+    PYORCH_CASE(80)
+    PYORCH_CASE(96)
+    PYORCH_CASE(112)
+    PYORCH_CASE(120)
+    PYORCH_CASE(128)
+    PYORCH_CASE(192)
+    PYORCH_CASE(256)
 #undef PYORCH_CASE
     default: return false;
   }
@@ -251,11 +256,10 @@ cudaError_t launch_split_kv_merge(const PagedAttentionParams& p, int num_splits,
   if (p.head_size % 4 != 0) PYORCH_INVALID("paged_attention: merge needs head_size % 4 == 0");
   const int64_t pairs = p.num_tokens * p.num_heads;
   const dim3 grid(static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps));
-  return kernels::launch_kernel(&kernels::merge_split_kv_kernel<T>, grid,
-                                dim3(kernels::kMergeThreads), 0, stream, pdl_enabled(),
-                                static_cast<T*>(p.out), o_partial, lse_partial, p.query_start_loc,
-                                p.num_seqs, p.num_tokens, p.num_heads, p.head_size, num_splits,
-                                p.out_token_stride, p.out_head_stride);
+  return kernels::launch_kernel(
+      &kernels::merge_split_kv_kernel<T>, grid, dim3(kernels::kMergeThreads), 0, stream,
+      pdl_enabled(), static_cast<T*>(p.out), o_partial, lse_partial, p.query_start_loc, p.num_seqs,
+      p.num_tokens, p.num_heads, p.head_size, num_splits, p.out_token_stride, p.out_head_stride);
 }
 
 static_assert(kernels::kPrefillRowsAbove == kernels::kDecodeMaxRows,
@@ -289,12 +293,11 @@ cudaError_t launch_prefill_kernel(Kernel* kernel, const AttnArgs& args, cudaStre
 template <typename T, int HEAD_SIZE, class Shape>
 cudaError_t launch_prefill_sm90(const AttnArgs& args, cudaStream_t stream) {
   if (Shape::kPersistent && args.item_counters) {
-    PYORCH_RETURN_IF_ERROR(cudaMemsetAsync(args.item_counters, 0,
-                                           sizeof(int) * std::max(1, args.num_splits), stream));
+    PYORCH_RETURN_IF_ERROR(
+        cudaMemsetAsync(args.item_counters, 0, sizeof(int) * std::max(1, args.num_splits), stream));
   }
   return launch_prefill_kernel<kernels::PrefillSm90Tile<T, HEAD_SIZE, Shape>>(
-      &kernels::paged_prefill_sm90_kernel<T, HEAD_SIZE, Shape>, args, stream,
-      Shape::kPersistent);
+      &kernels::paged_prefill_sm90_kernel<T, HEAD_SIZE, Shape>, args, stream, Shape::kPersistent);
 }
 
 template <typename T, typename CacheT, int HEAD_SIZE>
@@ -317,7 +320,8 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, const Workspac
   float* lse_partial = ws.lse_partial;
   // Decode sequences go to paged_decode_kernel, launched last so that the merge (a mixed batch's
   // only: a pure decode batch merges inside the decode launch) overlaps it.
-  const AttnArgs args{p, static_cast<int>(p.num_heads / p.num_kv_heads), num_splits, o_partial,
+  const AttnArgs args{p,           static_cast<int>(p.num_heads / p.num_kv_heads),
+                      num_splits,  o_partial,
                       lse_partial, ws.item_counters};
   // Prefill sequences go to the prefill kernels (launch_paged_prefill).
   if (!all_decode_rows(p)) {
@@ -373,10 +377,10 @@ cudaError_t paged_attention(const PagedAttentionParams& p, void* workspace, size
   }
   float* o_partial = num_splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float* lse_partial = num_splits > 1 ? o_partial + partial_output_elems(p, num_splits) : nullptr;
-  int* item_counters =
-      all_decode_rows(p) ? nullptr
-                         : reinterpret_cast<int*>(static_cast<char*>(workspace) +
-                                                  item_counters_offset(p, num_splits));
+  int* item_counters = all_decode_rows(p)
+                           ? nullptr
+                           : reinterpret_cast<int*>(static_cast<char*>(workspace) +
+                                                    item_counters_offset(p, num_splits));
   const Workspace ws{static_cast<int>(num_splits), o_partial, lse_partial, item_counters};
   return PYORCH_DISPATCH_HALF_TYPES(p.dtype, T, [&] {
     if (p.kv_cache_dtype == KVCacheDType::kFp8E4M3) {
@@ -396,7 +400,8 @@ cudaError_t merge_attn_states(void* output, float* output_lse, const void* prefi
                               cudaStream_t stream) {
   const int64_t pairs = num_tokens * num_heads;
   if (pairs == 0 || head_size == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps);
+  const unsigned blocks =
+      static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps);
   return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
     kernels::merge_attn_states_kernel<T><<<blocks, kernels::kMergeThreads, 0, stream>>>(
         static_cast<T*>(output), output_lse, static_cast<const T*>(prefix_output), prefix_lse,

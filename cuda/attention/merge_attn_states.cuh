@@ -21,18 +21,16 @@ __device__ __forceinline__ float empty_part_as_neg_inf(float lse) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kMergeThreads)
-    merge_attn_states_kernel(T* __restrict__ output,               // [num_tokens, num_heads, head_size]
-                             float* __restrict__ output_lse,       // [num_heads, num_tokens] or null
-                             const T* __restrict__ prefix_output,  // [num_tokens, num_heads, head_size]
-                             const float* __restrict__ prefix_lse, // [num_heads, num_tokens]
-                             const T* __restrict__ suffix_output,  // [num_tokens, num_heads, head_size]
-                             const float* __restrict__ suffix_lse, // [num_heads, num_tokens]
-                             int64_t num_tokens, int64_t num_heads, int64_t head_size,
-                             int64_t out_token_stride, int64_t out_head_stride,
-                             int64_t prefix_token_stride, int64_t prefix_head_stride,
-                             int64_t suffix_token_stride, int64_t suffix_head_stride,
-                             int64_t lse_head_stride) {
+__global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(
+    T* __restrict__ output,                // [num_tokens, num_heads, head_size]
+    float* __restrict__ output_lse,        // [num_heads, num_tokens] or null
+    const T* __restrict__ prefix_output,   // [num_tokens, num_heads, head_size]
+    const float* __restrict__ prefix_lse,  // [num_heads, num_tokens]
+    const T* __restrict__ suffix_output,   // [num_tokens, num_heads, head_size]
+    const float* __restrict__ suffix_lse,  // [num_heads, num_tokens]
+    int64_t num_tokens, int64_t num_heads, int64_t head_size, int64_t out_token_stride,
+    int64_t out_head_stride, int64_t prefix_token_stride, int64_t prefix_head_stride,
+    int64_t suffix_token_stride, int64_t suffix_head_stride, int64_t lse_head_stride) {
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (pair >= num_tokens * num_heads) return;
@@ -78,14 +76,13 @@ constexpr int kMaxKvSplits = 2 * kWarpSize;
 // Launched with programmatic dependent launch behind the attention kernel (common/launch.cuh):
 // pdl_wait holds it until that grid has finished and its partials are visible.
 template <typename T>
-__global__ void __launch_bounds__(kMergeThreads)
-    merge_split_kv_kernel(T* __restrict__ out,                    // [num_tokens, num_heads, head_size]
-                          const float* __restrict__ o_partial,    // [num_splits, num_tokens, num_heads, head_size]
-                          const float* __restrict__ lse_partial,  // [num_splits, num_tokens, num_heads]
-                          const int32_t* __restrict__ query_start_loc,  // [num_seqs + 1]
-                          int64_t num_seqs, int64_t num_tokens, int64_t num_heads,
-                          int64_t head_size, int num_splits, int64_t out_token_stride,
-                          int64_t out_head_stride) {
+__global__ void __launch_bounds__(kMergeThreads) merge_split_kv_kernel(
+    T* __restrict__ out,                          // [num_tokens, num_heads, head_size]
+    const float* __restrict__ o_partial,          // [num_splits, num_tokens, num_heads, head_size]
+    const float* __restrict__ lse_partial,        // [num_splits, num_tokens, num_heads]
+    const int32_t* __restrict__ query_start_loc,  // [num_seqs + 1]
+    int64_t num_seqs, int64_t num_tokens, int64_t num_heads, int64_t head_size, int num_splits,
+    int64_t out_token_stride, int64_t out_head_stride) {
   pdl_wait();
   pdl_launch_dependents();
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
@@ -96,8 +93,9 @@ __global__ void __launch_bounds__(kMergeThreads)
   if (token < query_start_loc[0] || token >= query_start_loc[num_seqs]) return;
   const int64_t split_stride = num_tokens * num_heads;
   const float lse0 = lane < num_splits ? lse_partial[lane * split_stride + pair] : -INFINITY;
-  const float lse1 =
-      lane + kWarpSize < num_splits ? lse_partial[(lane + kWarpSize) * split_stride + pair] : -INFINITY;
+  const float lse1 = lane + kWarpSize < num_splits
+                         ? lse_partial[(lane + kWarpSize) * split_stride + pair]
+                         : -INFINITY;
   const float max_lse = warp_reduce_max(fmaxf(lse0, lse1));
   T* dst = out + token * out_token_stride + head * out_head_stride;
   if (max_lse == -INFINITY) {  // no split saw a key (cannot happen for a causal query)

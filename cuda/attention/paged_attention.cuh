@@ -59,11 +59,11 @@ struct WorkTile {
   int64_t q_start;  // first query row of the sequence in query/out
   int num_rows;     // q_len * group_size
   int row0;
-  int first_pos;    // position of the sequence's first query token
+  int first_pos;  // position of the sequence's first query token
   int seq_len;
   int kv_lo, kv_hi;
-  int min_row_hi;   // smallest exclusive key bound over the CTA's rows
-  int max_row_lo;   // largest inclusive key bound over the CTA's rows
+  int min_row_hi;  // smallest exclusive key bound over the CTA's rows
+  int max_row_lo;  // largest inclusive key bound over the CTA's rows
   int tile_begin, tile_end;
   int live_splits;  // decode: splits that hold keys of the sequence (see locate_decode_work)
 };
@@ -142,7 +142,8 @@ __device__ void compute_scores(const T* q_rows, const T* k_rows, float (&s)[NKEY
   for (int j = 0; j < NKEYS / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   // A (Q, row-major): lanes 0-15 give rows 0-15 at column 0, lanes 16-31 the same rows at 8.
   const T* q_ptr = q_rows + (lane % 16) * Tr::kRowStride + (lane / 16) * 8;
-  // B (K^T, "col"): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (8-15, 8-15).
+  // B (K^T, "col"): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (8-15,
+  // 8-15).
   const T* k_ptr = k_rows + (lane % 8 + (lane / 16) * 8) * Tr::kRowStride + ((lane / 8) % 2) * 8;
 #pragma unroll
   for (int kk = 0; kk < Tr::kOTiles / 2; ++kk) {
@@ -164,10 +165,9 @@ __device__ void compute_scores(const T* q_rows, const T* k_rows, float (&s)[NKEY
 // and get probability 0 without the work. o is rescaled only when some row's max moved, which
 // a long sequence's scores soon stop doing.
 template <class Tr, int NKEYS>
-__device__ __forceinline__ void online_softmax(float (&s)[NKEYS / 8][4],
-                                               float (&o)[Tr::kOTiles][4], float (&m)[2],
-                                               float (&l)[2], const RowBounds& rb, int k0,
-                                               bool need_mask, const ScoreMap& sm,
+__device__ __forceinline__ void online_softmax(float (&s)[NKEYS / 8][4], float (&o)[Tr::kOTiles][4],
+                                               float (&m)[2], float (&l)[2], const RowBounds& rb,
+                                               int k0, bool need_mask, const ScoreMap& sm,
                                                bool upper_rows = true) {
   const int lane = threadIdx.x % kWarpSize;
   float alpha[2] = {1.f, 1.f};

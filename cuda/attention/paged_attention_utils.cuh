@@ -57,7 +57,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_p
                : "memory");
 }
 
-// Same, transposed: register i receives matrix i's elements (rows 2*(lane%4) and +1, column lane/4).
+// Same, transposed: register i receives matrix i's elements (rows 2*(lane%4) and +1, column
+// lane/4).
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_ptr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

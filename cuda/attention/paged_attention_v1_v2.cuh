@@ -9,9 +9,10 @@
 //      already in log2 units (q is pre-multiplied by scale * log2(e)).
 //   2. softmax: block max, exp2, block sum; the running max/sum and the V accumulators are rescaled
 //      when a later chunk raises the max.
-//   3. p.V: warps take blocks round-robin again. In value_cache a block's row for one head dim holds
-//      block_size consecutive tokens; kLanesPerRow lanes split that row into kVVec-token vectors and
-//      each lane accumulates kRowsPerThread head dims in fp32.
+//   3. p.V: warps take blocks round-robin again. In value_cache a block's row for one head dim
+//   holds
+//      block_size consecutive tokens; kLanesPerRow lanes split that row into kVVec-token vectors
+//      and each lane accumulates kRowsPerThread head dims in fp32.
 // The per-warp partial outputs are summed through shared memory; v2 writes the partition's
 // normalized output, max and exp-sum to the caller's scratch and a reduce kernel combines them.
 #pragma once
@@ -45,7 +46,7 @@ __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 template <typename CacheT, int HEAD_SIZE, int BLOCK_SIZE>
 struct PagedConfig {
   static constexpr int kX = 16 / static_cast<int>(sizeof(CacheT));  // elements per 16 bytes
-  static constexpr int kNumChunks = HEAD_SIZE / kX;                  // 16-byte chunks per key
+  static constexpr int kNumChunks = HEAD_SIZE / kX;                 // 16-byte chunks per key
   // Lanes per token in q.k: enough that a lane holds at most 64 q values in registers, and that a
   // warp pass never spans two KV blocks.
   static constexpr int kGroup = cmax(kWarpSize / BLOCK_SIZE, HEAD_SIZE > 128 ? 4 : 2);
@@ -58,7 +59,7 @@ struct PagedConfig {
   static constexpr int kRowsPerPass = kWarpSize / kLanesPerRow;
   static constexpr int kRowsPerThread = ceil_div(HEAD_SIZE, kRowsPerPass);
   // Scores of one chunk, later reused for the cross-warp sum of the outputs.
-  static constexpr int kScoreFloats = cmax(kChunkSize, kNumWarps * HEAD_SIZE);
+  static constexpr int kScoreFloats = cmax(kChunkSize, kNumWarps* HEAD_SIZE);
 
   static_assert(HEAD_SIZE % kX == 0, "the key layout needs head_size % x == 0");
   static_assert(BLOCK_SIZE >= 8 && BLOCK_SIZE <= kWarpSize && (BLOCK_SIZE & (BLOCK_SIZE - 1)) == 0,
@@ -115,14 +116,14 @@ template <typename CacheT, int HEAD_SIZE, int BLOCK_SIZE>
 __device__ __forceinline__ float qk_chunk(
     const float (&q)[PagedConfig<CacheT, HEAD_SIZE, BLOCK_SIZE>::kChunksPerThread]
                     [PagedConfig<CacheT, HEAD_SIZE, BLOCK_SIZE>::kX],
-    const CacheT* __restrict__ key_head,     // key_cache + kv_head * k_head_stride
+    const CacheT* __restrict__ key_head,      // key_cache + kv_head * k_head_stride
     const int32_t* __restrict__ block_table,  // [max_blocks_per_seq]
     int64_t k_block_stride, int first_block, int end_block, int chunk_begin, int chunk_end,
     int seq_len, float alibi_log2, float* scores /* [kScoreFloats] */) {
   using Cfg = PagedConfig<CacheT, HEAD_SIZE, BLOCK_SIZE>;
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  const int tok_lane = lane % Cfg::kTokensPerPass;  // token within a pass
+  const int tok_lane = lane % Cfg::kTokensPerPass;    // token within a pass
   const int group_lane = lane / Cfg::kTokensPerPass;  // which 16-byte chunks of the key
   float thread_max = -FLT_MAX;
   for (int blk = first_block + warp; blk < end_block; blk += kNumWarps) {
@@ -163,7 +164,8 @@ __device__ __forceinline__ float qk_chunk(
   return thread_max;
 }
 
-// ---- phase 2: online softmax over one chunk ------------------------------------------------------
+// ---- phase 2: online softmax over one chunk
+// ------------------------------------------------------
 
 // scores[0, len) := exp2(score - new_max), new_max = max(run_max, chunk max), and run_sum becomes
 // the sum over all chunks so far at the new max. Returns alpha = exp2(old max - new max), the
@@ -193,7 +195,7 @@ __device__ __forceinline__ float softmax_chunk(float* scores, int len, float thr
 template <typename CacheT, int HEAD_SIZE, int BLOCK_SIZE>
 __device__ __forceinline__ void pv_chunk(
     float (&acc)[PagedConfig<CacheT, HEAD_SIZE, BLOCK_SIZE>::kRowsPerThread],
-    const CacheT* __restrict__ value_head,   // value_cache + kv_head * v_head_stride
+    const CacheT* __restrict__ value_head,    // value_cache + kv_head * v_head_stride
     const int32_t* __restrict__ block_table,  // [max_blocks_per_seq]
     int64_t v_block_stride, int first_block, int end_block, int chunk_begin, int chunk_end,
     const float* probs /* [kScoreFloats] */) {
@@ -248,7 +250,8 @@ __device__ __forceinline__ void load_q(
     const T* __restrict__ q_row,  // [head_size]
     float q_scale, float* q_smem /* [HEAD_SIZE] */) {
   using Cfg = PagedConfig<CacheT, HEAD_SIZE, BLOCK_SIZE>;
-  for (int d = threadIdx.x; d < HEAD_SIZE; d += kNumThreads) q_smem[d] = to_float(q_row[d]) * q_scale;
+  for (int d = threadIdx.x; d < HEAD_SIZE; d += kNumThreads)
+    q_smem[d] = to_float(q_row[d]) * q_scale;
   __syncthreads();
   const int group_lane = (threadIdx.x % kWarpSize) / Cfg::kTokensPerPass;
 #pragma unroll
@@ -342,7 +345,8 @@ __global__ void __launch_bounds__(kNumThreads)
   load_q<T, CacheT, HEAD_SIZE, BLOCK_SIZE>(q, q_row, args.scale * kLog2e * k_scale, q_smem);
 
   const int32_t* block_table = args.block_tables + seq * args.block_table_stride;
-  const CacheT* key_head = static_cast<const CacheT*>(args.key_cache) + kv_head * args.k_head_stride;
+  const CacheT* key_head =
+      static_cast<const CacheT*>(args.key_cache) + kv_head * args.k_head_stride;
   const CacheT* value_head =
       static_cast<const CacheT*>(args.value_cache) + kv_head * args.v_head_stride;
 
@@ -386,10 +390,10 @@ __global__ void __launch_bounds__(kNumThreads)
 // out = sum_p w_p * tmp_out_p / sum_p w_p with w_p = exp_sums_p * exp(max_logits_p - max).
 template <typename T>
 __global__ void __launch_bounds__(kNumThreads) paged_attention_v2_reduce_kernel(
-    T* __restrict__ out,                 // [num_seqs, num_heads, head_size] (strides below)
-    const float* __restrict__ exp_sums,  // [num_seqs, num_heads, max_num_partitions]
+    T* __restrict__ out,                   // [num_seqs, num_heads, head_size] (strides below)
+    const float* __restrict__ exp_sums,    // [num_seqs, num_heads, max_num_partitions]
     const float* __restrict__ max_logits,  // [num_seqs, num_heads, max_num_partitions]
-    const T* __restrict__ tmp_out,  // [num_seqs, num_heads, max_num_partitions, head_size]
+    const T* __restrict__ tmp_out,         // [num_seqs, num_heads, max_num_partitions, head_size]
     const int32_t* __restrict__ seq_lens,  // [num_seqs]
     int num_heads, int head_size, int64_t max_num_partitions, int num_launched_partitions,
     int64_t out_seq_stride, int64_t out_head_stride) {
@@ -460,11 +464,11 @@ cudaError_t launch_paged_attention_v1_v2(const PagedAttentionV1V2Args& args, flo
 
   const size_t smem = static_cast<size_t>(num_launched) * sizeof(float);
   PYORCH_RETURN_IF_ERROR(allow_dynamic_smem(paged_attention_v2_reduce_kernel<T>, smem));
-  paged_attention_v2_reduce_kernel<T><<<dim3(args.num_heads, args.num_seqs), kNumThreads, smem,
-                                        stream>>>(
-      static_cast<T*>(args.out), exp_sums, max_logits, tmp_out, args.seq_lens, args.num_heads,
-      HEAD_SIZE, max_num_partitions, static_cast<int>(num_launched), args.out_seq_stride,
-      args.out_head_stride);
+  paged_attention_v2_reduce_kernel<T>
+      <<<dim3(args.num_heads, args.num_seqs), kNumThreads, smem, stream>>>(
+          static_cast<T*>(args.out), exp_sums, max_logits, tmp_out, args.seq_lens, args.num_heads,
+          HEAD_SIZE, max_num_partitions, static_cast<int>(num_launched), args.out_seq_stride,
+          args.out_head_stride);
   return cudaGetLastError();
 }
 

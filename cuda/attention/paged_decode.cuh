@@ -204,8 +204,7 @@ __device__ void load_decode_q(const AttnArgs& a, const WorkTile& w, int kv_head,
 // aligned key range), so the block table is read once per tile.
 template <class Tr, typename CacheT>
 __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile& w, int kv_head,
-                                               int key0, bool one_block, char* k_dst,
-                                               char* v_dst) {
+                                               int key0, bool one_block, char* k_dst, char* v_dst) {
   constexpr int kCopy = Tr::kCopyBytes;
   constexpr int kChunksPerRow = Tr::kTileHead * static_cast<int>(sizeof(CacheT)) / kCopy;
   constexpr int kChunks = kDecodeWarpKeys * kChunksPerRow;
@@ -305,11 +304,11 @@ __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_
                                    const float (&o)[Tr::kOTiles][4], const float (&m)[2],
                                    const float (&l)[2], float v_scale, float* scratch) {
   constexpr int kTile = Tr::kOTiles * 8;  // head dims of the accumulators
-  constexpr int kHead = Tr::kHeadSize;     // ... of which are stored (partial rows: kHead floats)
+  constexpr int kHead = Tr::kHeadSize;    // ... of which are stored (partial rows: kHead floats)
   constexpr int kRows = kDecodeMaxRows;
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  float* red_o = scratch;                          // [warps][16][kTile]
+  float* red_o = scratch;                             // [warps][16][kTile]
   float* red_m = red_o + Tr::kWarps * kRows * kTile;  // [warps][16]
   float* red_l = red_m + Tr::kWarps * kRows;          // [warps][16]
 #pragma unroll
@@ -380,7 +379,9 @@ __device__ __forceinline__ int decode_arrive(unsigned long long* slot, unsigned 
     const unsigned long long first = (tag << 16) + 1;
     unsigned long long prev;
     asm volatile("atom.acq_rel.gpu.global.cas.b64 %0, [%1], %2, %3;"
-                 : "=l"(prev) : "l"(slot), "l"(seen), "l"(first) : "memory");
+                 : "=l"(prev)
+                 : "l"(slot), "l"(seen), "l"(first)
+                 : "memory");
     if (prev == seen) return 1;
     seen = prev;  // another CTA of the slot got there first (or the read was stale)
   }
@@ -395,8 +396,8 @@ __device__ __forceinline__ int decode_arrive(unsigned long long* slot, unsigned 
 // thread per (row, 4 dims) reads the splits kMergeBatch at a time, log-sum-exps and partials
 // together, with a running max, so that up to 16 splits cost one L2 round trip.
 template <class Tr, typename T>
-__device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg,
-                                    const WorkTile& w, int kv_head, float* scratch) {
+__device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg, const WorkTile& w,
+                                    int kv_head, float* scratch) {
   constexpr int kHead = Tr::kHeadSize;  // floats per partial row
   constexpr int kVecs = kHead / 4;      // float4 columns of a row
   constexpr int kMergeBatch = 16;
@@ -435,7 +436,7 @@ __device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg
       float new_max = run_max;
 #pragma unroll
       for (int j = 0; j < kMergeBatch; ++j) new_max = fmaxf(new_max, lse[j]);
-      if (new_max == -INFINITY) continue;  // no split so far saw a key
+      if (new_max == -INFINITY) continue;             // no split so far saw a key
       const float rescale = expf(run_max - new_max);  // 0 while run_max is -inf
       run_sum *= rescale;
       acc = make_float4(acc.x * rescale, acc.y * rescale, acc.z * rescale, acc.w * rescale);

@@ -157,7 +157,10 @@ __device__ bool locate_prefill_tile(const AttnArgs& a, int64_t item, WorkTile& w
   int lo = 0, hi = static_cast<int>(p.num_seqs) - 1;
   while (lo < hi) {  // the last sequence whose first tile is <= tile_idx
     const int mid = (lo + hi + 1) / 2;
-    if (prefill_tile_base<Tr>(p.query_start_loc, mid, G) <= tile_idx) lo = mid; else hi = mid - 1;
+    if (prefill_tile_base<Tr>(p.query_start_loc, mid, G) <= tile_idx)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int64_t base = prefill_tile_base<Tr>(p.query_start_loc, lo, G);
   // Clamped to num_tokens: query_start_loc is device data the host never checked.
@@ -197,8 +200,8 @@ __device__ void load_prefill_q(const AttnArgs& a, const WorkTile& w, int kv_head
     const int r = c / kChunksPerRow;
     const int col = c % kChunksPerRow;
     const int row = w.row0 + r;
-    const bool valid = row < w.num_rows && (Tr::kOTiles * 8 == Tr::kHeadSize ||
-                                            col * Tr::kChunkElems < Tr::kHeadSize);
+    const bool valid = row < w.num_rows &&
+                       (Tr::kOTiles * 8 == Tr::kHeadSize || col * Tr::kChunkElems < Tr::kHeadSize);
     const T* src = query;
     if (valid) {
       const int64_t token = w.q_start + row / a.group_size;
@@ -237,8 +240,8 @@ __device__ __forceinline__ void load_prefill_kv(const AttnArgs& a, const WorkTil
   const int block_size = static_cast<int>(p.block_size);
   const int n0 = r * kKeysPerThread;
   int key = w.kv_lo + tile * Tr::kBlockN + n0;
-  int block_idx = (block_size & (block_size - 1)) == 0 ? key >> (__ffs(block_size) - 1)
-                                                       : key / block_size;
+  int block_idx =
+      (block_size & (block_size - 1)) == 0 ? key >> (__ffs(block_size) - 1) : key / block_size;
   int offset = key - block_idx * block_size;
   const CacheT* k_src = k_cache;
   const CacheT* v_src = v_cache;
@@ -412,8 +415,7 @@ template <class Tr, typename T>
 __device__ __forceinline__ void prefill_softmax(float (&s)[Tr::kMTiles][Tr::kSTiles][4],
                                                 float (&o)[Tr::kMTiles][Tr::kOTiles][4],
                                                 float (&m)[Tr::kMTiles][2],
-                                                float (&l)[Tr::kMTiles][2],
-                                                float score_mul,
+                                                float (&l)[Tr::kMTiles][2], float score_mul,
                                                 uint32_t (&pa)[Tr::kMTiles][Tr::kBlockN / 16][4]) {
   float alpha[Tr::kMTiles][2];
   prefill_probs<Tr, T>(s, m, l, score_mul, alpha, pa);
@@ -449,8 +451,8 @@ __device__ __forceinline__ void prefill_pv(const uint32_t (&pa)[Tr::kMTiles][Tr:
 // key), as merge_split_kv_kernel expects. The n-tiles past the head size (a padded tile) are not
 // stored.
 template <class Tr, typename T>
-__device__ void store_prefill_rows(const AttnArgs& a, const WorkTile& w, int kv_head,
-                                   int warp_row0, const float (&o)[Tr::kMTiles][Tr::kOTiles][4],
+__device__ void store_prefill_rows(const AttnArgs& a, const WorkTile& w, int kv_head, int warp_row0,
+                                   const float (&o)[Tr::kMTiles][Tr::kOTiles][4],
                                    const float (&m)[Tr::kMTiles][2],
                                    const float (&l)[Tr::kMTiles][2], float v_scale) {
   static_assert(Tr::kHeadSize % 8 == 0, "whole n-tiles of the output are stored");
@@ -498,8 +500,8 @@ __global__ void __launch_bounds__(Shape::kWarps* kWarpSize, Shape::kMinBlocksPer
     paged_prefill_kernel(const __grid_constant__ AttnArgs a) {
   using Tr = PrefillTile<T, CacheT, HEAD_SIZE, Shape>;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* q_smem = reinterpret_cast<T*>(smem);              // [kBlockM][kRowStride]
-  T* k_smem = q_smem + Tr::kQElems;                    // [kTTiles][kBlockN][kRowStride]
+  T* q_smem = reinterpret_cast<T*>(smem);               // [kBlockM][kRowStride]
+  T* k_smem = q_smem + Tr::kQElems;                     // [kTTiles][kBlockN][kRowStride]
   T* v_smem = k_smem + Tr::kTTiles * Tr::kKvTileElems;  // [kTTiles][kBlockN][kRowStride]
   // fp8 only: raw K stages then raw V stages, each [kBlockN][HEAD_SIZE] bytes.
   uint8_t* raw = reinterpret_cast<uint8_t*>(v_smem + Tr::kTTiles * Tr::kKvTileElems);
@@ -521,7 +523,7 @@ __global__ void __launch_bounds__(Shape::kWarps* kWarpSize, Shape::kMinBlocksPer
   for (int st = 0; st < Tr::kStages - 1; ++st) {
     if (w.tile_begin + st < w.tile_end) {
       load_prefill_kv<Tr, CacheT>(a, w, kv_head, w.tile_begin + st, k_dst(st), v_dst(st),
-                                    threadIdx.x);
+                                  threadIdx.x);
     }
     attn::cp_async_commit();  // possibly empty: keeps the group count uniform
   }
@@ -554,7 +556,7 @@ __global__ void __launch_bounds__(Shape::kWarps* kWarpSize, Shape::kMinBlocksPer
     const int next_stage = stage == 0 ? Tr::kStages - 1 : stage - 1;
     if (next < w.tile_end) {
       load_prefill_kv<Tr, CacheT>(a, w, kv_head, next, k_dst(next_stage), v_dst(next_stage),
-                                    threadIdx.x);
+                                  threadIdx.x);
     }
     attn::cp_async_commit();
     if constexpr (Tr::kFp8) {

@@ -312,8 +312,8 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
   const bool map_first = sm.soft_cap || !(sm.mul > 0.f);
   const float score_mul = map_first ? 1.f : sm.mul;
   const int qb = pipe.qs % Tr::kQBuffers;
-  const uint64_t q_desc = wgmma::make_desc(
-      q_smem + qb * Tr::kQBytes + group * 64 * wgmma::kPanelRowBytes, 16, kSbo);
+  const uint64_t q_desc =
+      wgmma::make_desc(q_smem + qb * Tr::kQBytes + group * 64 * wgmma::kPanelRowBytes, 16, kSbo);
   auto stage_of = [&](int tile) { return (pipe.tiles + tile - first) % Tr::kStages; };
   auto k_desc = [&](int tile) {
     return wgmma::make_desc(kv_smem + 2 * stage_of(tile) * Tr::kKvTileBytes, 16, kSbo);
@@ -338,7 +338,7 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
   };
   // Q from registers (kQInRegs): loaded after q_full, the buffer released at once.
   uint32_t qa[Tr::kQInRegs ? Tr::kOTiles / 2 : 1][4];
-  auto scores_issue = [&](int tile, float (&s)[Tr::kSTiles * 4]) {
+  auto scores_issue = [&](int tile, float (&s)[Tr::kSTiles* 4]) {
     if constexpr (Tr::kQInRegs) {
       sm90_scores_issue<Tr, T>(qa, k_desc(tile), s);
     } else {
@@ -356,13 +356,13 @@ __device__ __forceinline__ void sm90_consume(const AttnArgs& a, const WorkTile& 
   float o[1][Tr::kOTiles][4] = {};
   float m[1][2] = {{-INFINITY, -INFINITY}};
   float l[1][2] = {{0.f, 0.f}};
-  auto o_flat = [&]() -> float(&)[Tr::kOTiles * 4] {
-    return reinterpret_cast<float(&)[Tr::kOTiles * 4]>(o);
+  auto o_flat = [&]() -> float (&)[Tr::kOTiles * 4] {
+    return reinterpret_cast<float (&)[Tr::kOTiles * 4]>(o);
   };
   using Scores = float[1][Tr::kSTiles][4];
   using Probs = uint32_t[1][kN / 16][4];
-  auto s_flat = [](Scores& s) -> float(&)[Tr::kSTiles * 4] {
-    return reinterpret_cast<float(&)[Tr::kSTiles * 4]>(s);
+  auto s_flat = [](Scores& s) -> float (&)[Tr::kSTiles * 4] {
+    return reinterpret_cast<float (&)[Tr::kSTiles * 4]>(s);
   };
   // Scores of `tile` mapped (soft cap) and masked where the tile crosses a row's bounds.
   auto prepare = [&](int tile, Scores& s) {
@@ -513,15 +513,15 @@ __global__ void __launch_bounds__((Shape::kConsumerGroups + 1) * kWarpGroupThrea
   using Tr = PrefillSm90Tile<T, HEAD_SIZE, Shape>;
   extern __shared__ __align__(16) unsigned char smem_base[];
   const uint32_t misalign = attn::smem_addr(smem_base) % wgmma::kSwizzleAtomBytes;
-  unsigned char* smem =
-      smem_base + (misalign == 0 ? 0 : wgmma::kSwizzleAtomBytes - misalign);
+  unsigned char* smem = smem_base + (misalign == 0 ? 0 : wgmma::kSwizzleAtomBytes - misalign);
   // Q buffer b at smem + b kQBytes: [panels][kBlockM][64], swizzled. Stage st: K tile at
   // kv_smem + 2 st * kKvTileBytes, V tile after it ([panels][kBlockN][64]). Then the barriers,
   // the items of the Q buffers, the producer's staging items.
   unsigned char* kv_smem = smem + Tr::kQBuffers * Tr::kQBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(kv_smem + Tr::kRingBytes);
-  Sm90Pipe pipe{bars, bars + Tr::kStages, bars + 2 * Tr::kStages,
-                bars + 2 * Tr::kStages + Tr::kQBuffers, 0, 0};
+  Sm90Pipe pipe{
+      bars, bars + Tr::kStages, bars + 2 * Tr::kStages, bars + 2 * Tr::kStages + Tr::kQBuffers, 0,
+      0};
   Sm90Item* slots = reinterpret_cast<Sm90Item*>(bars + 2 * Tr::kStages + 2 * Tr::kQBuffers);
   Sm90Item* staging = slots + Tr::kQBuffers;
 

@@ -18,8 +18,8 @@
 
 namespace pyorch::kernels::wgmma {
 
-constexpr int kPanelElems = 64;        // elements of a 16-bit tile row in one panel
-constexpr int kPanelRowBytes = 128;    // the swizzle width
+constexpr int kPanelElems = 64;          // elements of a 16-bit tile row in one panel
+constexpr int kPanelRowBytes = 128;      // the swizzle width
 constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes
 
 // Byte offset of 16-byte chunk `col` (8 elements) of row `row` in a swizzled tile of `rows` rows.
@@ -71,14 +71,12 @@ __device__ __forceinline__ void fence_view_async_shared() {
 // Shared-memory mbarriers (the producer/consumer handshake of a warp-specialized kernel).
 // init before any use, made visible to the CTA by a __syncthreads.
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(attn::smem_addr(bar)),
-               "r"(count)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(attn::smem_addr(bar)), "r"(count)
                : "memory");
 }
 // Release: this thread's earlier memory accesses happen before the phase completes.
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(
-                   attn::smem_addr(bar))
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(attn::smem_addr(bar))
                : "memory");
 }
 // Acquire: returns once the phase of parity `parity` has completed.
@@ -100,8 +98,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 // this thread has issued so far has landed. The consumers that wait on it still need
 // fence_view_async_shared before their wgmma's read the data.
 __device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
-                   attn::smem_addr(bar))
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(attn::smem_addr(bar))
                : "memory");
 }
 

@@ -32,7 +32,8 @@ int copy_unit_bytes(void* const* key_caches, void* const* value_caches, int64_t 
                     int64_t block_bytes, int64_t block_stride_bytes) {
   uint64_t bits = static_cast<uint64_t>(block_bytes) | static_cast<uint64_t>(block_stride_bytes);
   for (int64_t l = 0; l < num_layers; ++l) {
-    bits |= reinterpret_cast<uintptr_t>(key_caches[l]) | reinterpret_cast<uintptr_t>(value_caches[l]);
+    bits |=
+        reinterpret_cast<uintptr_t>(key_caches[l]) | reinterpret_cast<uintptr_t>(value_caches[l]);
   }
   for (int unit = 16; unit > 1; unit /= 2) {
     if (bits % unit == 0) return unit;
@@ -42,9 +43,9 @@ int copy_unit_bytes(void* const* key_caches, void* const* value_caches, int64_t 
 
 template <typename U>
 cudaError_t launch_copy_blocks(void* const* key_caches, void* const* value_caches,
-                               int64_t num_layers, const int64_t* block_mapping,
-                               int64_t num_pairs, int64_t num_blocks, int64_t block_bytes,
-                               int64_t block_stride_bytes, cudaStream_t stream) {
+                               int64_t num_layers, const int64_t* block_mapping, int64_t num_pairs,
+                               int64_t num_blocks, int64_t block_bytes, int64_t block_stride_bytes,
+                               cudaStream_t stream) {
   const int64_t units_per_block = block_bytes / static_cast<int64_t>(sizeof(U));
   const int64_t block_stride_units = block_stride_bytes / static_cast<int64_t>(sizeof(U));
   // One launch per kMaxCopyLayers layers: the pointers travel as kernel parameters, so nothing
@@ -66,25 +67,21 @@ cudaError_t launch_copy_blocks(void* const* key_caches, void* const* value_cache
 
 }  // namespace
 
-cudaError_t reshape_and_cache_flash(const void* key, const void* value, void* key_cache,
-                                    void* value_cache, const int64_t* slot_mapping,
-                                    const float* k_scale, const float* v_scale, DType dtype,
-                                    KVCacheDType kv_cache_dtype, int64_t num_tokens,
-                                    int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
-                                    int64_t block_size, int64_t key_token_stride,
-                                    int64_t key_head_stride, int64_t value_token_stride,
-                                    int64_t value_head_stride, int64_t cache_block_stride,
-                                    int64_t cache_slot_stride, int64_t cache_head_stride,
-                                    cudaStream_t stream) {
+cudaError_t reshape_and_cache_flash(
+    const void* key, const void* value, void* key_cache, void* value_cache,
+    const int64_t* slot_mapping, const float* k_scale, const float* v_scale, DType dtype,
+    KVCacheDType kv_cache_dtype, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
+    int64_t num_blocks, int64_t block_size, int64_t key_token_stride, int64_t key_head_stride,
+    int64_t value_token_stride, int64_t value_head_stride, int64_t cache_block_stride,
+    int64_t cache_slot_stride, int64_t cache_head_stride, cudaStream_t stream) {
   return dispatch_cache_types(dtype, kv_cache_dtype, [&](auto t_tag, auto c_tag, auto fp8) {
     using T = typename decltype(t_tag)::type;
     using CacheT = typename decltype(c_tag)::type;
     return kernels::launch_reshape_and_cache_flash<T, CacheT, decltype(fp8)::value>(
         static_cast<const T*>(key), static_cast<const T*>(value), static_cast<CacheT*>(key_cache),
-        static_cast<CacheT*>(value_cache), slot_mapping, k_scale, v_scale, num_tokens,
-        num_kv_heads, head_size, num_blocks, block_size, key_token_stride, key_head_stride,
-        value_token_stride, value_head_stride, cache_block_stride, cache_slot_stride,
-        cache_head_stride, stream);
+        static_cast<CacheT*>(value_cache), slot_mapping, k_scale, v_scale, num_tokens, num_kv_heads,
+        head_size, num_blocks, block_size, key_token_stride, key_head_stride, value_token_stride,
+        value_head_stride, cache_block_stride, cache_slot_stride, cache_head_stride, stream);
   });
 }
 
@@ -102,10 +99,10 @@ cudaError_t reshape_and_cache(const void* key, const void* value, void* key_cach
     using CacheT = typename decltype(c_tag)::type;
     return kernels::launch_reshape_and_cache<T, CacheT, decltype(fp8)::value>(
         static_cast<const T*>(key), static_cast<const T*>(value), static_cast<CacheT*>(key_cache),
-        static_cast<CacheT*>(value_cache), slot_mapping, k_scale, v_scale, num_tokens,
-        num_kv_heads, head_size, num_blocks, block_size, key_token_stride, key_head_stride,
-        value_token_stride, value_head_stride, key_cache_block_stride, key_cache_head_stride,
-        value_cache_block_stride, value_cache_head_stride, stream);
+        static_cast<CacheT*>(value_cache), slot_mapping, k_scale, v_scale, num_tokens, num_kv_heads,
+        head_size, num_blocks, block_size, key_token_stride, key_head_stride, value_token_stride,
+        value_head_stride, key_cache_block_stride, key_cache_head_stride, value_cache_block_stride,
+        value_cache_head_stride, stream);
   });
 }
 
@@ -148,10 +145,10 @@ cudaError_t swap_blocks(void* dst, const void* src, const int64_t* block_mapping
         ++run;
       }
     }
-    PYORCH_RETURN_IF_ERROR(cudaMemcpyAsync(
-        static_cast<char*>(dst) + dst_block * dst_block_stride_bytes,
-        static_cast<const char*>(src) + src_block * src_block_stride_bytes,
-        static_cast<size_t>(run * block_bytes), kind, stream));
+    PYORCH_RETURN_IF_ERROR(
+        cudaMemcpyAsync(static_cast<char*>(dst) + dst_block * dst_block_stride_bytes,
+                        static_cast<const char*>(src) + src_block * src_block_stride_bytes,
+                        static_cast<size_t>(run * block_bytes), kind, stream));
     i += run;
   }
   return cudaSuccess;

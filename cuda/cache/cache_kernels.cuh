@@ -185,10 +185,10 @@ __global__ void __launch_bounds__(kCacheThreads) reshape_and_cache_flash_kernel(
 // value stores covers whole 32-byte sectors.
 template <typename T, typename CacheT, bool FP8, int VEC_SIZE>
 __global__ void __launch_bounds__(kCacheThreads) reshape_and_cache_kernel(
-    const T* __restrict__ key,                 // [num_tokens, num_kv_heads, head_size]
-    const T* __restrict__ value,               // [num_tokens, num_kv_heads, head_size]
-    CacheT* __restrict__ key_cache,            // [num_blocks, num_kv_heads, head_size / x, block_size, x]
-    CacheT* __restrict__ value_cache,          // [num_blocks, num_kv_heads, head_size, block_size]
+    const T* __restrict__ key,         // [num_tokens, num_kv_heads, head_size]
+    const T* __restrict__ value,       // [num_tokens, num_kv_heads, head_size]
+    CacheT* __restrict__ key_cache,    // [num_blocks, num_kv_heads, head_size / x, block_size, x]
+    CacheT* __restrict__ value_cache,  // [num_blocks, num_kv_heads, head_size, block_size]
     const int64_t* __restrict__ slot_mapping,  // [num_tokens]
     const float* __restrict__ k_scale,         // [1], read only when FP8
     const float* __restrict__ v_scale,         // [1], read only when FP8
@@ -219,9 +219,8 @@ __global__ void __launch_bounds__(kCacheThreads) reshape_and_cache_kernel(
   const int64_t block_offset = valid ? slot - block_id * block_size : 0;
   CacheT* k_dst = key_cache + block_id * key_cache_block_stride + head * key_cache_head_stride +
                   block_offset * kX;
-  CacheT* v_dst =
-      value_cache + block_id * value_cache_block_stride + head * value_cache_head_stride +
-      block_offset;
+  CacheT* v_dst = value_cache + block_id * value_cache_block_stride +
+                  head * value_cache_head_stride + block_offset;
   const int64_t chunk_stride = block_size * kX;
 #pragma unroll 1
   for (int c0 = threadIdx.y; c0 < vecs_per_head; c0 += kSplitRows * kSplitUnroll<FP8>) {
@@ -364,7 +363,8 @@ cudaError_t launch_reshape_and_cache(
   const int vec = std::min(
       max_vec_size<T>(head_size, {key, value},
                       {key_token_stride, key_head_stride, value_token_stride, value_head_stride}),
-      max_vec_size<CacheT>(head_size, {key_cache}, {key_cache_block_stride, key_cache_head_stride}));
+      max_vec_size<CacheT>(head_size, {key_cache},
+                           {key_cache_block_stride, key_cache_head_stride}));
   return dispatch_vec_size<T>(vec, [&](auto vec_c) {
     constexpr int kVec = decltype(vec_c)::value;
     const int64_t num_ctas = (num_tokens + kSplitTokensPerBlock - 1) / kSplitTokensPerBlock;
@@ -376,8 +376,7 @@ cudaError_t launch_reshape_and_cache(
                          v_scale, num_tokens, static_cast<int>(head_size / kVec),
                          num_blocks * block_size, block_size, key_token_stride, key_head_stride,
                          value_token_stride, value_head_stride, key_cache_block_stride,
-                         key_cache_head_stride, value_cache_block_stride,
-                         value_cache_head_stride);
+                         key_cache_head_stride, value_cache_block_stride, value_cache_head_stride);
   });
 }
 

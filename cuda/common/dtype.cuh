@@ -18,9 +18,13 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -39,30 +43,37 @@ __device__ __forceinline__ float fp8_to_float(uint8_t x) {
 }  // namespace pyorch::kernels
 
 // Runs BODY with T bound to the device type of a floating dtype (fp32, fp16, bf16).
-#define PYORCH_DISPATCH_FLOAT_TYPES(DTYPE, T, ...)                               \
-  [&]() -> cudaError_t {                                                          \
-    switch (DTYPE) {                                                              \
-      case ::pyorch::DType::kFloat32: { using T = float; return __VA_ARGS__(); }   \
-      case ::pyorch::DType::kFloat16: { using T = __half; return __VA_ARGS__(); }  \
-      case ::pyorch::DType::kBFloat16: {                                          \
-        using T = __nv_bfloat16;                                                  \
-        return __VA_ARGS__();                                                     \
-      }                                                                           \
-      default:                                                                    \
-        PYORCH_INVALID("unsupported dtype %s", ::pyorch::dtype_name(DTYPE));       \
-    }                                                                             \
+#define PYORCH_DISPATCH_FLOAT_TYPES(DTYPE, T, ...)                                  \
+  [&]() -> cudaError_t {                                                            \
+    switch (DTYPE) {                                                                \
+      case ::pyorch::DType::kFloat32: {                                             \
+        using T = float;                                                            \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case ::pyorch::DType::kFloat16: {                                             \
+        using T = __half;                                                           \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case ::pyorch::DType::kBFloat16: {                                            \
+        using T = __nv_bfloat16;                                                    \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      default: PYORCH_INVALID("unsupported dtype %s", ::pyorch::dtype_name(DTYPE)); \
+    }                                                                               \
   }()
 
 // Same, for the 16-bit types only (kernels that use packed half2/bfloat162 math or tensor cores).
-#define PYORCH_DISPATCH_HALF_TYPES(DTYPE, T, ...)                                \
-  [&]() -> cudaError_t {                                                          \
-    switch (DTYPE) {                                                              \
-      case ::pyorch::DType::kFloat16: { using T = __half; return __VA_ARGS__(); }  \
-      case ::pyorch::DType::kBFloat16: {                                          \
-        using T = __nv_bfloat16;                                                  \
-        return __VA_ARGS__();                                                     \
-      }                                                                           \
-      default:                                                                    \
-        PYORCH_INVALID("unsupported dtype %s", ::pyorch::dtype_name(DTYPE));       \
-    }                                                                             \
+#define PYORCH_DISPATCH_HALF_TYPES(DTYPE, T, ...)                                   \
+  [&]() -> cudaError_t {                                                            \
+    switch (DTYPE) {                                                                \
+      case ::pyorch::DType::kFloat16: {                                             \
+        using T = __half;                                                           \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case ::pyorch::DType::kBFloat16: {                                            \
+        using T = __nv_bfloat16;                                                    \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      default: PYORCH_INVALID("unsupported dtype %s", ::pyorch::dtype_name(DTYPE)); \
+    }                                                                               \
   }()

@@ -26,9 +26,9 @@ bool pdl_enabled() {
     if (known != 0) return known == 2;
   }
   int major = 0;
-  const bool on = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-                      cudaSuccess &&
-                  major >= 9;
+  const bool on =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      major >= 9;
   if (device < kMaxDevices) cache[device].store(on ? 2 : 1, std::memory_order_relaxed);
   return on;
 }

@@ -51,8 +51,8 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 // M tiles: one n8 tile up to 8 tokens, two past that.
 template <typename T, bool NORM, SkinnyGemmEpilogue EPI>
-cudaError_t dispatch_m_tiles(const kernels::SkinnyGemmArgs<T>& args,
-                             const SkinnyGemmConfig& config, cudaStream_t stream) {
+cudaError_t dispatch_m_tiles(const kernels::SkinnyGemmArgs<T>& args, const SkinnyGemmConfig& config,
+                             cudaStream_t stream) {
   const bool l2 = config.l2_prefetch > 0;
   const bool pdl = config.pdl > 0;
   if (args.num_tokens <= kernels::kSkinnyTileTokens) {
@@ -164,9 +164,9 @@ cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, 
                               DType dtype, int64_t num_tokens, int64_t output_size,
                               int64_t input_size, int64_t out_stride, int64_t input_stride,
                               cudaStream_t stream, const SkinnyGemmConfig* config) {
-  return launch_skinny_gemm(out, input, weight, bias, norm_weight, eps, epilogue, dtype,
-                            num_tokens, output_size, input_size, out_stride, input_stride, stream,
-                            config, /*fused_pdl_default=*/true);
+  return launch_skinny_gemm(out, input, weight, bias, norm_weight, eps, epilogue, dtype, num_tokens,
+                            output_size, input_size, out_stride, input_stride, stream, config,
+                            /*fused_pdl_default=*/true);
 }
 
 cudaError_t skinny_gemm(void* out, const void* input, const void* weight, const void* bias,

@@ -54,9 +54,9 @@
 
 namespace pyorch::kernels {
 
-constexpr int kSkinnyRows = 16;      // weight rows per block: the mma's M
-constexpr int kSkinnyChunk = 8;      // elements of one 16-byte load
-constexpr int kSkinnySliceK = 128;   // k per warp slice: 4 lanes x 4 chunks x 8 elements
+constexpr int kSkinnyRows = 16;       // weight rows per block: the mma's M
+constexpr int kSkinnyChunk = 8;       // elements of one 16-byte load
+constexpr int kSkinnySliceK = 128;    // k per warp slice: 4 lanes x 4 chunks x 8 elements
 constexpr int kSkinnyTileTokens = 8;  // tokens per n8 tile: the mma's N
 // Register cap per thread, through __launch_bounds__' min-blocks argument. Left to itself ptxas
 // aims at occupancy: 52-78 registers, each load sunk next to its mma, 3-4 loads in flight per
@@ -72,10 +72,10 @@ constexpr int skinny_min_blocks() {
 
 template <typename T>
 struct SkinnyGemmArgs {
-  T* out;            // [num_tokens, output_size] (kSiluMul: output_size / 2), row stride out_stride
-  const T* input;    // [num_tokens, input_size], row stride input_stride
-  const T* weight;   // [output_size, input_size], contiguous
-  const T* bias;     // [output_size] or nullptr
+  T* out;           // [num_tokens, output_size] (kSiluMul: output_size / 2), row stride out_stride
+  const T* input;   // [num_tokens, input_size], row stride input_stride
+  const T* weight;  // [output_size, input_size], contiguous
+  const T* bias;    // [output_size] or nullptr
   const T* norm_weight;  // [input_size]: RMS-norm the input with this scale; nullptr: no norm
   float eps;             // the norm's epsilon
   int64_t num_tokens;
@@ -92,9 +92,9 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_
                                              uint32_t a3, uint32_t b0, uint32_t b1);
 
 template <>
-__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], uint32_t a0,
-                                                            uint32_t a1, uint32_t a2, uint32_t a3,
-                                                            uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                            uint32_t a2, uint32_t a3, uint32_t b0,
+                                                            uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};"
@@ -149,9 +149,9 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
 // One lane's share of a 16 x 128 weight slice and of the matching x columns.
 template <int M_TILES>
 struct SkinnySlice {
-  uint4 w_lo[4];           // row g, chunks i = 0..3
-  uint4 w_hi[4];           // row g + 8
-  uint4 x[M_TILES][4];     // token (tile * 8 + g), same chunks
+  uint4 w_lo[4];        // row g, chunks i = 0..3
+  uint4 w_hi[4];        // row g + 8
+  uint4 x[M_TILES][4];  // token (tile * 8 + g), same chunks
 
   // k: this lane's first element of the slice (slice * 128 + 8 * t). With PRED, chunks at or
   // past input_size read as zeros (the K tail).
@@ -222,7 +222,7 @@ struct SkinnySlice {
 // slower on every shape).
 template <typename T, int M_TILES, int NUM_WARPS, bool L2_PREFETCH, bool NORM,
           SkinnyGemmEpilogue EPI>
-__global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_WARPS>())
+__global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WARPS>())
     skinny_gemm_kernel(const SkinnyGemmArgs<T> args) {
   constexpr int kTokens = M_TILES * kSkinnyTileTokens;
   constexpr bool kPaired = EPI == SkinnyGemmEpilogue::kSiluMul;
@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
   } else {
     for (; slice < num_full_slices; slice += NUM_WARPS) {
       SkinnySlice<M_TILES> s;
-      s.template load<false, L2_PREFETCH>(
-          w_lo_row, w_hi_row, x_rows, static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
+      s.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
+                                          static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
       s.template multiply<T>(acc);
     }
   }
@@ -365,8 +365,8 @@ __global__ void __launch_bounds__(NUM_WARPS * kWarpSize, skinny_min_blocks<NUM_W
       for (int w = 0; w < NUM_WARPS; ++w) up += partial[w][token][r + 8];
       up *= scale;
       if (args.bias != nullptr) up += to_float(args.bias[half + row]);
-      *out = from_float<T>(
-          act_fn<Activation::kSilu>(to_float(from_float<T>(sum))) * to_float(from_float<T>(up)));
+      *out = from_float<T>(act_fn<Activation::kSilu>(to_float(from_float<T>(sum))) *
+                           to_float(from_float<T>(up)));
     } else if constexpr (EPI == SkinnyGemmEpilogue::kAdd) {
       *out = from_float<T>(to_float(from_float<T>(sum)) + to_float(*out));
     } else {
@@ -388,13 +388,13 @@ cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_pr
     return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, true, NORM, EPI>, grid, block,
                          0, stream, pdl, args);
   }
-  return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, false, NORM, EPI>, grid, block,
-                       0, stream, pdl, args);
+  return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, false, NORM, EPI>, grid, block, 0,
+                       stream, pdl, args);
 }
 
 template <typename T, int M_TILES, bool NORM, SkinnyGemmEpilogue EPI>
-cudaError_t launch_skinny_gemm_tiles(const SkinnyGemmArgs<T>& args, int num_warps,
-                                     bool l2_prefetch, bool pdl, cudaStream_t stream) {
+cudaError_t launch_skinny_gemm_tiles(const SkinnyGemmArgs<T>& args, int num_warps, bool l2_prefetch,
+                                     bool pdl, cudaStream_t stream) {
   switch (num_warps) {
     case 4:
       return launch_skinny_gemm_variant<T, M_TILES, 4, NORM, EPI>(args, l2_prefetch, pdl, stream);

@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(kNormThreads)
     fused_add_rms_norm_kernel(T* __restrict__ input,         // [num_tokens, hidden_size]
                               T* __restrict__ residual,      // [num_tokens, hidden_size]
                               const T* __restrict__ weight,  // [hidden_size]
-                              int64_t hidden_size, int64_t input_stride,
-                              int64_t residual_stride, float eps) {
+                              int64_t hidden_size, int64_t input_stride, int64_t residual_stride,
+                              float eps) {
   using V = Vec<T, VEC_SIZE>;
   const int64_t num_vecs = hidden_size / VEC_SIZE;
   V w_kept[kNormCached], r_kept[kNormCached];
@@ -144,11 +144,14 @@ cudaError_t launch_rms_norm(T* out, const T* in, const T* weight, int64_t num_to
   const dim3 grid(static_cast<unsigned>(num_tokens));
   const bool pdl = pdl_enabled();
   switch (vec) {
-#define PYORCH_CASE(V)                                                                         \
-  case V:                                                                                      \
+#define PYORCH_CASE(V)                                                                          \
+  case V:                                                                                       \
     return launch_kernel(&rms_norm_kernel<T, V>, grid, dim3(kNormThreads), 0, stream, pdl, out, \
                          in, weight, hidden_size, out_stride, in_stride, eps);
-    PYORCH_CASE(1) PYORCH_CASE(2) PYORCH_CASE(4) PYORCH_CASE(8)
+    PYORCH_CASE(1)
+    PYORCH_CASE(2)
+    PYORCH_CASE(4)
+    PYORCH_CASE(8)
 #undef PYORCH_CASE
     default: PYORCH_INVALID("rms_norm: bad vector size %d", vec);
   }
@@ -164,12 +167,15 @@ cudaError_t launch_fused_add_rms_norm(T* input, T* residual, const T* weight, in
   const dim3 grid(static_cast<unsigned>(num_tokens));
   const bool pdl = pdl_enabled();
   switch (vec) {
-#define PYORCH_CASE(V)                                                                 \
-  case V:                                                                              \
-    return launch_kernel(&fused_add_rms_norm_kernel<T, V>, grid, dim3(kNormThreads), 0, \
-                         stream, pdl, input, residual, weight, hidden_size, input_stride, \
-                         residual_stride, eps);
-    PYORCH_CASE(1) PYORCH_CASE(2) PYORCH_CASE(4) PYORCH_CASE(8)
+#define PYORCH_CASE(V)                                                                             \
+  case V:                                                                                          \
+    return launch_kernel(&fused_add_rms_norm_kernel<T, V>, grid, dim3(kNormThreads), 0, stream,    \
+                         pdl, input, residual, weight, hidden_size, input_stride, residual_stride, \
+                         eps);
+    PYORCH_CASE(1)
+    PYORCH_CASE(2)
+    PYORCH_CASE(4)
+    PYORCH_CASE(8)
 #undef PYORCH_CASE
     default: PYORCH_INVALID("fused_add_rms_norm: bad vector size %d", vec);
   }

@@ -72,14 +72,16 @@ cudaError_t rotary_embedding(const int64_t* positions, void* query, void* key,
                              cudaStream_t stream) {
   if (key == nullptr) num_kv_heads = 0;
   PYORCH_RETURN_IF_ERROR(check_rope_sizes(num_heads, num_kv_heads, head_size, rot_dim));
-  const RopeLayout layout{positions,         key,                num_tokens,       num_heads,
-                          num_kv_heads,      rot_dim,            query_token_stride,
-                          query_head_stride, key_token_stride,   key_head_stride,  cache_stride};
-  return dispatch_rope_types(dtype, cache_dtype, query, cos_sin_cache, "rotary_embedding",
-                             [&](auto* q, auto* cos_sin) {
-                               return kernels::launch_rotary_embedding(
-                                   rope_params(layout, q, cos_sin), is_neox, stream);
-                             });
+  const RopeLayout layout{positions,          key,
+                          num_tokens,         num_heads,
+                          num_kv_heads,       rot_dim,
+                          query_token_stride, query_head_stride,
+                          key_token_stride,   key_head_stride,
+                          cache_stride};
+  return dispatch_rope_types(
+      dtype, cache_dtype, query, cos_sin_cache, "rotary_embedding", [&](auto* q, auto* cos_sin) {
+        return kernels::launch_rotary_embedding(rope_params(layout, q, cos_sin), is_neox, stream);
+      });
 }
 
 cudaError_t rotary_embedding_and_cache(
@@ -96,9 +98,12 @@ cudaError_t rotary_embedding_and_cache(
   if (key == nullptr || value == nullptr || key_cache == nullptr || value_cache == nullptr) {
     PYORCH_INVALID("rotary_embedding_and_cache: key, value and both caches are required");
   }
-  const RopeLayout layout{positions,         key,                num_tokens,       num_heads,
-                          num_kv_heads,      rot_dim,            query_token_stride,
-                          query_head_stride, key_token_stride,   key_head_stride,  cache_stride};
+  const RopeLayout layout{positions,          key,
+                          num_tokens,         num_heads,
+                          num_kv_heads,       rot_dim,
+                          query_token_stride, query_head_stride,
+                          key_token_stride,   key_head_stride,
+                          cache_stride};
   auto run = [&](auto* q, auto* cos_sin, auto* kv_cache, auto fp8) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(q)>;
     using KvT = std::remove_pointer_t<decltype(kv_cache)>;
@@ -116,9 +121,9 @@ cudaError_t rotary_embedding_and_cache(
                                            kv_slot_stride,
                                            kv_head_stride,
                                            static_cast<int>(head_size)};
-    return kernels::launch_rotary_embedding_and_cache<T, std::remove_const_t<
-        std::remove_pointer_t<decltype(cos_sin)>>, KvT, decltype(fp8)::value>(
-        rope_params(layout, q, cos_sin), kv, is_neox, stream);
+    return kernels::launch_rotary_embedding_and_cache<
+        T, std::remove_const_t<std::remove_pointer_t<decltype(cos_sin)>>, KvT,
+        decltype(fp8)::value>(rope_params(layout, q, cos_sin), kv, is_neox, stream);
   };
   return dispatch_rope_types(
       dtype, cache_dtype, query, cos_sin_cache, "rotary_embedding_and_cache",

@@ -21,9 +21,9 @@ constexpr int kRopeMaxThreads = 256;
 
 template <typename T, typename CacheT>
 struct RopeParams {
-  const int64_t* positions;    // [num_tokens]
-  T* query;                    // [num_tokens, num_heads, head_size] (strided tokens and heads)
-  T* key;                      // [num_tokens, num_kv_heads, head_size] (strided) or nullptr
+  const int64_t* positions;     // [num_tokens]
+  T* query;                     // [num_tokens, num_heads, head_size] (strided tokens and heads)
+  T* key;                       // [num_tokens, num_kv_heads, head_size] (strided) or nullptr
   const CacheT* cos_sin_cache;  // [max_position, rot_dim] (row stride cache_stride)
   int64_t num_tokens;
   int num_heads;
@@ -128,9 +128,9 @@ __global__ void __launch_bounds__(kRopeMaxThreads)
 // The widest VEC_SIZE that the query/key pointers and strides, the pair count and the cache allow.
 template <typename T, typename CacheT>
 __host__ inline int rope_vec_size(const RopeParams<T, CacheT>& p) {
-  int vec = max_vec_size<T>(p.half_rot_dim, {p.query, p.key},
-                            {p.query_token_stride, p.query_head_stride, p.key_token_stride,
-                             p.key_head_stride});
+  int vec = max_vec_size<T>(
+      p.half_rot_dim, {p.query, p.key},
+      {p.query_token_stride, p.query_head_stride, p.key_token_stride, p.key_head_stride});
   auto cache_fits = [&](int v) {
     const int piece = std::min(v, 16 / static_cast<int>(sizeof(CacheT)));
     return reinterpret_cast<uintptr_t>(p.cos_sin_cache) % (piece * sizeof(CacheT)) == 0 &&
@@ -152,8 +152,8 @@ __host__ inline dim3 rope_block_shape(const RopeParams<T, CacheT>& p, int vec,
   const int max_rows = std::max(1, kRopeMaxThreads / bx);
   const int heads_per_thread = (total_heads + max_rows - 1) / max_rows;
   const int by = std::max(1, (total_heads + heads_per_thread - 1) / heads_per_thread);
-  const int bz = static_cast<int>(
-      std::min<int64_t>(std::max(1, kRopeMaxThreads / (bx * by)), p.num_tokens));
+  const int bz =
+      static_cast<int>(std::min<int64_t>(std::max(1, kRopeMaxThreads / (bx * by)), p.num_tokens));
   *num_blocks = (p.num_tokens + bz - 1) / bz;
   return dim3(bx, by, bz);
 }
@@ -164,8 +164,7 @@ cudaError_t launch_rope_vec(const RopeParams<T, CacheT>& p, cudaStream_t stream)
   const dim3 block = rope_block_shape(p, VEC_SIZE, &num_blocks);
   if (num_blocks > 0x7fffffff) PYORCH_INVALID("rotary_embedding: too many tokens");
   return launch_kernel(&rotary_embedding_kernel<T, CacheT, IS_NEOX, VEC_SIZE>,
-                       dim3(static_cast<unsigned>(num_blocks)), block, 0, stream, pdl_enabled(),
-                       p);
+                       dim3(static_cast<unsigned>(num_blocks)), block, 0, stream, pdl_enabled(), p);
 }
 
 template <typename T, typename CacheT>
@@ -177,14 +176,17 @@ cudaError_t launch_rotary_embedding(const RopeParams<T, CacheT>& p, bool is_neox
   const int vec = rope_vec_size(p);
   constexpr int kMaxVec = 16 / sizeof(T);
   switch (vec) {
-#define PYORCH_CASE(V)                                                                   \
-  case V:                                                                                \
-    if constexpr (V <= kMaxVec) {                                                        \
-      return is_neox ? launch_rope_vec<T, CacheT, true, V>(p, stream)                    \
-                     : launch_rope_vec<T, CacheT, false, V>(p, stream);                  \
-    }                                                                                    \
+#define PYORCH_CASE(V)                                                  \
+  case V:                                                               \
+    if constexpr (V <= kMaxVec) {                                       \
+      return is_neox ? launch_rope_vec<T, CacheT, true, V>(p, stream)   \
+                     : launch_rope_vec<T, CacheT, false, V>(p, stream); \
+    }                                                                   \
     break;
-    PYORCH_CASE(1) PYORCH_CASE(2) PYORCH_CASE(4) PYORCH_CASE(8)
+    PYORCH_CASE(1)
+    PYORCH_CASE(2)
+    PYORCH_CASE(4)
+    PYORCH_CASE(8)
 #undef PYORCH_CASE
     default: break;
   }

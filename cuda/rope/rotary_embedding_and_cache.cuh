@@ -161,11 +161,11 @@ __global__ void __launch_bounds__(kRopeMaxThreads)
 template <typename T, typename CosSinT, typename KvT>
 __host__ inline int rope_and_cache_vec_size(const RopeParams<T, CosSinT>& p,
                                             const RopeKvParams<T, KvT>& kv) {
-  return std::min({rope_vec_size(p),
-                   max_vec_size<T>(kv.head_size, {kv.value},
-                                   {kv.value_token_stride, kv.value_head_stride}),
-                   max_vec_size<KvT>(kv.head_size, {kv.key_cache, kv.value_cache},
-                                     {kv.kv_block_stride, kv.kv_slot_stride, kv.kv_head_stride})});
+  return std::min(
+      {rope_vec_size(p),
+       max_vec_size<T>(kv.head_size, {kv.value}, {kv.value_token_stride, kv.value_head_stride}),
+       max_vec_size<KvT>(kv.head_size, {kv.key_cache, kv.value_cache},
+                         {kv.kv_block_stride, kv.kv_slot_stride, kv.kv_head_stride})});
 }
 
 template <typename T, typename CosSinT, typename KvT, bool FP8>

@@ -19,13 +19,13 @@
 
 namespace pyorch::bench {
 
-#define BENCH_CHECK(expr)                                                                    \
-  do {                                                                                       \
-    cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
+#define BENCH_CHECK(expr)                                                                         \
+  do {                                                                                            \
+    cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 // --key value / --flag arguments. Lists are comma-separated: --tokens 1,83,4096.
@@ -106,7 +106,9 @@ inline double copy_bandwidth_gbs(cudaStream_t stream, size_t bytes = size_t(1) <
   BENCH_CHECK(cudaMalloc(&dst, bytes));
   BENCH_CHECK(cudaMemsetAsync(src, 1, bytes, stream));
   const double us = time_us(
-      [&](cudaStream_t s) { BENCH_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); },
+      [&](cudaStream_t s) {
+        BENCH_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+      },
       stream, 3, 20);
   BENCH_CHECK(cudaFree(src));
   BENCH_CHECK(cudaFree(dst));
@@ -158,10 +160,11 @@ class Report {
       std::fprintf(f, "  {");
       for (size_t j = 0; j < rows_[i].size(); ++j) {
         const auto& [k, v] = rows_[i][j];
-        const bool numeric = !v.empty() && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-') &&
+        const bool numeric = !v.empty() &&
+                             (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-') &&
                              v.find_first_not_of("0123456789.-e+") == std::string::npos;
-        std::fprintf(f, "%s\"%s\": %s%s%s", j ? ", " : "", k.c_str(), numeric ? "" : "\"", v.c_str(),
-                     numeric ? "" : "\"");
+        std::fprintf(f, "%s\"%s\": %s%s%s", j ? ", " : "", k.c_str(), numeric ? "" : "\"",
+                     v.c_str(), numeric ? "" : "\"");
       }
       std::fprintf(f, "}%s\n", i + 1 < rows_.size() ? "," : "");
     }

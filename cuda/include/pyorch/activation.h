@@ -20,9 +20,8 @@ enum class Activation : int32_t {
 //   out: [num_tokens, d]      (row stride out_stride, last dimension contiguous)
 //   in:  [num_tokens, 2 * d]  (row stride in_stride, last dimension contiguous)
 // dtype: fp32, fp16 or bf16 (in and out share it).
-cudaError_t act_and_mul(void* out, const void* in, Activation act, DType dtype,
-                        int64_t num_tokens, int64_t d, int64_t out_stride, int64_t in_stride,
-                        cudaStream_t stream);
+cudaError_t act_and_mul(void* out, const void* in, Activation act, DType dtype, int64_t num_tokens,
+                        int64_t d, int64_t out_stride, int64_t in_stride, cudaStream_t stream);
 
 // One-line entry points per op, named as the schemas are.
 inline cudaError_t silu_and_mul(void* out, const void* in, DType dtype, int64_t num_tokens,

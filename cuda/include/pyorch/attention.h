@@ -16,35 +16,35 @@ namespace pyorch {
 // positions, so query t (0-based) sits at position seq_lens[i] - q_len_i + t. Strides are in
 // elements; the last dimension of every tensor is contiguous.
 struct PagedAttentionParams {
-  void* out;                        // [num_tokens, num_heads, head_size] (out_token/head_stride)
-  const void* query;                // [num_tokens, num_heads, head_size] (q_token/head_stride)
-  const void* key_cache;            // [num_blocks, block_size, num_kv_heads, head_size]
-  const void* value_cache;          // [num_blocks, block_size, num_kv_heads, head_size]
-  const int32_t* query_start_loc;   // [num_seqs + 1], device
-  const int32_t* seq_lens;          // [num_seqs], device: cached + new tokens
-  const int32_t* block_table;       // [num_seqs, block_table_stride], device
-  const float* k_scale;             // [1], device; fp8 caches only (nullptr: 1.0)
-  const float* v_scale;             // [1], device; fp8 caches only (nullptr: 1.0)
-  DType dtype;                      // of query and out: kFloat16 or kBFloat16
-  KVCacheDType kv_cache_dtype;      // kAuto (caches in dtype) or kFp8E4M3 (bytes, value * scale)
-  int64_t num_tokens;               // rows of query/out; rows past query_start_loc[num_seqs] untouched
+  void* out;                       // [num_tokens, num_heads, head_size] (out_token/head_stride)
+  const void* query;               // [num_tokens, num_heads, head_size] (q_token/head_stride)
+  const void* key_cache;           // [num_blocks, block_size, num_kv_heads, head_size]
+  const void* value_cache;         // [num_blocks, block_size, num_kv_heads, head_size]
+  const int32_t* query_start_loc;  // [num_seqs + 1], device
+  const int32_t* seq_lens;         // [num_seqs], device: cached + new tokens
+  const int32_t* block_table;      // [num_seqs, block_table_stride], device
+  const float* k_scale;            // [1], device; fp8 caches only (nullptr: 1.0)
+  const float* v_scale;            // [1], device; fp8 caches only (nullptr: 1.0)
+  DType dtype;                     // of query and out: kFloat16 or kBFloat16
+  KVCacheDType kv_cache_dtype;     // kAuto (caches in dtype) or kFp8E4M3 (bytes, value * scale)
+  int64_t num_tokens;  // rows of query/out; rows past query_start_loc[num_seqs] untouched
   int64_t num_seqs;
   int64_t num_heads;
-  int64_t num_kv_heads;             // divides num_heads
-  int64_t head_size;                // paged_attention_supports_head_size(): vLLM's nine sizes
-  int64_t block_size;               // tokens per cache block, any value >= 1
-  int64_t max_blocks_per_seq;       // valid columns of block_table
+  int64_t num_kv_heads;        // divides num_heads
+  int64_t head_size;           // paged_attention_supports_head_size(): vLLM's nine sizes
+  int64_t block_size;          // tokens per cache block, any value >= 1
+  int64_t max_blocks_per_seq;  // valid columns of block_table
   int64_t block_table_stride;
   int64_t q_token_stride, q_head_stride;
   int64_t out_token_stride, out_head_stride;
   int64_t k_block_stride, k_token_stride, k_head_stride;
   int64_t v_block_stride, v_token_stride, v_head_stride;
-  int64_t max_query_len;            // host hints, upper bounds: pick the KV split, and a call
-  int64_t max_seq_len;              // with max_query_len * G <= 16 runs only the decode kernel
-  float scale;                      // softmax scale applied to q.k
-  bool causal;                      // false: every query sees all seq_len keys
-  int32_t sliding_window;           // > 0: only keys with position > pos - sliding_window
-  float logits_soft_cap;            // > 0: s = cap * tanh(s / cap) on the scaled scores
+  int64_t max_query_len;   // host hints, upper bounds: pick the KV split, and a call
+  int64_t max_seq_len;     // with max_query_len * G <= 16 runs only the decode kernel
+  float scale;             // softmax scale applied to q.k
+  bool causal;             // false: every query sees all seq_len keys
+  int32_t sliding_window;  // > 0: only keys with position > pos - sliding_window
+  float logits_soft_cap;   // > 0: s = cap * tanh(s / cap) on the scaled scores
 };
 
 // The head sizes paged_attention runs: 32, 64, 80, 96, 112, 120, 128, 192 and 256 (vLLM's

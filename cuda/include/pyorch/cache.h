@@ -22,22 +22,19 @@ namespace pyorch {
 // (cache_block_stride, cache_slot_stride, cache_head_stride, 1). dtype is the type of key/value;
 // the caches hold dtype (kAuto) or fp8 bytes (kFp8E4M3). Slots past the end of the cache are
 // skipped (the adapters reject them first where they can see them without a device sync).
-cudaError_t reshape_and_cache_flash(const void* key, const void* value, void* key_cache,
-                                    void* value_cache, const int64_t* slot_mapping,
-                                    const float* k_scale, const float* v_scale, DType dtype,
-                                    KVCacheDType kv_cache_dtype, int64_t num_tokens,
-                                    int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
-                                    int64_t block_size, int64_t key_token_stride,
-                                    int64_t key_head_stride, int64_t value_token_stride,
-                                    int64_t value_head_stride, int64_t cache_block_stride,
-                                    int64_t cache_slot_stride, int64_t cache_head_stride,
-                                    cudaStream_t stream);
+cudaError_t reshape_and_cache_flash(
+    const void* key, const void* value, void* key_cache, void* value_cache,
+    const int64_t* slot_mapping, const float* k_scale, const float* v_scale, DType dtype,
+    KVCacheDType kv_cache_dtype, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
+    int64_t num_blocks, int64_t block_size, int64_t key_token_stride, int64_t key_head_stride,
+    int64_t value_token_stride, int64_t value_head_stride, int64_t cache_block_stride,
+    int64_t cache_slot_stride, int64_t cache_head_stride, cudaStream_t stream);
 
 // Same write into vLLM's split layout, with x = 16 / (cache element size):
-// key_cache: [num_blocks, num_kv_heads, head_size / x, block_size, x] (strides key_cache_block_stride,
-// key_cache_head_stride, block_size * x, x, 1), value_cache: [num_blocks, num_kv_heads, head_size,
-// block_size] (strides value_cache_block_stride, value_cache_head_stride, block_size, 1).
-// head_size must be a multiple of x.
+// key_cache: [num_blocks, num_kv_heads, head_size / x, block_size, x] (strides
+// key_cache_block_stride, key_cache_head_stride, block_size * x, x, 1), value_cache: [num_blocks,
+// num_kv_heads, head_size, block_size] (strides value_cache_block_stride, value_cache_head_stride,
+// block_size, 1). head_size must be a multiple of x.
 cudaError_t reshape_and_cache(const void* key, const void* value, void* key_cache,
                               void* value_cache, const int64_t* slot_mapping, const float* k_scale,
                               const float* v_scale, DType dtype, KVCacheDType kv_cache_dtype,

@@ -16,10 +16,10 @@ constexpr int64_t kSkinnyGemmMaxTokens = 16;
 // How skinny_gemm launches; a field < 0 means "the launcher picks". Exposed for the benchmark's
 // sweep (bench/cpp/bench_gemm.cu); callers normally pass nullptr. None of it changes the result.
 struct SkinnyGemmConfig {
-  int num_warps = -1;    // warps per thread block, splitting K between them: 4, 8 or 16
-  int l2_prefetch = -1;  // 1: weight loads carry the L2::256B prefetch hint, 0: they do not
+  int num_warps = -1;        // warps per thread block, splitting K between them: 4, 8 or 16
+  int l2_prefetch = -1;      // 1: weight loads carry the L2::256B prefetch hint, 0: they do not
   int prefetch_slices = -1;  // 128-wide K slices of its 16 rows each warp asks of L2 up front
-  int pdl = -1;  // 1: launch with programmatic dependent launch where pdl_enabled()
+  int pdl = -1;              // 1: launch with programmatic dependent launch where pdl_enabled()
                  // (pyorch/launch.h: the GPU has it and the process did not turn it off; the
                  // weight stream starts while the previous kernel drains), 0: a plain launch
 };

@@ -16,12 +16,12 @@ namespace pyorch {
 // NOTE(pav2): the struct's name is distinct from the NHD attention's on purpose: both live in
 // namespace pyorch and are linked into one library.
 struct PagedAttentionV1V2Args {
-  void* out;                  // [num_seqs, num_heads, head_size] (out_seq_stride, out_head_stride)
-  const void* query;          // [num_seqs, num_heads, head_size] (q_seq_stride, q_head_stride)
-  const void* key_cache;      // [num_blocks, num_kv_heads, head_size / x, block_size, x],
-                              // x = 16 / element size (k_block_stride, k_head_stride)
-  const void* value_cache;    // [num_blocks, num_kv_heads, head_size, block_size]
-                              // (v_block_stride, v_head_stride)
+  void* out;                // [num_seqs, num_heads, head_size] (out_seq_stride, out_head_stride)
+  const void* query;        // [num_seqs, num_heads, head_size] (q_seq_stride, q_head_stride)
+  const void* key_cache;    // [num_blocks, num_kv_heads, head_size / x, block_size, x],
+                            // x = 16 / element size (k_block_stride, k_head_stride)
+  const void* value_cache;  // [num_blocks, num_kv_heads, head_size, block_size]
+                            // (v_block_stride, v_head_stride)
   const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq] (row stride block_table_stride)
   const int32_t* seq_lens;      // [num_seqs]
   const float* alibi_slopes;    // [num_heads], or nullptr for no ALiBi
