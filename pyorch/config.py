@@ -41,6 +41,11 @@ class ModelConfig:
         self.dtype = resolve_dtype(self.hf_config, self.dtype, self.device)
         derived = derive_max_model_len(self.hf_config)
         if self.max_model_len is None:
+            if derived is None:
+                raise ValueError(
+                    "the model's config gives no context length (max_position_embeddings, "
+                    "n_positions, max_seq_len or seq_length): set max_model_len"
+                )
             self.max_model_len = derived
         elif self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")

@@ -251,7 +251,7 @@ class SamplingParams:
         if eos_ids is None or self.ignore_eos:
             return
         extra = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
-        extra.discard(model_eos_token_id)  # type: ignore[arg-type]
+        extra.discard(model_eos_token_id)
         if extra:
             self._all_stop_token_ids.update(extra)
             assert self.stop_token_ids is not None

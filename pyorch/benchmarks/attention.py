@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -180,7 +180,7 @@ TARGETS = {(64, 4096): 90.0, (1, 32768): 75.0}
 def plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
     """Graph-timed % of copy bandwidth per (batch, context), one bar per op; targets as ticks."""
     shapes = list(dict.fromkeys((r["batch"], r["context"]) for r in rows))
-    series = {}
+    series: dict[str, Sequence[Optional[float]]] = {}
     for op in dict.fromkeys(r["op"] for r in rows):
         pct = {(r["batch"], r["context"]): r["graph_pct_of_copy"] for r in rows if r["op"] == op}
         series[op] = [pct.get(s) for s in shapes]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -89,7 +89,9 @@ def decode_weights(model: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
             continue
         seen.add(p.data_ptr())
         read_bytes += p.numel() * p.element_size()
-    chain = [m.weight for m in model.modules() if isinstance(m, LinearBase)]
+    # A LinearBase's weight is registered by its quant method (create_weights): nn.Module's
+    # stubs type it as Tensor | Module.
+    chain = [cast(torch.Tensor, m.weight) for m in model.modules() if isinstance(m, LinearBase)]
     chain += [m.weight for m in heads]
     return read_bytes, [w for w in chain if w.dim() == 2]
 

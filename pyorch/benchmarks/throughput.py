@@ -280,6 +280,7 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
             if size in engines:  # run above
                 continue
             if len(samples.get(("transformers", size), [])) < args.num_repeats:
+                assert hf is not None  # hf_sizes is empty without it
                 record("transformers", size, hf.run(hf_prompts, size))
     for runner in engines.values():
         runner.close()

@@ -141,7 +141,10 @@ class EngineCoreProc:
         def failing_execute(scheduler_output: Any) -> Any:
             raise RuntimeError("injected failure in model_runner.execute (test hook)")
 
-        self.core.model_runner.execute_model = failing_execute
+        # Replaces the bound method on this one instance: typed Any, since mypy forbids
+        # assigning to a method (method-assign) through the class's type.
+        runner: Any = self.core.model_runner
+        runner.execute_model = failing_execute
         return True
 
 

@@ -89,6 +89,7 @@ class EngineArgs:
         tokens, seqs = self._default_batch_sizes(device)
         max_num_batched_tokens = self.max_num_batched_tokens or tokens
         max_model_len = model_config.max_model_len
+        assert max_model_len is not None  # resolve() sets it (or raises)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens is None:
             max_num_batched_tokens = max(max_model_len, max_num_batched_tokens)
         max_num_seqs = self.max_num_seqs or seqs

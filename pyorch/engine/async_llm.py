@@ -78,7 +78,8 @@ class AsyncLLM:
             from pyorch.model_loader import get_tokenizer
 
             try:
-                self.tokenizer = get_tokenizer(mc.tokenizer, revision=mc.revision,
+                # The tokenizer path, else the model's (ModelConfig.resolve() fills it in).
+                self.tokenizer = get_tokenizer(mc.model, mc.tokenizer, revision=mc.revision,
                                                trust_remote_code=mc.trust_remote_code)
             except BaseException:
                 self.engine_core.shutdown()
@@ -340,7 +341,7 @@ class AsyncLLM:
             current = None
         if task is not None and task is not current and not task.done():
             if self._loop is not None and not self._loop.is_closed():
-                self._output_task.cancel()
+                task.cancel()
         self.engine_core.close_socket()
 
     def _fail_calls(self, error: BaseException) -> None:

@@ -41,7 +41,9 @@ class LLMEngine:
         if not mc.skip_tokenizer_init:
             from pyorch.model_loader import get_tokenizer
 
-            self.tokenizer = get_tokenizer(mc.tokenizer, trust_remote_code=mc.trust_remote_code,
+            # The tokenizer path, else the model's (ModelConfig.resolve() fills it in already).
+            self.tokenizer = get_tokenizer(mc.model, mc.tokenizer,
+                                           trust_remote_code=mc.trust_remote_code,
                                            revision=mc.revision)
         self.engine_core = EngineCore(config)
         self.input_processor = InputProcessor(config, self.tokenizer)

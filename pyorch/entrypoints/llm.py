@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import time
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union, cast
 
 from tqdm.auto import tqdm
 
@@ -180,4 +180,5 @@ def _as_prompt_list(prompts: Union[PromptType, Sequence[PromptType]]) -> list[Pr
         return [prompts]
     if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
         return [list(prompts)]  # one prompt of token ids
-    return list(prompts)
+    # Not one prompt of token ids (returned above): a sequence of prompts.
+    return list(cast(Sequence[PromptType], prompts))

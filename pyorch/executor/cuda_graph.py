@@ -107,7 +107,8 @@ class CUDAGraphRunner:
         self.decode_sizes = [s for s in self.sizes if s <= max_num_seqs]
         self.graphs: dict[int, _Graph] = {}  # mixed graphs by size
         self.decode_graphs: dict[int, _Graph] = {}
-        self.pool = None
+        # The graphs' memory pool (a torch.cuda.graph_pool_handle()), set by capture().
+        self.pool: tuple[int, int] | None = None
         self.capture_seconds = 0.0
         self.memory_bytes = 0
         self.pool_bytes = 0
@@ -149,7 +150,8 @@ class CUDAGraphRunner:
         torch.cuda.synchronize(self.device)
         free_before = torch.cuda.mem_get_info(self.device)[0]
         start = time.perf_counter()
-        self.pool = torch.cuda.graph_pool_handle()
+        pool = torch.cuda.graph_pool_handle()
+        self.pool = pool
         stream = torch.cuda.Stream(self.device)
         # Largest first over both kinds: the pool's blocks are reused by everything after.
         # Size 1 is one decode token either way: its mixed graph is also the decode graph.
@@ -168,7 +170,7 @@ class CUDAGraphRunner:
                 self.model(inputs["input_ids"], inputs["positions"])
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with set_forward_context(meta), torch.cuda.graph(graph, pool=self.pool):
+            with set_forward_context(meta), torch.cuda.graph(graph, pool=pool):
                 hidden = self.model(inputs["input_ids"], inputs["positions"])
             (self.decode_graphs if decode else self.graphs)[size] = _Graph(
                 size, decode, num_seqs, graph, hidden)
@@ -179,7 +181,7 @@ class CUDAGraphRunner:
         # The pool's segments are the graphs' memory. The drop in free device memory is kept
         # beside it (it would add the driver's own graph objects) but does not measure the pool:
         # it read 0.000 GiB on an H100 while the pool held 0.275 GiB.
-        self.pool_bytes = graph_pool_bytes(self.pool, self.device)
+        self.pool_bytes = graph_pool_bytes(pool, self.device)
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
         logger.info("Captured %d CUDA graphs (%d decode, %d mixed; sizes %d..%d) in %.2f s: "
                     "graph memory pool %.3f GiB, free device memory %.3f GiB lower",

@@ -131,7 +131,8 @@ class StepBuffers:
 
     def layout(self, num_tokens: int, num_seqs: int, table_width: int) -> dict[str, tuple]:
         """Byte offsets of each field for this step's sizes (8-byte aligned)."""
-        out, offset = {}, 0
+        out: dict[str, tuple] = {}
+        offset = 0
         counts = self._counts(num_tokens, num_seqs, num_seqs * table_width)
         for (name, dt), n in zip(_FIELDS, counts, strict=True):
             out[name] = (offset, n, dt)

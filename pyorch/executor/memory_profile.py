@@ -53,9 +53,9 @@ def profile_activation_peak(runner: ModelRunner) -> int:
     input_ids = torch.randint(0, runner.vocab_size, (num_tokens,), device=dev)
     positions = torch.from_numpy(np.concatenate([np.arange(n) for n in per_seq])).to(dev)
     with set_forward_context(meta):
-        hidden = runner.model(input_ids, positions)
+        hidden = runner.loaded_model(input_ids, positions)
     last = meta.query_start_loc[1:] - 1
-    logits = runner.model.compute_logits(hidden[last.long()]).float()
+    logits = runner.loaded_model.compute_logits(hidden[last.long()]).float()
     del hidden
     # The sampler's most memory-hungry path: top-k/top-p sorting and logprobs on every row.
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=20,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, cast
 
 import numpy as np
 import torch
@@ -41,6 +41,14 @@ from pyorch.utils import cdiv
 logger = logging.getLogger(__name__)
 
 
+class CausalLM(Protocol):
+    """What the runner calls on a model (a pyorch.models.registry class, an nn.Module)."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor: ...
+
+
 def _step_seed(seed: int, index: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (1 << 63)
 
@@ -55,6 +63,9 @@ class ModelRunner:
         self.block_size = self.cache_config.block_size
         self.max_num_tokens = sched.max_num_batched_tokens
         self.max_num_seqs = sched.max_num_seqs
+        if self.model_config.max_model_len is None:
+            raise ValueError("ModelRunner needs a resolved ModelConfig: max_model_len is None "
+                             "(call ModelConfig.resolve() first)")
         self.max_blocks_per_seq = cdiv(self.model_config.max_model_len, self.block_size)
         self.vocab_size = self.model_config.vocab_size
         self.requests: dict[str, CachedRequestState] = {}
@@ -74,6 +85,15 @@ class ModelRunner:
         # Time per phase of the runner's part of each step (EngineCore shares its own).
         self.timings = StepTimings()
         self._trace_last_end: Optional[torch.cuda.Event] = None
+
+    @property
+    def loaded_model(self) -> CausalLM:
+        """self.model, once load_model() has run."""
+        if self.model is None:
+            raise RuntimeError("the model runner has no model yet: call load_model() first")
+        # Every model class defines forward(input_ids, positions) and compute_logits(hidden),
+        # which nn.Module's type can't show.
+        return cast(CausalLM, self.model)
 
     # ---- start-up -----------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -117,11 +137,13 @@ class ModelRunner:
             layer.kv_cache = cache
         self.cache_config.num_blocks = num_blocks
         tokens = (num_blocks - 1) * self.block_size
+        max_model_len = self.model_config.max_model_len
+        assert max_model_len is not None  # checked in __init__
         logger.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB), %d tokens; maximum concurrency for "
             "%d-token requests: %.2fx",
             num_blocks, self.block_size, num_blocks * spec.bytes_per_block / 2**30, tokens,
-            self.model_config.max_model_len, tokens / self.model_config.max_model_len,
+            max_model_len, tokens / max_model_len,
         )
         if self.device.type == "cuda" and not self.model_config.enforce_eager:
             self.capture_model()
@@ -139,7 +161,7 @@ class ModelRunner:
         sizes = normalize_capture_sizes(sizes, self.max_num_tokens)
         if not sizes:
             return
-        runner = CUDAGraphRunner(self.model, sizes, self.max_num_seqs, sched.max_model_len,
+        runner = CUDAGraphRunner(self.loaded_model, sizes, self.max_num_seqs, sched.max_model_len,
                                  self.device, max_mixed_size=max_mixed)
 
         def inputs_for(size: int, num_seqs: int) -> dict[str, torch.Tensor]:
@@ -184,8 +206,9 @@ class ModelRunner:
                 state.block_ids.extend(new_blocks)
             state.num_computed_tokens = num_computed
 
-    def _prepare_inputs(self, req_ids: list[str], so: SchedulerOutput,
-                        graph_size: Optional[int] = None):
+    def _prepare_inputs(
+        self, req_ids: list[str], so: SchedulerOutput, graph_size: Optional[int] = None
+    ) -> tuple[dict[str, torch.Tensor], AttentionMetadata, torch.Tensor, list[int]]:
         """Packs the step's inputs into the pinned host buffer and copies them to the device.
 
         Vectorized over the batch: positions, slot mapping, block table, sequence lengths and
@@ -213,6 +236,7 @@ class ModelRunner:
             width = max(len(st.block_ids) for st in states)
             pad_tokens, pad_seqs = num_tokens, num_seqs
         else:
+            assert self.cuda_graphs is not None  # a graph size comes from the captured graphs
             width = self.max_blocks_per_seq
             pad_tokens, pad_seqs = graph_size, self.cuda_graphs.num_seqs_for(graph_size)
         layout = self.buffers.layout(pad_tokens, pad_seqs, width)
@@ -253,6 +277,8 @@ class ModelRunner:
             table[num_seqs:] = 0
         dev = self.buffers.to_device(layout)
         if num_pending:
+            # Pending tokens come from the last step's samples (_gather_input_ids checked it).
+            assert self._last_step is not None and self._last_step.sampled_device is not None
             src = self._last_step.sampled_device.index_select(0, dev["pending_src"][:num_pending])
             dev["input_ids"].index_copy_(0, dev["pending_dst"][:num_pending], src)
         meta = AttentionMetadata(
@@ -323,23 +349,26 @@ class ModelRunner:
         launched = time.perf_counter()
         self.timings.prepare += launched - start
         if graph_size is not None:
+            assert self.cuda_graphs is not None  # graph_size came from it
             hidden = self.cuda_graphs.replay(graph_size, decode_only)
         else:
             with set_forward_context(meta):
-                hidden = self.model(dev["input_ids"], dev["positions"])
+                hidden = self.loaded_model(dev["input_ids"], dev["positions"])
 
         handle = StepHandle(req_ids=req_ids, sampled_rows=sampled_rows,
                             prompt_logprobs=self._prompt_logprobs(req_ids, so, hidden),
                             trace=trace)
         if sampled_rows:
             # The model's dtype: the sampler upcasts only where it needs float32.
-            logits = self.model.compute_logits(hidden[logits_indices])
+            logits = self.loaded_model.compute_logits(hidden[logits_indices])
             states = [self.requests[req_ids[i]] for i in sampled_rows]
             for s in states:
                 if s.generator is not None:
                     # Seeded streams are keyed by (seed, output index): the same seed gives the
                     # same tokens whatever else is batched, and after a preemption too.
-                    s.generator.manual_seed(_step_seed(s.sampling_params.seed,
+                    seed = s.sampling_params.seed
+                    assert seed is not None  # only seeded requests get a generator
+                    s.generator.manual_seed(_step_seed(seed,
                                                        len(s.output_token_ids) + s.num_pending))
             out = sample_rows(self.sampler, logits, [s.sampling_row for s in states])
             handle.sampled_device = out.sampled_token_ids
@@ -434,7 +463,8 @@ class ModelRunner:
             # positions p in [start, start+n) whose next token is still a prompt token
             stop = min(start + n, state.num_prompt_tokens - 1)
             if num_prompt_logprobs is not None and stop > start:
-                logits = self.model.compute_logits(hidden[offset : offset + (stop - start)])
+                logits = self.loaded_model.compute_logits(
+                    hidden[offset : offset + (stop - start)])
                 targets = torch.as_tensor(state.token_ids[start + 1 : stop + 1],
                                           device=logits.device)
                 result[req_id] = compute_prompt_logprobs(

@@ -52,6 +52,8 @@ class StepHandle:
         """The sampled token ids (and logprobs), once the copies landed."""
         if self._event is not None:
             self._event.synchronize()  # the step's one wait on the device
+        if self._host_tokens is None:
+            raise RuntimeError("StepHandle.wait() called before to_host()")
         tokens = self._host_tokens.tolist()
         entries = self._host_logprobs.tolists() if self._host_logprobs is not None else None
         return tokens, entries

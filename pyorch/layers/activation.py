@@ -1,5 +1,7 @@
 """Gated activations over pyorch's *_and_mul ops: out = act(x[..., :d]) * x[..., d:]."""
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,7 +54,7 @@ class GeluAndMul(nn.Module):
 
 
 # HF `hidden_act` names of gated MLPs -> the layer that computes act(gate) * up.
-_ACT_AND_MUL = {
+_ACT_AND_MUL: dict[str, Callable[[], nn.Module]] = {
     "silu": SiluAndMul,
     "swish": SiluAndMul,
     "gelu": lambda: GeluAndMul("none"),

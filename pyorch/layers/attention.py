@@ -29,6 +29,9 @@ class Attention(nn.Module):
     (1.0 today, used once an fp8 kv_cache_dtype is supported).
     """
 
+    k_scale: torch.Tensor  # non-persistent buffers, registered in __init__
+    v_scale: torch.Tensor
+
     def __init__(
         self,
         num_heads: int,
@@ -83,6 +86,7 @@ class Attention(nn.Module):
         key_heads = key.view(num_tokens, self.num_kv_heads, self.head_size)
         value_heads = value.view(num_tokens, self.num_kv_heads, self.head_size)
         if rotary_emb is not None and _FUSE_ROPE_CACHE:
+            assert positions is not None  # checked above
             rotary_emb.forward_and_cache(
                 positions, query, key_heads, value_heads, key_cache, value_cache,
                 attn_metadata.slot_mapping, self.kv_cache_dtype, self.k_scale, self.v_scale,

@@ -18,6 +18,8 @@ after attention measured 5.91 / 5.91 ms/token against 5.90 / 5.88 without), and 
 up-front L2 prefetch that PDL launches overlap with the previous kernel (5.77 / 5.78 without).
 """
 
+from typing import Optional, cast
+
 import torch
 from torch import nn
 
@@ -31,6 +33,12 @@ FUSED_DECODE = True
 # bf16 only: the normed input x * norm_weight is formed before the 1 / rms scale, and in fp16 a
 # large residual-stream value times its weight could pass fp16's 65504.
 _FUSED_DTYPES = (torch.bfloat16,)
+
+
+def _weight_and_bias(layer: nn.Module) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A linear layer's weight and bias parameters: registered at run time (create_weights,
+    LinearBase._create_bias), where nn.Module's stubs type them as Tensor | Module."""
+    return cast(torch.Tensor, layer.weight), cast(Optional[torch.Tensor], layer.bias)
 
 
 def skinny_fusable(layer: nn.Module) -> bool:
@@ -58,7 +66,7 @@ def fused_decode_batch(x: torch.Tensor, first_layer: nn.Module) -> bool:
         FUSED_DECODE
         and x.dim() == 2
         and x.dtype in _FUSED_DTYPES
-        and use_skinny_gemm(x, first_layer.weight, first_layer.bias)
+        and use_skinny_gemm(x, *_weight_and_bias(first_layer))
     )
 
 
@@ -69,11 +77,10 @@ def norm_linear(
     epilogue: str = "store",  # or "silu_and_mul" for a merged [gate; up] layer
 ) -> torch.Tensor:  # [T, output_size] ([T, output_size / 2] for silu_and_mul)
     """layer(norm(x)), then the epilogue, as one kernel."""
-    cols = layer.weight.shape[0] // (2 if epilogue == "silu_and_mul" else 1)
+    weight, bias = _weight_and_bias(layer)
+    cols = weight.shape[0] // (2 if epilogue == "silu_and_mul" else 1)
     out = torch.empty(x.shape[0], cols, dtype=x.dtype, device=x.device)
-    _ops.skinny_gemm_fused(
-        out, x, layer.weight, layer.bias, norm.weight, norm.variance_epsilon, epilogue
-    )
+    _ops.skinny_gemm_fused(out, x, weight, bias, norm.weight, norm.variance_epsilon, epilogue)
     return out
 
 
@@ -83,5 +90,6 @@ def linear_add_(
     layer: nn.Module,
 ) -> torch.Tensor:
     """residual += layer(x), as one kernel; returns residual."""
-    _ops.skinny_gemm_fused(residual, x, layer.weight, layer.bias, None, 0.0, "add")
+    weight, bias = _weight_and_bias(layer)
+    _ops.skinny_gemm_fused(residual, x, weight, bias, None, 0.0, "add")
     return residual

@@ -9,7 +9,7 @@ is 1 unless a test passes another value, and forward raises where communication 
 """
 
 from abc import abstractmethod
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -144,7 +144,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return linear(x, layer.weight, bias)
+        # create_weights registered "weight" as a Parameter; nn.Module's stubs can't see it.
+        return linear(x, cast(torch.Tensor, layer.weight), bias)
 
 
 class LinearBase(nn.Module):
@@ -262,16 +263,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = True, **kwargs: Any):
         super().__init__(input_size, sum(output_sizes), bias, output_sizes=output_sizes, **kwargs)
 
-    def weight_loader(  # type: ignore[override]
+    def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int | None = None
     ) -> None:
         if loaded_shard_id is None:  # an already-merged checkpoint tensor: split and recurse
-            if getattr(param, "output_dim", None) is None:
+            output_dim = getattr(param, "output_dim", None)
+            if output_dim is None:
                 default_weight_loader(param, loaded_weight)
                 return
             offset = 0
             for shard_id, size in enumerate(self.output_sizes):
-                shard = loaded_weight.narrow(param.output_dim, offset, size)
+                shard = loaded_weight.narrow(output_dim, offset, size)
                 self.weight_loader(param, shard, shard_id)
                 offset += size
             return
@@ -315,13 +317,14 @@ class QKVParallelLinear(ColumnParallelLinear):
             **kwargs,
         )
 
-    def weight_loader(  # type: ignore[override]
+    def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str | None = None
     ) -> None:
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
         if loaded_shard_id is None:  # an already-fused qkv checkpoint tensor
-            if getattr(param, "output_dim", None) is None:
+            output_dim = getattr(param, "output_dim", None)
+            if output_dim is None:
                 default_weight_loader(param, loaded_weight)
                 return
             total_q = self.total_num_heads * self.head_size
@@ -329,7 +332,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             for shard_id, offset, size in (
                 ("q", 0, total_q), ("k", total_q, total_kv), ("v", total_q + total_kv, total_kv)
             ):
-                self.weight_loader(param, loaded_weight.narrow(param.output_dim, offset, size),
+                self.weight_loader(param, loaded_weight.narrow(output_dim, offset, size),
                                    shard_id)
             return
         layout = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}

@@ -118,6 +118,8 @@ class RotaryEmbedding(nn.Module):
     style pairs element i with i + rotary_dim / 2 (HF's rotate_half); GPT-J style pairs 2i, 2i+1.
     """
 
+    cos_sin_cache: torch.Tensor  # a non-persistent buffer, registered in __init__
+
     def __init__(
         self,
         head_size: int,

@@ -392,10 +392,14 @@ class Sampler(nn.Module):
             rows, cols, values = metadata.bias
             logits.index_put_((rows, cols), values, accumulate=True)
         if not metadata.no_penalties:
+            # _penalty_inputs fills all five tensors whenever no_penalties is False.
             assert metadata.prompt_token_ids is not None and metadata.output_token_ids is not None
+            assert metadata.presence_penalties is not None
+            assert metadata.frequency_penalties is not None
+            assert metadata.repetition_penalties is not None
             apply_penalties(logits, metadata.prompt_token_ids, metadata.output_token_ids,
                             metadata.presence_penalties, metadata.frequency_penalties,
-                            metadata.repetition_penalties)  # type: ignore[arg-type]
+                            metadata.repetition_penalties)
         sampled = self.sample(logits, metadata)
         logprobs = None
         if raw_logprobs is not None:

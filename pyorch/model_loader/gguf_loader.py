@@ -119,18 +119,16 @@ def _llama3_rope_from_factors(
     slope, intercept = np.polyfit(x[blended], smooth, 1)
     low = -intercept / slope
     high = low + 1 / slope
-    params = {
+    low_freq_factor = float(round(low, 4))
+    high_freq_factor = float(round(high, 4))
+    params: dict[str, Any] = {
         "rope_type": "llama3",
         "factor": factor,
-        "low_freq_factor": float(round(low, 4)),
-        "high_freq_factor": float(round(high, 4)),
+        "low_freq_factor": low_freq_factor,
+        "high_freq_factor": high_freq_factor,
         "original_max_position_embeddings": original_max,
     }
-    s = np.clip(
-        (x - params["low_freq_factor"]) / (params["high_freq_factor"] - params["low_freq_factor"]),
-        0,
-        1,
-    )
+    s = np.clip((x - low_freq_factor) / (high_freq_factor - low_freq_factor), 0, 1)
     expected = 1 / ((1 - s) / factor + s)
     if not np.allclose(expected, factors, rtol=1e-3):
         raise ValueError("rope_freqs does not follow llama3 scaling")

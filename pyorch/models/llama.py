@@ -4,9 +4,9 @@ Same module tree and parameter names as HF's LlamaForCausalLM, except that q/k/v
 `qkv_proj` and gate/up into `gate_up_proj`; `load_weights` maps HF checkpoint names onto them.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -180,13 +180,19 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._fusable: bool | None = None  # every layer can run forward_fused (checked once)
 
+    @property
+    def _decoder_layers(self) -> Sequence[LlamaDecoderLayer]:
+        # self.layers holds only LlamaDecoderLayers; nn.ModuleList types its items as Module.
+        return cast(Sequence[LlamaDecoderLayer], self.layers)
+
     def _fused_decode(self, hidden_states: torch.Tensor) -> bool:
-        if not self.layers:
+        layers = self._decoder_layers
+        if not layers:
             return False
-        if not fused_decode_batch(hidden_states, self.layers[0].self_attn.qkv_proj):
+        if not fused_decode_batch(hidden_states, layers[0].self_attn.qkv_proj):
             return False
         if self._fusable is None:  # after the weights are loaded: the first forward
-            self._fusable = all(layer.fusable() for layer in self.layers)
+            self._fusable = all(layer.fusable() for layer in layers)
         return self._fusable
 
     def forward(
@@ -196,11 +202,12 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         hidden_states = self.embed_tokens(input_ids)
         if self._fused_decode(hidden_states):
-            for layer in self.layers:  # the residual stream is hidden_states, updated in place
+            # The residual stream is hidden_states, updated in place.
+            for layer in self._decoder_layers:
                 layer.forward_fused(positions, hidden_states)
             return self.norm(hidden_states)
         residual = None
-        for layer in self.layers:
+        for layer in self._decoder_layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states

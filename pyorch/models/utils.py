@@ -47,7 +47,10 @@ def load_stacked_weights(
                 continue
             name = hf_name.replace(hf_part + ".", param_part + ".")
             param = _param_or_raise(params, name, hf_name)
-            param.weight_loader(param, tensor, shard_id)
+            weight_loader = getattr(param, "weight_loader", None)
+            if weight_loader is None:  # set by the stacked layer (e.g. QKVParallelLinear)
+                raise AttributeError(f"{name}: a stacked parameter has no weight_loader")
+            weight_loader(param, tensor, shard_id)
             loaded_shards.setdefault(name, set()).add(shard_id)
             break
         else:

@@ -61,8 +61,10 @@ logger = logging.getLogger("pyorch.entrypoints.openai.api_server")
 GRACEFUL_SHUTDOWN_S = 10.0
 ENGINE_DEAD_GRACE_S = 2.0
 _WATCHDOG_PERIOD_S = 0.25
-_ERRORS = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
-           404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
+    404: {"model": ErrorResponse}, 503: {"model": ErrorResponse},
+}
 
 router = APIRouter()
 
@@ -291,8 +293,10 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"pyorch serve: error: the engine failed to start: {type(e).__name__}: {e}",
               file=sys.stderr)
         return 1
+    max_model_len = engine.model_config.max_model_len
+    assert max_model_len is not None  # ModelConfig.resolve() sets it (or raises)
     ctx = ServerContext(
-        engine=engine, served_model_names=names, max_model_len=engine.model_config.max_model_len,
+        engine=engine, served_model_names=names, max_model_len=max_model_len,
         vocab_size=engine.model_config.vocab_size, tokenizer=engine.get_tokenizer(),
         chat_template=chat_template, log_requests=not args.disable_log_requests)
     app = build_app(ctx, stat_logger, args)
@@ -301,10 +305,11 @@ def run_server(args: argparse.Namespace) -> int:
     shown = f"[{host}]" if ":" in host else host
     url = f"{scheme}://{shown}:{port}{args.root_path or ''}"
     app.state.on_ready = lambda: _startup_report(engine, names, url)
-    config_uv = uvicorn.Config(app, log_level=args.uvicorn_log_level,
-                               access_log=not args.disable_log_requests,
-                               timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                               ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+    config_uv = uvicorn.Config(
+        app, log_level=args.uvicorn_log_level, access_log=not args.disable_log_requests,
+        # uvicorn annotates this int, but uses it as an asyncio timeout: a float works.
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # type: ignore[arg-type]
+        ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     server = uvicorn.Server(config_uv)
     app.state.server = server
     # uvicorn re-raises the signal it stopped on once it is done; these handlers turn that into

@@ -295,7 +295,10 @@ def _install_config_expansion(parser: argparse.ArgumentParser) -> None:
             parser.error(str(e))
         return original(words, namespace)
 
-    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    # Replaces the bound method on this one parser: typed Any, since mypy forbids assigning to
+    # a method (method-assign), and argparse's overloads would not match this function.
+    target: Any = parser
+    target.parse_known_args = parse_known_args
 
 
 def _apply_config_fallback(args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ routes, wrong methods, unexpected exceptions) use the same shape.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any, Optional
 
@@ -49,7 +50,7 @@ def error_body(message: str, status: int = 400, param: Optional[str] = None) -> 
 
 
 def error_response(message: str, status: int = 400, param: Optional[str] = None,
-                   headers: Optional[dict[str, str]] = None) -> JSONResponse:
+                   headers: Optional[Mapping[str, str]] = None) -> JSONResponse:
     return JSONResponse(error_body(message, status, param), status_code=status, headers=headers)
 
 

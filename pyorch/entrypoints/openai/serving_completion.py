@@ -6,7 +6,7 @@ Choice `i * n + j` is sample j of prompt i, as in OpenAI's API.
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Sequence
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -122,7 +122,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return prompt.text
 
     def _add_logprobs(self, out: CompletionLogprobs, token_ids: list[int],
-                      steps: Optional[list[Optional[dict[int, Logprob]]]], num: int,
+                      steps: Optional[Sequence[Optional[dict[int, Logprob]]]], num: int,
                       offset: int) -> int:
         """Appends OpenAI's (tokens, token_logprobs, top_logprobs, text_offset) for
         `token_ids`; returns the text offset after them."""
@@ -166,13 +166,14 @@ class OpenAIServingCompletion(OpenAIServing):
                         echoed[index] = True
                         text = self._prompt_text(prompt) + text
                         if logprobs is not None:
+                            assert req.logprobs is not None  # logprobs is made only then
                             offsets[index] = self._add_logprobs(
                                 logprobs, prompt.token_ids, output.prompt_logprobs,
-                                req.logprobs, offsets[index])  # type: ignore[arg-type]
+                                req.logprobs, offsets[index])
                     if logprobs is not None:
+                        assert req.logprobs is not None  # logprobs is made only then
                         offsets[index] = self._add_logprobs(logprobs, c.token_ids, c.logprobs,
-                                                            req.logprobs,  # type: ignore[arg-type]
-                                                            offsets[index])
+                                                            req.logprobs, offsets[index])
                     num_generated += len(c.token_ids)
                     if not text and logprobs is None and c.finish_reason is None:
                         continue  # nothing new (e.g. an incomplete UTF-8 character)

@@ -13,7 +13,16 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Awaitable, Optional, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Optional,
+    TypeVar,
+    cast,
+)
 
 import anyio
 from fastapi import Request
@@ -118,7 +127,8 @@ class OpenAIServing:
                 skip_special_tokens=req.skip_special_tokens,
                 spaces_between_special_tokens=req.spaces_between_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
-                logit_bias=req.logit_bias,
+                # OpenAI's JSON keys are strings: SamplingParams converts them to token ids.
+                logit_bias=cast(Optional[dict[int, float]], req.logit_bias),
                 output_kind=RequestOutputKind.DELTA if req.stream
                 else RequestOutputKind.FINAL_ONLY,
             )
