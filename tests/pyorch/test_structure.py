@@ -23,7 +23,8 @@ def _loaded_after(code: str) -> list[str]:
     probe = code + "\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if " \
                    "m == 'pyorch' or m.startswith('pyorch.'))))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
