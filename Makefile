@@ -11,13 +11,19 @@
 #
 # torch: if $(PYTHON) already imports a torch built with CUDA, the venv is created with
 # --system-site-packages and that torch is kept. Otherwise $(TORCH_SPEC) is installed into the
-# venv; pip's configured indexes decide where it comes from, and TORCH_INDEX overrides them, e.g.
+# venv: torch==2.13.0+cpu on a machine without an NVIDIA GPU (so never the CUDA build there),
+# torch==2.13.0 with one. pip's configured indexes decide where it comes from, and TORCH_INDEX
+# overrides them, e.g.
 #   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# on a stock CPU machine, where PyPI's torch is the multi-GB CUDA build.
+# on a stock CPU machine, whose PyPI has no +cpu build.
 
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
+# Without an NVIDIA GPU the pin names the CPU build (local version +cpu), so pip can only install
+# that one: where no configured index has it (stock PyPI), the install fails with a hint instead of
+# pulling the multi-GB CUDA build.
+HAS_NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SPEC ?= torch==2.13.0$(if $(HAS_NVIDIA_GPU),,+cpu)
 TORCH_INDEX ?=
 ARGS ?=
 PYTEST_ARGS ?= -q -p no:cacheprovider
@@ -62,7 +68,10 @@ $(VENV)/.stamp-torch: $(VENV)/.stamp-venv
 	  echo "== keeping torch $$($(VPY) $(TORCH_VERSION))"; \
 	else \
 	  echo "== installing $(TORCH_SPEC)"; \
-	  $(PIP) install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"; \
+	  $(PIP) install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" || { \
+	    echo "make: cannot install $(TORCH_SPEC) from pip's indexes; on a CPU machine point it at" \
+	         "PyTorch's CPU index: make ... TORCH_INDEX=https://download.pytorch.org/whl/cpu" >&2; \
+	    exit 1; }; \
 	fi
 	touch $@
 
