@@ -1,2 +1,2 @@
 """The `pyorch` command line: `pyorch serve ...` and
-`pyorch bench {throughput,latency,startup,serve}`."""
+`pyorch bench {throughput,latency,startup,serve,attention}`."""
