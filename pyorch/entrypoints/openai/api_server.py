@@ -7,8 +7,11 @@ the engine-core process that AsyncLLM starts (the step loop). Life cycle:
 - SIGTERM / SIGINT: uvicorn stops accepting, lets in-flight requests finish for up to
   `GRACEFUL_SHUTDOWN_S`, cancels the rest (which aborts them in the engine), then
   `AsyncLLM.shutdown()` stops the core; exit code 0;
-- engine death: requests in flight get a 503 (or an error event), /health answers 503, and after
-  `ENGINE_DEAD_GRACE_S` the server stops with exit code 1 instead of hanging.
+- engine death: noticed within `_WATCHDOG_PERIOD_S`; requests in flight get a 503 (or an error
+  event), /health answers 503 for `ENGINE_DEAD_GRACE_S`, then the server stops listening, gives
+  open connections `ENGINE_DEAD_DRAIN_S` and exits with code 1 (`os._exit`: the core is gone,
+  nothing is left to clean up, and interpreter teardown took another 1.5 s). A timer forces that
+  exit `ENGINE_DEAD_EXIT_S` after the death was noticed, whatever the event loop is doing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import secrets
 import signal
 import socket
 import sys
+import threading
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import APIRouter, FastAPI, Request
@@ -59,7 +63,9 @@ from pyorch.logger import configure_logging
 logger = logging.getLogger("pyorch.entrypoints.openai.api_server")
 
 GRACEFUL_SHUTDOWN_S = 10.0
-ENGINE_DEAD_GRACE_S = 2.0
+ENGINE_DEAD_GRACE_S = 0.5
+ENGINE_DEAD_DRAIN_S = 1.0
+ENGINE_DEAD_EXIT_S = 5.0  # docs/serving.md promises exit code 1 within this of the death
 _WATCHDOG_PERIOD_S = 0.25
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
@@ -173,9 +179,23 @@ async def _watch_engine(app: FastAPI) -> None:
             logger.error("the engine is dead (%s); stopping the server", e)
             break
     app.state.exit_code = 1
+    if server is not None:  # a real server (not a test app): the exit is guaranteed
+        timer = threading.Timer(ENGINE_DEAD_EXIT_S, _exit_now, args=(1,))
+        timer.daemon = True
+        timer.start()
     await asyncio.sleep(ENGINE_DEAD_GRACE_S)
     if server is not None:
+        server.config.timeout_graceful_shutdown = ENGINE_DEAD_DRAIN_S
         server.should_exit = True
+
+
+def _exit_now(code: int) -> None:
+    """Leaves at once (no interpreter teardown), after flushing what was logged."""
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) -> FastAPI:
@@ -321,6 +341,9 @@ def run_server(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
         sock.close()
+    if app.state.exit_code:
+        _say("exiting with code 1: the engine core died")
+        _exit_now(int(app.state.exit_code))
     return int(app.state.exit_code)
 
 
