@@ -208,16 +208,22 @@ def test_api_key_config_file_and_sigterm(side_servers):
     try:
         assert srv.url.endswith("/api")  # root_path from the file
         base = srv.url[: -len("/api")]
-        assert httpx.get(base + "/health").status_code == 200  # open without the key
-        assert httpx.get(base + "/metrics").status_code == 200
+        for path in ("/health", "/ping", "/version", "/metrics", "/openapi.json"):
+            assert httpx.get(base + path).status_code == 200, path  # open without the key
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = httpx.get(base + "/v1/models", headers=headers)
             assert r.status_code == 401 and r.json()["error"]["code"] == 401
-        r = httpx.post(base + "/v1/completions", json={"prompt": "x"})
-        assert r.status_code == 401
+            # every route that does work per request needs the key, not just /v1/*
+            for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1]}),
+                               ("/v1/completions", {"prompt": "x"})):
+                r = httpx.post(base + path, json=body, headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["type"] == \
+                    "AuthenticationError", path
+        key = {"Authorization": "Bearer sesame"}
         ids = httpx.post(base + "/tokenize",  # --chat-template from the file
-                         json={"messages": [{"role": "user", "content": "hi"}]}).json()["tokens"]
-        text = httpx.post(base + "/detokenize", json={"tokens": ids}).json()["prompt"]
+                         json={"messages": [{"role": "user", "content": "hi"}]},
+                         headers=key).json()["tokens"]
+        text = httpx.post(base + "/detokenize", json={"tokens": ids}, headers=key).json()["prompt"]
         assert text == "user: hi\nassistant:"
         with openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0) as bad:
             with pytest.raises(openai.AuthenticationError):
