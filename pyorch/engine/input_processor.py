@@ -8,6 +8,8 @@ server calls it too (turning its ValueError into a 400), and the scheduler only 
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Optional, Union
 
 from pyorch.config import EngineConfig
@@ -22,6 +24,60 @@ def check_token_ids(token_ids: list[int], vocab_size: int, what: str = "prompt t
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"{what} out of range [0, {vocab_size}): {bad[:5]}")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: str, what: str = "prompt") -> None:
+    """Raises ValueError if `text` cannot be encoded as UTF-8 (a lone UTF-16 surrogate such as
+    JSON's "\\ud800"): no tokenizer can encode it and no model output can match it."""
+    match = _SURROGATE.search(text)
+    if match is not None:
+        raise ValueError(f"{what} contains a lone UTF-16 surrogate (U+{ord(match.group()):04X} "
+                         f"at character {match.start()}), which is not valid Unicode text")
+
+
+def max_chars_per_token(tokenizer: Any) -> Optional[int]:
+    """K, the most input characters one token can stand for, when the tokenizer guarantees it:
+    then a text of more than `max_model_len * K` characters encodes to more than max_model_len
+    tokens, and `check_prompt_text` can refuse it without encoding it.
+
+    Proven only for fast tokenizers without a normalizer whose BPE model runs on a byte-level
+    pre-tokenizer (GPT-2, Llama 3, SmolLM2, ...): every input character is at least one byte,
+    every byte lands in exactly one token, a vocabulary token holds at most len(token) bytes,
+    and an added (special) token matched in the text covers len(content) characters. Any
+    other tokenizer (a normalizer may delete or merge characters, an [UNK] may swallow a word)
+    gets None: its prompts are always tokenized in full."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        spec = json.loads(backend.to_str())
+    except Exception:
+        return None
+    pre = spec.get("pre_tokenizer") or {}
+    pres = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    if (spec.get("normalizer") is not None or spec.get("model", {}).get("type") != "BPE"
+            or not any(p.get("type") == "ByteLevel" for p in pres)):
+        return None
+    longest = max((len(t) for t in spec["model"].get("vocab", {})), default=0)
+    for added in spec.get("added_tokens") or []:
+        longest = max(longest, len(added.get("content", "")))
+    return longest or None
+
+
+def check_prompt_text(text: str, max_model_len: int, chars_per_token: Optional[int],
+                      what: str = "prompt") -> None:
+    """The cheap rules for a prompt text, before it is tokenized: valid Unicode, and not so
+    long that it cannot fit (`max_chars_per_token`). The length first: it costs O(1), while
+    the Unicode check scans the text (in C, no encoding)."""
+    if chars_per_token is not None and len(text) > max_model_len * chars_per_token:
+        raise ValueError(
+            f"This model's maximum context length is {max_model_len} tokens. However, the text "
+            f"of `{what}` is {len(text)} characters long, more than {max_model_len} tokens x "
+            f"{chars_per_token} characters (the tokenizer's longest token) could hold.")
+    check_text(text, what)
 
 
 def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
@@ -49,6 +105,7 @@ class InputProcessor:
     def __init__(self, config: EngineConfig, tokenizer: Any) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        self.chars_per_token = None if tokenizer is None else max_chars_per_token(tokenizer)
 
     def tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         """(prompt text or None, prompt token ids)."""
@@ -61,6 +118,8 @@ class InputProcessor:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer (skip_tokenizer_init=True)")
+            check_prompt_text(prompt, self.config.scheduler_config.max_model_len,
+                              self.chars_per_token)
             return prompt, list(self.tokenizer.encode(prompt))
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)

@@ -7,8 +7,11 @@ the engine-core process that AsyncLLM starts (the step loop). Life cycle:
 - SIGTERM / SIGINT: uvicorn stops accepting, lets in-flight requests finish for up to
   `GRACEFUL_SHUTDOWN_S`, cancels the rest (which aborts them in the engine), then
   `AsyncLLM.shutdown()` stops the core; exit code 0;
-- engine death: requests in flight get a 503 (or an error event), /health answers 503, and after
-  `ENGINE_DEAD_GRACE_S` the server stops with exit code 1 instead of hanging.
+- engine death: noticed within `_WATCHDOG_PERIOD_S`; requests in flight get a 503 (or an error
+  event), /health answers 503 for `ENGINE_DEAD_GRACE_S`, then the server stops listening, gives
+  open connections `ENGINE_DEAD_DRAIN_S` and exits with code 1 (`os._exit`: the core is gone,
+  nothing is left to clean up, and interpreter teardown took another 1.5 s). A timer forces that
+  exit `ENGINE_DEAD_EXIT_S` after the death was noticed, whatever the event loop is doing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import secrets
 import signal
 import socket
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import APIRouter, FastAPI, Request
@@ -59,7 +64,9 @@ from pyorch.logger import configure_logging
 logger = logging.getLogger("pyorch.entrypoints.openai.api_server")
 
 GRACEFUL_SHUTDOWN_S = 10.0
-ENGINE_DEAD_GRACE_S = 2.0
+ENGINE_DEAD_GRACE_S = 0.5
+ENGINE_DEAD_DRAIN_S = 1.0
+ENGINE_DEAD_EXIT_S = 5.0  # docs/serving.md promises exit code 1 within this of the death
 _WATCHDOG_PERIOD_S = 0.25
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
@@ -78,6 +85,13 @@ async def health(request: Request) -> Response:
     except EngineDeadError:
         return error_response(engine_dead_message(), 503)
     return Response(status_code=200)
+
+
+@router.get("/ping", responses={503: {"model": ErrorResponse}})
+@router.post("/ping", responses={503: {"model": ErrorResponse}})
+async def ping(request: Request) -> Response:
+    """vLLM's (SageMaker's) alias of /health."""
+    return await health(request)
 
 
 @router.get("/version", response_model=VersionResponse)
@@ -106,13 +120,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
 async def tokenize(body: Union[TokenizeCompletionRequest, TokenizeChatRequest],
                    request: Request) -> TokenizeResponse:
-    return request.app.state.tokenization.tokenize(body)
+    return await request.app.state.tokenization.tokenize(body)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     try:
-        return request.app.state.tokenization.detokenize(body)
+        return await request.app.state.tokenization.detokenize(body)
     except (ValueError, TypeError, OverflowError) as e:
         raise OpenAIError(f"cannot detokenize: {e}", param="tokens") from None
 
@@ -132,22 +146,33 @@ async def metrics(request: Request) -> Response:
 
 
 # ---- middleware --------------------------------------------------------------------------------
-class ApiKeyMiddleware:
-    """401 on /v1/* without `Authorization: Bearer <key>`; other paths (/health, /metrics,
-    /docs, ...) stay open, as in vLLM. A plain ASGI middleware, so streaming and client-
-    disconnect detection pass through untouched."""
+# Routes that do no per-request work and answer without the API key (vLLM leaves every path
+# outside /v1 open; we protect /tokenize, /detokenize and the rest too). /metrics joins the
+# protected ones with --metrics-require-api-key.
+OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/docs", "/redoc",
+                        "/docs/oauth2-redirect", "/openapi.json"})
 
-    def __init__(self, app: Any, api_key: str) -> None:
+
+def _route_path(scope: dict) -> str:
+    path = scope.get("path", "")
+    root = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):]
+    return path
+
+
+class ApiKeyMiddleware:
+    """401 without `Authorization: Bearer <key>` on every path but `open_paths`. A plain ASGI
+    middleware, so streaming and client-disconnect detection pass through untouched."""
+
+    def __init__(self, app: Any, api_key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.open_paths = open_paths
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("method") != "OPTIONS":
-            path = scope.get("path", "")
-            root = scope.get("root_path", "")
-            if root and path.startswith(root):
-                path = path[len(root):]
-            if path.startswith("/v1"):
+            if _route_path(scope) not in self.open_paths:
                 given = dict(scope.get("headers") or []).get(b"authorization", b"")
                 if not secrets.compare_digest(given, self.expected):
                     response = error_response(
@@ -156,6 +181,77 @@ class ApiKeyMiddleware:
                     await response(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+
+# After a 413 the rest of an oversized body is read and dropped (so that the client, still
+# sending, can read the answer) up to this much; a longer body just has its connection closed.
+_DRAIN_LIMIT_BYTES = 64 << 20
+
+
+class BodyLimitMiddleware:
+    """413 for a request body over `limit` bytes, before anything parses it: at once from
+    Content-Length, else as soon as the streamed (chunked) body passes the limit. The body is
+    read here and replayed to the app; later receive() calls (disconnects) pass through."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def _too_large(self, scope: dict, receive: Any, send: Any, received: int,
+                         more: bool) -> None:
+        while more and received <= _DRAIN_LIMIT_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client is gone: nobody to answer
+            received += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        response = error_response(
+            f"the request body is larger than the server's limit of {self.limit} bytes "
+            "(--max-request-body-bytes)", 413, headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                declared = 0
+            if declared > self.limit:
+                await self._too_large(scope, receive, send, 0, True)
+                return
+        chunks: list[bytes] = []
+        received = 0
+        more = True
+        first: Optional[dict] = None
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                first = message  # a disconnect: the app sees it on its first receive
+                break
+            body = message.get("body", b"")
+            received += len(body)
+            more = message.get("more_body", False)
+            if received > self.limit:
+                await self._too_large(scope, receive, send, received, more)
+                return
+            chunks.append(body)
+        replay: dict = first or {"type": "http.request", "body": b"".join(chunks),
+                                 "more_body": False}
+        replayed = False
+
+        async def replaying_receive() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return replay
+            return await receive()
+
+        await self.app(scope, replaying_receive, send)
 
 
 # ---- the app -----------------------------------------------------------------------------------
@@ -173,9 +269,23 @@ async def _watch_engine(app: FastAPI) -> None:
             logger.error("the engine is dead (%s); stopping the server", e)
             break
     app.state.exit_code = 1
+    if server is not None:  # a real server (not a test app): the exit is guaranteed
+        timer = threading.Timer(ENGINE_DEAD_EXIT_S, _exit_now, args=(1,))
+        timer.daemon = True
+        timer.start()
     await asyncio.sleep(ENGINE_DEAD_GRACE_S)
     if server is not None:
+        server.config.timeout_graceful_shutdown = ENGINE_DEAD_DRAIN_S
         server.should_exit = True
+
+
+def _exit_now(code: int) -> None:
+    """Leaves at once (no interpreter teardown), after flushing what was logged."""
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) -> FastAPI:
@@ -195,8 +305,14 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
                   root_path=args.root_path or "", lifespan=lifespan)
     app.include_router(router)
     install_error_handlers(app)
-    if args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
+    limit = getattr(args, "max_request_body_bytes", 0)
+    if limit:
+        app.add_middleware(BodyLimitMiddleware, limit=limit)
+    if args.api_key:  # outside the body limit: a request without the key is not even read
+        open_paths = OPEN_PATHS
+        if getattr(args, "metrics_require_api_key", False):
+            open_paths = OPEN_PATHS - {"/metrics"}
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key, open_paths=open_paths)
     app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins,
                        allow_credentials=args.allow_credentials,
                        allow_methods=args.allowed_methods, allow_headers=args.allowed_headers)
@@ -295,10 +411,13 @@ def run_server(args: argparse.Namespace) -> int:
         return 1
     max_model_len = engine.model_config.max_model_len
     assert max_model_len is not None  # ModelConfig.resolve() sets it (or raises)
+    renderer = ThreadPoolExecutor(max_workers=args.renderer_num_workers,
+                                  thread_name_prefix="pyorch-renderer")
     ctx = ServerContext(
         engine=engine, served_model_names=names, max_model_len=max_model_len,
         vocab_size=engine.model_config.vocab_size, tokenizer=engine.get_tokenizer(),
-        chat_template=chat_template, log_requests=not args.disable_log_requests)
+        chat_template=chat_template, log_requests=not args.disable_log_requests,
+        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer)
     app = build_app(ctx, stat_logger, args)
     host, port = sock.getsockname()[:2]
     scheme = "https" if args.ssl_certfile else "http"
@@ -321,6 +440,10 @@ def run_server(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
         sock.close()
+        renderer.shutdown(wait=False, cancel_futures=True)
+    if app.state.exit_code:
+        _say("exiting with code 1: the engine core died")
+        _exit_now(int(app.state.exit_code))
     return int(app.state.exit_code)
 
 

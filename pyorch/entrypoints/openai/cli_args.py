@@ -19,6 +19,11 @@ from pyorch import envs
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 API_KEY_ENV = "PYORCH_API_KEY"
+# 8 MiB holds a 128k-token prompt several times over (as text or as token ids); what is bigger
+# is refused with 413 before it is parsed. Parsing JSON holds the GIL (~1.5 ms per MB on the
+# event loop, whatever thread does it), so this bound is also the longest stall one body causes.
+DEFAULT_MAX_BODY = 8 << 20
+DEFAULT_RENDERER_WORKERS = 4
 
 # Long flag -> how a YAML value becomes command-line words ("value", "list", "flag", "bool").
 _FLAG_KINDS: dict[str, str] = {}
@@ -60,6 +65,13 @@ def _positive(kind: str) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _size_or_zero(text: str) -> int:
+    value = human_int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a size >= 0, got {text}")
+    return value
 
 
 def _parallel_size(kind: str) -> Callable[[str], int]:
@@ -130,7 +142,17 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     _add(server, "--port", type=int, default=8000,
          help="port to bind; 0 picks a free one (default: %(default)s)")
     _add(server, "--api-key", default=None,
-         help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set)")
+         help="require 'Authorization: Bearer KEY' on every route but /health, /ping, /version, "
+              f"/metrics and the docs (default: ${API_KEY_ENV} if set)")
+    _add(server, "--metrics-require-api-key", "flag", action="store_true",
+         help="with --api-key, require the key on /metrics too (default: /metrics is open)")
+    _add(server, "--max-request-body-bytes", type=_size_or_zero, default=DEFAULT_MAX_BODY,
+         help="refuse larger request bodies with 413 before parsing them; 0 = no limit "
+              "(default: 8MiB)")
+    _add(server, "--renderer-num-workers", type=_positive("--renderer-num-workers"),
+         default=DEFAULT_RENDERER_WORKERS,
+         help="threads that tokenize prompts and render chat templates off the event loop "
+              "(vLLM's renderer_num_workers; default: %(default)s)")
     _add(server, "--served-model-name", "list", nargs="+", default=None, metavar="NAME",
          help="model name(s) the API answers to; the first is reported (default: the MODEL "
               f"argument, or {DEFAULT_MODEL_NAME})")

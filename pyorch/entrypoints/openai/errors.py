@@ -58,11 +58,22 @@ def engine_dead_message() -> str:
     return "the engine is dead (its engine-core process exited or failed); the server is stopping"
 
 
+# pydantic names the member of a union it tried in `loc` ("constrained-str", "list[int]"): not
+# a field, so left out of `param`.
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list"})
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or "-" in part or part in _UNION_TAGS)
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
     errors = exc.errors()
+    # Text that is not valid Unicode says the most: it comes first.
+    errors = sorted(errors, key=lambda e: e.get("type") != "string_unicode")
     parts, param = [], None
     for err in errors[:5]:
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _is_union_tag(x)]
         where = ".".join(loc)
         if err.get("type") == "json_invalid":
             param = None
@@ -70,7 +81,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
             continue
         if param is None and where:
             param = where
-        parts.append(f"{where or 'body'}: {err.get('msg', 'invalid value')}")
+        msg = err.get("msg", "invalid value")
+        if err.get("type") == "string_unicode":
+            msg = "contains a lone UTF-16 surrogate or other text that is not valid Unicode"
+        parts.append(f"{where or 'body'}: {msg}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "invalid request: " + "; ".join(parts) + more, param
 

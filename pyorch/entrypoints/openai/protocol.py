@@ -10,13 +10,25 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 # OpenAI caps n at 128; vLLM caps logprobs at max_logprobs (20).
 MAX_N = 128
 MAX_LOGPROBS = 20
+# Bounds on list fields that neither OpenAI nor vLLM state (ours; docs/serving.md lists them).
+# Each keeps a request's cost proportionate: stop strings are matched on every output step,
+# bad words and prompts are tokenized, each prompt x n is a sequence in the engine.
+MAX_STOP = 64               # stop strings (OpenAI allows 4)
+MAX_STOP_CHARS = 1024       # characters per stop string
+MAX_STOP_TOKEN_IDS = 1024
+MAX_BAD_WORDS = 128
+MAX_BAD_WORD_CHARS = 1024
+MAX_LOGIT_BIAS = 1024       # entries (vLLM: no bound; OpenAI documents none either)
+MAX_PROMPTS = 256           # prompts in one /v1/completions request
+MAX_SEQUENCES = 1024        # prompts x n in one request
+MAX_MESSAGES = 4096         # chat messages
 # torch generators take 64-bit seeds; the engine adds the sample index to the seed for n > 1.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
@@ -60,9 +72,11 @@ class SamplingExtras(OpenAIBaseModel):
     top_p: Optional[float] = None
     presence_penalty: Optional[float] = 0.0
     frequency_penalty: Optional[float] = 0.0
-    logit_bias: Optional[dict[str, float]] = None
+    logit_bias: Optional[dict[str, float]] = Field(None, max_length=MAX_LOGIT_BIAS)
     seed: Optional[int] = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
-    stop: Optional[Union[str, list[str]]] = None
+    stop: Optional[Union[Annotated[str, Field(max_length=MAX_STOP_CHARS)],
+                         Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]],
+                                   Field(max_length=MAX_STOP)]]] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
@@ -72,7 +86,9 @@ class SamplingExtras(OpenAIBaseModel):
     repetition_penalty: Optional[float] = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[list[int]] = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    bad_words: Optional[list[Annotated[str, Field(max_length=MAX_BAD_WORD_CHARS)]]] = Field(
+        None, max_length=MAX_BAD_WORDS)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -83,7 +99,8 @@ class CompletionRequest(SamplingExtras):
     token-id lists."""
 
     model: Optional[str] = None
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[str, Annotated[list[str], Field(max_length=MAX_PROMPTS)], list[int],
+                  Annotated[list[list[int]], Field(max_length=MAX_PROMPTS)]]
     max_tokens: Optional[int] = Field(16, ge=1)
     echo: Optional[bool] = False
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -102,7 +119,7 @@ class ChatCompletionRequest(SamplingExtras):
     """POST /v1/chat/completions."""
 
     model: Optional[str] = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI, still accepted
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
@@ -223,7 +240,7 @@ class TokenizeCompletionRequest(OpenAIBaseModel):
 
 class TokenizeChatRequest(OpenAIBaseModel):
     model: Optional[str] = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False

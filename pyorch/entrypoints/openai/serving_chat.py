@@ -46,18 +46,23 @@ _RESERVED_TEMPLATE_KWARGS = {"conversation", "chat_template", "tokenize", "add_g
                              "continue_final_message", "return_dict", "tools", "documents"}
 
 
-def _message_dict(message: ChatMessage) -> dict[str, Any]:
+def _message_dict(message: ChatMessage, index: int = 0) -> dict[str, Any]:
     content = message.content
+    where = f"messages.{index}"
     if isinstance(content, list):
         texts = []
-        for part in content:
+        for j, part in enumerate(content):
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise OpenAIError("only text content parts ({\"type\": \"text\", \"text\": ...}) "
-                                  "are supported", param="messages")
+                                  "are supported", param=f"{where}.content.{j}")
+            OpenAIServing.check_text(part["text"], f"{where}.content.{j}.text")
             texts.append(part["text"])
         content = "\n".join(texts)
+    elif content is not None:
+        OpenAIServing.check_text(content, f"{where}.content")
     out: dict[str, Any] = {"role": message.role, "content": content or ""}
     if message.name is not None:
+        OpenAIServing.check_text(message.name, f"{where}.name")
         out["name"] = message.name
     return out
 
@@ -65,12 +70,13 @@ def _message_dict(message: ChatMessage) -> dict[str, Any]:
 def render_chat(serving: OpenAIServing, messages: list[ChatMessage], add_generation_prompt: bool,
                 continue_final_message: bool,
                 chat_template_kwargs: Optional[dict[str, Any]] = None) -> str:
-    """The conversation as prompt text, through the chat template; 400 if it cannot be."""
+    """The conversation as prompt text, through the chat template; 400 if it cannot be.
+    CPU-heavy on long conversations: the handlers run it on the renderer pool."""
     tokenizer = serving.tokenizer()
     if add_generation_prompt and continue_final_message:
         raise OpenAIError("continue_final_message cannot be combined with add_generation_prompt; "
                           "set add_generation_prompt to false", param="continue_final_message")
-    conversation = [_message_dict(m) for m in messages]
+    conversation = [_message_dict(m, i) for i, m in enumerate(messages)]
     if continue_final_message and conversation[-1]["role"] != "assistant":
         raise OpenAIError("continue_final_message needs the last message to be the assistant's",
                           param="continue_final_message")
@@ -96,12 +102,13 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Any:
         self.check_model(req.model)
         self.check_engine()
+        self.check_fields(req)
         include_usage = self.check_stream_options(req)
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
-        text = render_chat(self, req.messages, req.add_generation_prompt,
-                           req.continue_final_message, req.chat_template_kwargs)
-        token_ids = list(self.tokenizer().encode(text, add_special_tokens=False))
+        text = await self.render(render_chat, self, req.messages, req.add_generation_prompt,
+                                 req.continue_final_message, req.chat_template_kwargs)
+        token_ids = await self.encode(text, False, "messages")
         self.check_prompt_ids(token_ids)
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = self.resolve_max_tokens(requested, len(token_ids))
@@ -136,7 +143,7 @@ class OpenAIServingChat(OpenAIServing):
         """vLLM's chat echo: the last message's content, when it is the assistant's."""
         if not req.echo or req.messages[-1].role != "assistant":
             return ""
-        return str(_message_dict(req.messages[-1])["content"])
+        return str(_message_dict(req.messages[-1], len(req.messages) - 1)["content"])
 
     def _logprobs(self, token_ids: list[int], steps: Optional[list[dict[int, Logprob]]],
                   num: Optional[int]) -> Optional[ChatLogprobs]:

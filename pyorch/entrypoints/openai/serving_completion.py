@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from pyorch.entrypoints.openai.errors import OpenAIError
 from pyorch.entrypoints.openai.protocol import (
+    MAX_SEQUENCES,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
@@ -44,7 +45,7 @@ class _Prompt:
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    def _prompts(self, req: CompletionRequest) -> list[_Prompt]:
+    async def _prompts(self, req: CompletionRequest) -> list[_Prompt]:
         raw = req.prompt
         if isinstance(raw, str):
             items: list[Any] = [raw]
@@ -54,10 +55,14 @@ class OpenAIServingCompletion(OpenAIServing):
             items = list(raw)
         if not items:
             raise OpenAIError("the prompt is empty", param="prompt")
+        if len(items) * req.n > MAX_SEQUENCES:
+            raise OpenAIError(f"{len(items)} prompts x n={req.n} is more than the "
+                              f"{MAX_SEQUENCES} sequences one request may ask for", param="n")
         prompts = []
-        for item in items:
+        for i, item in enumerate(items):
+            param = "prompt" if len(items) == 1 else f"prompt.{i}"
             if isinstance(item, str):
-                ids = list(self.tokenizer().encode(item, add_special_tokens=req.add_special_tokens))
+                ids = await self.encode(item, req.add_special_tokens, param)
                 prompts.append(_Prompt(item, ids))
             else:
                 prompts.append(_Prompt(None, list(item)))
@@ -67,10 +72,11 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, req: CompletionRequest, raw: Request) -> Any:
         self.check_model(req.model)
         self.check_engine()
+        self.check_fields(req)
         if req.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
         include_usage = self.check_stream_options(req)
-        prompts = self._prompts(req)
+        prompts = await self._prompts(req)
         longest = max(len(p.token_ids) for p in prompts)
         max_tokens = self.resolve_max_tokens(req.max_tokens, longest)
         params = self.sampling_params(req, max_tokens, req.logprobs,

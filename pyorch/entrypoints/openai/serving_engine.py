@@ -9,9 +9,11 @@ validates again (the same rules); its rare ValueError is still answered with 400
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
@@ -19,6 +21,7 @@ from typing import (
     AsyncGenerator,
     AsyncIterator,
     Awaitable,
+    Callable,
     Optional,
     TypeVar,
     cast,
@@ -28,7 +31,7 @@ import anyio
 from fastapi import Request
 
 from pyorch.engine.exceptions import EngineDeadError
-from pyorch.engine.input_processor import check_prompt
+from pyorch.engine.input_processor import check_prompt, check_prompt_text, check_text
 from pyorch.entrypoints.openai.errors import OpenAIError, engine_dead_message, error_body
 from pyorch.entrypoints.openai.protocol import SamplingExtras
 from pyorch.outputs import Logprob, RequestOutput
@@ -56,10 +59,43 @@ class ServerContext:
     tokenizer: Any  # a transformers tokenizer; None with skip_tokenizer_init
     chat_template: Optional[str] = None
     log_requests: bool = True
+    # K of `max_chars_per_token`: prompts longer than max_model_len * K characters are refused
+    # before they are tokenized (None: this tokenizer gives no such guarantee).
+    chars_per_token: Optional[int] = None
+    # The pool that tokenizes and renders chat templates (vLLM's renderer_num_workers), so that
+    # a long prompt never holds up the event loop; None runs them inline (tests, tools).
+    renderer: Optional[ThreadPoolExecutor] = None
 
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
+
+
+def _off(value: Any) -> bool:
+    return value is None or value is False or value == [] or value == {}
+
+
+# Fields that OpenAI or vLLM define, that would change the output, and that pyorch does not
+# implement: refused with 400 naming the field unless given their neutral value (a silent
+# "accepted" would hand back, say, free text to a caller that asked for JSON). Other unknown
+# fields are ignored with a log line, as vLLM does: OpenAI clients send fields newer than us.
+_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "best_of": lambda v: v is None or v == 1,
+    "use_beam_search": _off,
+    "length_penalty": lambda v: v is None or v == 1,
+    "truncate_prompt_tokens": _off,
+    "allowed_token_ids": _off,
+    "prompt_logprobs": _off,
+    "logits_processors": _off,
+    "guided_json": _off, "guided_regex": _off, "guided_choice": _off, "guided_grammar": _off,
+    "structured_outputs": _off,
+    "tools": _off, "functions": _off,
+    "tool_choice": lambda v: v is None or v in ("none", "auto"),
+    "function_call": lambda v: v is None or v in ("none", "auto"),
+    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+    "modalities": lambda v: v is None or v == ["text"],
+    "audio": _off, "prediction": _off,
+}
 
 
 class OpenAIServing:
@@ -82,6 +118,47 @@ class OpenAIServing:
             raise OpenAIError("this server has no tokenizer (skip_tokenizer_init)")
         return self.ctx.tokenizer
 
+    async def render(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs CPU-heavy preprocessing (tokenizing, chat templates) on the renderer pool. HF
+        fast tokenizers encode in Rust and release the GIL meanwhile, so the event loop keeps
+        streaming other requests' tokens and answering /health."""
+        if self.ctx.renderer is None:
+            return fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.ctx.renderer,
+                                          functools.partial(fn, *args, **kwargs))
+
+    @staticmethod
+    def check_text(text: str, param: str) -> None:
+        """400 naming `param` for text that is not valid Unicode (a lone surrogate)."""
+        try:
+            check_text(text, param)
+        except ValueError as e:
+            raise OpenAIError(str(e), param=param) from None
+
+    def check_prompt_text(self, text: str, param: str = "prompt") -> None:
+        """The prompt rules that need no tokenizer (input_processor.check_prompt_text)."""
+        try:
+            check_prompt_text(text, self.ctx.max_model_len, self.ctx.chars_per_token, param)
+        except ValueError as e:
+            raise OpenAIError(str(e), param=param) from None
+
+    async def encode(self, text: str, add_special_tokens: bool, param: str = "prompt",
+                     ) -> list[int]:
+        """Token ids of a prompt text, on the renderer pool, after the cheap checks: a text too
+        long to fit is refused by its length alone (O(1)); a lone surrogate is found by a regex
+        scan on the pool too (it is O(n) as well)."""
+        tokenizer = self.tokenizer()
+        if (self.ctx.chars_per_token is not None
+                and len(text) > self.ctx.max_model_len * self.ctx.chars_per_token):
+            self.check_prompt_text(text, param)  # raises at once, naming the length
+
+        def work() -> list[int]:
+            self.check_prompt_text(text, param)
+            return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+        return await self.render(work)
+
     def check_prompt_ids(self, token_ids: list[int]) -> None:
         try:
             check_prompt(token_ids, self.ctx.vocab_size, self.ctx.max_model_len)
@@ -101,6 +178,22 @@ class OpenAIServing:
         return max_tokens
 
     @staticmethod
+    def check_fields(req: Any) -> None:
+        """400 for a field we know but do not implement (`_UNSUPPORTED`) unless it is neutral;
+        a log line for fields we do not know at all."""
+        extra = req.model_extra or {}
+        for name, value in extra.items():
+            neutral = _UNSUPPORTED.get(name)
+            if neutral is None:
+                continue
+            if not neutral(value):
+                raise OpenAIError(f"`{name}` is not supported by this server", param=name)
+        unknown = sorted(k for k in extra if k not in _UNSUPPORTED)
+        if unknown:
+            logger.warning("ignored request fields this server does not know: %s",
+                           ", ".join(unknown)[:300])
+
+    @staticmethod
     def check_stream_options(req: SamplingExtras) -> bool:
         """Whether usage goes into the final streaming chunk."""
         if req.stream_options is not None and not req.stream:
@@ -110,6 +203,11 @@ class OpenAIServing:
 
     def sampling_params(self, req: SamplingExtras, max_tokens: int, logprobs: Optional[int],
                         prompt_logprobs: Optional[int] = None) -> SamplingParams:
+        stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        for i, stop in enumerate(stops):
+            self.check_text(stop, "stop" if isinstance(req.stop, str) else f"stop.{i}")
+        for i, word in enumerate(req.bad_words or []):
+            self.check_text(word, f"bad_words.{i}")
         try:
             params = SamplingParams(
                 n=req.n,
@@ -122,6 +220,7 @@ class OpenAIServing:
                 repetition_penalty=1.0 if req.repetition_penalty is None
                 else req.repetition_penalty,
                 seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+                bad_words=req.bad_words,
                 ignore_eos=req.ignore_eos, max_tokens=max_tokens, min_tokens=req.min_tokens,
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=req.skip_special_tokens,

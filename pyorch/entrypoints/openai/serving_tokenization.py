@@ -21,25 +21,35 @@ from pyorch.entrypoints.openai.serving_engine import OpenAIServing
 
 
 class OpenAIServingTokenization(OpenAIServing):
-    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        """The same checks as generation, except the token count: a text that could still
+        fit is tokenized in full (its count may exceed max_model_len); one longer than
+        max_model_len x the tokenizer's longest token is refused without being encoded."""
         self.check_model(req.model)
         tokenizer = self.tokenizer()
         if isinstance(req, TokenizeChatRequest):
-            text = render_chat(self, req.messages, req.add_generation_prompt,
-                               req.continue_final_message, req.chat_template_kwargs)
+            text = await self.render(render_chat, self, req.messages, req.add_generation_prompt,
+                                     req.continue_final_message, req.chat_template_kwargs)
+            param = "messages"
         else:
-            text = req.prompt
-        tokens = list(tokenizer.encode(text, add_special_tokens=req.add_special_tokens))
+            text, param = req.prompt, "prompt"
+        tokens = await self.encode(text, req.add_special_tokens, param)
         token_strs = None
         if req.return_token_strs:
-            token_strs = [str(t) for t in tokenizer.convert_ids_to_tokens(tokens)]
+            token_strs = await self.render(
+                lambda: [str(t) for t in tokenizer.convert_ids_to_tokens(tokens)])
         return TokenizeResponse(count=len(tokens), max_model_len=self.ctx.max_model_len,
                                 tokens=tokens, token_strs=token_strs)
 
-    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
-        try:
-            check_token_ids(req.tokens, self.ctx.vocab_size, "token ids")
-        except ValueError as e:
-            raise OpenAIError(str(e), param="tokens") from None
-        return DetokenizeResponse(prompt=self.tokenizer().decode(req.tokens))
+        tokenizer = self.tokenizer()
+
+        def work() -> str:
+            try:
+                check_token_ids(req.tokens, self.ctx.vocab_size, "token ids")
+            except ValueError as e:
+                raise OpenAIError(str(e), param="tokens") from None
+            return str(tokenizer.decode(req.tokens))
+
+        return DetokenizeResponse(prompt=await self.render(work))

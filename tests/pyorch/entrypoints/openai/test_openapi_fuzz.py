@@ -1,15 +1,22 @@
 """Schema fuzzing: schemathesis generates requests from the server's own OpenAPI schema (valid
-and invalid ones); none may get a 5xx, and the engine must be alive afterwards."""
+and invalid ones) for every route; then hostile strings (lone surrogates, huge sizes) go into
+every text field of the routes that tokenize. None may get a 5xx, and the engine must be alive
+afterwards."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 schemathesis = pytest.importorskip("schemathesis")
 
 MAX_EXAMPLES = 60  # bounded: well under a minute on 2 CPU cores
+MAX_EXAMPLES_PER_ROUTE = 12  # every operation of the schema, on top of the mixed run
+HOSTILE_EXAMPLES = 40
 # Generated bodies keep their shape and types, but numbers that only make the CPU engine work
 # longer (not differently) are capped, so that the fuzz stays fast.
 _CAPS = {"max_tokens": 3, "max_completion_tokens": 3, "n": 2, "min_tokens": 3}
@@ -39,12 +46,14 @@ def test_fuzz_openapi_schema_no_server_errors(server):
                 | schema.as_strategy(GenerationMode.NEGATIVE))
     failures: list[str] = []
     seen: set[str] = set()
+    calls = [0]
 
     @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=strategy)
     def check(case) -> None:
         seen.add(f"{case.method} {case.path}")
+        calls[0] += 1
         _bound_cost(case)
         response = case.call(base_url=server.url, timeout=120)
         if response.status_code >= 500:
@@ -52,9 +61,86 @@ def test_fuzz_openapi_schema_no_server_errors(server):
                             f"{response.status_code} {response.text[:300]}")
 
     check()
+    # Then each operation on its own, so that none is left to chance (/tokenize, /detokenize).
+    for operation in schema.get_all_operations():
+        op = operation.ok()
+        op_strategy = (op.as_strategy(generation_mode=GenerationMode.POSITIVE)
+                       | op.as_strategy(generation_mode=GenerationMode.NEGATIVE))
+        settings(max_examples=MAX_EXAMPLES_PER_ROUTE, deadline=None, database=None,
+                 derandomize=True, phases=[Phase.generate],
+                 suppress_health_check=list(HealthCheck))(given(case=op_strategy)(
+                     check.hypothesis.inner_test))()
     assert not failures, "\n".join(failures)
-    assert {"POST /v1/completions", "POST /v1/chat/completions"} <= seen
-    assert httpx.get(server.url + "/health").status_code == 200
-    r = httpx.post(server.url + "/v1/completions",
+    assert {"POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize",
+            "POST /detokenize", "GET /health", "GET /v1/models"} <= seen, seen
+    _assert_alive(server.url)
+    print(f"\nschema fuzz: {len(seen)} operations, {calls[0]} cases, 0 responses 5xx")
+
+
+def _assert_alive(url: str) -> None:
+    assert httpx.get(url + "/health").status_code == 200
+    r = httpx.post(url + "/v1/completions",
                    json={"prompt": "Hello", "max_tokens": 2, "temperature": 0}, timeout=120)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+# ---- hostile strings in every text field ---------------------------------------------------------
+_SIZES = (0, 1, 3, 100, 30_000, 3_000_000)  # 3 MB is over the length bound, under the body limit
+_surrogate = st.integers(0xD800, 0xDFFF).map(chr)
+_piece = st.one_of(st.characters(), _surrogate, st.sampled_from(["\x00", "\ufeff", "\U0010ffff",
+                                                                 "<|im_start|>", "\\u", "\n"]))
+_hostile_text = st.one_of(
+    st.lists(_piece, max_size=20).map("".join),
+    st.tuples(st.sampled_from(_SIZES), st.lists(_piece, min_size=1, max_size=3).map("".join))
+    .map(lambda t: (t[1] * (t[0] // max(len(t[1]), 1) + 1))[: max(t[0], 1)]),
+)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant"]),
+     "content": st.one_of(_hostile_text, st.lists(st.fixed_dictionaries(
+         {"type": st.just("text"), "text": _hostile_text}), max_size=2))},
+    optional={"name": _hostile_text})
+_sampling = {"max_tokens": st.just(2), "stop": st.one_of(_hostile_text, st.lists(_hostile_text,
+                                                                                  max_size=3)),
+             "bad_words": st.lists(_hostile_text, max_size=2),
+             "logit_bias": st.dictionaries(_hostile_text, st.floats(-5, 5), max_size=2)}
+_hostile_requests = st.one_of(
+    st.tuples(st.just("/v1/completions"), st.fixed_dictionaries(
+        {"prompt": st.one_of(_hostile_text, st.lists(_hostile_text, min_size=1, max_size=3))},
+        optional=_sampling)),
+    st.tuples(st.just("/v1/chat/completions"), st.fixed_dictionaries(
+        {"messages": st.lists(_message, min_size=1, max_size=3),
+         "max_completion_tokens": st.just(2)}, optional={k: v for k, v in _sampling.items()
+                                                           if k != "max_tokens"})),
+    st.tuples(st.just("/tokenize"), st.fixed_dictionaries({"prompt": _hostile_text})),
+    st.tuples(st.just("/tokenize"), st.fixed_dictionaries(
+        {"messages": st.lists(_message, min_size=1, max_size=3)},
+        optional={"chat_template_kwargs": st.dictionaries(_hostile_text, _hostile_text,
+                                                          max_size=2)})),
+    st.tuples(st.just("/detokenize"), st.fixed_dictionaries(
+        {"tokens": st.lists(st.integers(-2**70, 2**70), max_size=10)})),
+)
+
+
+def test_fuzz_hostile_strings_no_server_errors(server):
+    failures: list[str] = []
+    count = [0]
+
+    @settings(max_examples=HOSTILE_EXAMPLES, deadline=None, database=None, derandomize=True,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(request=_hostile_requests)
+    def check(request: tuple[str, dict]) -> None:
+        path, body = request
+        count[0] += 1
+        # json.dumps writes a lone surrogate as JSON's \ud800 escape, as a hostile client would.
+        r = httpx.post(server.url + path, content=json.dumps(body),
+                       headers={"content-type": "application/json"}, timeout=120)
+        if r.status_code >= 500:
+            failures.append(f"{path} {json.dumps(body)[:300]} -> {r.status_code} "
+                            f"{r.text[:300]}")
+        elif r.status_code >= 400:
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+    check()
+    assert not failures, "\n".join(failures)
+    _assert_alive(server.url)
+    print(f"\nhostile-string fuzz: {count[0]} cases, 0 responses 5xx")
