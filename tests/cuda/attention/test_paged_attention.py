@@ -440,22 +440,18 @@ def test_unsupported_head_size(device: str, head_size: int) -> None:
         run_op(b)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+# CPU only: CUDA runs HEAD_SIZES and refuses the rest (test_unsupported_head_size).
 @pytest.mark.parametrize("head_size", CPU_ONLY_HEAD_SIZES)
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_cpu_any_head_size(device: str, head_size: int, kv_cache_dtype: str) -> None:
+def test_cpu_any_head_size(head_size: int, kv_cache_dtype: str) -> None:
     """The CPU op takes any head size (up to 1024): decode and prefill rows, GQA 4."""
-    if device != "cpu":
-        pytest.skip("CUDA runs HEAD_SIZES only (test_unsupported_head_size)")
-    b = make_batch(PREFILL_MIXED, 8, 2, head_size, 16, torch.bfloat16, device, kv_cache_dtype)
+    b = make_batch(PREFILL_MIXED, 8, 2, head_size, 16, torch.bfloat16, "cpu", kv_cache_dtype)
     check(b, run_op(b))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_cpu_head_size_limit(device: str) -> None:
-    if device != "cpu":
-        pytest.skip("the CPU kernel's bound")
-    b = make_batch([(1, 5)], 2, 2, 1032, 16, torch.float32, device)
+def test_cpu_head_size_limit() -> None:
+    """The CPU kernel's bound: head sizes past 1024 raise."""
+    b = make_batch([(1, 5)], 2, 2, 1032, 16, torch.float32, "cpu")
     with pytest.raises(RuntimeError, match="Unsupported head size: 1032"):
         run_op(b)
 
