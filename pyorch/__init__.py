@@ -16,6 +16,7 @@ _LAZY = {
     "AsyncLLM": "pyorch.engine.async_llm",
     "EngineArgs": "pyorch.engine.arg_utils",
     "SamplingParams": "pyorch.sampling_params",
+    "StructuredOutputsParams": "pyorch.sampling_params",
     "RequestOutput": "pyorch.outputs",
     "CompletionOutput": "pyorch.outputs",
 }

@@ -37,6 +37,62 @@ def _is_int(x: Any) -> bool:
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint on the generated text (vLLM's `StructuredOutputsParams`): exactly one of
+
+    json: a JSON schema (dict or JSON string) the output must match.
+    regex: a regular expression the whole output must match.
+    choice: the output is exactly one of these strings.
+    grammar: an EBNF (GBNF) grammar the output must match.
+    json_object: any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    structural_tag: xgrammar's structural tag (a JSON string).
+
+    disable_any_whitespace: JSON without free whitespace between tokens.
+    disable_additional_properties: JSON schemas without `additionalProperties` get it as false.
+    whitespace_pattern: accepted for vLLM compatibility; only the default (None) is supported.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs needs exactly one of json, regex, choice, grammar, "
+                f"json_object, structural_tag; got {given or 'none'}."
+            )
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
+                    isinstance(c, str) for c in self.choice):
+                raise ValueError("structured_outputs.choice must be a non-empty list of strings.")
+            self.choice = list(self.choice)
+        for name in ("regex", "grammar", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"structured_outputs.{name} must be a string, got {value!r}.")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError("structured_outputs.json must be a JSON schema (dict or string).")
+        if self.whitespace_pattern is not None:
+            raise ValueError("structured_outputs.whitespace_pattern is not supported "
+                             "(xgrammar has no custom whitespace pattern).")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
 class SamplingParams:
     """Sampling parameters for text generation.
 
@@ -72,6 +128,7 @@ class SamplingParams:
     include_stop_str_in_output: whether to keep the matched stop string in the output text.
     logit_bias: token id -> bias added to its logit (clamped to [-100, 100]).
     allowed_token_ids: if set, only these tokens can be generated.
+    structured_outputs: StructuredOutputsParams (or a dict of its fields) constraining the output.
     output_kind: RequestOutputKind: cumulative outputs (default), deltas, or only the final one.
     """
 
@@ -98,6 +155,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     # Filled by the engine (update_from_generation_config / update_from_tokenizer).
@@ -155,6 +213,12 @@ class SamplingParams:
                 ) from e
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        elif self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}.")
         try:
             self.output_kind = RequestOutputKind(self.output_kind)
         except ValueError as e:
@@ -286,6 +350,8 @@ class SamplingParams:
         engine filled in (stop ids, bad-word ids). `from_dict` rebuilds an equal object."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         d["output_kind"] = int(self.output_kind)
+        if self.structured_outputs is not None:
+            d["structured_outputs"] = self.structured_outputs.to_dict()
         d["all_stop_token_ids"] = sorted(self._all_stop_token_ids)
         d["bad_words_token_ids"] = self._bad_words_token_ids
         return d

@@ -145,6 +145,8 @@ class InputProcessor:
         if self.config.scheduler_config.policy != "priority" and priority != 0:
             raise ValueError("priority is only supported with scheduling_policy='priority'")
         params.validate_token_ids(vocab)
+        if params.structured_outputs is not None:
+            raise ValueError("structured_outputs is not supported yet")
         return prompt_text, token_ids, params
 
     def eos_token_id(self) -> Optional[int]:
