@@ -55,6 +55,24 @@ class ModelConfig:
                 f"({derived}, from its config)"
             )
 
+    def verify_with_parallel_config(self, parallel_config: "ParallelConfig") -> None:
+        """Raises when the model cannot be split over tensor_parallel_size ranks (vLLM's
+        check): attention heads must divide evenly; KV heads must divide evenly or be fewer
+        than the ranks and divide them (then each KV head is replicated)."""
+        tp = parallel_config.tensor_parallel_size
+        heads = int(self.hf_config.num_attention_heads)
+        if heads % tp:
+            raise ValueError(
+                f"Total number of attention heads ({heads}) must be divisible by tensor "
+                f"parallel size ({tp})."
+            )
+        kv_heads = self.num_kv_heads
+        if (kv_heads >= tp and kv_heads % tp) or (kv_heads < tp and tp % kv_heads):
+            raise ValueError(
+                f"Total number of KV heads ({kv_heads}) and tensor parallel size ({tp}) must "
+                "divide one another."
+            )
+
     @property
     def num_layers(self) -> int:
         return int(self.hf_config.num_hidden_layers)
@@ -132,17 +150,71 @@ class SchedulerConfig:
             raise ValueError(f"scheduling policy must be fcfs or priority, got {self.policy!r}")
 
 
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
+
+
 @dataclass
 class ParallelConfig:
+    """How the model is split over devices (vLLM's ParallelConfig, tensor parallelism only)."""
+
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # "uni" (the runner in the engine core's process), "mp" (a worker process per rank on this
+    # host), "ray" (Ray actors); None picks as vLLM does: uni for one rank, else ray inside a
+    # Ray placement group, else mp.
+    distributed_executor_backend: Optional[str] = None
+    disable_custom_all_reduce: bool = False  # NCCL (torch.distributed) for every all-reduce
 
-    def validate(self) -> None:
-        if self.tensor_parallel_size != 1 or self.pipeline_parallel_size != 1:
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def validate(self, device: str = "cpu") -> None:
+        """Checks the sizes and resolves distributed_executor_backend (raises on bad values)."""
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.pipeline_parallel_size != 1:
             raise ValueError(
-                "pyorch serves one GPU (or the CPU) today: tensor_parallel_size and "
-                "pipeline_parallel_size must be 1"
+                "pipeline_parallel_size must be 1: pyorch offers tensor parallelism only "
+                f"(got {self.pipeline_parallel_size})"
             )
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend {backend!r} is not supported; use one of "
+                f"{', '.join(DISTRIBUTED_EXECUTOR_BACKENDS)} (or leave it unset)"
+            )
+        if backend == "uni" and self.world_size > 1:
+            raise ValueError(
+                f"distributed_executor_backend 'uni' runs one rank; tensor_parallel_size "
+                f"{self.tensor_parallel_size} needs 'mp' or 'ray'"
+            )
+        if backend != "ray" and device.startswith("cuda") and self.world_size > 1:
+            count = torch.cuda.device_count()
+            if count < self.world_size:
+                raise ValueError(
+                    f"World size ({self.world_size}) is larger than the number of available "
+                    f"GPUs ({count}) on this host; for several hosts use "
+                    "distributed_executor_backend='ray'"
+                )
+        if backend is None:
+            self.distributed_executor_backend = (
+                "uni" if self.world_size == 1 else "ray" if _in_ray_placement_group() else "mp"
+            )
+
+
+def _in_ray_placement_group() -> bool:
+    """Whether this process runs inside a Ray placement group (vLLM then defaults to ray)."""
+    import sys
+
+    if "ray" not in sys.modules:  # never import Ray just to ask
+        return False
+    ray = sys.modules["ray"]
+    if not ray.is_initialized():
+        return False
+    from ray.util import get_current_placement_group
+
+    return get_current_placement_group() is not None
 
 
 @dataclass

@@ -143,8 +143,8 @@ class EngineCoreProc:
 
         # Replaces the bound method on this one instance: typed Any, since mypy forbids
         # assigning to a method (method-assign) through the class's type.
-        runner: Any = self.core.model_runner
-        runner.execute_model = failing_execute
+        executor: Any = self.core.model_executor
+        executor.execute_model = failing_execute
         return True
 
 
@@ -180,6 +180,7 @@ def run_engine_core(config: EngineConfig, sock: socket.socket, parent_pid: int) 
         _send_quietly(sock, (ENGINE_ERROR, f"{type(e).__name__}: {e}", traceback.format_exc()))
         sys.exit(1)
     finally:
+        core.shutdown()
         sock.close()
 
 

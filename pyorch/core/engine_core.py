@@ -1,7 +1,9 @@
 """EngineCore: the scheduler and the model runner behind one `step()`, with no tokenizer.
 
-One step is three calls: `scheduler.schedule()` -> `model_runner.execute(...)` ->
-`scheduler.update_from_output(...)`. The core takes `Request`s of token ids and returns, per
+One step is three calls: `scheduler.schedule()` -> `model_executor.execute_model(...)` (then
+`resolve`) -> `scheduler.update_from_output(...)`. The executor (`pyorch.executor.abstract`) runs
+the model runner in this process, or in one worker process (or Ray actor) per
+tensor-parallel rank. The core takes `Request`s of token ids and returns, per
 step, an `EngineCoreOutputs` batch (new token ids, finishes, logprobs) and a `SchedulerStats`
 snapshot. Tokenization, detokenization, stop strings and n > 1 fan-out live in the front end
 (`LLMEngine` in-process, or `AsyncLLM` talking to `pyorch.core.core_proc` in another process),
@@ -21,8 +23,8 @@ from pyorch.core.request import Request, RequestStatus
 from pyorch.core.scheduler import Scheduler
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.core_types import EngineCoreOutput
+from pyorch.executor.abstract import Executor
 from pyorch.executor.model_runner import ModelRunner
-from pyorch.executor.step import StepHandle
 from pyorch.metrics.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -45,17 +47,35 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.model_runner = ModelRunner(config)
-        self.model_runner.load_model()
-        num_blocks = self.model_runner.initialize_kv_cache()
+        self.model_executor = Executor.get_class(config.parallel_config)(config)
+        try:
+            num_blocks = self.model_executor.initialize()
+        except BaseException:
+            self.model_executor.shutdown()
+            raise
+        config.cache_config.num_blocks = num_blocks
         self.scheduler = Scheduler.from_config(
             config.scheduler_config, config.cache_config, num_blocks
         )
         self.num_steps = 0
-        self.timings = self.model_runner.timings  # host/device time per phase (benchmarks)
+        self.timings = self.model_executor.timings  # host/device time per phase (benchmarks)
         # Async scheduling: step N+1 is scheduled and launched before step N's tokens are read.
         self.async_scheduling = config.scheduler_config.async_scheduling
-        self._in_flight: Optional[tuple[SchedulerOutput, StepHandle]] = None
+        self._in_flight: Optional[tuple[SchedulerOutput, Any]] = None
+
+    @property
+    def model_runner(self) -> ModelRunner:
+        """The in-process model runner (the uni executor's; workers hold their own)."""
+        runner = getattr(self.model_executor, "model_runner", None)
+        if runner is None:
+            raise AttributeError(
+                f"{type(self.model_executor).__name__} runs the model in worker processes: "
+                "there is no model runner in the engine core")
+        return runner
+
+    def shutdown(self) -> None:
+        """Stops the executor's workers (idempotent)."""
+        self.model_executor.shutdown()
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -84,14 +104,14 @@ class EngineCore:
         scheduled_time = time.time()
         if not self.async_scheduling:
             scheduler_output = self._schedule()
-            handle = self.model_runner.execute_model(scheduler_output)
+            handle = self.model_executor.execute_model(scheduler_output)
             return self._finish(scheduler_output, handle, scheduled_time, scheduler_output)
         previous = self._in_flight
         if previous is not None and self._must_wait_first():
             self._in_flight = None
             return self._finish(*previous, scheduled_time, None)
         scheduler_output = self._schedule()
-        handle = self.model_runner.execute_model(scheduler_output)
+        handle = self.model_executor.execute_model(scheduler_output)
         self._in_flight = (scheduler_output, handle)
         if previous is None:  # the pipeline fills: this step is counted when it finishes
             return EngineCoreOutputs(
@@ -106,11 +126,11 @@ class EngineCore:
         self.timings.schedule += time.perf_counter() - start
         return scheduler_output
 
-    def _finish(self, scheduler_output: SchedulerOutput, handle: StepHandle,
+    def _finish(self, scheduler_output: SchedulerOutput, handle: Any,
                 scheduled_time: float,
                 newly_scheduled: Optional[SchedulerOutput]) -> EngineCoreOutputs:
         start, waited = time.perf_counter(), self.timings.wait
-        runner_output = self.model_runner.resolve(handle)
+        runner_output = self.model_executor.resolve(handle)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self.timings.update += time.perf_counter() - start - (self.timings.wait - waited)
         self.num_steps += 1

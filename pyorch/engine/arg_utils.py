@@ -47,6 +47,9 @@ class EngineArgs:
     cuda_graph_sizes: Optional[list[int]] = None  # None: 1, 2, 4, 8, 16, ... up to 512
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # None: uni for one rank, else ray inside a Ray placement group, else mp (vLLM's choice)
+    distributed_executor_backend: Optional[str] = None
+    disable_custom_all_reduce: bool = False
     device: str = "auto"  # "auto" (CUDA when available), "cuda", "cpu"
     # None: on for CUDA (overlaps scheduling with the GPU), off on the CPU (nothing to overlap)
     async_scheduling: Optional[bool] = None
@@ -69,8 +72,11 @@ class EngineArgs:
             raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
         model = self.model or default_model_path()
 
-        parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
-        parallel.validate()
+        parallel = ParallelConfig(
+            self.tensor_parallel_size, self.pipeline_parallel_size,
+            self.distributed_executor_backend, bool(self.disable_custom_all_reduce),
+        )
+        parallel.validate(device)
         model_config = ModelConfig(
             model=model, tokenizer=self.tokenizer, skip_tokenizer_init=self.skip_tokenizer_init,
             dtype=self.dtype, seed=self.seed, max_model_len=self.max_model_len,
@@ -79,6 +85,7 @@ class EngineArgs:
             cuda_graph_sizes=list(self.cuda_graph_sizes) if self.cuda_graph_sizes else None,
         )
         model_config.resolve()
+        model_config.verify_with_parallel_config(parallel)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,

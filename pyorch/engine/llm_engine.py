@@ -118,3 +118,7 @@ class LLMEngine:
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
 
+    def shutdown(self) -> None:
+        """Stops the engine core's workers (tensor parallelism); idempotent."""
+        self.engine_core.shutdown()
+

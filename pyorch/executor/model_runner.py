@@ -112,12 +112,19 @@ class ModelRunner:
 
     def kv_cache_spec(self) -> KVCacheSpec:
         mc = self.model_config
-        return KVCacheSpec(len(self.attn_layers), self.block_size, mc.num_kv_heads, mc.head_size,
+        # This rank's KV heads (the attention layers hold the tensor-parallel share).
+        num_kv_heads = self.attn_layers[0].num_kv_heads if self.attn_layers else mc.num_kv_heads
+        return KVCacheSpec(len(self.attn_layers), self.block_size, num_kv_heads, mc.head_size,
                            mc.dtype)
 
     def initialize_kv_cache(self) -> int:
         """Sizes the KV cache by measurement (GPU) or by byte budget (CPU), allocates and binds
         it. Returns the number of blocks (including the reserved null block 0)."""
+        return self.allocate_kv_cache(self.determine_num_blocks())
+
+    def determine_num_blocks(self) -> int:
+        """How many KV blocks this runner's budget holds (with tensor parallelism the executor
+        takes the smallest over the ranks and passes it to allocate_kv_cache)."""
         spec = self.kv_cache_spec()
         if self.cache_config.num_blocks is not None:
             num_blocks = self.cache_config.num_blocks
@@ -132,6 +139,11 @@ class ModelRunner:
         else:
             num_blocks = num_blocks_from_bytes(spec, DEFAULT_CPU_KV_CACHE_BYTES,
                                                "the default CPU KV budget")
+        return num_blocks
+
+    def allocate_kv_cache(self, num_blocks: int) -> int:
+        """Allocates and binds num_blocks KV blocks (then captures the CUDA graphs)."""
+        spec = self.kv_cache_spec()
         self.kv_caches = spec.allocate(num_blocks, self.device)
         for layer, cache in zip(self.attn_layers, self.kv_caches, strict=True):
             layer.kv_cache = cache

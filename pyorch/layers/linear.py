@@ -3,9 +3,11 @@
 Each layer holds `tp_rank`/`tp_size` and builds only its rank's partition of the weight;
 `weight_loader(param, loaded_weight, shard_id)` narrows a full checkpoint tensor to that
 partition and places merged shards (q/k/v, gate/up) at their offsets. Weights are created and
-used by a `LinearMethodBase` (unquantized by default), so quantized methods can be dropped in.
-NOTE(models): tensor parallelism itself (the all-reduce / all-gather) is not wired yet: tp_size
-is 1 unless a test passes another value, and forward raises where communication would be needed.
+used by a `LinearMethodBase` (unquantized by default), so quantized methods can be dropped in:
+the collectives act on the method's output, whatever the method.
+The rank and size come from `pyorch.distributed` (rank 0 of 1 outside a tensor-parallel
+worker); a column-parallel layer with gather_output all-gathers its output, a row-parallel
+layer all-reduces its partial sums (reduce_results) and adds its bias once, after the sum.
 """
 
 from abc import abstractmethod
@@ -16,6 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from pyorch import _ops
+from pyorch.distributed.communication_op import (
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
+from pyorch.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 from pyorch.layers.quantization import QuantizeMethodBase
 
 # Up to this many rows, a CUDA linear layer runs pyorch's skinny GEMM (a weight stream at ~copy
@@ -27,9 +37,8 @@ _SKINNY_GEMM_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def get_tensor_model_parallel_rank_and_size() -> tuple[int, int]:
-    """(rank, world size) of the tensor-parallel group. TODO(models): read it from the
-    distributed state once pyorch has one."""
-    return 0, 1
+    """(rank, world size) of this process in the tensor-parallel group ((0, 1) without one)."""
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -252,7 +261,7 @@ class ColumnParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., input_size] -> [..., out / tp]
         out = self.quant_method.apply(self, x, self.bias)
         if self.gather_output and self.tp_size > 1:
-            raise NotImplementedError("tensor-parallel all-gather is not available yet")
+            out = tensor_model_parallel_all_gather(out, dim=-1)
         return out
 
 
@@ -378,6 +387,16 @@ class RowParallelLinear(LinearBase):
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in / tp] -> [..., output_size]
-        if self.tp_size > 1:
-            raise NotImplementedError("tensor-parallel all-reduce is not available yet")
-        return self.quant_method.apply(self, x, self.bias)
+        """x is this rank's slice of the input ([..., input_size / tp]) when input_is_parallel,
+        else the whole input ([..., input_size]), of which the rank takes its slice."""
+        if self.tp_size == 1:
+            return self.quant_method.apply(self, x, self.bias)
+        if not self.input_is_parallel:
+            size = self.input_size_per_partition
+            x = x.narrow(-1, self.tp_rank * size, size)
+        # The bias joins one rank's partial sum, so the reduction adds it once.
+        bias = self.bias if self.tp_rank == 0 else None
+        out = self.quant_method.apply(self, x, bias)
+        if not self.reduce_results:
+            return out
+        return tensor_model_parallel_all_reduce(out)

@@ -1,8 +1,9 @@
 """Token embedding and LM head, sharded over the vocabulary (vLLM's VocabParallelEmbedding).
 
 Rank r holds rows [r * n, (r + 1) * n) of the (padded) vocabulary, n = ceil(vocab / tp_size).
-NOTE(models): with tp_size > 1 the masked lookup's all-reduce and the logits' all-gather are not
-wired yet (forward raises); loading already shards correctly.
+With tp_size > 1 each rank looks up the ids in its range (zeros elsewhere) and the ranks'
+rows are summed (all-reduce); the LM head computes its vocabulary slice of the logits and
+gathers them once, so every rank holds the full logits and samples the same tokens.
 """
 
 from typing import Any
@@ -11,6 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pyorch.distributed.communication_op import (
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
 from pyorch.layers.linear import get_tensor_model_parallel_rank_and_size, linear, set_weight_attrs
 
 
@@ -63,9 +68,13 @@ class VocabParallelEmbedding(nn.Module):
         param.data[num_rows:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] int64 -> [T, dim]
-        if self.tp_size > 1:
-            raise NotImplementedError("tensor-parallel embedding all-reduce is not available yet")
-        return F.embedding(input_ids, self.weight)
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        in_range = (input_ids >= self.vocab_start_index) & (input_ids < self.vocab_end_index)
+        local_ids = torch.where(in_range, input_ids - self.vocab_start_index, 0)
+        rows = F.embedding(local_ids, self.weight)
+        rows.masked_fill_(~in_range.unsqueeze(-1), 0)
+        return tensor_model_parallel_all_reduce(rows)
 
     def extra_repr(self) -> str:
         return (
@@ -97,9 +106,9 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [N, hidden] -> logits [N, num_embeddings] in float32."""
-        if self.tp_size > 1:
-            raise NotImplementedError("tensor-parallel logits all-gather is not available yet")
         logits = linear(hidden_states, self.weight, self.bias)
+        if self.tp_size > 1:  # [N, V / tp] per rank -> [N, padded V] everywhere
+            logits = tensor_model_parallel_all_gather(logits, dim=-1)
         return logits[:, : self.num_embeddings].float()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

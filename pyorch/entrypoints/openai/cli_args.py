@@ -74,16 +74,13 @@ def _size_or_zero(text: str) -> int:
     return value
 
 
-def _parallel_size(kind: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = _positive(kind)(text)
-        if value != 1:
-            raise argparse.ArgumentTypeError(
-                f"{kind}={value} cannot be served yet: pyorch runs one GPU (or the CPU) per "
-                f"server today; use {kind}=1")
-        return value
-
-    return parse
+def _pipeline_size(text: str) -> int:
+    value = _positive("--pipeline-parallel-size")(text)
+    if value != 1:
+        raise argparse.ArgumentTypeError(
+            f"--pipeline-parallel-size={value} cannot be served: pyorch offers tensor "
+            "parallelism only; use --tensor-parallel-size")
+    return value
 
 
 def _fraction(text: str) -> float:
@@ -231,12 +228,19 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "running ones are expected to grow into, learned from finished "
                             "requests (fewer preemptions; default: on)")
 
-    par = parser.add_argument_group("parallel", "several GPUs (not served yet: must be 1)")
-    _add(par, "--tensor-parallel-size", short="-tp", type=_parallel_size("--tensor-parallel-size"),
-         default=1, help="GPUs per model (only 1 today)")
-    _add(par, "--pipeline-parallel-size", short="-pp",
-         type=_parallel_size("--pipeline-parallel-size"), default=1,
-         help="pipeline stages (only 1 today)")
+    par = parser.add_argument_group("parallel", "several GPUs (tensor parallelism)")
+    _add(par, "--tensor-parallel-size", short="-tp", type=_positive("--tensor-parallel-size"),
+         default=1, help="ranks the model is split over: GPUs, or CPU processes with "
+                         "--device cpu (default: %(default)s)")
+    _add(par, "--pipeline-parallel-size", short="-pp", type=_pipeline_size, default=1,
+         help="pipeline stages (only 1: pyorch offers tensor parallelism only)")
+    _add(par, "--distributed-executor-backend", default=None, choices=["mp", "ray", "uni"],
+         help="where the ranks run: mp (a worker process per rank on this host), ray (Ray "
+              "actors, several hosts), uni (in the engine core; one rank). Default: uni for one "
+              "rank, ray inside a Ray placement group, else mp")
+    _add(par, "--disable-custom-all-reduce", "bool", action=argparse.BooleanOptionalAction,
+         default=False, help="use NCCL for every all-reduce instead of pyorch's custom kernel "
+                             "(default: off)")
 
 
 # ---- --config FILE.yaml ------------------------------------------------------------------------
@@ -353,7 +357,9 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, load_format=args.load_format,
         enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size, device=args.device,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend,
+        disable_custom_all_reduce=args.disable_custom_all_reduce, device=args.device,
         async_scheduling=args.async_scheduling, reserve_kv_for_growth=args.reserve_kv_for_growth,
     )
 

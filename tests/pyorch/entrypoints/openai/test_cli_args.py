@@ -51,10 +51,20 @@ def test_human_int(text, value):
     assert cli_args.human_int(text) == value
 
 
+def test_parallel_flags_map_to_engine_args():
+    e = cli_args.engine_args_from(parse(["-tp", "2", "--distributed-executor-backend", "ray",
+                                         "--disable-custom-all-reduce"]))
+    assert (e.tensor_parallel_size, e.distributed_executor_backend) == (2, "ray")
+    assert e.disable_custom_all_reduce is True
+    e = cli_args.engine_args_from(parse(["--tensor-parallel-size", "4"]))
+    assert (e.tensor_parallel_size, e.distributed_executor_backend) == (4, None)
+    assert e.disable_custom_all_reduce is False
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--tensor-parallel-size", "2"], "cannot be served yet"),
-    (["-tp", "4"], "cannot be served yet"),
-    (["--pipeline-parallel-size", "2"], "cannot be served yet"),
+    (["-tp", "0"], "must be >= 1"),
+    (["--pipeline-parallel-size", "2"], "tensor parallelism only"),
+    (["--distributed-executor-backend", "external_launcher"], "invalid choice"),
     (["--max-model-len", "lots"], "expected an integer"),
     (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
     (["--block-size", "3"], "invalid choice"),
@@ -96,7 +106,7 @@ def test_config_file_errors(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
-def test_pyorch_serve_dispatcher_help_groups_and_tp_refusal():
+def test_pyorch_serve_dispatcher_help_groups_and_pp_refusal():
     """Through the real dispatcher (`pyorch serve`), in a subprocess as users run it."""
     run = [sys.executable, "-m", "pyorch.cli.main", "serve"]
     help_text = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=60)
@@ -106,6 +116,9 @@ def test_pyorch_serve_dispatcher_help_groups_and_tp_refusal():
     for flag in ("--api-key", "--served-model-name", "--chat-template", "--allowed-origins",
                  "--root-path", "--uvicorn-log-level", "--config", "--enable-prefix-caching"):
         assert flag in help_text.stdout
-    refused = subprocess.run(run + ["-tp", "2"], capture_output=True, text=True, timeout=60)
+    for flag in ("--tensor-parallel-size", "--distributed-executor-backend",
+                 "--disable-custom-all-reduce"):
+        assert flag in help_text.stdout
+    refused = subprocess.run(run + ["-pp", "2"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2
-    assert "tensor-parallel-size=2 cannot be served yet" in refused.stderr
+    assert "pipeline-parallel-size=2 cannot be served" in refused.stderr

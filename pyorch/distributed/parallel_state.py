@@ -1,0 +1,142 @@
+"""Process groups of one engine: the world of workers and its tensor-parallel group.
+
+Each worker process calls `init_distributed_environment` (torch.distributed: gloo on the CPU,
+NCCL on CUDA) and then `initialize_model_parallel(tensor_parallel_size)`. Layers ask for their
+position with `get_tensor_model_parallel_rank()` / `..._world_size()`; a process that never set
+up a group (one GPU, the CPU engine in-process) is rank 0 of 1, and no collective runs then.
+
+Pipeline parallelism is not offered, so the tensor-parallel group is the whole world.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupCoordinator:
+    """One process group and this process's place in it.
+
+    `device_communicator` is the custom all-reduce (pyorch.distributed.custom_all_reduce) when
+    one was set up for a CUDA group; collectives it cannot take go to torch.distributed.
+    """
+
+    ranks: list[int]
+    rank_in_group: int
+    group: Any  # torch.distributed ProcessGroup (None: a group of one)
+    device: torch.device
+    device_communicator: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank_in_group == 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of x over the group (a new tensor, or x itself for a group of one)."""
+        if self.world_size == 1:
+            return x
+        comm = self.device_communicator
+        if comm is not None and x.is_cuda:
+            out = comm.all_reduce(x)
+            if out is not None:
+                return out
+        out = x.clone() if not x.is_contiguous() else x
+        dist.all_reduce(out, group=self.group)
+        return out
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Concatenation along `dim` of every rank's x (same shape on every rank), rank order."""
+        if self.world_size == 1:
+            return x
+        dim = dim % x.dim()
+        x = x.contiguous()
+        # Gather into a leading rank dimension, then move it next to `dim`.
+        out = torch.empty((self.world_size, *x.shape), dtype=x.dtype, device=x.device)
+        # gloo wants the output flat along dim 0: [world_size * x.shape[0], ...].
+        dist.all_gather_into_tensor(out.view(-1, *x.shape[1:]), x, group=self.group)
+        out = out.movedim(0, dim)
+        return out.reshape(*x.shape[:dim], self.world_size * x.shape[dim], *x.shape[dim + 1 :])
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self.group)
+
+
+_WORLD: Optional[GroupCoordinator] = None
+_TP: Optional[GroupCoordinator] = None
+
+
+def init_distributed_environment(
+    world_size: int, rank: int, distributed_init_method: str, local_rank: int, backend: str
+) -> None:
+    """Joins the world of workers (torch.distributed.init_process_group) once per process."""
+    global _WORLD
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"distributed backend must be gloo or nccl, got {backend!r}")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend, init_method=distributed_init_method, world_size=world_size,
+            rank=rank,
+        )
+    if dist.get_world_size() != world_size:
+        raise RuntimeError(
+            f"torch.distributed already has a world of {dist.get_world_size()}, not {world_size}"
+        )
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    _WORLD = GroupCoordinator(list(range(world_size)), rank, dist.group.WORLD, device)
+
+
+def initialize_model_parallel(tensor_parallel_size: int) -> None:
+    """Builds the tensor-parallel group over the whole world (no pipeline stages)."""
+    global _TP
+    if _WORLD is None:
+        raise RuntimeError("init_distributed_environment() must run before "
+                           "initialize_model_parallel()")
+    if tensor_parallel_size != _WORLD.world_size:
+        raise ValueError(
+            f"tensor_parallel_size {tensor_parallel_size} must equal the world size "
+            f"{_WORLD.world_size} (pipeline parallelism is not offered)"
+        )
+    _TP = GroupCoordinator(list(_WORLD.ranks), _WORLD.rank_in_group, _WORLD.group,
+                           _WORLD.device)
+
+
+def model_parallel_is_initialized() -> bool:
+    return _TP is not None
+
+
+def get_tp_group() -> GroupCoordinator:
+    if _TP is None:
+        raise RuntimeError("the tensor-parallel group is not initialized")
+    return _TP
+
+
+def get_tensor_model_parallel_rank() -> int:
+    return _TP.rank_in_group if _TP is not None else 0
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    return _TP.world_size if _TP is not None else 1
+
+
+def destroy_model_parallel() -> None:
+    """Drops the groups and leaves torch.distributed (a worker's last act)."""
+    global _TP, _WORLD
+    if _TP is not None and _TP.device_communicator is not None:
+        _TP.device_communicator.close()
+    _TP = None
+    _WORLD = None
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,106 @@
+"""A worker: one rank of the model, with its model runner (vLLM's Worker).
+
+The same class runs in the engine core's process (uniproc), in a worker process (mp) and in a
+Ray actor. `init_device` joins torch.distributed (gloo on the CPU, NCCL on CUDA) and the
+tensor-parallel group; everything after that is the model runner's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from pyorch.config import EngineConfig
+from pyorch.core.scheduler_output import SchedulerOutput
+from pyorch.executor.model_runner import ModelRunner
+from pyorch.executor.step import ModelRunnerOutput, StepHandle
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """Rank `rank` of `world_size`; `local_rank` is its GPU on this host."""
+
+    def __init__(self, config: EngineConfig, rank: int, local_rank: int,
+                 distributed_init_method: str) -> None:
+        self.config = config  # the worker's own copy (unpickled in its process)
+        self.rank = rank
+        self.local_rank = local_rank
+        self.distributed_init_method = distributed_init_method
+        self.world_size = config.parallel_config.world_size
+        mc = self.config.model_config
+        if mc.device.startswith("cuda"):
+            mc.device = f"cuda:{local_rank}"
+        self.model_runner: ModelRunner | None = None
+
+    @property
+    def runner(self) -> ModelRunner:
+        if self.model_runner is None:
+            raise RuntimeError(f"worker {self.rank}: init_device() has not run")
+        return self.model_runner
+
+    def init_device(self) -> None:
+        """Binds the GPU (or CPU threads), joins the process group and builds the runner."""
+        from pyorch.distributed.parallel_state import (
+            init_distributed_environment,
+            initialize_model_parallel,
+        )
+
+        mc = self.config.model_config
+        if mc.device.startswith("cuda"):
+            torch.cuda.set_device(self.local_rank)
+            backend = "nccl"
+        else:
+            # Ranks on one host share its cores; each takes an equal part of them.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
+            backend = "gloo"
+        if self.world_size > 1:
+            init_distributed_environment(self.world_size, self.rank,
+                                         self.distributed_init_method, self.local_rank, backend)
+            initialize_model_parallel(self.config.parallel_config.tensor_parallel_size)
+            if backend == "nccl":
+                self._init_custom_all_reduce()
+        self.model_runner = ModelRunner(self.config)
+
+    def _init_custom_all_reduce(self) -> None:
+        """Sets up pyorch's custom all-reduce for the group when the GPUs can use it."""
+        from pyorch.distributed.custom_all_reduce import CustomAllreduce
+        from pyorch.distributed.parallel_state import get_tp_group
+
+        if self.config.parallel_config.disable_custom_all_reduce:
+            return
+        group = get_tp_group()
+        group.device_communicator = CustomAllreduce.create(group)
+
+    def load_model(self) -> None:
+        self.runner.load_model()
+
+    def determine_num_blocks(self) -> int:
+        return self.runner.determine_num_blocks()
+
+    def initialize_kv_cache(self, num_blocks: int) -> int:
+        return self.runner.allocate_kv_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        return self.runner.execute_model(scheduler_output)
+
+    def resolve(self, handle: StepHandle) -> ModelRunnerOutput:
+        return self.runner.resolve(handle)
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Runs a step and waits for its tokens."""
+        return self.runner.execute(scheduler_output)
+
+    def ping(self) -> int:
+        return self.rank
+
+    def get_timings(self) -> Any:
+        return self.runner.timings
+
+    def shutdown(self) -> None:
+        from pyorch.distributed.parallel_state import destroy_model_parallel
+
+        destroy_model_parallel()
