@@ -72,6 +72,20 @@
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS
 
+// CUDA-only: the custom all-reduce of tensor parallelism (cpp/ops/custom_all_reduce.cpp). The
+// tensor ops are schemas; the IPC helpers map memory into the process (state, not tensor ops) and
+// are bound with pybind11.
+void custom_all_reduce(at::Tensor& out, const at::Tensor& input,
+                       const std::vector<int64_t>& buffers, int64_t rank, int64_t max_bytes,
+                       int64_t algo);
+void custom_all_reduce_init_buffer(at::Tensor& buffer);
+namespace pyorch {
+int64_t custom_all_reduce_buffer_size(int64_t max_bytes);
+std::string ipc_handle_of(int64_t ptr);
+int64_t ipc_open(const std::string& handle);
+void ipc_close(int64_t ptr);
+}  // namespace pyorch
+
 // CPU kernels (cpp/cpu/*.cpp).
 namespace pyorch::cpu {
 PYORCH_DECLARE_OPS

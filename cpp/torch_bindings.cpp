@@ -101,6 +101,18 @@ TORCH_LIBRARY(pyorch, m) {
       "skinny_gemm_fused(Tensor! out, Tensor input, Tensor weight, Tensor? bias, "
       "Tensor? norm_weight, float epsilon, int epilogue, bool? pdl=None) -> ()");
 
+  // ---- custom all-reduce (tensor parallelism; CUDA only) ---------------------------------------
+  // out = the sum over the ranks of each rank's input, identical on every rank. input, out: [n]
+  // contiguous fp32/fp16/bf16, n * element size a multiple of 16 and <= max_bytes; buffers: the
+  // address of every rank's IPC buffer in this process (own at [rank]), each of
+  // pyorch._C.custom_all_reduce_buffer_size(max_bytes) bytes; algo 0 auto, 1 one-shot, 2 two-shot.
+  // Every rank calls it with the same sizes, in the same order (pyorch/distributed/).
+  m.def(
+      "custom_all_reduce(Tensor! out, Tensor input, int[] buffers, int rank, int max_bytes, "
+      "int algo) -> ()");
+  // Zeroes the signal area of a fresh buffer (uint8, on the rank's GPU), before the first call.
+  m.def("custom_all_reduce_init_buffer(Tensor! buffer) -> ()");
+
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
@@ -140,6 +152,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("swap_blocks", c10::kCUDA, &swap_blocks);
   m.impl("skinny_gemm", c10::kCUDA, &skinny_gemm);
   m.impl("skinny_gemm_fused", c10::kCUDA, &skinny_gemm_fused);
+  m.impl("custom_all_reduce", c10::kCUDA, &custom_all_reduce);
+  m.impl("custom_all_reduce_init_buffer", c10::kCUDA, &custom_all_reduce_init_buffer);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
@@ -160,6 +174,16 @@ PYBIND11_MODULE(_C, m) {
         "Turn programmatic dependent launch on or off for the pyorch kernels launched after.");
   m.def("pdl_enabled", &pyorch::pdl_enabled,
         "Whether pyorch kernels launch with PDL on the current device (setting and GPU).");
+  // CUDA IPC for the custom all-reduce: a buffer's handle (64 bytes) to share with the peers,
+  // mapping a peer's handle into this process (on the current device) and unmapping it.
+  m.def("custom_all_reduce_buffer_size", &pyorch::custom_all_reduce_buffer_size,
+        py::arg("max_bytes"), "Bytes of one rank's custom all-reduce buffer.");
+  m.def(
+      "ipc_handle_of", [](int64_t ptr) { return py::bytes(pyorch::ipc_handle_of(ptr)); },
+      py::arg("ptr"), "The CUDA IPC handle (bytes) of a cudaMalloc'd device address.");
+  m.def("ipc_open", &pyorch::ipc_open, py::arg("handle"),
+        "Maps a peer's CUDA IPC handle; returns the device address in this process.");
+  m.def("ipc_close", &pyorch::ipc_close, py::arg("ptr"), "Unmaps an address from ipc_open.");
 #endif
   // @pybind (keep this marker)
 }

@@ -365,3 +365,21 @@ def skinny_gemm_fused(
     _ops.skinny_gemm_fused(
         out, input, weight, bias, norm_weight, epsilon, SKINNY_EPILOGUES[epilogue], pdl
     )
+
+
+def custom_all_reduce(
+    out: torch.Tensor,  # [n]: the sum over the ranks (identical on every rank)
+    input: torch.Tensor,  # [n] contiguous fp32/fp16/bf16, n * element size % 16 == 0
+    buffers: list[int],  # [world_size] every rank's IPC buffer address in this process
+    rank: int,
+    max_bytes: int,  # the size the buffers were made for (input's bytes <= max_bytes)
+    algo: int = 0,  # 0 auto, 1 one-shot, 2 two-shot
+) -> None:
+    """pyorch's all-reduce over CUDA-IPC buffers (CUDA only; pyorch.distributed.custom_all_reduce
+    sets the buffers up)."""
+    torch.ops.pyorch.custom_all_reduce(out, input, buffers, rank, max_bytes, algo)
+
+
+def custom_all_reduce_init_buffer(buffer: torch.Tensor) -> None:
+    """Zeroes the signal area of a fresh custom all-reduce buffer (uint8, on the rank's GPU)."""
+    torch.ops.pyorch.custom_all_reduce_init_buffer(buffer)

@@ -43,6 +43,15 @@ def _fence() -> None:
         pass
 
 
+def _slot_free(row: np.ndarray, oldest: int) -> Callable[[], bool]:
+    """Whether every reader acknowledged the chunk `oldest` that last used the slot."""
+    return lambda: bool((row[_FIELDS:] >= oldest).all())
+
+
+def _published(row: np.ndarray, seq: int) -> Callable[[], bool]:
+    return lambda: bool(row[0] == seq)
+
+
 @dataclass(frozen=True)
 class ShmQueueHandle:
     """What another process needs to attach to a queue (picklable)."""
@@ -65,9 +74,11 @@ class ShmBroadcastQueue:
         self.reader_rank = reader_rank
         num_cols = _FIELDS + handle.num_readers
         meta_bytes = handle.num_slots * num_cols * 8
+        buf = shm.buf
+        assert buf is not None  # an open segment
         self._meta = np.ndarray((handle.num_slots, num_cols), dtype=np.int64,
-                                buffer=shm.buf[:meta_bytes])
-        self._data = shm.buf[meta_bytes:]
+                                buffer=buf[:meta_bytes])
+        self._data = buf[meta_bytes:]
         self._next_seq = 1  # the next chunk this side writes or reads
         self.spin_s = 0.0
         self.check: Callable[[], None] = lambda: None
@@ -83,8 +94,9 @@ class ShmBroadcastQueue:
             raise ValueError("a queue needs at least one reader, one slot and one byte a slot")
         size = num_slots * (_FIELDS + num_readers) * 8 + num_slots * slot_bytes
         shm = shared_memory.SharedMemory(create=True, size=size)
-        shm.buf[: num_slots * (_FIELDS + num_readers) * 8] = bytes(
-            num_slots * (_FIELDS + num_readers) * 8)
+        meta_bytes = num_slots * (_FIELDS + num_readers) * 8
+        assert shm.buf is not None  # just created
+        shm.buf[:meta_bytes] = bytes(meta_bytes)
         handle = ShmQueueHandle(shm.name, num_readers, num_slots, slot_bytes)
         return cls(handle, shm, reader_rank, owner=True)
 
@@ -152,8 +164,7 @@ class ShmBroadcastQueue:
             slot = (seq - 1) % h.num_slots
             row = self._meta[slot]
             oldest = seq - h.num_slots
-            self._wait(lambda row=row, oldest=oldest: bool((row[_FIELDS:] >= oldest).all()),
-                       timeout_s, "waiting for readers to free a slot")
+            self._wait(_slot_free(row, oldest), timeout_s, "waiting for readers to free a slot")
             chunk = view[offset : offset + h.slot_bytes]
             start = slot * h.slot_bytes
             self._data[start : start + len(chunk)] = chunk
@@ -187,8 +198,7 @@ class ShmBroadcastQueue:
             seq = self._next_seq
             slot = (seq - 1) % h.num_slots
             row = self._meta[slot]
-            self._wait(lambda row=row, seq=seq: bool(row[0] == seq), timeout_s,
-                       "waiting for a message")
+            self._wait(_published(row, seq), timeout_s, "waiting for a message")
             _fence()
             num_bytes, is_last = int(row[1]), bool(row[2])
             start = slot * h.slot_bytes

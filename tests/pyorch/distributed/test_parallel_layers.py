@@ -22,7 +22,7 @@ def _load(layer: torch.nn.Module, tensors: dict[str, torch.Tensor], shard_id=Non
         if shard_id is None:
             loader(param, tensors[name])
         else:
-            for sid, full in zip(shard_id, tensors[name]):
+            for sid, full in zip(shard_id, tensors[name], strict=True):
                 loader(param, full, sid)
 
 
@@ -31,7 +31,6 @@ def _check_linears(rank: int, world_size: int) -> None:
     from pyorch.layers.linear import (
         ColumnParallelLinear,
         MergedColumnParallelLinear,
-        QKVParallelLinear,
         RowParallelLinear,
     )
 
@@ -94,7 +93,7 @@ def _check_qkv_kv_replication(rank: int, world_size: int) -> None:
     assert (qkv.num_heads, qkv.num_kv_heads, qkv.num_kv_head_replicas) == (2, 1, 2)
     for name, parts in (("weight", (q, k, v)), ("bias", (bq, bk, bv))):
         param = getattr(qkv, name)
-        for sid, full in zip("qkv", parts):
+        for sid, full in zip("qkv", parts, strict=True):
             qkv.weight_loader(param, full, sid)
     x = torch.randn(5, 32)
     out = qkv(x)

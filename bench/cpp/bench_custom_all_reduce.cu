@@ -1,0 +1,291 @@
+// Benchmark of pyorch's custom all-reduce against NCCL on the GPUs of one host, in one process
+// (no torch, no Python). The kernel reads the peers' buffers through peer access (the same
+// addresses CUDA IPC maps in the multi-process engine), so it runs exactly as in the engine.
+// One row per message size and algorithm: time_us (median over --iters samples; each sample
+// times --inner back-to-back all-reduces on every GPU and takes the slowest GPU, so the host's
+// launch skew between GPUs is amortized), algbw_GBs = bytes / time and busbw_GBs = algbw *
+// 2 (n - 1) / n (nccl-tests' bus bandwidth), and for the kernel its speedup over NCCL at that size.
+// Every configuration first checks the result on every GPU against the exact sum.
+// Flags: --ranks 2 --dtype bf16|fp16|fp32 --min-bytes 4096 --max-bytes 268435456 (x2 steps)
+//        --algos one_shot,two_shot,auto,nccl --iters 20 --inner 20 --warmup 5 --json FILE
+// NCCL comes from the CUDA toolkit or the nvidia-nccl wheel (CMakeLists.txt); a build without it
+// runs the kernel alone and says so in each row (nccl_us=nan).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/bench_util.h"
+#include "pyorch/custom_all_reduce.h"
+
+#ifdef PYORCH_BENCH_NCCL
+#include <nccl.h>
+#define NCCL_CHECK(expr)                                                                          \
+  do {                                                                                            \
+    ncclResult_t r_ = (expr);                                                                     \
+    if (r_ != ncclSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, ncclGetErrorString(r_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+#endif
+
+namespace {
+
+using pyorch::AllReduceAlgo;
+using pyorch::DType;
+using pyorch::bench::Args;
+using pyorch::bench::Report;
+
+size_t dtype_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+// input[i] = (i % 7) + rank: small integers, so every dtype holds each sum exactly.
+__global__ void fill_kernel(void* data, int64_t n, DType dtype, int rank) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = static_cast<float>(i % 7 + rank);
+    switch (dtype) {
+      case DType::kFloat32: static_cast<float*>(data)[i] = v; break;
+      case DType::kFloat16: static_cast<__half*>(data)[i] = __float2half(v); break;
+      default: static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16(v); break;
+    }
+  }
+}
+
+// Counts the elements of out that differ from the exact sum over num_ranks ranks.
+__global__ void check_kernel(const void* out, int64_t n, DType dtype, int num_ranks,
+                             unsigned long long* num_bad) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float got;
+    switch (dtype) {
+      case DType::kFloat32: got = static_cast<const float*>(out)[i]; break;
+      case DType::kFloat16: got = __half2float(static_cast<const __half*>(out)[i]); break;
+      default: got = __bfloat162float(static_cast<const __nv_bfloat16*>(out)[i]); break;
+    }
+    const float want = static_cast<float>(num_ranks * (i % 7) + num_ranks * (num_ranks - 1) / 2);
+    if (got != want) atomicAdd(num_bad, 1ull);
+  }
+}
+
+struct Rank {
+  int device;
+  cudaStream_t stream;
+  void* input;
+  void* out;
+  void* buffer;  // the custom all-reduce buffer (signals + two message buffers)
+  unsigned long long* num_bad;
+};
+
+// Median over iters samples of the slowest rank's time per call of `inner` calls of fn(rank).
+double time_all_us(std::vector<Rank>& ranks, const std::function<void(Rank&)>& fn, int warmup,
+                   int iters, int inner) {
+  for (int i = 0; i < warmup; ++i)
+    for (auto& r : ranks) {
+      BENCH_CHECK(cudaSetDevice(r.device));
+      fn(r);
+    }
+  for (auto& r : ranks) {
+    BENCH_CHECK(cudaSetDevice(r.device));
+    BENCH_CHECK(cudaStreamSynchronize(r.stream));
+  }
+  const size_t n = ranks.size();
+  std::vector<cudaEvent_t> start(n), stop(n);
+  for (size_t k = 0; k < n; ++k) {
+    BENCH_CHECK(cudaSetDevice(ranks[k].device));
+    BENCH_CHECK(cudaEventCreate(&start[k]));
+    BENCH_CHECK(cudaEventCreate(&stop[k]));
+  }
+  std::vector<double> samples;
+  for (int it = 0; it < iters; ++it) {
+    for (size_t k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaSetDevice(ranks[k].device));
+      BENCH_CHECK(cudaEventRecord(start[k], ranks[k].stream));
+    }
+    for (int j = 0; j < inner; ++j)
+      for (auto& r : ranks) {
+        BENCH_CHECK(cudaSetDevice(r.device));
+        fn(r);
+      }
+    double slowest = 0;
+    for (size_t k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaSetDevice(ranks[k].device));
+      BENCH_CHECK(cudaEventRecord(stop[k], ranks[k].stream));
+    }
+    for (size_t k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaEventSynchronize(stop[k]));
+      float ms = 0;
+      BENCH_CHECK(cudaEventElapsedTime(&ms, start[k], stop[k]));
+      slowest = std::max(slowest, 1000.0 * ms / inner);
+    }
+    samples.push_back(slowest);
+  }
+  for (size_t k = 0; k < n; ++k) {
+    BENCH_CHECK(cudaEventDestroy(start[k]));
+    BENCH_CHECK(cudaEventDestroy(stop[k]));
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// Runs one all-reduce of numel elements on every rank, then counts wrong outputs.
+uint64_t check_all(std::vector<Rank>& ranks, const std::function<void(Rank&)>& fn, int64_t numel,
+                   DType dtype) {
+  for (auto& r : ranks) {
+    BENCH_CHECK(cudaSetDevice(r.device));
+    BENCH_CHECK(cudaMemsetAsync(r.out, 0, numel * dtype_bytes(dtype), r.stream));
+    BENCH_CHECK(cudaMemsetAsync(r.num_bad, 0, sizeof(unsigned long long), r.stream));
+    BENCH_CHECK(cudaStreamSynchronize(r.stream));
+  }
+  for (auto& r : ranks) {
+    BENCH_CHECK(cudaSetDevice(r.device));
+    fn(r);
+  }
+  uint64_t bad = 0;
+  for (auto& r : ranks) {
+    BENCH_CHECK(cudaSetDevice(r.device));
+    check_kernel<<<1024, 256, 0, r.stream>>>(r.out, numel, dtype, static_cast<int>(ranks.size()),
+                                             r.num_bad);
+    unsigned long long host = 0;
+    BENCH_CHECK(cudaMemcpyAsync(&host, r.num_bad, sizeof(host), cudaMemcpyDeviceToHost, r.stream));
+    BENCH_CHECK(cudaStreamSynchronize(r.stream));
+    bad += host;
+  }
+  return bad;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args(argc, argv);
+  Report report(args);
+  const int num_ranks = static_cast<int>(args.num("ranks", 2));
+  const std::string dtype_name = args.str("dtype", "bf16");
+  const DType dtype = dtype_name == "fp32"   ? DType::kFloat32
+                      : dtype_name == "fp16" ? DType::kFloat16
+                                             : DType::kBFloat16;
+  const int64_t min_bytes = args.num("min-bytes", 4096);
+  const int64_t max_bytes = args.num("max-bytes", int64_t(256) << 20);
+  const int iters = static_cast<int>(args.num("iters", 20));
+  const int inner = static_cast<int>(args.num("inner", 20));
+  const int warmup = static_cast<int>(args.num("warmup", 5));
+  const std::vector<std::string> algos =
+      args.strs("algos", {"one_shot", "two_shot", "auto", "nccl"});
+  int device_count = 0;
+  BENCH_CHECK(cudaGetDeviceCount(&device_count));
+  if (device_count < num_ranks || num_ranks < 2) {
+    std::fprintf(stderr, "--ranks %d needs that many GPUs (this host has %d)\n", num_ranks,
+                 device_count);
+    return 1;
+  }
+
+  std::vector<Rank> ranks(num_ranks);
+  std::vector<void*> buffers(num_ranks);
+  for (int k = 0; k < num_ranks; ++k) {
+    Rank& r = ranks[k];
+    r.device = k;
+    BENCH_CHECK(cudaSetDevice(k));
+    for (int p = 0; p < num_ranks; ++p) {
+      if (p == k) continue;
+      int ok = 0;
+      BENCH_CHECK(cudaDeviceCanAccessPeer(&ok, k, p));
+      if (!ok) {
+        std::fprintf(stderr, "GPU %d cannot access GPU %d: no custom all-reduce here\n", k, p);
+        return 1;
+      }
+      BENCH_CHECK(cudaDeviceEnablePeerAccess(p, 0));
+    }
+    BENCH_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    const int64_t max_numel = max_bytes / static_cast<int64_t>(dtype_bytes(dtype));
+    BENCH_CHECK(cudaMalloc(&r.input, max_bytes));
+    BENCH_CHECK(cudaMalloc(&r.out, max_bytes));
+    BENCH_CHECK(cudaMalloc(&r.buffer, pyorch::custom_all_reduce_buffer_bytes(max_bytes)));
+    BENCH_CHECK(cudaMalloc(&r.num_bad, sizeof(unsigned long long)));
+    BENCH_CHECK(pyorch::custom_all_reduce_init_buffer(r.buffer, r.stream));
+    fill_kernel<<<1024, 256, 0, r.stream>>>(r.input, max_numel, dtype, k);
+    BENCH_CHECK(cudaGetLastError());
+    BENCH_CHECK(cudaStreamSynchronize(r.stream));
+    buffers[k] = r.buffer;
+  }
+#ifdef PYORCH_BENCH_NCCL
+  std::vector<ncclComm_t> comms(num_ranks);
+  std::vector<int> devs(num_ranks);
+  for (int k = 0; k < num_ranks; ++k) devs[k] = k;
+  NCCL_CHECK(ncclCommInitAll(comms.data(), num_ranks, devs.data()));
+  const ncclDataType_t nccl_type = dtype == DType::kFloat32   ? ncclFloat32
+                                   : dtype == DType::kFloat16 ? ncclFloat16
+                                                              : ncclBfloat16;
+#endif
+  cudaDeviceProp prop;
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+    const int64_t numel = bytes / static_cast<int64_t>(dtype_bytes(dtype));
+    double nccl_us = NAN;
+#ifdef PYORCH_BENCH_NCCL
+    {
+      // One group call per round: NCCL needs every rank's call inside ncclGroupStart/End when
+      // one thread drives all GPUs.
+      auto nccl_all = [&](Rank& r) {
+        if (r.device == 0) NCCL_CHECK(ncclGroupStart());
+        NCCL_CHECK(
+            ncclAllReduce(r.input, r.out, numel, nccl_type, ncclSum, comms[r.device], r.stream));
+        if (r.device == num_ranks - 1) NCCL_CHECK(ncclGroupEnd());
+      };
+      const uint64_t bad = check_all(ranks, nccl_all, numel, dtype);
+      nccl_us = time_all_us(ranks, nccl_all, warmup, iters, inner);
+      if (std::find(algos.begin(), algos.end(), "nccl") != algos.end()) {
+        const double algbw = bytes / (nccl_us * 1e3);
+        report.add({{"op", "all_reduce"},
+                    {"impl", "nccl"},
+                    {"algo", "nccl"},
+                    {"dtype", dtype_name},
+                    {"ranks", std::to_string(num_ranks)},
+                    {"bytes", std::to_string(bytes)},
+                    {"time_us", Report::fmt(nccl_us)},
+                    {"algbw_GBs", Report::fmt(algbw)},
+                    {"busbw_GBs", Report::fmt(algbw * 2.0 * (num_ranks - 1) / num_ranks)},
+                    {"wrong", std::to_string(bad)},
+                    {"device", prop.name}});
+      }
+    }
+#endif
+    for (const std::string& name : algos) {
+      if (name == "nccl") continue;
+      const AllReduceAlgo algo = name == "one_shot"   ? AllReduceAlgo::kOneShot
+                                 : name == "two_shot" ? AllReduceAlgo::kTwoShot
+                                                      : AllReduceAlgo::kAuto;
+      auto custom = [&](Rank& r) {
+        BENCH_CHECK(pyorch::custom_all_reduce(r.out, r.input, buffers.data(), r.device, num_ranks,
+                                              max_bytes, dtype, numel, algo, r.stream));
+      };
+      const uint64_t bad = check_all(ranks, custom, numel, dtype);
+      const double us = time_all_us(ranks, custom, warmup, iters, inner);
+      const double algbw = bytes / (us * 1e3);
+      const AllReduceAlgo picked =
+          algo == AllReduceAlgo::kAuto ? pyorch::custom_all_reduce_pick(bytes, num_ranks) : algo;
+      report.add({{"op", "all_reduce"},
+                  {"impl", "custom"},
+                  {"algo", name},
+                  {"picked", picked == AllReduceAlgo::kOneShot ? "one_shot" : "two_shot"},
+                  {"dtype", dtype_name},
+                  {"ranks", std::to_string(num_ranks)},
+                  {"bytes", std::to_string(bytes)},
+                  {"time_us", Report::fmt(us)},
+                  {"algbw_GBs", Report::fmt(algbw)},
+                  {"busbw_GBs", Report::fmt(algbw * 2.0 * (num_ranks - 1) / num_ranks)},
+                  {"nccl_us", std::isnan(nccl_us) ? "nan" : Report::fmt(nccl_us)},
+                  {"speedup_vs_nccl", std::isnan(nccl_us) ? "nan" : Report::fmt(nccl_us / us)},
+                  {"wrong", std::to_string(bad)},
+                  {"device", prop.name}});
+    }
+  }
+#ifdef PYORCH_BENCH_NCCL
+  for (auto& c : comms) ncclCommDestroy(c);
+#endif
+  return 0;
+}

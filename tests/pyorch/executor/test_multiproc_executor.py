@@ -1,0 +1,159 @@
+"""Tensor parallelism end to end on the CPU: `LLM(tensor_parallel_size=2)` runs two worker
+processes (gloo) and must give the same greedy tokens as one rank, token for token.
+
+Tiny random Llama (2 KV heads: one per rank) and Qwen3 with one KV head (replicated on both
+ranks, q/k norms on sharded heads), synchronous and async scheduling; a worker killed mid-run
+takes the engine down with a clear error; a model that cannot be split is refused up front.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+from pyorch import LLM, SamplingParams
+from pyorch.engine.arg_utils import EngineArgs
+from pyorch.executor.multiproc_executor import MultiprocExecutor, WorkerDiedError
+from tests.pyorch.entrypoints.test_llm import _prompts, _tiny_config
+
+transformers = pytest.importorskip("transformers")
+
+MAX_TOKENS = 10
+PROMPT_LENS = [1, 7, 17, 40]
+DEADLINE_S = 120.0  # any call that takes longer has hung
+
+
+_MODELS: dict[str, tuple[str, int]] = {}
+
+
+def _tiny_model(arch: str, tmp_path_factory) -> tuple[str, int]:
+    """(checkpoint folder, vocab size), saved once per test session."""
+    if arch in _MODELS:
+        return _MODELS[arch]
+    torch.manual_seed(0)
+    config = _tiny_config("qwen3" if arch == "qwen3_kv1" else arch)
+    if arch == "qwen3_kv1":
+        config.num_key_value_heads = 1  # fewer KV heads than ranks: replicated
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    path = tmp_path_factory.mktemp(f"tp_{arch}")
+    model.save_pretrained(path, safe_serialization=True)
+    _MODELS[arch] = (str(path), config.vocab_size)
+    return _MODELS[arch]
+
+
+@pytest.fixture
+def tiny_llama(tmp_path_factory) -> tuple[str, int]:
+    return _tiny_model("llama", tmp_path_factory)
+
+
+def _llm(path: str, **kwargs) -> LLM:
+    args = dict(skip_tokenizer_init=True, dtype=torch.float32, max_model_len=256, seed=0,
+                device="cpu", kv_cache_memory_bytes=8 << 20)
+    args.update(kwargs)
+    return LLM(path, **args)
+
+
+def _greedy_tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _call_with_deadline(fn, *args):
+    """fn(*args) in a thread: a hang fails the test instead of stalling CI."""
+    result: dict = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(DEADLINE_S)
+    assert not t.is_alive(), f"{fn.__name__} hung for {DEADLINE_S} s"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+# Each TP=2 engine costs two worker start-ups (seconds each on the CI machine): one scheduling
+# mode per model keeps the suite short while covering both.
+@pytest.mark.parametrize("arch, async_scheduling", [("llama", False), ("qwen3_kv1", True)],
+                         ids=["llama-sync", "qwen3_kv1-async"])
+def test_tp2_greedy_equals_tp1(arch, async_scheduling, tmp_path_factory):
+    path, vocab = _tiny_model(arch, tmp_path_factory)
+    prompts = _prompts(vocab, PROMPT_LENS)
+    one = _llm(path)
+    expected = _greedy_tokens(one, prompts)
+    one.llm_engine.shutdown()
+    two = _llm(path, tensor_parallel_size=2, async_scheduling=async_scheduling)
+    try:
+        executor = two.llm_engine.engine_core.model_executor
+        assert isinstance(executor, MultiprocExecutor) and len(executor.procs) == 2
+        # The KV pool is sized per rank: each holds its share of the KV heads.
+        assert _call_with_deadline(_greedy_tokens, two, prompts) == expected
+        sched = two.llm_engine.scheduler
+        assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_usable_blocks
+    finally:
+        two.llm_engine.shutdown()
+    assert all(p.poll() is not None for p in executor.procs)
+
+
+def test_killed_worker_fails_the_engine_with_a_clear_error(tiny_llama):
+    path, vocab = tiny_llama
+    llm = _llm(path, tensor_parallel_size=2)
+    executor = llm.llm_engine.engine_core.model_executor
+    try:
+        prompts = _prompts(vocab, [5])
+        assert len(_call_with_deadline(_greedy_tokens, llm, prompts)[0]) == MAX_TOKENS
+        os.kill(executor.procs[1].pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match=r"worker rank 1 \(pid \d+\) died with exit code"):
+            _call_with_deadline(_greedy_tokens, llm, prompts)
+        # The other worker is stopped too, not left waiting in a collective.
+        executor.procs[0].wait(30)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def test_a_worker_error_reaches_the_caller(tiny_llama):
+    """A failure inside a worker (its weights do not fit the config) is raised in the caller
+    with the worker's message, and no worker is left behind."""
+    path, _ = tiny_llama
+    started: list[MultiprocExecutor] = []
+    original_init = MultiprocExecutor.__init__
+
+    def recording_init(self, config):
+        started.append(self)
+        original_init(self, config)
+
+    MultiprocExecutor.__init__ = recording_init
+    try:
+        # The folder holds safetensors only: each worker fails to find *.bin files.
+        with pytest.raises(RuntimeError, match=r"worker rank \d.*FileNotFoundError.*\*\.bin"):
+            _call_with_deadline(lambda: _llm(path, tensor_parallel_size=2, load_format="pt"))
+    finally:
+        MultiprocExecutor.__init__ = original_init
+    assert len(started) == 1
+    for proc in started[0].procs:
+        assert proc.wait(30) is not None
+
+
+def test_unsplittable_models_and_bad_backends_are_refused(tiny_llama):
+    path, _ = tiny_llama
+    for kwargs, message in (
+        (dict(tensor_parallel_size=3), r"attention heads \(4\) must be divisible by tensor "
+                                       r"parallel size \(3\)"),
+        (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "'uni' runs one rank"),
+        (dict(distributed_executor_backend="external_launcher"), "not supported"),
+        (dict(pipeline_parallel_size=2), "tensor parallelism only"),
+        (dict(tensor_parallel_size=0), "must be >= 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            EngineArgs(model=path, device="cpu", max_model_len=256, **kwargs
+                       ).create_engine_config()
