@@ -191,26 +191,14 @@ def main(args: argparse.Namespace) -> int:
     full_s, prefill_s = common.median(full), common.median(prefill)
     decode_ms = (full_s - prefill_s) / (args.output_len - 1) * 1e3
 
-    model = llm.llm_engine.model_runner.model
-    device = next(model.parameters()).device
-    read_bytes, weights = decode_weights(model)
-    floor_ms = read_bytes / copy["bytes_per_s"] * 1e3
-    chain = gemm_chain(weights, args.batch_size, device)
-    chain_ms = chain.get("cuda_graph_ms", chain["eager_ms"])
-
     summary = {
         "request_latency_s_median": full_s,
         "request_latency_s_p90": common.percentile(full, 90),
         "prefill_only_latency_s_median": prefill_s,
         "ms_per_output_token": full_s / args.output_len * 1e3,
         "decode_ms_per_token": decode_ms,
-        "weight_read_bytes": read_bytes,
-        "copy_bandwidth": copy,
-        "weight_read_floor_ms": floor_ms,
-        "gemm_chain": chain,
-        "decode_over_weight_read_floor": decode_ms / floor_ms,
-        "decode_over_gemm_chain": decode_ms / chain_ms,
         "dtype": str(llm.llm_engine.config.model_config.dtype),
+        "tensor_parallel_size": llm.llm_engine.config.parallel_config.tensor_parallel_size,
         "engine_steps_per_request": num_steps / args.num_iters,
         "host_ms_per_step": host_ms_per_step,
         "step_phases_ms": phases,
@@ -223,11 +211,31 @@ def main(args: argparse.Namespace) -> int:
     print(f"CPU time per engine step: {host_ms_per_step:.2f} ms over "
           f"{num_steps / args.num_iters:.0f} steps per request (async scheduling "
           f"{'on' if core.async_scheduling else 'off'}): {common.format_phases(phases)}")
-    print(f"weight-read floor: {read_bytes / 1e9:.3f} GB / {copy['bytes_per_s'] / 1e9:.1f} GB/s "
-          f"(copy, read+written) = {floor_ms:.3f} ms -> decode is {decode_ms / floor_ms:.2f}x")
-    graph = f", CUDA graph {chain['cuda_graph_ms']:.3f} ms" if "cuda_graph_ms" in chain else ""
-    print(f"GEMM chain ({chain['num_gemms']} matmuls at M={args.batch_size}): eager "
-          f"{chain['eager_ms']:.3f} ms{graph} -> decode is {decode_ms / chain_ms:.2f}x")
+    # The floors need the model in this process: not with tensor-parallel workers.
+    runner = getattr(core.model_executor, "model_runner", None)
+    if runner is None:
+        print("weight-read floor and GEMM chain: skipped (the model runs in worker processes)")
+    else:
+        model = runner.model
+        device = next(model.parameters()).device
+        read_bytes, weights = decode_weights(model)
+        floor_ms = read_bytes / copy["bytes_per_s"] * 1e3
+        chain = gemm_chain(weights, args.batch_size, device)
+        chain_ms = chain.get("cuda_graph_ms", chain["eager_ms"])
+        summary.update({
+            "weight_read_bytes": read_bytes,
+            "copy_bandwidth": copy,
+            "weight_read_floor_ms": floor_ms,
+            "gemm_chain": chain,
+            "decode_over_weight_read_floor": decode_ms / floor_ms,
+            "decode_over_gemm_chain": decode_ms / chain_ms,
+        })
+        print(f"weight-read floor: {read_bytes / 1e9:.3f} GB / {copy['bytes_per_s'] / 1e9:.1f} "
+              f"GB/s (copy, read+written) = {floor_ms:.3f} ms -> decode is "
+              f"{decode_ms / floor_ms:.2f}x")
+        graph = f", CUDA graph {chain['cuda_graph_ms']:.3f} ms" if "cuda_graph_ms" in chain else ""
+        print(f"GEMM chain ({chain['num_gemms']} matmuls at M={args.batch_size}): eager "
+              f"{chain['eager_ms']:.3f} ms{graph} -> decode is {decode_ms / chain_ms:.2f}x")
     rows = [{"kind": "full", "latency_s": t} for t in full]
     rows += [{"kind": "prefill_only", "latency_s": t} for t in prefill]
     json_path, _ = common.output_paths(NAME, device_name, args.output_json)

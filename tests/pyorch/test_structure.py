@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Modules that only the engine-core process may load.
-CORE_ONLY = ("pyorch.core", "pyorch.executor", "pyorch.layers", "pyorch.models", "pyorch._ops",
+CORE_ONLY = ("pyorch.core", "pyorch.executor", "pyorch.distributed", "pyorch.layers", "pyorch.models",
+             "pyorch._ops",
              "pyorch._C", "pyorch.forward_context", "pyorch.model_loader.loader")
 
 

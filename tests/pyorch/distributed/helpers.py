@@ -19,15 +19,17 @@ def _free_port() -> int:
 
 
 def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple,
-           errors: Any) -> None:
+           backend: str, errors: Any) -> None:
     import torch
 
     from pyorch.distributed import parallel_state
 
     torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     try:
         parallel_state.init_distributed_environment(
-            world_size, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
+            world_size, rank, f"tcp://127.0.0.1:{port}", rank, backend)
         parallel_state.initialize_model_parallel(world_size)
         fn(rank, world_size, *args)
     except BaseException:
@@ -37,13 +39,15 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
         parallel_state.destroy_model_parallel()
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any) -> None:
-    """fn(rank, world_size, *args) on world_size spawned processes; raises AssertionError with
-    the first failing rank's traceback. fn must be importable (module level)."""
+def run_distributed(fn: Callable[..., Any], world_size: int = 2, args: tuple = (),
+                    backend: str = "gloo") -> None:
+    """fn(rank, world_size, *args) on world_size spawned processes (rank r on GPU r with
+    backend "nccl"); raises AssertionError with the first failing rank's traceback. fn must be
+    importable (module level)."""
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, errors))
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, backend, errors))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -105,6 +105,29 @@ def test_tp2_greedy_equals_tp1(arch, async_scheduling, tmp_path_factory):
     assert all(p.poll() is not None for p in executor.procs)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("arch", ["llama", "qwen3_kv1"])
+@pytest.mark.parametrize("custom_all_reduce", [True, False], ids=["custom_ar", "nccl"])
+def test_tp2_greedy_equals_tp1_on_two_gpus(arch, custom_all_reduce, tmp_path_factory):
+    """bf16 on 2 GPUs with CUDA graphs (the custom all-reduce inside them) and async
+    scheduling, against one GPU, token for token."""
+    path, vocab = _tiny_model(arch, tmp_path_factory)
+    prompts = _prompts(vocab, PROMPT_LENS)
+    gpu = dict(device="cuda", dtype=torch.bfloat16, kv_cache_memory_bytes=None,
+               gpu_memory_utilization=0.3)
+    one = _llm(path, **gpu)
+    expected = _greedy_tokens(one, prompts)
+    one.llm_engine.shutdown()
+    del one
+    torch.cuda.empty_cache()
+    two = _llm(path, tensor_parallel_size=2, disable_custom_all_reduce=not custom_all_reduce,
+               **gpu)
+    try:
+        assert _call_with_deadline(_greedy_tokens, two, prompts) == expected
+    finally:
+        two.llm_engine.shutdown()
+
+
 def test_killed_worker_fails_the_engine_with_a_clear_error(tiny_llama):
     path, vocab = tiny_llama
     llm = _llm(path, tensor_parallel_size=2)
