@@ -6,8 +6,8 @@ engine core puts each step's SchedulerOutput into Ray's object store once (`ray.
 actor reads it from there; each actor runs the step and returns its runner output, of which the
 engine keeps rank 0's.
 
-Without a running cluster (`ray.init` not called and no RAY_ADDRESS), the executor starts a
-local one and stops it at shutdown. Ray pins each actor to its GPU (CUDA_VISIBLE_DEVICES), so
+Where `ray.init` was not called, the executor calls it (joining RAY_ADDRESS's cluster, else
+starting a local one) and stops it at shutdown. Ray pins each actor to its GPU (CUDA_VISIBLE_DEVICES), so
 the custom all-reduce, which maps the other GPUs' memory, is not used: all-reduces go to NCCL.
 A dead actor fails the next wait with `WorkerDiedError`, never a hang.
 """
@@ -76,8 +76,8 @@ class RayDistributedExecutor(Executor):
         self._started_ray = False
         self._closed = False
         if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
-                     log_to_driver=True)
+            # Ray joins the cluster named by RAY_ADDRESS itself, else starts a local one.
+            ray.init(include_dashboard=False, log_to_driver=True)
             self._started_ray = True
         self.world_size = config.parallel_config.world_size
         on_gpu = config.model_config.device.startswith("cuda")
@@ -91,7 +91,8 @@ class RayDistributedExecutor(Executor):
                 f"Ray could not place {self.world_size} workers of {bundle} within "
                 f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.cluster_resources()}")
         root = os.path.dirname(os.path.dirname(os.path.abspath(pyorch.__file__)))
-        pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        env = dict(os.environ)
+        pythonpath = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         actor_cls = ray.remote(RayWorkerWrapper)
         self.actors: list[Any] = [
             actor_cls.options(

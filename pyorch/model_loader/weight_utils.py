@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import glob
 import json
+import math
+import mmap
 import os
+import struct
 from collections.abc import Iterator
 
 import torch
@@ -53,20 +56,64 @@ def pt_files(model_dir: str) -> list[str]:
     return _checkpoint_files(model_dir, PT_INDEX, "*.bin")
 
 
-def iterate_safetensors_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, CPU tensor) from every safetensors shard of ``model_dir``, lazily."""
-    from safetensors import SafetensorError, safe_open
+_SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
 
+
+def iterate_safetensors_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, CPU tensor) from every safetensors shard of ``model_dir``, lazily.
+
+    The tensors are views of the file, memory-mapped copy-on-write: no byte is read until used.
+    A tensor-parallel rank narrows each to its shard before copying it to the device, so it
+    reads only its shard's pages (whole rows of a row-split weight, a slice of each row of a
+    column-split one)."""
     files = safetensors_files(model_dir)
     if not files:
         raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
     for file in files:
+        yield from _mapped_safetensors(file)
+
+
+def _mapped_safetensors(file: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of one safetensors file (8-byte header length, JSON header, data), in file
+    order, as views of a private memory map of it."""
+    with open(file, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         try:
-            with safe_open(file, framework="pt", device="cpu") as f:
-                for name in f.keys():  # noqa: SIM118 (a safe_open handle is no dict)
-                    yield name, f.get_tensor(name)
-        except SafetensorError as e:
-            raise ValueError(f"{file}: unreadable safetensors file ({e})") from e
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len > size - 8:
+                raise ValueError(f"header of {header_len} bytes in a {size}-byte file")
+            header = json.loads(f.read(header_len))
+            entries = sorted(
+                ((name, _SAFETENSORS_DTYPES[info["dtype"]], [int(d) for d in info["shape"]],
+                  int(info["data_offsets"][0]), int(info["data_offsets"][1]))
+                 for name, info in header.items() if name != "__metadata__"),
+                key=lambda e: e[3])
+        except (struct.error, ValueError, UnicodeDecodeError, KeyError, TypeError,
+                AttributeError, IndexError) as e:
+            raise ValueError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})"
+                             ) from e
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
+    base = 8 + header_len
+    for name, dtype, shape, begin, end in entries:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = math.prod(shape)
+        if end - begin != numel * itemsize or base + end > size or begin < 0:
+            raise ValueError(f"{file}: unreadable safetensors file (tensor {name!r}: offsets "
+                             f"[{begin}, {end}) do not fit shape {shape} of {dtype})")
+        offset = base + begin
+        if numel == 0 or mapped is None:
+            yield name, torch.empty(shape, dtype=dtype)
+        elif offset % itemsize == 0:
+            yield name, torch.frombuffer(mapped, dtype=dtype, count=numel,
+                                         offset=offset).view(shape)
+        else:  # the format does not promise alignment: such a tensor is copied out whole
+            data = bytearray(mapped[offset : offset + numel * itemsize])
+            yield name, torch.frombuffer(data, dtype=dtype).view(shape)
 
 
 def iterate_pt_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:

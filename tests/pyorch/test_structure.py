@@ -14,9 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Modules that only the engine-core process may load.
-CORE_ONLY = ("pyorch.core", "pyorch.executor", "pyorch.distributed", "pyorch.layers", "pyorch.models",
-             "pyorch._ops",
-             "pyorch._C", "pyorch.forward_context", "pyorch.model_loader.loader")
+CORE_ONLY = ("pyorch.core", "pyorch.executor", "pyorch.distributed", "pyorch.layers",
+             "pyorch.models", "pyorch._ops", "pyorch._C", "pyorch.forward_context",
+             "pyorch.model_loader.loader")
 
 
 def _loaded_after(code: str) -> list[str]:

@@ -115,3 +115,35 @@ def test_dummy_weights(device: str, dtype: torch.dtype) -> None:
         assert not torch.equal(pa, pc), name
     assert a.head.weight is a.embed.weight
     assert torch.equal(a.cache, torch.full((4,), 7.0, device=device, dtype=dtype))
+
+
+def test_safetensors_tensors_are_views_of_the_mapped_file(tmp_path: Path) -> None:
+    """Zero-copy: tensors of one file sit in one mapping at their file offsets, so narrowing one
+    to a tensor-parallel shard before the copy reads only the shard's pages."""
+    state = {"a": torch.randn(64, 32), "b": torch.randn(16, dtype=torch.float64),
+             "c": torch.arange(6, dtype=torch.int32).view(2, 3), "empty": torch.zeros(0, 4)}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    loaded = dict(iterate_safetensors_weights(str(tmp_path)))
+    for name, tensor in state.items():
+        torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=0)
+    header_len = int.from_bytes((tmp_path / "model.safetensors").read_bytes()[:8], "little")
+    offsets = json.loads((tmp_path / "model.safetensors").read_bytes()[8 : 8 + header_len])
+    ptr = {n: loaded[n].data_ptr() for n in ("a", "b", "c")}
+    for n in ("b", "c"):
+        assert ptr[n] - ptr["a"] == offsets[n]["data_offsets"][0] - offsets["a"]["data_offsets"][0]
+    # Writing to a loaded tensor never reaches the file (copy-on-write mapping).
+    loaded["a"].zero_()
+    again = dict(iterate_safetensors_weights(str(tmp_path)))
+    torch.testing.assert_close(again["a"], state["a"], rtol=0, atol=0)
+
+
+def test_safetensors_bad_offsets_name_the_file(tmp_path: Path) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode()
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    with pytest.raises(ValueError, match="unreadable safetensors file.*do not fit shape"):
+        list(iterate_safetensors_weights(str(tmp_path)))
+    header = json.dumps({"w": {"dtype": "Q4", "shape": [4], "data_offsets": [0, 8]}}).encode()
+    bad.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    with pytest.raises(ValueError, match="unreadable safetensors file.*KeyError"):
+        list(iterate_safetensors_weights(str(tmp_path)))
