@@ -82,9 +82,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("json_file")
     parser.add_argument("--out", required=True, help="output prefix (PREFIX.png)")
-    parser.add_argument("--max-custom-bytes", type=int, default=8 << 20,
-                        help="largest message the engine gives the kernel (default: 8 MiB, "
-                             "pyorch.distributed.custom_all_reduce.DEFAULT_MAX_BYTES)")
+    parser.add_argument("--max-custom-bytes", type=int, default=64 << 20,
+                        help="largest message the engine gives the kernel (default: 64 MiB, "
+                             "custom_all_reduce.MAX_BYTES_BY_WORLD_SIZE[2])")
     args = parser.parse_args(argv)
     with open(args.json_file) as f:
         rows = json.load(f)

@@ -9,11 +9,12 @@
 // mapping is the same on every rank).
 //
 // Why no barrier at the end: consecutive calls alternate between the two message buffers (the
-// parity of a per-block call counter kept in the rank's own Signal, so CUDA-graph replays
-// alternate too). A rank overwrites buffer p at call n + 2 only after its call n + 1 passed its
-// start barrier, so every peer had started call n + 1, so (stream order) every peer's call n,
-// the last reader of buffer p, had finished. Flags are call numbers compared with `>=` (in wrapping
-// arithmetic), so a fast rank's next flag cannot hide the current one from a slow peer.
+// parity of the call counter kept in the rank's own Signal, one copy per block slot, all equal
+// between calls; device memory, so CUDA-graph replays alternate too). A rank overwrites buffer p at
+// call n + 2 only after its call n + 1 passed its start barrier, so every peer had started call n +
+// 1, so (stream order) every peer's call n, the last reader of buffer p, had finished. Flags are
+// call numbers compared with `>=` (in wrapping arithmetic), so a fast rank's next flag cannot hide
+// the current one from a slow peer.
 #pragma once
 
 #include <cstdint>
@@ -114,9 +115,17 @@ __device__ __forceinline__ uint32_t next_flag(const RankBuffers& bufs, int rank)
   return reinterpret_cast<AllReduceSignal*>(bufs.ptr[rank])->counter[blockIdx.x] + 1;
 }
 
+// Every call advances all kAllReduceMaxBlocks counters, launched blocks or not, so that all
+// blocks of the next call, whatever its grid, share one call number and so one buffer parity
+// (the reuse argument above needs the whole call on one buffer).
 __device__ __forceinline__ void finish_call(const RankBuffers& bufs, int rank, uint32_t flag) {
-  if (threadIdx.x == 0)
-    reinterpret_cast<AllReduceSignal*>(bufs.ptr[rank])->counter[blockIdx.x] = flag;
+  auto* self = reinterpret_cast<AllReduceSignal*>(bufs.ptr[rank]);
+  if (threadIdx.x == 0) self->counter[blockIdx.x] = flag;
+  if (blockIdx.x == 0) {
+    for (int b = gridDim.x + threadIdx.x; b < kAllReduceMaxBlocks; b += blockDim.x) {
+      self->counter[b] = flag;
+    }
+  }
 }
 
 template <typename T, int NRANKS>

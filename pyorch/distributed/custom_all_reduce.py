@@ -21,25 +21,26 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)
-# Largest message the kernel takes; NCCL beyond. vLLM's default (8 MiB) for now:
-# bench/cpp/bench_custom_all_reduce.cu measures where the kernel stops beating NCCL.
-DEFAULT_MAX_BYTES = 8 << 20
+# Largest message the kernel takes per world size, NCCL beyond: vLLM's published limits for
+# Hopper (NVLink), until bench/cpp/bench_custom_all_reduce.cu re-measures ours. Each rank holds
+# two message buffers of this size. Past 4 ranks NCCL (NVLS) wins early.
+MAX_BYTES_BY_WORLD_SIZE = {2: 64 << 20, 4: 32 << 20, 6: 512 << 10, 8: 256 << 10}
+SUPPORTED_WORLD_SIZES = tuple(MAX_BYTES_BY_WORLD_SIZE)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ALGO_AUTO, ALGO_ONE_SHOT, ALGO_TWO_SHOT = 0, 1, 2
 
 
 class CustomAllreduce:
     def __init__(self, group: Any, rank: int, world_size: int, device: torch.device,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 max_bytes: Optional[int] = None) -> None:
         from pyorch import _ops
 
         self.rank = rank
         self.world_size = world_size
-        self.max_bytes = max_bytes
+        self.max_bytes = max_bytes or MAX_BYTES_BY_WORLD_SIZE[world_size]
         self.device = device
         self.algo = ALGO_AUTO
-        size = _c().custom_all_reduce_buffer_size(max_bytes)
+        size = _c().custom_all_reduce_buffer_size(self.max_bytes)
         self.buffer = torch.empty(size, dtype=torch.uint8, device=device)
         _ops.custom_all_reduce_init_buffer(self.buffer)
         torch.cuda.synchronize(device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -180,3 +181,68 @@ def test_unsplittable_models_and_bad_backends_are_refused(tiny_llama):
         with pytest.raises(ValueError, match=message):
             EngineArgs(model=path, device="cpu", max_model_len=256, **kwargs
                        ).create_engine_config()
+
+
+def test_async_llm_serves_tp2_from_its_engine_core_process(tiny_llama):
+    """The server's path: the engine-core process (a daemon) starts the two workers, the tokens
+    match one rank's, and shutting the engine down leaves no worker behind."""
+    import asyncio
+
+    from pyorch.engine.async_llm import AsyncLLM
+
+    path, vocab = tiny_llama
+    prompts = _prompts(vocab, [7, 17])
+    one = _llm(path)
+    expected = _greedy_tokens(one, prompts)
+    one.llm_engine.shutdown()
+    args = EngineArgs(model=path, skip_tokenizer_init=True, dtype=torch.float32,
+                      max_model_len=256, seed=0, device="cpu", kv_cache_memory_bytes=8 << 20,
+                      tensor_parallel_size=2)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    async def main() -> tuple[list[list[int]], list[int]]:
+        engine = AsyncLLM.from_engine_args(args)
+        try:
+            workers = _children(engine.engine_core.proc.pid)
+
+            async def one_request(i: int) -> list[int]:
+                final = None
+                async for out in engine.generate({"prompt_token_ids": prompts[i]}, params,
+                                                 f"r{i}"):
+                    final = out
+                return final.outputs[0].token_ids
+
+            tokens = await asyncio.gather(*(one_request(i) for i in range(len(prompts))))
+            return list(tokens), workers
+        finally:
+            engine.shutdown()
+
+    tokens, workers = asyncio.run(asyncio.wait_for(main(), DEADLINE_S))
+    assert tokens == expected
+    assert len(workers) == 2
+    deadline = time.monotonic() + 30
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(_alive, workers))
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is pid (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (Linux /proc)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
