@@ -54,19 +54,24 @@ if cfg["kind"] == "pyorch":
             f.write(text.getvalue())
     else:
         llm = pyorch.LLM(cfg["model"], **cfg["engine_kwargs"])
-    model = llm.llm_engine.model_runner.model
-    dev = next(model.parameters()).device
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    t_ready = time.time()
-    seen, weight_bytes = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            weight_bytes += p.numel() * p.element_size()
+    executor = llm.llm_engine.engine_core.model_executor
+    runner = getattr(executor, "model_runner", None)
+    if runner is None:  # tensor-parallel workers: the floor copies the largest rank's weights
+        t_ready = time.time()
+        weight_bytes = max(executor.collective_rpc("weight_bytes"))
+        dev = torch.device(llm.llm_engine.config.model_config.device)
+        graphs = None
+    else:
+        model = runner.model
+        dev = next(model.parameters()).device
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t_ready = time.time()
+        weight_bytes = runner.weight_bytes()
+        graphs = runner.cuda_graphs
     phases.update(import_pyorch_s=t_pyorch - t_torch, llm_init_s=t_ready - t_pyorch)
-    result = {"weight_bytes": weight_bytes, "device": str(dev)}
-    graphs = llm.llm_engine.model_runner.cuda_graphs
+    result = {"weight_bytes": weight_bytes, "device": str(dev),
+              "tensor_parallel_size": llm.llm_engine.config.parallel_config.tensor_parallel_size}
     if graphs is not None:
         result["cuda_graphs"] = {"count": graphs.num_graphs, "capture_s": graphs.capture_seconds,
                                  "pool_bytes": graphs.pool_bytes,

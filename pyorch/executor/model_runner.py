@@ -110,6 +110,11 @@ class ModelRunner:
             time.perf_counter() - start,
         )
 
+    def weight_bytes(self) -> int:
+        """Bytes of this runner's model parameters (shared tensors counted once)."""
+        params = {p.data_ptr(): p for p in cast(nn.Module, self.loaded_model).parameters()}
+        return sum(p.numel() * p.element_size() for p in params.values())
+
     def kv_cache_spec(self) -> KVCacheSpec:
         mc = self.model_config
         # This rank's KV heads (the attention layers hold the tensor-parallel share).

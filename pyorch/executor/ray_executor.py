@@ -7,8 +7,9 @@ actor reads it from there; each actor runs the step and returns its runner outpu
 engine keeps rank 0's.
 
 Where `ray.init` was not called, the executor calls it (joining RAY_ADDRESS's cluster, else
-starting a local one) and stops it at shutdown. Ray pins each actor to its GPU (CUDA_VISIBLE_DEVICES), so
-the custom all-reduce, which maps the other GPUs' memory, is not used: all-reduces go to NCCL.
+starting a local one) and stops it at shutdown. Ray pins each actor to its GPU
+(CUDA_VISIBLE_DEVICES), so the custom all-reduce, which maps the other GPUs' memory, is not
+used: all-reduces go to NCCL.
 A dead actor fails the next wait with `WorkerDiedError`, never a hang.
 """
 

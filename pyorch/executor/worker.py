@@ -94,6 +94,9 @@ class Worker:
         """Runs a step and waits for its tokens."""
         return self.runner.execute(scheduler_output)
 
+    def weight_bytes(self) -> int:
+        return self.runner.weight_bytes()
+
     def ping(self) -> int:
         return self.rank
 
