@@ -44,7 +44,8 @@ class GroupCoordinator:
         return self.rank_in_group == 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of x over the group (a new tensor, or x itself for a group of one)."""
+        """Sum of x over the group: the custom all-reduce's new tensor, else x summed in place
+        by torch.distributed (a copy first if x is not contiguous); x itself in a group of one."""
         if self.world_size == 1:
             return x
         comm = self.device_communicator
@@ -64,8 +65,10 @@ class GroupCoordinator:
         x = x.contiguous()
         # Gather into a leading rank dimension, then move it next to `dim`.
         out = torch.empty((self.world_size, *x.shape), dtype=x.dtype, device=x.device)
-        # gloo wants the output flat along dim 0: [world_size * x.shape[0], ...].
-        dist.all_gather_into_tensor(out.view(-1, *x.shape[1:]), x, group=self.group)
+        # gloo wants the output flat along dim 0: [world_size * x.shape[0], ...]. torch 2.13
+        # renamed all_gather_into_tensor (now deprecated) to all_gather_single.
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out.view(-1, *x.shape[1:]), x, group=self.group)
         out = out.movedim(0, dim)
         return out.reshape(*x.shape[:dim], self.world_size * x.shape[dim], *x.shape[dim + 1 :])
 
