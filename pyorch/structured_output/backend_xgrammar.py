@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pyorch.sampling_params import StructuredOutputsParams
 
 BITS_PER_WORD = 32
+_ANY_OBJECT = '{"type": "object"}'
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,10 @@ class XgrammarBackend:
         if spec.kind == "json":
             return c.compile_json_schema(spec.text, any_whitespace=spec.any_whitespace)
         if spec.kind == "json_object":
-            return c.compile_builtin_json_grammar()
+            # Any JSON object (OpenAI's json_object; xgrammar's builtin JSON grammar would also
+            # take arrays and scalars). Non-strict: an object of any properties.
+            return c.compile_json_schema(_ANY_OBJECT, any_whitespace=spec.any_whitespace,
+                                         strict_mode=False)
         if spec.kind == "regex":
             return c.compile_regex(spec.text)
         return c.compile_grammar(spec.text)
