@@ -16,7 +16,6 @@ from torch import nn
 
 from pyorch.config import EngineConfig
 from pyorch.core.scheduler_output import SchedulerOutput
-from pyorch.structured_output.manager import GrammarOutput
 from pyorch.core_types import LogprobsLists
 from pyorch.executor.cuda_graph import (
     CUDAGraphRunner,
@@ -38,6 +37,7 @@ from pyorch.layers.attention import Attention
 from pyorch.layers.sampler import Sampler, compute_prompt_logprobs, sample_rows
 from pyorch.layers.token_bitmask import apply_grammar_bitmask
 from pyorch.metrics.stats import StepTimings
+from pyorch.structured_output.manager import GrammarOutput
 from pyorch.utils import cdiv
 
 logger = logging.getLogger(__name__)

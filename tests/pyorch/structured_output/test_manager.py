@@ -114,7 +114,7 @@ def _generate(llm: LLM, seeds: range) -> list[tuple[str, dict, list[int], str, s
         meta.append(("free", {}))
     outs = llm.generate(prompts, params, use_tqdm=False)
     return [(kind, c, list(o.outputs[0].token_ids), o.outputs[0].text, o.outputs[0].finish_reason)
-            for (kind, c), o in zip(meta, outs)]
+            for (kind, c), o in zip(meta, outs, strict=True)]
 
 
 def test_every_constraint_holds_sync_and_async(model_path, tokenizer):

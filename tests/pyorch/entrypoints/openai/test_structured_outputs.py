@@ -12,9 +12,8 @@ from typing import Annotated, Literal
 
 import openai
 import pytest
-from pydantic import BaseModel, Field
-
 from conftest import MODEL_NAME
+from pydantic import BaseModel, Field
 
 jsonschema = pytest.importorskip("jsonschema")
 
