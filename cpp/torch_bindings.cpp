@@ -112,6 +112,11 @@ TORCH_LIBRARY(pyorch, m) {
       "int algo) -> ()");
   // Zeroes the signal area of a fresh buffer (uint8, on the rank's GPU), before the first call.
   m.def("custom_all_reduce_init_buffer(Tensor! buffer) -> ()");
+  // ---- sampling ------------------------------------------------------------------------------
+  // Structured output: logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0, for the
+  // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
+  // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
+  m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
 
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
@@ -131,6 +136,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("swap_blocks", c10::kCPU, &pyorch::cpu::swap_blocks);
   m.impl("skinny_gemm", c10::kCPU, &pyorch::cpu::skinny_gemm);
   m.impl("skinny_gemm_fused", c10::kCPU, &pyorch::cpu::skinny_gemm_fused);
+  m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -154,6 +160,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("skinny_gemm_fused", c10::kCUDA, &skinny_gemm_fused);
   m.impl("custom_all_reduce", c10::kCUDA, &custom_all_reduce);
   m.impl("custom_all_reduce_init_buffer", c10::kCUDA, &custom_all_reduce_init_buffer);
+  m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }

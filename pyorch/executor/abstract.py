@@ -14,12 +14,13 @@ order). Three kinds, picked by `distributed_executor_backend`:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Optional
 
 from pyorch.config import EngineConfig, ParallelConfig
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.executor.step import ModelRunnerOutput
 from pyorch.metrics.stats import StepTimings
+from pyorch.structured_output.manager import GrammarOutput
 
 
 class Executor(ABC):
@@ -53,8 +54,10 @@ class Executor(ABC):
         allocates it and captures CUDA graphs. Returns the number of KV blocks."""
 
     @abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput) -> Any:
-        """Launches one step; returns a handle for `resolve` without waiting for the device."""
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      grammar: Optional[GrammarOutput] = None) -> Any:
+        """Launches one step (`grammar`: the structured-output bitmask of its constrained
+        rows, or None); returns a handle for `resolve` without waiting for the device."""
 
     @abstractmethod
     def resolve(self, handle: Any) -> ModelRunnerOutput:

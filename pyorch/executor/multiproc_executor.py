@@ -38,6 +38,7 @@ from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.distributed.shm_broadcast import ShmBroadcastQueue, ShmQueueHandle
 from pyorch.executor.abstract import Executor
 from pyorch.executor.step import ModelRunnerOutput
+from pyorch.structured_output.manager import GrammarOutput
 
 logger = logging.getLogger(__name__)
 
@@ -165,10 +166,11 @@ class MultiprocExecutor(Executor):
         self.collective_rpc("initialize_kv_cache", (num_blocks,))
         return num_blocks
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> _MpStepHandle:
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      grammar: Optional[GrammarOutput] = None) -> _MpStepHandle:
         self.check_health()
         start = time.perf_counter()
-        self.broadcast.enqueue((_STEP, scheduler_output))
+        self.broadcast.enqueue((_STEP, scheduler_output, grammar))
         self.timings.launch += time.perf_counter() - start
         self._launched += 1
         return _MpStepHandle(self._launched)
@@ -254,7 +256,7 @@ class _WorkerProc:
             msg = self.broadcast.dequeue()
             kind = msg[0]
             if kind == _STEP:
-                handle = self.worker.execute_model(msg[1])
+                handle = self.worker.execute_model(msg[1], msg[2])
                 if self.in_flight is not None:
                     self._resolve_in_flight()
                 self.in_flight = handle

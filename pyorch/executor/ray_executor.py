@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import pyorch
 from pyorch.config import EngineConfig
@@ -27,6 +27,7 @@ from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.executor.abstract import Executor
 from pyorch.executor.multiproc_executor import WorkerDiedError
 from pyorch.executor.step import ModelRunnerOutput
+from pyorch.structured_output.manager import GrammarOutput
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,10 @@ class RayWorkerWrapper:
     def execute_method(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
 
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute(scheduler_output)
+    def execute(self, step: tuple[SchedulerOutput, Optional[GrammarOutput]]
+                ) -> ModelRunnerOutput:
+        """One step: (scheduler output, structured-output bitmask or None)."""
+        return self.worker.execute(*step)
 
 
 @dataclass
@@ -146,9 +149,10 @@ class RayDistributedExecutor(Executor):
         self.collective_rpc("initialize_kv_cache", (num_blocks,))
         return num_blocks
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> _RayStepHandle:
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      grammar: Optional[GrammarOutput] = None) -> _RayStepHandle:
         start = time.perf_counter()
-        ref = self._ray.put(scheduler_output)  # serialized once for every actor
+        ref = self._ray.put((scheduler_output, grammar))  # serialized once for every actor
         handle = _RayStepHandle([a.execute.remote(ref) for a in self.actors])
         self.timings.launch += time.perf_counter() - start
         return handle

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from pyorch.config import EngineConfig
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.executor.abstract import Executor
 from pyorch.executor.model_runner import ModelRunner
 from pyorch.executor.step import ModelRunnerOutput, StepHandle
+from pyorch.structured_output.manager import GrammarOutput
 
 
 class UniProcExecutor(Executor):
@@ -23,8 +24,9 @@ class UniProcExecutor(Executor):
         self.model_runner.load_model()
         return self.model_runner.initialize_kv_cache()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> StepHandle:
-        return self.model_runner.execute_model(scheduler_output)
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      grammar: Optional[GrammarOutput] = None) -> StepHandle:
+        return self.model_runner.execute_model(scheduler_output, grammar)
 
     def resolve(self, handle: Any) -> ModelRunnerOutput:
         return self.model_runner.resolve(handle)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -17,6 +17,7 @@ from pyorch.config import EngineConfig
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.executor.model_runner import ModelRunner
 from pyorch.executor.step import ModelRunnerOutput, StepHandle
+from pyorch.structured_output.manager import GrammarOutput
 
 logger = logging.getLogger(__name__)
 
@@ -84,15 +85,17 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> int:
         return self.runner.allocate_kv_cache(num_blocks)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> StepHandle:
-        return self.runner.execute_model(scheduler_output)
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      grammar: Optional[GrammarOutput] = None) -> StepHandle:
+        return self.runner.execute_model(scheduler_output, grammar)
 
     def resolve(self, handle: StepHandle) -> ModelRunnerOutput:
         return self.runner.resolve(handle)
 
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, scheduler_output: SchedulerOutput,
+                grammar: Optional[GrammarOutput] = None) -> ModelRunnerOutput:
         """Runs a step and waits for its tokens."""
-        return self.runner.execute(scheduler_output)
+        return self.runner.execute(scheduler_output, grammar)
 
     def weight_bytes(self) -> int:
         return self.runner.weight_bytes()
