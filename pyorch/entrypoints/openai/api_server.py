@@ -385,6 +385,7 @@ def run_server(args: argparse.Namespace) -> int:
     names = cli_args.served_model_names(args)
     try:
         chat_template = _load_chat_template(args.chat_template)
+        cli_args.check_tool_args(args)
         engine_args = cli_args.engine_args_from(args)
         config = engine_args.create_engine_config()  # fails fast on bad settings
     except (ValueError, FileNotFoundError) as e:
@@ -417,7 +418,10 @@ def run_server(args: argparse.Namespace) -> int:
         engine=engine, served_model_names=names, max_model_len=max_model_len,
         vocab_size=engine.model_config.vocab_size, tokenizer=engine.get_tokenizer(),
         chat_template=chat_template, log_requests=not args.disable_log_requests,
-        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer)
+        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer,
+        enable_auto_tools=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        reasoning_parser=args.reasoning_parser)
     app = build_app(ctx, stat_logger, args)
     host, port = sock.getsockname()[:2]
     scheme = "https" if args.ssl_certfile else "http"

@@ -158,6 +158,7 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
               f"argument, or {DEFAULT_MODEL_NAME})")
     _add(server, "--chat-template", default=None,
          help="chat template: a Jinja file or an inline template (default: the tokenizer's)")
+    _add_tool_args(server)
     _add(server, "--allowed-origins", type=_json_list, default=["*"],
          help='CORS allowed origins, JSON list (default: ["*"])')
     _add(server, "--allowed-methods", type=_json_list, default=["*"],
@@ -175,6 +176,28 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
          choices=["critical", "error", "warning", "info", "debug", "trace"],
          help="uvicorn's log level (default: %(default)s)")
 
+
+
+def _add_tool_args(server: Any) -> None:
+    from pyorch.entrypoints.openai.reasoning import REASONING_PARSERS
+    from pyorch.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
+    _add(server, "--enable-auto-tool-choice", "flag", action="store_true",
+         help='allow tool_choice "auto" (the default when a request has tools); needs '
+              "--tool-call-parser")
+    _add(server, "--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+         help="how tool calls are read from the model's text: hermes (Qwen2.5/Qwen3, "
+              "Hermes, SmolLM3), llama3_json (Llama 3.1/3.2), mistral")
+    _add(server, "--exclude-tools-when-tool-choice-none", "flag", action="store_true",
+         help='with tool_choice "none", do not show the tools to the chat template')
+    _add(server, "--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+         help="split <think> reasoning from the content into `reasoning` (qwen3, deepseek_r1)")
+
+
+def check_tool_args(args: argparse.Namespace) -> None:
+    """vLLM's start-up check: auto tool choice is useless without a parser."""
+    if getattr(args, "enable_auto_tool_choice", False) and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
