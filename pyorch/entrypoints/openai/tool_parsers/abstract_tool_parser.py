@@ -131,7 +131,10 @@ class ToolCallStreamer:
         self.content_sent = max(sent, len(scan.content))
         deltas: list[dict[str, Any]] = []
         for index, call in enumerate(scan.calls):
-            if (index > 0 and not self.parallel) or call.name is None:
+            # A name goes out once the arguments have started as an object (or the call ended
+            # without any): a call malformed before that still falls back to content.
+            if ((index > 0 and not self.parallel) or call.name is None
+                    or (call.args_start is None and call.end is None)):
                 break
             arguments = call_arguments(text, call)
             if index == len(self.calls_sent):
