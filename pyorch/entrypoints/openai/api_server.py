@@ -58,6 +58,7 @@ from pyorch.entrypoints.openai.protocol import (
 from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat
 from pyorch.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pyorch.entrypoints.openai.serving_engine import ServerContext
+from pyorch.entrypoints.openai.serving_responses import OpenAIServingResponses, ResponsesRequest
 from pyorch.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pyorch.logger import configure_logging
 
@@ -115,6 +116,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 @router.post("/v1/chat/completions", responses=_ERRORS)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     return await request.app.state.chat.create_chat_completion(body, request)
+
+
+@router.post("/v1/responses", responses=_ERRORS)
+async def create_response(body: ResponsesRequest, request: Request) -> Any:
+    return await request.app.state.responses.create_response(body, request)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
@@ -320,6 +326,7 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
     app.state.stat_logger = stat_logger
     app.state.completion = OpenAIServingCompletion(ctx)
     app.state.chat = OpenAIServingChat(ctx)
+    app.state.responses = OpenAIServingResponses(ctx)
     app.state.tokenization = OpenAIServingTokenization(ctx)
     app.state.exit_code = 0
     return app
