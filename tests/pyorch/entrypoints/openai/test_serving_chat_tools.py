@@ -8,7 +8,6 @@ import json
 
 import openai
 import pytest
-
 from scripted_engine import ScriptedServer, byte_tokenizer, openai_client, template
 
 from pyorch.entrypoints.openai.chat_output import named_schema, required_schema

@@ -7,7 +7,6 @@ import json
 
 import openai
 import pytest
-
 from scripted_engine import ScriptedServer, openai_client
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
