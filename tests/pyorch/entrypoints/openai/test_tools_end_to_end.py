@@ -52,7 +52,7 @@ def chain_model(path) -> transformers.PreTrainedTokenizerFast:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
         head = torch.zeros(vocab, 512)
-        for current, following in zip(chain, chain[1:]):
+        for current, following in zip(chain[:-1], chain[1:], strict=True):
             head[following] += emb[current] * (30.0 / 512)  # logit ~30 for the successor
         model.lm_head.weight.copy_(head)
     model.save_pretrained(path, safe_serialization=True)
