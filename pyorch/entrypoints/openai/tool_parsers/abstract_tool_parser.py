@@ -41,6 +41,9 @@ class ExtractedToolCalls:
     content: Optional[str]
 
 
+RESCAN_FRACTION = 32
+
+
 def random_tool_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
@@ -102,6 +105,8 @@ class ToolCallStreamer:
         self.content_sent = 0
         self.calls_sent: list[list[Any]] = []  # per call: [id, arguments sent]
         self.broken = False
+        self.in_calls = False  # the last scan saw tool calls start
+        self.scanned_len = 0
 
     @property
     def tools_called(self) -> bool:
@@ -109,6 +114,12 @@ class ToolCallStreamer:
 
     def feed(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         """(content delta, tool-call deltas) for the text so far."""
+        # Inside tool calls each feed rescans the calls from their start; rescanning only
+        # after the text grew by 1/32 keeps a long call's cost O(n log n) (coarser pieces).
+        if (not final and self.in_calls
+                and len(text) - self.scanned_len < max(1, len(text) // RESCAN_FRACTION)):
+            return "", []
+        self.scanned_len = len(text)
         scan: Optional[ToolScan] = None
         if not self.broken:
             try:
@@ -122,6 +133,7 @@ class ToolCallStreamer:
                 delta, self.content_sent = text[self.content_sent:], len(text)
                 return delta, []
             return "", []
+        self.in_calls = scan.started
         sent = self.content_sent
         if final and not self.calls_sent and (scan.started and not scan.calls
                                               or not self._valid(text, scan)):

@@ -20,6 +20,8 @@ from typing import Optional
 ARGUMENT_KEYS = ("arguments", "parameters")
 _WS = " \t\n\r"
 _LITERAL_RE = re.compile(r"-?[0-9][0-9.eE+\-]*|true|false|null")
+_STRING_REST_RE = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)  # after the opening quote
+_STRUCTURAL_RE = re.compile(r'["{}\[\]]')
 
 
 class Malformed(Exception):
@@ -50,16 +52,8 @@ def skip_ws(text: str, pos: int) -> int:
 
 def _string_end(text: str, pos: int) -> Optional[int]:
     """End of the JSON string starting at text[pos] == '"', or None if cut off."""
-    i = pos + 1
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == '"':
-            return i + 1
-        i += 1
-    return None
+    match = _STRING_REST_RE.match(text, pos + 1)
+    return None if match is None else match.end()
 
 
 def value_end(text: str, pos: int) -> Optional[int]:
@@ -72,22 +66,21 @@ def value_end(text: str, pos: int) -> Optional[int]:
         return _string_end(text, pos)
     if c in "{[":
         depth, i = 0, pos
-        while i < len(text):
-            c = text[i]
+        while True:  # regex jumps between structural characters: this runs on every delta
+            found = _STRUCTURAL_RE.search(text, i)
+            if found is None:
+                return None
+            c, i = found.group(), found.start()
             if c == '"':
                 end = _string_end(text, i)
                 if end is None:
                     return None
                 i = end
                 continue
-            if c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    return i + 1
+            depth += 1 if c in "{[" else -1
+            if depth == 0:
+                return i + 1
             i += 1
-        return None
     match = _LITERAL_RE.match(text, pos)
     if match is None:
         if any(w.startswith(text[pos:]) for w in ("true", "false", "null")):
