@@ -301,6 +301,7 @@ class TokenizeChatRequest(OpenAIBaseModel):
     add_special_tokens: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
     return_token_strs: bool = False
+    tools: Optional[list[ChatTool]] = Field(None, max_length=MAX_TOOLS)  # for the template
 
 
 TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 from scripted_engine import ScriptedServer, byte_tokenizer, openai_client, template
@@ -107,6 +108,18 @@ def test_hermes_round_trip(hermes):
     assert ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
             '\n</tool_call>') in prompt
     assert "<tool_response>\n22 C, sunny\n</tool_response>" in prompt
+
+
+def test_tokenize_renders_tools_and_tool_messages_like_chat(hermes):
+    messages = ASK + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}}]},
+                      {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    counted = httpx.post(hermes.url + "/tokenize",
+                         json={"messages": messages, "tools": TOOLS}).json()["count"]
+    usage = chat(hermes, "It is noon.", messages, tools=TOOLS).usage
+    assert counted == usage.prompt_tokens == len(hermes.engine.calls[-1][0]["prompt_token_ids"])
+    assert "<tool_response>\n12:00\n</tool_response>" in hermes.engine.last_prompt
 
 
 @pytest.mark.parametrize("reply", [
