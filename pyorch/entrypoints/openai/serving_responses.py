@@ -77,7 +77,27 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+# Responses fields that would change the output and that this server does not implement:
+# refused with 400 unless neutral (other unknown fields are ignored with a log line).
+_UNSUPPORTED_RESPONSES: dict[str, Any] = {
+    "include": lambda v: not v,
+    "top_logprobs": lambda v: not v,
+    "truncation": lambda v: v in (None, "disabled"),
+    "reasoning": lambda v: v is None,
+    "prompt": lambda v: v is None,
+    "max_tool_calls": lambda v: v is None,
+    "conversation": lambda v: v is None,
+}
+
+
 def _check_request(req: ResponsesRequest) -> None:
+    OpenAIServing.check_fields(req)
+    for name, neutral in _UNSUPPORTED_RESPONSES.items():
+        if not neutral((req.model_extra or {}).get(name)):
+            raise OpenAIError(f"`{name}` is not supported by this server", param=name)
+    if req.stream_options is not None:
+        raise OpenAIError("stream_options is not supported on /v1/responses",
+                          param="stream_options")
     if req.previous_response_id is not None:
         raise OpenAIError("previous_response_id is not supported: this server does not store "
                           "responses (send the whole conversation as `input`)",

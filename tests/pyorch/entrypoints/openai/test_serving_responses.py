@@ -117,6 +117,11 @@ def test_named_tool_choice(server):
     ({"store": True}, "store"),
     ({"input": [{"type": "image_generation_call", "id": "x"}]}, "image_generation_call"),
     ({"tool_choice": "required"}, "`tools` must be set"),
+    ({"include": ["message.output_text.logprobs"]}, "`include`"),
+    ({"reasoning": {"effort": "high"}}, "`reasoning`"),
+    ({"truncation": "auto"}, "`truncation`"),
+    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"background": True}, "background"),
 ])
 def test_refused_fields(server, kw, fragment):
     with openai_client(server) as client:
