@@ -58,12 +58,29 @@ def test_human_int(text, value):
     (["--max-model-len", "lots"], "expected an integer"),
     (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
     (["--block-size", "3"], "invalid choice"),
+    (["--tool-call-parser", "pythonic"], "invalid choice"),
+    (["--reasoning-parser", "granite"], "invalid choice"),
 ])
 def test_bad_flags_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         parse(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_tool_and_reasoning_flags(capsys):
+    args = parse(["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+                  "--reasoning-parser", "deepseek_r1", "--exclude-tools-when-tool-choice-none"])
+    assert (args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser,
+            args.exclude_tools_when_tool_choice_none) == (True, "llama3_json", "deepseek_r1",
+                                                          True)
+    cli_args.check_tool_args(args)
+    defaults = parse([])
+    assert (defaults.enable_auto_tool_choice, defaults.tool_call_parser,
+            defaults.reasoning_parser) == (False, None, None)
+    # vLLM's start-up check: auto tool choice without a parser is refused before any loading.
+    assert cli_args.main(parse(["--enable-auto-tool-choice"])) == 2
+    assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err
 
 
 def test_config_file_and_command_line_precedence(tmp_path):
