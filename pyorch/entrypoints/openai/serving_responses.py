@@ -108,7 +108,7 @@ def _check_request(req: ResponsesRequest) -> None:
     if req.background:
         raise OpenAIError("background responses are not supported", param="background")
     fmt = (req.text or {}).get("format")
-    if fmt is not None and fmt.get("type") != "text":
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise OpenAIError("only text output (text.format.type \"text\") is supported",
                           param="text.format")
     if req.n != 1:
@@ -149,8 +149,15 @@ def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
                 message["reasoning"], reasoning = reasoning, None
             messages.append(message)
         elif kind == "reasoning":  # an earlier output's reasoning: goes with the next turn
-            parts = (item.get("content") or []) + (item.get("summary") or [])
-            reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+            texts: list[str] = []
+            for key in ("content", "summary"):
+                parts = item.get(key)
+                for part in parts if isinstance(parts, list) else []:
+                    text = part.get("text") if isinstance(part, dict) else None
+                    if not isinstance(text, str):
+                        raise OpenAIError("reasoning item parts need a text", param=where)
+                    texts.append(text)
+            reasoning = "".join(texts)
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments")}}

@@ -122,6 +122,11 @@ def test_named_tool_choice(server):
     ({"truncation": "auto"}, "`truncation`"),
     ({"text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"background": True}, "background"),
+    ({"text": {"format": "json"}}, "text.format"),
+    ({"input": [{"type": "reasoning", "content": "not a list", "summary": [{"text": 5}]}]},
+     "reasoning item"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "bad input item"),
+    ({"input": [{"role": "user", "content": None}]}, "content must be"),
 ])
 def test_refused_fields(server, kw, fragment):
     with openai_client(server) as client:
