@@ -121,7 +121,7 @@ def template_messages_tool_calls(tool_calls: list[Any], where: str) -> list[dict
     for j, call in enumerate(tool_calls):
         try:
             arguments = json.loads(call.function.arguments)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise OpenAIError(f"the tool call's arguments are not JSON: {e}",
                               param=f"{where}.tool_calls.{j}.function.arguments") from None
         out.append({"id": call.id, "type": "function",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Literal, Optional, Union
+from typing import Annotated, Any, AsyncIterator, Literal, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -60,7 +60,7 @@ class ResponsesTool(OpenAIBaseModel):
 
 class ResponsesRequest(SamplingExtras):
     model: Optional[str] = None
-    input: Union[str, list[dict[str, Any]]] = Field(max_length=MAX_MESSAGES)
+    input: Union[str, Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)]]
     instructions: Optional[str] = None
     max_output_tokens: Optional[int] = Field(None, ge=1)
     tools: Optional[list[ResponsesTool]] = Field(None, max_length=MAX_TOOLS)

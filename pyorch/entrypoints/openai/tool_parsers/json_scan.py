@@ -148,7 +148,7 @@ def check_call(text: str, call: ScannedCall) -> None:
     if call.args_start is not None:
         try:
             json.loads(call.arguments(text))
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise Malformed(f"the tool call's arguments are not JSON: {e}") from None
 
 

@@ -114,7 +114,7 @@ class ScriptedServer:
         self.tokenizer = byte_tokenizer(template(template_name))
         self.engine = ScriptedEngine(self.tokenizer)
         ctx = ServerContext(engine=self.engine, served_model_names=["scripted"],  # type: ignore[arg-type]
-                            max_model_len=4096, vocab_size=len(self.tokenizer),
+                            max_model_len=16384, vocab_size=len(self.tokenizer),
                             tokenizer=self.tokenizer, log_requests=False, **ctx_fields)
         args = argparse.Namespace(root_path=None, api_key=None, allowed_origins=["*"],
                                   allow_credentials=False, allowed_methods=["*"],

@@ -49,6 +49,12 @@ def test_text_in_text_out(server):
     assert server.engine.last_params.max_tokens == 50
 
 
+def test_long_string_input(server):
+    long = "word " * 2000  # a string input is bounded by the prompt rules, not MAX_MESSAGES
+    assert create(server, "ok", input=long).output_text == "ok"
+    assert long.strip() in server.engine.last_prompt
+
+
 def test_length_is_incomplete(server):
     server.engine.finish_reason = "length"
     try:

@@ -45,6 +45,8 @@ MALFORMED = [
     ("llama3_json", '{"name": "f", "parameters": {"a": tru}}'),
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {}}'),
     ("mistral", '[TOOL_CALLS] {"name": "f", "arguments": {}}'),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": ' + "[" * 100000 + "]" * 100000
+     + "}}</tool_call>"),  # too deep for json.loads
 ]
 
 
