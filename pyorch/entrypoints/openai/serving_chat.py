@@ -28,6 +28,7 @@ from pyorch.entrypoints.openai.protocol import (
     ChatMessage,
     ChatResponseMessage,
     ChatTokenLogprob,
+    SamplingExtras,
     TopLogprob,
     UsageInfo,
     random_id,
@@ -114,6 +115,27 @@ def render_chat(serving: OpenAIServing, messages: list[ChatMessage], add_generat
     return text
 
 
+async def constrain_tools(serving: OpenAIServing, req: SamplingExtras, params: SamplingParams,
+                          tool_req: ToolRequest, parser: ChatOutputParser) -> None:
+    """required / named tool_choice through structured output (checked like any constraint:
+    a tools' schema that does not compile is a 400 naming `tools`); special tokens kept where
+    the tool-call parser needs them."""
+    constraint = tool_req.structured_outputs()
+    if constraint is not None:
+        if params.structured_outputs is not None:
+            raise OpenAIError("tool_choice \"required\" or a named function cannot be "
+                              "combined with another output constraint", param="tool_choice")
+        params.structured_outputs = constraint
+    params.skip_special_tokens = parser.skip_special_tokens(params.skip_special_tokens)
+    try:
+        await serving.check_structured_outputs(req, params)
+    except OpenAIError as e:
+        if constraint is None:
+            raise
+        raise OpenAIError(f"the tools' parameters cannot be enforced: {e.message}",
+                          param="tools") from None
+
+
 class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Any:
         self.check_model(req.model)
@@ -136,7 +158,7 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(req, max_tokens, logprobs)
         parsers = [ChatOutputParser(tool_req, ctx.tool_call_parser, ctx.reasoning_parser, text,
                                     ctx.tokenizer) for _ in range(req.n)]
-        self._constrain(params, tool_req, parsers[0])
+        await constrain_tools(self, req, params, tool_req, parsers[0])
         request_id = random_id("chatcmpl")
         self.log_request(request_id, text, len(token_ids), params)
         merged = self.generate_many([{"prompt_token_ids": token_ids, "prompt": text}], params,
@@ -172,20 +194,6 @@ class OpenAIServingChat(OpenAIServing):
         response = ChatCompletionResponse(id=request_id, model=self.ctx.model_name,
                                           choices=choices, usage=usage)
         return JSONResponse(response.model_dump())
-
-    @staticmethod
-    def _constrain(params: SamplingParams, tool_req: ToolRequest,
-                   parser: ChatOutputParser) -> None:
-        """required / named tool_choice through structured output; special tokens kept where
-        the tool-call parser needs them."""
-        constraint = tool_req.structured_outputs()
-        if constraint is not None:
-            if params.structured_outputs is not None:
-                raise OpenAIError("tool_choice \"required\" or a named function cannot be "
-                                  "combined with another output constraint",
-                                  param="tool_choice")
-            params.structured_outputs = constraint
-        params.skip_special_tokens = parser.skip_special_tokens(params.skip_special_tokens)
 
     @staticmethod
     def _echo_text(req: ChatCompletionRequest) -> str:

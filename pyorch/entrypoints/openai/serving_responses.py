@@ -37,7 +37,7 @@ from pyorch.entrypoints.openai.protocol import (
     OpenAIBaseModel,
     SamplingExtras,
 )
-from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat, render_chat
+from pyorch.entrypoints.openai.serving_chat import constrain_tools, render_chat
 from pyorch.entrypoints.openai.serving_engine import (
     OpenAIServing,
     close_quietly,
@@ -246,7 +246,7 @@ class OpenAIServingResponses(OpenAIServing):
         params = self.sampling_params(req, max_tokens, None)
         parser = ChatOutputParser(tool_req, ctx.tool_call_parser, ctx.reasoning_parser, text,
                                   ctx.tokenizer)
-        OpenAIServingChat._constrain(params, tool_req, parser)
+        await constrain_tools(self, req, params, tool_req, parser)
         response_id = _id("resp")
         self.log_request(response_id, text, len(token_ids), params)
         merged = self.generate_many([{"prompt_token_ids": token_ids, "prompt": text}], params,
