@@ -205,6 +205,30 @@ def test_named_tool_choice_is_enforced_by_the_parameters_schema(hermes):
         ("get_weather", reply)]
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "broken"}}])
+def test_a_tool_schema_that_cannot_be_enforced_is_400_naming_tools(hermes, choice):
+    broken = {"type": "function", "function": {"name": "broken", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}
+    calls = len(hermes.engine.calls)
+    with openai_client(hermes) as client:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="scripted", messages=ASK, tools=[broken],
+                                           tool_choice=choice)
+    assert info.value.body["param"] == "tools"  # type: ignore[index]
+    assert "cannot be enforced" in info.value.body["message"]  # type: ignore[index]
+    assert len(hermes.engine.calls) == calls  # refused before the engine
+
+
+def test_tool_choice_with_another_constraint_is_400(hermes):
+    with openai_client(hermes) as client:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS,
+                                           tool_choice="required",
+                                           response_format={"type": "json_object"})
+    assert info.value.body["param"] == "tool_choice"  # type: ignore[index]
+
+
 def test_schemas():
     tools = [ChatTool(**t) for t in TOOLS]
     schema = required_schema(tools, True)
