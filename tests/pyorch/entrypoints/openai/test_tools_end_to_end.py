@@ -147,36 +147,39 @@ def test_responses_api_on_the_real_engine(chain_server):
     assert json.loads(out.output[2].arguments) == {"city": "Paris"}
 
 
-# Enforced by structured output: these need the structured-output backend (branch wt-so);
-# until it is on main the engine refuses `structured_outputs` and the server answers 400.
-NEEDS_BACKEND = pytest.mark.xfail(raises=openai.BadRequestError, strict=True,
-                                  reason="structured-output backend not on main yet")
+# Enforced by structured output. Under a grammar the chain's own tokens are mostly disallowed
+# and the rest have no preference, so greedy decoding is steered to the shortest valid JSON:
+# whitespace and the script's tokens are banned, '"' preferred (an empty string wherever a
+# string goes), ties go to the lowest id; the schema alone decides the output.
+CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}}
 
 
-def constrained(client, **kw):
-    """A chat request that needs structured output; a 400 must be the missing backend's."""
-    try:
-        return client.chat.completions.create(model="chain", messages=ASK, tools=[WEATHER],
-                                              temperature=0, max_tokens=64, **kw)
-    except openai.BadRequestError as e:
-        assert "structured_outputs is not supported yet" in e.body["message"]  # type: ignore[index]
-        raise
+def constrained(client, tok, **kw):
+    banned = [tok.encode(c)[0] for c in " \n\t\r"] + tok.convert_tokens_to_ids(SCRIPT)
+    bias = {str(t): -100 for t in banned}
+    bias[str(tok.encode('"')[0])] = 5
+    return client.chat.completions.create(model="chain", messages=ASK, tools=[CITY],
+                                          temperature=0, max_tokens=64, logit_bias=bias, **kw)
 
 
-@NEEDS_BACKEND
 def test_tool_choice_required_on_the_real_engine(chain_server):
-    client, _ = chain_server
-    out = constrained(client, tool_choice="required")
-    (call,) = out.choices[0].message.tool_calls[:1]
+    client, tok = chain_server
+    out = constrained(client, tok, tool_choice="required", parallel_tool_calls=False)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
-    assert isinstance(json.loads(call.function.arguments), dict)
+    assert json.loads(call.function.arguments) == {"city": ""}
 
 
-@NEEDS_BACKEND
 def test_named_tool_choice_on_the_real_engine(chain_server):
-    client, _ = chain_server
-    out = constrained(client, tool_choice={"type": "function",
-                                           "function": {"name": "get_weather"}})
+    client, tok = chain_server
+    out = constrained(client, tok, tool_choice={"type": "function",
+                                                "function": {"name": "get_weather"}})
+    assert out.choices[0].finish_reason == "stop"
     (call,) = out.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
-    assert isinstance(json.loads(call.function.arguments), dict)
+    assert json.loads(call.function.arguments) == {"city": ""}
