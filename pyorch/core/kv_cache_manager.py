@@ -154,11 +154,13 @@ class KVCacheManager:
             return
         bs = self.block_size
         parent = req_blocks[num_cached - 1] if num_cached > 0 else -1
+        # The pool reads the blocks' tokens straight from the request's list (no sliced copy).
         self.pool.cache_full_blocks(
             parent,
             req_blocks[num_cached:num_full],
-            request.all_token_ids[num_cached * bs : num_full * bs],
+            request.all_token_ids,
             request.prefix_cache_key,
+            num_cached * bs,
         )
         # If the chain broke (parent no longer cached), later calls are cheap no-ops.
         self.num_cached_blocks[req_id] = num_full
