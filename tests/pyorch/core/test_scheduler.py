@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pyorch.config import SchedulerConfig
 from pyorch.core.request import Request, RequestStatus
 from pyorch.core.scheduler import Scheduler
 from pyorch.core.scheduler_output import SchedulerOutput
@@ -476,20 +477,18 @@ def test_stats_and_from_config(make_scheduler):
     assert sched.get_request_counts() == (2, 1) and sched.get_num_unfinished_requests() == 3
 
     @dataclass
-    class SC:
-        max_num_seqs: int = 4
-        max_num_batched_tokens: int = 32
-        max_model_len: int = 32
-        enable_chunked_prefill: bool = True
-        policy: str = "priority"
-
-    @dataclass
     class CC:
         block_size: int = 8
         enable_prefix_caching: bool = False
 
-    s2 = Scheduler.from_config(SC(), CC(), num_blocks=10)
+    sc = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=32,
+                         policy="priority", max_num_partial_prefills=2, target_step_ms=25.0)
+    sc.validate()
+    s2 = Scheduler.from_config(sc, CC(), num_blocks=10)
     assert (s2.policy, s2.block_size, s2.enable_prefix_caching) == ("priority", 8, False)
+    # vLLM's default threshold with concurrent partial prefills: 4% of max_model_len.
+    assert (s2.max_num_partial_prefills, s2.long_prefill_token_threshold) == (2, 1)
+    assert s2.step_cost is not None and s2.step_cost.target_step_ms == 25.0
 
 
 class FakeLogprobs:  # a prompt-logprobs entry: one row per prompt position
