@@ -84,6 +84,7 @@ class Scheduler:
         them long; a long waiting prompt is passed over while the long slots are taken.
     target_step_ms: when set, the step budget comes from the measured step times
         (`pyorch.core.step_budget`); the engine reports each step with `record_step_time`.
+    min_prefill_tokens: prefill tokens a step may carry whatever the budget (tests shrink it).
     hash_bits: prefix-cache bucket bits (tests only).
     reserve_kv_for_growth: admit a waiting request only when the KV cache keeps room for the
         expected growth of the running ones (module docstring); False admits whatever fits now,
@@ -107,6 +108,7 @@ class Scheduler:
         max_num_partial_prefills: int = 1,
         max_long_partial_prefills: int = 1,
         target_step_ms: Optional[float] = None,
+        min_prefill_tokens: int = _MIN_PREFILL_TOKENS,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and max_model_len must be >= 1")
@@ -134,7 +136,7 @@ class Scheduler:
         self.max_num_partial_prefills = max_num_partial_prefills
         self.max_long_partial_prefills = max_long_partial_prefills
         # Prefill tokens every step may carry whatever the decodes cost: prompts always progress.
-        self.min_prefill_tokens = min(_MIN_PREFILL_TOKENS, max_num_batched_tokens)
+        self.min_prefill_tokens = max(1, min(min_prefill_tokens, max_num_batched_tokens))
         self.step_cost = (StepCostModel(target_step_ms, max_num_batched_tokens,
                                         self.min_prefill_tokens)
                           if target_step_ms else None)

@@ -85,7 +85,7 @@ class StepCostModel:
         if fit is None:
             return self.max_num_batched_tokens
         a, b = fit
-        tokens = math.floor((self.target_step_ms - max(a, 0.0)) / b)
+        tokens = math.floor((self.target_step_ms - max(a, 0.0)) / b + 1e-9)
         return max(self.min_tokens, min(tokens, self.max_num_batched_tokens))
 
     @property

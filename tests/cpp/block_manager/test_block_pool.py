@@ -246,7 +246,7 @@ def test_evictions_from_crowded_buckets_keep_lookups_exact(hash_bits):
             pool.touch(hit)
             new = pool.allocate(len(prompt) // BS - len(hit))
             pool.cache_full_blocks(hit[-1] if hit else -1, new, prompt, extra, len(hit) * BS)
-            for j, b in enumerate(hit):  # a hit block still holds the prefix it was found by
+            for b in hit:  # a hit block is still cached (never evicted while found)
                 assert pool.is_cached(b)
             pool.free((hit + new)[::-1])
         assert lengths[0] == lengths[1]
