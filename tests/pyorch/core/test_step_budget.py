@@ -49,3 +49,17 @@ def test_fit_follows_a_change_in_cost():
 def test_bad_target(target):
     with pytest.raises(ValueError, match="target_step_ms"):
         StepCostModel(target, 1024, 16)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_num_partial_prefills": 2, "enable_chunked_prefill": False,
+      "max_num_batched_tokens": 4096}, "requires chunked prefill"),
+    ({"max_num_partial_prefills": 2, "max_long_partial_prefills": 3}, "must be <="),
+    ({"long_prefill_token_threshold": 5000}, "long_prefill_token_threshold"),
+    ({"target_step_ms": -1.0}, "target_step_ms"),
+])
+def test_scheduler_config_checks(fields, message):
+    from pyorch.config import SchedulerConfig
+
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(max_model_len=2048, **fields).validate()
