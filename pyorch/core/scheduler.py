@@ -259,10 +259,12 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING and st.budget > 0:
                 self._schedule_running(request, 1, st)
         num_decode_tokens = self.max_num_batched_tokens - st.budget
-        # What prefill chunks may add: the step budget past the decodes, at least
-        # min_prefill_tokens so that prompts progress under any decode load.
-        st.budget = min(st.budget, max(self.step_token_budget - num_decode_tokens,
-                                       self.min_prefill_tokens))
+        if self.enable_chunked_prefill:
+            # What prefill chunks may add: the step budget past the decodes, at least
+            # min_prefill_tokens so that prompts progress under any decode load. (A prompt
+            # that runs whole needs max_num_batched_tokens, so without chunking this is off.)
+            st.budget = min(st.budget, max(self.step_token_budget - num_decode_tokens,
+                                           self.min_prefill_tokens))
 
         prefills.sort(key=self._queue_key)
         for request in prefills:

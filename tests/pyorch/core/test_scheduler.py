@@ -747,3 +747,14 @@ def test_prefix_lookups_are_counted_once_per_request(make_scheduler):
     stats = sched.make_stats()
     assert stats.prefix_cache_queries == 17 + 17 and stats.prefix_cache_hits == 16
     assert sched.kv_cache_manager.prefix_cache_requests == 2
+
+
+def test_step_budget_never_blocks_a_whole_prompt_without_chunking(make_scheduler):
+    """Without chunked prefill a prompt runs whole, so a step budget smaller than it must not
+    apply (the prompt would wait forever)."""
+    sched = make_scheduler(max_num_batched_tokens=64, max_model_len=64, target_step_ms=4.0,
+                           min_prefill_tokens=4, enable_chunked_prefill=False)
+    _fit_budget(sched, 16)
+    sched.add_request(req("a", prompt_of(40), max_tokens=2))
+    res = run(sched, FakeRunner(BS))
+    assert res["steps"][0].num_scheduled_tokens == {"a": 40} and len(res["tokens"]["a"]) == 2
