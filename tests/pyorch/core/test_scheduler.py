@@ -623,7 +623,9 @@ def test_decodes_first_and_prefills_fill_the_step_budget(make_scheduler):
     """Under a step budget of 20 tokens (learned from step times), every running decode gets
     its token in every step, and prompt chunks add only what the budget leaves (at least
     min_prefill_tokens), however many long prompts wait."""
-    sched = make_scheduler(max_num_batched_tokens=64, max_num_seqs=16, num_blocks=256,
+    # max_num_batched_tokens 24: a prefill pass that ran first with the step budget (20) would
+    # leave the 8 decodes 4 tokens.
+    sched = make_scheduler(max_num_batched_tokens=24, max_num_seqs=16, num_blocks=256,
                            max_model_len=256, target_step_ms=4.0, min_prefill_tokens=4,
                            enable_prefix_caching=False)
     _fit_budget(sched, 20)
@@ -724,14 +726,16 @@ def test_concurrent_partial_prefills_pass_over_long_prompts(make_scheduler):
 def test_priority_orders_prompt_chunks(make_scheduler):
     """Priority policy under a small budget: lower values get their first token first, ties by
     arrival; a prompt of lower priority never delays one of higher priority."""
+    # The threshold keeps several prompts in chunked prefill at once: their chunks must go in
+    # priority order too, not only admission.
     sched = make_scheduler(policy="priority", max_num_batched_tokens=16, num_blocks=128,
-                           enable_prefix_caching=False)
+                           enable_prefix_caching=False, long_prefill_token_threshold=6)
     specs = [("p5", 5, 0), ("p1a", 1, 1), ("p3", 3, 2), ("p1b", 1, 3), ("p0", 0, 4)]
     arrivals = {0: [req(rid, prompt_of(20, i), arrival=a, priority=p, max_tokens=3)
                     for i, (rid, p, a) in enumerate(specs)]}
     first = _first_token_steps(sched, FakeRunner(BS), arrivals=arrivals)
-    ranked = sorted(first, key=lambda rid: first[rid])
-    assert ranked == ["p0", "p1a", "p1b", "p3", "p5"]
+    steps = [first[rid] for rid in ("p0", "p1a", "p1b", "p3", "p5")]
+    assert steps == sorted(steps) and steps[0] < steps[2] < steps[4], steps
 
 
 def test_prefix_lookups_are_counted_once_per_request(make_scheduler):
