@@ -150,6 +150,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.reserve_kv_for_growth = reserve_kv_for_growth
         self.growth_ratio = 1.0  # expected share of its length cap a request still grows into
+        self._failed_outputs: list[EngineCoreOutput] = []  # dropped before they ran (_fail_request)
 
     @classmethod
     def from_config(cls, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
@@ -312,9 +313,18 @@ class Scheduler:
         kv = self.kv_cache_manager
         reserved = -1.0  # blocks kept for the running requests' expected growth (lazily summed)
         skipped = 0
+        compiling: list[Request] = []  # grammars still compiling: they keep their place
         while (self.waiting and st.budget > 0 and len(self.running) < self.max_num_seqs
                and skipped < len(self.waiting)):
             request = self.waiting.peek() if not skipped else self._nth_waiting(skipped)
+            so_request = request.structured_output_request
+            if so_request is not None and (not so_request.is_ready or so_request.error):
+                self.waiting.remove(request)
+                if so_request.error is None:
+                    compiling.append(request)  # vLLM's WAITING_FOR_FSM: the others go ahead
+                else:
+                    self._fail_request(request, so_request.error)
+                continue
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_wanted = request.num_tokens - num_hit
             if not self._prefill_slot_free(num_wanted, st):
@@ -352,6 +362,8 @@ class Scheduler:
             st.num_scheduled[request.request_id] = num_new
             st.budget -= num_new
             self._take_prefill_slot(num_wanted, st)
+        for request in reversed(compiling):
+            self.waiting.prepend(request)
 
     def _nth_waiting(self, n: int) -> Request:
         for i, request in enumerate(self.waiting):
@@ -424,6 +436,15 @@ class Scheduler:
 
         return max(enumerate(self.running), key=rank)[1]
 
+    def _fail_request(self, request: Request, error: str) -> None:
+        """Drops a waiting request that cannot run (its grammar failed to build); the next
+        update_from_output reports it finished with reason "abort"."""
+        logger.error("request %s aborted: %s", request.request_id, error)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
+        self._failed_outputs.append(EngineCoreOutput(
+            request.request_id, [], request.get_finish_reason(), None, None, None, 0))
+
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
@@ -460,12 +481,14 @@ class Scheduler:
             new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
             num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
         )
+        structured_ids: list[str] = []
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
+            structured_output_request_ids=structured_ids,
         )
         self.finished_req_ids = set()
         # The tokens count as computed from now on; their KV is cached after the step ran. A
@@ -475,6 +498,8 @@ class Scheduler:
             if request.num_computed_tokens == (request.num_tokens
                                                + request.num_output_placeholders):
                 request.num_output_placeholders += 1
+                if request.structured_output_request is not None:
+                    structured_ids.append(request.request_id)
         return output
 
     def update_from_output(
@@ -487,7 +512,8 @@ class Scheduler:
         sampled_token_ids = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs
         prompt_logprobs = runner_output.prompt_logprobs or {}
-        outputs: list[EngineCoreOutput] = []
+        outputs: list[EngineCoreOutput] = self._failed_outputs
+        self._failed_outputs = []
         stopped = False
         # Per-request work runs for every request on every step: hoist what the loop reads.
         get_request, get_row = self.requests.get, row_of.get
@@ -517,6 +543,8 @@ class Scheduler:
                 if check_stop(request, max_model_len):
                     stopped = True
                     break
+            if new_token_ids and request.structured_output_request is not None:
+                request.structured_output_request.accept_tokens(req_id, new_token_ids)
             new_prompt_logprobs = None
             if prompt_logprobs:
                 new_prompt_logprobs = self._new_prompt_logprobs(
