@@ -8,8 +8,9 @@ with `apply_token_bitmask_inplace`, the sampler runs, and each matcher accepts i
 (update_from_output). The model's forward pass is the same for both and is left out: the ratio
 is of the step's sampling work, the part structured output changes. Every row is a JSON-schema
 request mid-generation (matchers advance by the tokens they sample; one that terminates is
-replaced by a fresh one). Times are medians over `--steps` steps after warm-up; on CUDA each
-step ends with a synchronize (the engine waits for a constrained step's tokens anyway).
+replaced by a fresh one). Times are medians over `--steps` steps after warm-up, plain and
+structured taking turns step by step (so that load on a shared machine falls on both alike); on
+CUDA each step ends with a synchronize (the engine waits for a constrained step's tokens anyway).
 
 Part 2 (`validity`): `--num-schemas` random JSON schemas (objects, nested objects, arrays,
 enums, bounded integers and strings, booleans, optional keys), each the constraint of one
@@ -80,87 +81,98 @@ def random_object_schema(rng: random.Random) -> dict[str, Any]:
 
 
 # ---- part 1: per-step cost ----------------------------------------------------------------------
-def _median_ms(fn: Callable[[], None], steps: int, warmup: int, sync: Callable[[], None]) -> float:
+def _interleaved_ms(fns: list[Callable[[], None]], steps: int, warmup: int,
+                   sync: Callable[[], None]) -> list[list[float]]:
+    """Per function, the milliseconds of each of `steps` runs; the functions take turns, so
+    load from other processes on a shared machine falls on all of them alike."""
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     sync()
-    times = []
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return common.median(times)
+        for fn, out in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            sync()
+            out.append((time.perf_counter() - start) * 1e3)
+    return times
 
 
 def bench_step(tokenizer: Any, device: str, batch_sizes: list[int], steps: int,
                warmup: int, seed: int) -> list[dict[str, Any]]:
+    from pyorch.structured_output.manager import StructuredOutputManager
+
+    manager = StructuredOutputManager(lambda: tokenizer, len(tokenizer) + PAD)
+    rng = random.Random(seed)
+    schemas = [random_object_schema(rng) for _ in range(8)]
+    rows = [_bench_batch(tokenizer, manager, schemas, device, batch, steps, warmup, seed)
+            for batch in batch_sizes]
+    manager.shutdown()
+    return rows
+
+
+def _bench_batch(tokenizer: Any, manager: Any, schemas: list[dict[str, Any]], device: str,
+                 batch: int, steps: int, warmup: int, seed: int) -> dict[str, Any]:
     from pyorch.core.request import Request
     from pyorch.layers.sampler import Sampler, SamplingRow, sample_rows
     from pyorch.layers.token_bitmask import apply_grammar_bitmask
     from pyorch.sampling_params import SamplingParams, StructuredOutputsParams
-    from pyorch.structured_output.manager import StructuredOutputManager
 
-    vocab_size = len(tokenizer) + PAD
-    manager = StructuredOutputManager(lambda: tokenizer, vocab_size)
-    rng = random.Random(seed)
-    schemas = [random_object_schema(rng) for _ in range(8)]
+    vocab_size = manager.vocab_size
     sampler = Sampler()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    rows_out = []
-    for batch in batch_sizes:
-        params = [SamplingParams(temperature=1.0, max_tokens=10_000,
-                                 structured_outputs=StructuredOutputsParams(
-                                     json=schemas[i % len(schemas)]))
-                  for i in range(batch)]
-        requests: dict[str, Request] = {}
+    params = [SamplingParams(temperature=1.0, max_tokens=10_000,
+                             structured_outputs=StructuredOutputsParams(
+                                 json=schemas[i % len(schemas)]))
+              for i in range(batch)]
 
-        def new_request(i: int) -> Request:
-            request = Request(f"r{i}", [1], params[i], tokenizer.eos_token_id, 0.0)
-            manager.grammar_init(request)
-            so_request = request.structured_output_request
-            assert so_request is not None
-            while not so_request.is_ready:
-                time.sleep(0.001)
-            return request
+    def new_request(i: int) -> Request:
+        request = Request(f"r{i}", [1], params[i], tokenizer.eos_token_id, 0.0)
+        manager.grammar_init(request)
+        so_request = request.structured_output_request
+        assert so_request is not None
+        while not so_request.is_ready:
+            time.sleep(0.001)
+        return request
 
-        for i in range(batch):
-            requests[f"r{i}"] = new_request(i)
-        req_ids = list(requests)
-        sampling_rows = [SamplingRow(p, [1], []) for p in params]
-        g = torch.Generator(device=device).manual_seed(seed)
-        logits_src = torch.randn(batch, vocab_size, device=device, generator=g)
-        logits = torch.empty_like(logits_src)
+    requests = {f"r{i}": new_request(i) for i in range(batch)}
+    req_ids = list(requests)
+    sampling_rows = [SamplingRow(p, [1], []) for p in params]
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits_src = torch.randn(batch, vocab_size, device=device, generator=g)
+    logits = torch.empty_like(logits_src)
 
-        def plain() -> None:
-            logits.copy_(logits_src)
-            sample_rows(sampler, logits, sampling_rows).sampled_token_ids.tolist()
+    def plain() -> None:
+        logits.copy_(logits_src)
+        sample_rows(sampler, logits, sampling_rows).sampled_token_ids.tolist()
 
-        def structured() -> None:
-            logits.copy_(logits_src)
-            grammar = manager.grammar_bitmask(requests, req_ids)
-            assert grammar is not None
-            apply_grammar_bitmask(logits, req_ids, grammar)
-            tokens = sample_rows(sampler, logits, sampling_rows).sampled_token_ids.tolist()
-            for i, (req_id, token) in enumerate(zip(req_ids, tokens, strict=True)):
-                so_request = requests[req_id].structured_output_request
-                assert so_request is not None and so_request.grammar is not None
-                if token == tokenizer.eos_token_id or so_request.grammar.is_terminated():
-                    requests[req_id] = new_request(i)  # finished: a fresh request takes the row
-                else:
-                    so_request.accept_tokens(req_id, [token])
+    def structured() -> None:
+        logits.copy_(logits_src)
+        grammar = manager.grammar_bitmask(requests, req_ids)
+        assert grammar is not None
+        apply_grammar_bitmask(logits, req_ids, grammar)
+        tokens = sample_rows(sampler, logits, sampling_rows).sampled_token_ids.tolist()
+        for i, (req_id, token) in enumerate(zip(req_ids, tokens, strict=True)):
+            so_request = requests[req_id].structured_output_request
+            assert so_request is not None and so_request.grammar is not None
+            if token == tokenizer.eos_token_id or so_request.grammar.is_terminated():
+                requests[req_id] = new_request(i)  # finished: a fresh request takes the row
+            else:
+                so_request.accept_tokens(req_id, [token])
 
-        plain_ms = _median_ms(plain, steps, warmup, sync)
-        structured_ms = _median_ms(structured, steps, warmup, sync)
-        row = {"batch": batch, "vocab_size": vocab_size, "plain_ms": plain_ms,
-               "structured_ms": structured_ms, "overhead_ms": structured_ms - plain_ms,
-               "ratio": structured_ms / plain_ms}
-        print(f"bench=structured_output_step device={device} batch={batch} "
-              f"plain_ms={plain_ms:.3f} structured_ms={structured_ms:.3f} "
-              f"ratio={row['ratio']:.2f}")
-        rows_out.append(row)
-    manager.shutdown()
-    return rows_out
+    plain_runs, structured_runs = _interleaved_ms([plain, structured], steps, warmup, sync)
+    plain_ms, structured_ms = common.median(plain_runs), common.median(structured_runs)
+    row = {"batch": batch, "vocab_size": vocab_size, "plain_ms": plain_ms,
+           "structured_ms": structured_ms, "overhead_ms": structured_ms - plain_ms,
+           "ratio": structured_ms / plain_ms,
+           "ratio_of_step_medians": common.median(
+               [b / a for a, b in zip(plain_runs, structured_runs, strict=True)]),
+           "plain_runs_ms": plain_runs, "structured_runs_ms": structured_runs}
+    print(f"bench=structured_output_step device={device} batch={batch} "
+          f"plain_ms={plain_ms:.3f} structured_ms={structured_ms:.3f} "
+          f"ratio={row['ratio']:.2f}")
+    return row
 
 
 # ---- part 2: validity ---------------------------------------------------------------------------
