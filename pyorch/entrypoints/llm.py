@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 import time
 from typing import Any, Callable, Optional, Sequence, Union, cast
 
@@ -89,8 +90,13 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Optional[dict[str, Any]] = None,
+        tools: Optional[list[dict[str, Any]]] = None,
     ) -> list[RequestOutput]:
-        """Applies the tokenizer's chat template (or `chat_template`) and generates."""
+        """Applies the tokenizer's chat template (or `chat_template`) and generates.
+
+        `tools` (OpenAI's function tools) go to the template as transformers' `tools=`; an
+        assistant message's `tool_calls` may give `arguments` as a JSON string (OpenAI's form),
+        decoded to an object for the template as the server does."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat() needs a tokenizer (skip_tokenizer_init=True)")
@@ -100,8 +106,9 @@ class LLM:
         prompts = []
         for conv in conversations:
             ids = tokenizer.apply_chat_template(
-                conv, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, tokenize=True,
+                [_decoded_tool_calls(m) for m in conv], chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tokenize=True, tools=tools,
                 **(chat_template_kwargs or {}),
             )
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding (transformers 5)
@@ -182,3 +189,17 @@ def _as_prompt_list(prompts: Union[PromptType, Sequence[PromptType]]) -> list[Pr
         return [list(prompts)]  # one prompt of token ids
     # Not one prompt of token ids (returned above): a sequence of prompts.
     return list(cast(Sequence[PromptType], prompts))
+
+
+def _decoded_tool_calls(message: Any) -> Any:
+    """`message` with its tool calls' JSON-string arguments decoded (templates `tojson` them)."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not calls:
+        return message
+    decoded = []
+    for call in calls:
+        fn = call.get("function", {})
+        if isinstance(fn.get("arguments"), str):
+            call = {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+        decoded.append(call)
+    return {**message, "tool_calls": decoded}

@@ -58,6 +58,7 @@ from pyorch.entrypoints.openai.protocol import (
 from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat
 from pyorch.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pyorch.entrypoints.openai.serving_engine import ServerContext
+from pyorch.entrypoints.openai.serving_responses import OpenAIServingResponses, ResponsesRequest
 from pyorch.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pyorch.logger import configure_logging
 
@@ -115,6 +116,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 @router.post("/v1/chat/completions", responses=_ERRORS)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     return await request.app.state.chat.create_chat_completion(body, request)
+
+
+@router.post("/v1/responses", responses=_ERRORS)
+async def create_response(body: ResponsesRequest, request: Request) -> Any:
+    return await request.app.state.responses.create_response(body, request)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
@@ -320,6 +326,7 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
     app.state.stat_logger = stat_logger
     app.state.completion = OpenAIServingCompletion(ctx)
     app.state.chat = OpenAIServingChat(ctx)
+    app.state.responses = OpenAIServingResponses(ctx)
     app.state.tokenization = OpenAIServingTokenization(ctx)
     app.state.exit_code = 0
     return app
@@ -370,7 +377,9 @@ def _startup_report(engine: Any, names: list[str], url: str) -> None:
     # kill it to check that the server notices.
     _say(f"KV cache: {engine.kv_cache_capacity_tokens} tokens ({engine.num_kv_blocks} blocks "
          f"of {engine.block_size}); max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens "
-         f"{sc.max_num_batched_tokens}; engine core pid {pid}")
+         f"{sc.max_num_batched_tokens}"
+         + (f" (prompt chunks sized for {sc.target_step_ms:g} ms steps)" if sc.target_step_ms
+            else "") + f"; engine core pid {pid}")
     _say(f"serving the OpenAI API at {url}/v1 (docs at {url}/docs)")
 
 
@@ -385,6 +394,7 @@ def run_server(args: argparse.Namespace) -> int:
     names = cli_args.served_model_names(args)
     try:
         chat_template = _load_chat_template(args.chat_template)
+        cli_args.check_tool_args(args)
         engine_args = cli_args.engine_args_from(args)
         config = engine_args.create_engine_config()  # fails fast on bad settings
     except (ValueError, FileNotFoundError) as e:
@@ -417,7 +427,10 @@ def run_server(args: argparse.Namespace) -> int:
         engine=engine, served_model_names=names, max_model_len=max_model_len,
         vocab_size=engine.model_config.vocab_size, tokenizer=engine.get_tokenizer(),
         chat_template=chat_template, log_requests=not args.disable_log_requests,
-        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer)
+        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer,
+        enable_auto_tools=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        reasoning_parser=args.reasoning_parser)
     app = build_app(ctx, stat_logger, args)
     host, port = sock.getsockname()[:2]
     scheme = "https" if args.ssl_certfile else "http"

@@ -86,6 +86,26 @@ def _parallel_size(kind: str) -> Callable[[str], int]:
     return parse
 
 
+def _non_negative_int(text: str) -> int:
+    value = human_int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def _target_step_ms(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected milliseconds (0: off) or auto, got {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0 or auto, got {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -158,6 +178,7 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
               f"argument, or {DEFAULT_MODEL_NAME})")
     _add(server, "--chat-template", default=None,
          help="chat template: a Jinja file or an inline template (default: the tokenizer's)")
+    _add_tool_args(server)
     _add(server, "--allowed-origins", type=_json_list, default=["*"],
          help='CORS allowed origins, JSON list (default: ["*"])')
     _add(server, "--allowed-methods", type=_json_list, default=["*"],
@@ -175,6 +196,28 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
          choices=["critical", "error", "warning", "info", "debug", "trace"],
          help="uvicorn's log level (default: %(default)s)")
 
+
+
+def _add_tool_args(server: Any) -> None:
+    from pyorch.entrypoints.openai.reasoning import REASONING_PARSERS
+    from pyorch.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
+    _add(server, "--enable-auto-tool-choice", "flag", action="store_true",
+         help='allow tool_choice "auto" (the default when a request has tools); needs '
+              "--tool-call-parser")
+    _add(server, "--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+         help="how tool calls are read from the model's text: hermes (Qwen2.5/Qwen3, "
+              "Hermes, SmolLM3), llama3_json (Llama 3.1/3.2), mistral")
+    _add(server, "--exclude-tools-when-tool-choice-none", "flag", action="store_true",
+         help='with tool_choice "none", do not show the tools to the chat template')
+    _add(server, "--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+         help="split <think> reasoning from the content into `reasoning` (qwen3, deepseek_r1)")
+
+
+def check_tool_args(args: argparse.Namespace) -> None:
+    """vLLM's start-up check: auto tool choice is useless without a parser."""
+    if getattr(args, "enable_auto_tool_choice", False) and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -226,6 +269,20 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
          default=True, help="split long prompts across steps (default: on)")
     _add(sched, "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
          help="request order (default: %(default)s)")
+    _add(sched, "--long-prefill-token-threshold", type=_non_negative_int,
+         default=0, help="most prompt tokens one request gets per step (0: no cap; with "
+                         "--max-num-partial-prefills > 1 the default is 4%% of max_model_len)")
+    _add(sched, "--max-num-partial-prefills", type=_positive("--max-num-partial-prefills"),
+         default=1, help="most prompts prefilled in one step (1: no limit, as vLLM's V1 "
+                         "engine; default: %(default)s)")
+    _add(sched, "--max-long-partial-prefills", type=_positive("--max-long-partial-prefills"),
+         default=1, help="of those, most longer than --long-prefill-token-threshold; a long "
+                         "prompt waits while shorter ones behind it start (default: "
+                         "%(default)s)")
+    _add(sched, "--target-step-ms", type=_target_step_ms, default="auto",
+         help="milliseconds one engine step should take: prefill chunks fill what the running "
+              "decodes leave of it, sized from the measured step times (0: off, every step "
+              "may carry --max-num-batched-tokens; default auto: 40 on CUDA, off on the CPU)")
     _add(sched, "--reserve-kv-for-growth", "bool", action=argparse.BooleanOptionalAction,
          default=True, help="admit a request only while the KV cache keeps room for what the "
                             "running ones are expected to grow into, learned from finished "
@@ -355,6 +412,10 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, device=args.device,
         async_scheduling=args.async_scheduling, reserve_kv_for_growth=args.reserve_kv_for_growth,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        max_num_partial_prefills=args.max_num_partial_prefills,
+        max_long_partial_prefills=args.max_long_partial_prefills,
+        target_step_ms=args.target_step_ms,
     )
 
 

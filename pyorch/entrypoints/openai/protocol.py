@@ -29,6 +29,8 @@ MAX_LOGIT_BIAS = 1024       # entries (vLLM: no bound; OpenAI documents none eit
 MAX_PROMPTS = 256           # prompts in one /v1/completions request
 MAX_SEQUENCES = 1024        # prompts x n in one request
 MAX_MESSAGES = 4096         # chat messages
+MAX_TOOLS = 512             # tools offered in one request
+MAX_TOOL_NAME = 256         # characters of a function name
 # torch generators take 64-bit seeds; the engine adds the sample index to the seed for n > 1.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
@@ -132,11 +134,54 @@ class CompletionRequest(SamplingExtras):
     add_special_tokens: bool = True
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ChatToolCall(OpenAIBaseModel):
+    """A tool call an assistant message made (sent back in the next turn)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     # A string, or OpenAI's list of content parts (only {"type": "text"} parts are supported).
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ChatToolCall]] = None  # assistant messages
+    tool_call_id: Optional[str] = None  # tool messages: the call this answers
+    reasoning: Optional[str] = None  # vLLM: an earlier turn's reasoning, for the template
+    reasoning_content: Optional[str] = None  # its deprecated name
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(min_length=1, max_length=MAX_TOOL_NAME)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments object
+    strict: Optional[bool] = None
+
+
+class ChatTool(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    """tool_choice={"type": "function", "function": {"name": ...}}: call exactly this tool."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
 
 
 class ChatCompletionRequest(SamplingExtras):
@@ -153,6 +198,10 @@ class ChatCompletionRequest(SamplingExtras):
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
     echo: bool = False
+    # Tool calling (OpenAI's fields; docs/serving.md#tool-calling)
+    tools: Optional[list[ChatTool]] = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Optional[ToolChoice] = None
+    parallel_tool_calls: Optional[bool] = True
 
 
 class CompletionLogprobs(OpenAIBaseModel):
@@ -199,6 +248,9 @@ class ChatResponseMessage(OpenAIBaseModel):
     content: Optional[str] = None
     refusal: Optional[str] = None
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    # --reasoning-parser: vLLM's `reasoning`, and `reasoning_content`, its deprecated copy
+    reasoning: Optional[str] = None
+    reasoning_content: Optional[str] = None
 
 
 class ChatChoice(OpenAIBaseModel):
@@ -222,6 +274,9 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: Optional[str] = None
     content: Optional[str] = None
+    reasoning: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
 
 
 class ChatStreamChoice(OpenAIBaseModel):
@@ -270,6 +325,7 @@ class TokenizeChatRequest(OpenAIBaseModel):
     add_special_tokens: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
     return_token_strs: bool = False
+    tools: Optional[list[ChatTool]] = Field(None, max_length=MAX_TOOLS)  # for the template
 
 
 TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]

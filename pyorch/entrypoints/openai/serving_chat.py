@@ -13,6 +13,12 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pyorch.entrypoints.openai.chat_output import (
+    ChatOutputParser,
+    ToolRequest,
+    template_messages_tool_calls,
+    tool_request,
+)
 from pyorch.entrypoints.openai.errors import OpenAIError
 from pyorch.entrypoints.openai.protocol import (
     ChatChoice,
@@ -22,6 +28,7 @@ from pyorch.entrypoints.openai.protocol import (
     ChatMessage,
     ChatResponseMessage,
     ChatTokenLogprob,
+    SamplingExtras,
     TopLogprob,
     UsageInfo,
     random_id,
@@ -40,6 +47,7 @@ from pyorch.entrypoints.openai.serving_engine import (
     token_text,
 )
 from pyorch.outputs import Logprob
+from pyorch.sampling_params import SamplingParams
 
 # Keyword arguments of apply_chat_template that chat_template_kwargs may not override.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "chat_template", "tokenize", "add_generation_prompt",
@@ -64,12 +72,20 @@ def _message_dict(message: ChatMessage, index: int = 0) -> dict[str, Any]:
     if message.name is not None:
         OpenAIServing.check_text(message.name, f"{where}.name")
         out["name"] = message.name
+    if message.tool_calls is not None:
+        out["tool_calls"] = template_messages_tool_calls(message.tool_calls, where)
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    reasoning = message.reasoning if message.reasoning is not None else message.reasoning_content
+    if reasoning is not None:  # vLLM passes both names to the template
+        out["reasoning"] = out["reasoning_content"] = reasoning
     return out
 
 
 def render_chat(serving: OpenAIServing, messages: list[ChatMessage], add_generation_prompt: bool,
                 continue_final_message: bool,
-                chat_template_kwargs: Optional[dict[str, Any]] = None) -> str:
+                chat_template_kwargs: Optional[dict[str, Any]] = None,
+                tools: Optional[list[dict[str, Any]]] = None) -> str:
     """The conversation as prompt text, through the chat template; 400 if it cannot be.
     CPU-heavy on long conversations: the handlers run it on the renderer pool."""
     tokenizer = serving.tokenizer()
@@ -89,13 +105,35 @@ def render_chat(serving: OpenAIServing, messages: list[ChatMessage], add_generat
     try:
         text = tokenizer.apply_chat_template(
             conversation, chat_template=template, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tokenize=False, **extra)
+            continue_final_message=continue_final_message, tokenize=False, tools=tools,
+            **extra)
     except Exception as e:  # a template that raises (jinja errors, raise_exception(...))
         raise OpenAIError(f"the chat template failed on these messages: {e}",
                           param="messages") from None
     if not isinstance(text, str):
         raise OpenAIError("the chat template did not produce text", param="messages")
     return text
+
+
+async def constrain_tools(serving: OpenAIServing, req: SamplingExtras, params: SamplingParams,
+                          tool_req: ToolRequest, parser: ChatOutputParser) -> None:
+    """required / named tool_choice through structured output (checked like any constraint:
+    a tools' schema that does not compile is a 400 naming `tools`); special tokens kept where
+    the tool-call parser needs them."""
+    constraint = tool_req.structured_outputs()
+    if constraint is not None:
+        if params.structured_outputs is not None:
+            raise OpenAIError("tool_choice \"required\" or a named function cannot be "
+                              "combined with another output constraint", param="tool_choice")
+        params.structured_outputs = constraint
+    params.skip_special_tokens = parser.skip_special_tokens(params.skip_special_tokens)
+    try:
+        await serving.check_structured_outputs(req, params)
+    except OpenAIError as e:
+        if constraint is None:
+            raise
+        raise OpenAIError(f"the tools' parameters cannot be enforced: {e.message}",
+                          param="tools") from None
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -106,15 +144,21 @@ class OpenAIServingChat(OpenAIServing):
         include_usage = self.check_stream_options(req)
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
+        ctx = self.ctx
+        tool_req = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                ctx.enable_auto_tools, ctx.tool_call_parser)
         text = await self.render(render_chat, self, req.messages, req.add_generation_prompt,
-                                 req.continue_final_message, req.chat_template_kwargs)
+                                 req.continue_final_message, req.chat_template_kwargs,
+                                 tool_req.template_tools(ctx.exclude_tools_when_tool_choice_none))
         token_ids = await self.encode(text, False, "messages")
         self.check_prompt_ids(token_ids)
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = self.resolve_max_tokens(requested, len(token_ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
-        await self.check_structured_outputs(req, params)
+        parsers = [ChatOutputParser(tool_req, ctx.tool_call_parser, ctx.reasoning_parser, text,
+                                    ctx.tokenizer) for _ in range(req.n)]
+        await constrain_tools(self, req, params, tool_req, parsers[0])
         request_id = random_id("chatcmpl")
         self.log_request(request_id, text, len(token_ids), params)
         merged = self.generate_many([{"prompt_token_ids": token_ids, "prompt": text}], params,
@@ -123,15 +167,27 @@ class OpenAIServingChat(OpenAIServing):
         if req.stream:
             first = await first_output(merged)
             return StreamingResponse(
-                self._stream(req, len(token_ids), first, merged, request_id, include_usage, echo),
+                self._stream(req, len(token_ids), first, merged, request_id, include_usage, echo,
+                             parsers),
                 media_type="text/event-stream")
         final = (await self.run_until_disconnect(raw, collect_finals(merged, 1)))[0]
         choices, num_generated = [], 0
         for c in final.outputs:
+            parser = parsers[c.index]
+            if parser.active:
+                parsed = parser.parse(c.text)
+                message = ChatResponseMessage(
+                    content=parsed.content if not echo else echo + (parsed.content or ""),
+                    tool_calls=parsed.tool_calls, reasoning=parsed.reasoning,
+                    reasoning_content=parsed.reasoning)
+                finish = parser.finish_reason(c.finish_reason, bool(parsed.tool_calls))
+            else:
+                message = ChatResponseMessage(content=echo + c.text)
+                finish = c.finish_reason
             choices.append(ChatChoice(
-                index=c.index, message=ChatResponseMessage(content=echo + c.text),
+                index=c.index, message=message,
                 logprobs=self._logprobs(c.token_ids, c.logprobs, logprobs),
-                finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                finish_reason=finish, stop_reason=c.stop_reason))
             num_generated += len(c.token_ids)
         usage = UsageInfo(prompt_tokens=len(token_ids), completion_tokens=num_generated,
                           total_tokens=len(token_ids) + num_generated)
@@ -175,10 +231,12 @@ class OpenAIServingChat(OpenAIServing):
         return sse(body)
 
     async def _stream(self, req: ChatCompletionRequest, num_prompt: int, first: Any, merged: Any,
-                      request_id: str, include_usage: bool, echo: str) -> AsyncIterator[str]:
+                      request_id: str, include_usage: bool, echo: str,
+                      parsers: list[ChatOutputParser]) -> AsyncIterator[str]:
         created = int(time.time())
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
         num_generated = 0
+        texts = [""] * req.n  # each choice's text so far (the parsers read all of it)
         try:
             for index in range(req.n):
                 role_delta = {"role": "assistant", "content": echo}
@@ -191,10 +249,20 @@ class OpenAIServingChat(OpenAIServing):
                     logprobs = self._logprobs(c.token_ids, c.logprobs, num_logprobs)
                     if not c.text and c.finish_reason is None and not c.token_ids:
                         continue
+                    parser = parsers[c.index]
+                    finish = c.finish_reason
+                    if parser.active:
+                        texts[c.index] += c.text
+                        delta = parser.feed(texts[c.index], c.finish_reason is not None)
+                        finish = parser.finish_reason(finish, parser.streamed_tool_calls)
+                        if not delta and finish is None and logprobs is None:
+                            continue  # held back (a tag may be starting)
+                    else:
+                        delta = {"content": c.text}
                     choice: dict[str, Any] = {
-                        "index": c.index, "delta": {"content": c.text},
+                        "index": c.index, "delta": delta,
                         "logprobs": None if logprobs is None else logprobs.model_dump(),
-                        "finish_reason": c.finish_reason}
+                        "finish_reason": finish}
                     if c.finish_reason is not None:
                         choice["stop_reason"] = c.stop_reason
                     yield self._chunk(request_id, created, [choice])

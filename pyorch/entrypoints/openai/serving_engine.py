@@ -65,6 +65,12 @@ class ServerContext:
     # The pool that tokenizes and renders chat templates (vLLM's renderer_num_workers), so that
     # a long prompt never holds up the event loop; None runs them inline (tests, tools).
     renderer: Optional[ThreadPoolExecutor] = None
+    # Tool calling and reasoning (--enable-auto-tool-choice, --tool-call-parser,
+    # --exclude-tools-when-tool-choice-none, --reasoning-parser); see chat_output.py.
+    enable_auto_tools: bool = False
+    tool_call_parser: Optional[str] = None
+    exclude_tools_when_tool_choice_none: bool = False
+    reasoning_parser: Optional[str] = None
 
     @property
     def model_name(self) -> str:
@@ -90,8 +96,8 @@ _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     # vLLM's legacy knobs of the guided_* fields: xgrammar is our only backend and has no
     # custom whitespace pattern.
     "guided_decoding_backend": _off, "guided_whitespace_pattern": _off,
-    "tools": _off, "functions": _off,
-    "tool_choice": lambda v: v is None or v in ("none", "auto"),
+    # OpenAI's deprecated forms of tools / tool_choice; vLLM does not implement them either.
+    "functions": _off,
     "function_call": lambda v: v is None or v in ("none", "auto"),
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _off, "prediction": _off,
@@ -187,7 +193,8 @@ class OpenAIServing:
             if neutral is None:
                 continue
             if not neutral(value):
-                raise OpenAIError(f"`{name}` is not supported by this server", param=name)
+                hint = " (use `tools` and `tool_choice`)" if name.startswith("function") else ""
+                raise OpenAIError(f"`{name}` is not supported by this server{hint}", param=name)
         unknown = sorted(k for k in extra if k not in _UNSUPPORTED)
         if unknown:
             logger.warning("ignored request fields this server does not know: %s",

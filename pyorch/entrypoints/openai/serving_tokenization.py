@@ -1,8 +1,8 @@
 """POST /tokenize and POST /detokenize (vLLM's endpoints).
 
 /tokenize takes either `prompt` (a completion prompt) or `messages` (rendered through the chat
-template exactly as /v1/chat/completions would), and answers the token ids, their count and
-max_model_len.
+template exactly as /v1/chat/completions would, with the request's `tools`), and answers the
+token ids, their count and max_model_len.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ class OpenAIServingTokenization(OpenAIServing):
         self.check_model(req.model)
         tokenizer = self.tokenizer()
         if isinstance(req, TokenizeChatRequest):
+            tools = None if req.tools is None else [t.model_dump(exclude_none=True)
+                                                    for t in req.tools]
             text = await self.render(render_chat, self, req.messages, req.add_generation_prompt,
-                                     req.continue_final_message, req.chat_template_kwargs)
+                                     req.continue_final_message, req.chat_template_kwargs, tools)
             param = "messages"
         else:
             text, param = req.prompt, "prompt"

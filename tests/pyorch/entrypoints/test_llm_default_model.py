@@ -160,3 +160,28 @@ def test_token_ids_in_token_ids_out():
                        SamplingParams(temperature=0.0, max_tokens=5, detokenize=False),
                        use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 5 and out.outputs[0].text == ""
+
+
+def test_chat_passes_tools_and_tool_calls_to_the_template(llm):
+    from pathlib import Path
+
+    qwen = (Path(__file__).parent / "openai" / "templates" / "qwen2_5.jinja").read_text()
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": "Time in UTC?"},
+                {"role": "assistant", "content": "", "tool_calls": [{
+                    "id": "c1", "type": "function",
+                    "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False,
+                   chat_template=qwen, tools=tools)[0]
+    decoded = [messages[0], {**messages[1], "tool_calls": [{
+        "id": "c1", "type": "function",
+        "function": {"name": "get_time", "arguments": {"tz": "UTC"}}}]}, messages[2]]
+    tok = llm.get_tokenizer()
+    templated = tok.apply_chat_template(decoded, chat_template=qwen, tools=tools,
+                                        add_generation_prompt=True, tokenize=False)
+    assert '"name": "get_time"' in templated and "<tool_response>\n12:00" in templated
+    assert '{"name": "get_time", "arguments": {"tz": "UTC"}}' in templated
+    assert tok.decode(out.prompt_token_ids) == templated
+    _assert_idle(llm)

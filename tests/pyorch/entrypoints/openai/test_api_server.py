@@ -27,8 +27,8 @@ def test_models_health_version_docs(client, http):
     assert http.get("/version").json() == {"version": pyorch.__version__}
     assert "swagger" in http.get("/docs").text.lower()
     paths = http.get("/openapi.json").json()["paths"]
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
-                 "/detokenize", "/health", "/metrics", "/version"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models",
+                 "/tokenize", "/detokenize", "/health", "/metrics", "/version"):
         assert path in paths
 
 

@@ -85,9 +85,9 @@ def test_bad_words_are_honoured(http):
 # ---- every field is honoured or refused ----------------------------------------------------------
 @pytest.mark.parametrize("path,extra,param", [
     ("/v1/chat/completions", {"guided_whitespace_pattern": "[ ]?"}, "guided_whitespace_pattern"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
-     "tools"),
-    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    # OpenAI's deprecated forms of tools / tool_choice (tools themselves: test_serving_chat_tools)
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+    ("/v1/chat/completions", {"function_call": {"name": "f"}}, "function_call"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"guided_decoding_backend": "outlines"}, "guided_decoding_backend"),

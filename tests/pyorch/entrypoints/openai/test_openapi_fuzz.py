@@ -19,7 +19,8 @@ MAX_EXAMPLES_PER_ROUTE = 12  # every operation of the schema, on top of the mixe
 HOSTILE_EXAMPLES = 40
 # Generated bodies keep their shape and types, but numbers that only make the CPU engine work
 # longer (not differently) are capped, so that the fuzz stays fast.
-_CAPS = {"max_tokens": 3, "max_completion_tokens": 3, "n": 2, "min_tokens": 3}
+_CAPS = {"max_tokens": 3, "max_completion_tokens": 3, "max_output_tokens": 3, "n": 2,
+         "min_tokens": 3}
 _MAX_PROMPTS = 3
 
 
@@ -33,6 +34,8 @@ def _bound_cost(case) -> None:
             body[key] = cap
     if "messages" in body and "max_tokens" not in body and "max_completion_tokens" not in body:
         body["max_completion_tokens"] = 3  # the default would fill the context
+    if "input" in body and "max_output_tokens" not in body:
+        body["max_output_tokens"] = 3  # /v1/responses
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         body["prompt"] = prompt[:_MAX_PROMPTS]
