@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 # Rows filled one matcher after another below this; xgrammar's batch filler (threads) above.
 _BATCH_FILL_MIN_ROWS = 16
+# Compiled grammars kept for reuse (least recently used dropped first; a running request keeps
+# its own matcher, so dropping one never affects it). Bounds memory under many distinct specs.
+GRAMMAR_CACHE_SIZE = 256
 
 
 @dataclass
@@ -100,7 +104,8 @@ class StructuredOutputManager:
         self._backend_lock = threading.Lock()
         self._executor: Optional[ThreadPoolExecutor] = None
         self._max_workers = max_workers
-        self._cache: dict[GrammarSpec, Future] = {}  # spec -> future of its CompiledGrammar
+        # spec -> future of its CompiledGrammar, least recently used first
+        self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._batch_matcher: Any = None
 
@@ -125,6 +130,9 @@ class StructuredOutputManager:
                                                         thread_name_prefix="pyorch-grammar")
                 future = self._executor.submit(self._compile, spec)
                 self._cache[spec] = future
+                while len(self._cache) > GRAMMAR_CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(spec)
             return future
 
     def grammar_init(self, request: Request) -> None:

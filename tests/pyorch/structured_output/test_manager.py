@@ -237,3 +237,36 @@ def test_compile_failure_in_core_aborts_only_that_request(model_path):
     assert finished["bad"].outputs[0].finish_reason == "abort"
     assert len(finished["plain"].outputs[0].token_ids) == 4
     _assert_pool_empty(llm)
+
+
+def test_compiled_grammars_are_cached_and_bounded(tokenizer, monkeypatch):
+    """One compile per spec (n > 1 children and repeated schemas share it); the cache keeps the
+    most recently used GRAMMAR_CACHE_SIZE specs."""
+    from pyorch.core.request import Request
+    from pyorch.structured_output import manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "GRAMMAR_CACHE_SIZE", 3)
+    manager = manager_mod.StructuredOutputManager(lambda: tokenizer, len(tokenizer))
+    compiled = []
+    compile_real = manager._compile
+    manager._compile = lambda spec: compiled.append(spec) or compile_real(spec)
+
+    def ready(regex: str) -> Request:
+        request = Request(regex, [1], _params(0, regex=regex), tokenizer.eos_token_id, 0.0)
+        manager.grammar_init(request)
+        deadline = time.monotonic() + 60
+        while not request.structured_output_request.is_ready:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert request.structured_output_request.error is None
+        return request
+
+    first, again = ready("a+"), ready("a+")
+    assert len(compiled) == 1
+    assert first.structured_output_request.grammar is not again.structured_output_request.grammar
+    for regex in ("b+", "c+", "d+"):
+        ready(regex)
+    assert len(manager._cache) == 3 and "a+" not in [s.text for s in manager._cache]
+    ready("a+")  # dropped, so compiled again
+    assert len(compiled) == 5
+    manager.shutdown()
