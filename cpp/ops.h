@@ -69,10 +69,28 @@
                          const std::optional<at::Tensor>& norm_weight, double epsilon,            \
                          int64_t epilogue, std::optional<bool> pdl);
 
+// Mixture of experts (cpp/cpu/moe.cpp, cpp/ops/moe.cpp).
+#define PYORCH_DECLARE_MOE_OPS                                                                     \
+  void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,                            \
+                    at::Tensor& token_expert_indices, const at::Tensor& gating_output,             \
+                    bool renormalize);                                                             \
+  void moe_sum(const at::Tensor& input, at::Tensor& output);                                       \
+  void moe_align_block_size(const at::Tensor& topk_ids, int64_t num_experts, int64_t block_size,   \
+                            at::Tensor& sorted_token_ids, at::Tensor& experts_ids,                 \
+                            at::Tensor& num_tokens_post_pad,                                       \
+                            const std::optional<at::Tensor>& expert_map);                          \
+  void fused_moe_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,          \
+                      const std::optional<at::Tensor>& topk_weights,                               \
+                      const at::Tensor& sorted_token_ids, const at::Tensor& expert_ids,            \
+                      const at::Tensor& num_tokens_post_padded, int64_t top_k, int64_t block_size, \
+                      bool silu_and_mul);
+
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS
+PYORCH_DECLARE_MOE_OPS
 
 // CPU kernels (cpp/cpu/*.cpp).
 namespace pyorch::cpu {
 PYORCH_DECLARE_OPS
+PYORCH_DECLARE_MOE_OPS
 }  // namespace pyorch::cpu
