@@ -1,4 +1,5 @@
-"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 against transformers: a batch of prompts of
+"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 and the MoE models (Mixtral, Qwen2-MoE,
+Qwen3-MoE) against transformers: a batch of prompts of
 varied lengths in one forward over a paged KV cache, then one decode step per sequence."""
 
 import glob
@@ -11,9 +12,12 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     PretrainedConfig,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from pyorch.forward_context import set_forward_context
@@ -46,7 +50,19 @@ CONFIGS = {
     ),
     # head_dim * heads != hidden_size, as in real Qwen3 models.
     "qwen3": lambda: Qwen3Config(**{**COMMON, "hidden_size": 128}, tie_word_embeddings=False),
+    # Mixture of experts: awkward expert counts and sizes, top-k renormalized or not, a shared
+    # expert and a dense layer (Qwen2-MoE's mlp_only_layers).
+    "mixtral": lambda: MixtralConfig(**{**COMMON, "intermediate_size": 72}, num_local_experts=5,
+                                     num_experts_per_tok=2),
+    "qwen2_moe": lambda: Qwen2MoeConfig(
+        **COMMON, num_experts=7, num_experts_per_tok=3, moe_intermediate_size=40,
+        shared_expert_intermediate_size=88, norm_topk_prob=False, mlp_only_layers=[1],
+        tie_word_embeddings=False),
+    "qwen3_moe": lambda: Qwen3MoeConfig(
+        **{**COMMON, "hidden_size": 128}, num_experts=9, num_experts_per_tok=4,
+        moe_intermediate_size=56, norm_topk_prob=True, tie_word_embeddings=False),
 }
+MOE_CONFIGS = {"mixtral", "qwen2_moe", "qwen3_moe"}
 
 
 def _randomize(model: torch.nn.Module) -> None:
@@ -190,10 +206,12 @@ def test_fused_decode_matches_unfused_and_transformers(checkpoint, device: str, 
             return ours.compute_logits(ours(torch.tensor(next_ids, device=device), positions))
 
     fused = decode()  # rewrites the decode tokens' KV slots with the same values each time
-    assert len(calls) == 4 * config.num_hidden_layers  # qkv, o_proj, gate_up, down per layer
+    # qkv, o_proj, gate_up, down per layer; an MoE model's layers have no fused form at all.
+    want_calls = 0 if config.model_type in ("mixtral", "qwen2_moe", "qwen3_moe") else 4
+    assert len(calls) == want_calls * config.num_hidden_layers
     monkeypatch.setattr(fused_linear, "FUSED_DECODE", False)
     unfused = decode()
-    assert len(calls) == 4 * config.num_hidden_layers
+    assert len(calls) == want_calls * config.num_hidden_layers
     hf32 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                 attn_implementation="eager").to(device).eval()
     for i, prompt in enumerate(prompts):
@@ -205,8 +223,9 @@ def test_fused_decode_matches_unfused_and_transformers(checkpoint, device: str, 
 
 
 def test_registry():
-    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-            "Qwen3ForCausalLM"} <= set(get_supported_archs())
+    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+            "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+            "Qwen3MoeForCausalLM"} <= set(get_supported_archs())
     assert resolve_model_class(["Foo", "Qwen3ForCausalLM"]).__name__ == "Qwen3ForCausalLM"
     with pytest.raises(ValueError, match="Supported architectures: .*LlamaForCausalLM"):
         resolve_model_class(["GPT2LMHeadModel"])
@@ -227,3 +246,32 @@ def _hf_param_shapes(config: PretrainedConfig) -> dict[str, torch.Tensor]:
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(config)
     return dict(hf.state_dict())
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
+def test_moe_checkpoint_layouts_and_errors(name: str, tmp_path):  # type: ignore[no-untyped-def]
+    """Per-expert tensors (every released checkpoint) and transformers v5's stacked experts load
+    to the same weights; a missing expert or an expert id past num_experts is named."""
+    torch.manual_seed(3)
+    config = CONFIGS[name]()
+    hf = AutoModelForCausalLM.from_config(config)
+    _randomize(hf)
+    hf.save_pretrained(str(tmp_path), safe_serialization=True)
+    per_expert = _load_weights(str(tmp_path))
+    assert any(".experts.0." in k for k in per_expert)
+    cls = resolve_model_class(config.architectures)
+    a, b = cls(config), cls(config)
+    a.load_weights(per_expert.items())
+    b.load_weights(hf.state_dict().items())
+    for (name_a, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(pa, pb, atol=0, rtol=0, msg=name_a)
+    down = next(k for k in per_expert if ".experts.1." in k and k.endswith(("w2.weight",
+                                                                           "down_proj.weight")))
+    partial = {k: v for k, v in per_expert.items() if k != down}
+    with pytest.raises(KeyError, match=r"missing expert weights for: model\.layers\.\d\.mlp\."
+                                       r"experts\.1\.w2"):
+        cls(config).load_weights(partial.items())
+    num_experts = a.model.layers[0].mlp.experts.global_num_experts
+    extra = {**per_expert, down.replace(".experts.1.", f".experts.{num_experts}."): per_expert[down]}
+    with pytest.raises(KeyError, match="Unexpected weight .*no such expert"):
+        cls(config).load_weights(extra.items())
