@@ -9,6 +9,8 @@ id, -1 elsewhere). NOTE(moe): the cross-rank reduction of the output belongs to 
 runtime (tensor-parallel issue); with tp_size = ep_size = 1 (the default) nothing is needed.
 """
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -51,14 +53,12 @@ class FusedMoE(nn.Module):
         self.local_num_experts = num_experts // ep_size
         self.intermediate_size_per_partition = intermediate_size // tp_size
         self.first_local_expert = ep_rank * self.local_num_experts
-        self.expert_map: torch.Tensor | None = None
         if ep_size > 1:
             expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
             first = self.first_local_expert
             expert_map[first:first + self.local_num_experts] = torch.arange(
                 self.local_num_experts, dtype=torch.int32)
             self.register_buffer("_expert_map", expert_map, persistent=False)
-            self.expert_map = self._expert_map
         dtype = params_dtype or torch.get_default_dtype()
         e, i, h = self.local_num_experts, self.intermediate_size_per_partition, hidden_size
         self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
@@ -66,12 +66,11 @@ class FusedMoE(nn.Module):
         for param in (self.w13_weight, self.w2_weight):
             set_weight_attrs(param, {"weight_loader": self.weight_loader})
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
-        # Keep the plain expert_map attribute pointing at the (moved) buffer.
-        result = super()._apply(fn, recurse)
-        if self.ep_size > 1:
-            self.expert_map = self._expert_map
-        return result
+    @property
+    def expert_map(self) -> torch.Tensor | None:
+        """[global_num_experts] int32: global expert id -> local id, -1 on other ranks; None
+        without expert parallelism (every expert is local)."""
+        return cast(torch.Tensor, self._expert_map) if self.ep_size > 1 else None
 
     def local_expert(self, expert_id: int) -> int | None:
         """The local index of a global expert id, or None when another rank holds it."""

@@ -263,7 +263,8 @@ def test_moe_checkpoint_layouts_and_errors(name: str, tmp_path):  # type: ignore
     a, b = cls(config), cls(config)
     a.load_weights(per_expert.items())
     b.load_weights(hf.state_dict().items())
-    for (name_a, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+    for (name_a, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(),
+                                             strict=True):
         torch.testing.assert_close(pa, pb, atol=0, rtol=0, msg=name_a)
     down = next(k for k in per_expert if ".experts.1." in k and k.endswith(("w2.weight",
                                                                            "down_proj.weight")))
@@ -272,6 +273,7 @@ def test_moe_checkpoint_layouts_and_errors(name: str, tmp_path):  # type: ignore
                                        r"experts\.1\.w2"):
         cls(config).load_weights(partial.items())
     num_experts = a.model.layers[0].mlp.experts.global_num_experts
-    extra = {**per_expert, down.replace(".experts.1.", f".experts.{num_experts}."): per_expert[down]}
+    past_the_end = down.replace(".experts.1.", f".experts.{num_experts}.")
+    extra = {**per_expert, past_the_end: per_expert[down]}
     with pytest.raises(KeyError, match="Unexpected weight .*no such expert"):
         cls(config).load_weights(extra.items())
