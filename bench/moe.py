@@ -2,7 +2,9 @@
 Mixtral-8x7B and Qwen3-30B-A3B layer shapes, pyorch against vLLM's fused_moe side by side when
 vLLM imports, bf16, random weights and router logits. Prints one line per (model, M) with both
 times, their ratio (vLLM / pyorch: > 1 means pyorch is faster), and the weight-read floor: the
-bytes of the experts the batch actually routes to, at the measured device copy bandwidth.
+bytes of the experts the batch actually routes to, at the measured device copy bandwidth (bytes
+read + written per second, about what a pure read stream reaches). Each layer call is timed
+inside a CUDA graph (as the engine runs it: no host launch overhead) and, separately, eagerly.
 
     python bench/moe.py [--models mixtral,qwen3_moe] [--tokens 1,8,64,512,4096,16384] [--out F]
 
@@ -52,6 +54,28 @@ def _pyorch_moe(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: to
     return fused_experts(x, w13, w2, weights, ids, w13.shape[0])
 
 
+def _graph_ms(fn: Callable[[], Any], iters: int) -> float:
+    """Median ms of one replay of a CUDA graph holding one call of fn."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return common.median(event_times(graph.replay, iters))
+
+
+def _time(row: dict[str, Any], name: str, fn: Callable[[], Any], iters: int) -> None:
+    row[f"{name}_eager_us"] = common.median(event_times(fn, iters)) * 1e3
+    try:
+        row[f"{name}_us"] = _graph_ms(fn, iters) * 1e3
+    except RuntimeError as e:  # a path that cannot be captured: report the eager time
+        print(f"{name}: CUDA graph capture failed ({e}); graph time = eager time")
+        row[f"{name}_us"] = row[f"{name}_eager_us"]
+
+
 def _row(model: str, m: int, bandwidth: float, vllm: Callable[..., torch.Tensor] | None,
          iters: int) -> dict[str, Any]:
     num_experts, top_k, hidden, inter, renorm = SHAPES[model]
@@ -68,16 +92,15 @@ def _row(model: str, m: int, bandwidth: float, vllm: Callable[..., torch.Tensor]
     row: dict[str, Any] = dict(op="fused_moe", model=model, M=m, num_experts=num_experts,
                                top_k=top_k, hidden=hidden, intermediate=inter,
                                active_experts=active,
-                               floor_us=weight_bytes / (bandwidth / 2) * 1e6)
+                               floor_us=weight_bytes / bandwidth * 1e6)
     ours = _pyorch_moe(x, logits, w13, w2, top_k, renorm)
-    row["pyorch_us"] = common.median(event_times(
-        lambda: _pyorch_moe(x, logits, w13, w2, top_k, renorm), iters)) * 1e3
+    _time(row, "pyorch", lambda: _pyorch_moe(x, logits, w13, w2, top_k, renorm), iters)
     if vllm is not None:
-        theirs = vllm(x, logits, w13, w2, top_k, renorm)
+        v = vllm
+        theirs = v(x, logits, w13, w2, top_k, renorm)
         scale = theirs.float().abs().max().clamp_min(1e-6)
         row["max_rel_diff"] = float((ours.float() - theirs.float()).abs().max() / scale)
-        row["vllm_us"] = common.median(event_times(
-            lambda: vllm(x, logits, w13, w2, top_k, renorm), iters)) * 1e3
+        _time(row, "vllm", lambda: v(x, logits, w13, w2, top_k, renorm), iters)
         row["ratio"] = row["vllm_us"] / row["pyorch_us"]
     return row
 

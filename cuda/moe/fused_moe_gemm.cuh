@@ -16,7 +16,7 @@
 //
 // Fragments: mma.sync m16n8k16 (fp32 accumulators) fed by ldmatrix from cp.async tiles whose rows
 // are padded by 16 bytes (ldmatrix's 8 row addresses then hit distinct bank groups). Four warps:
-// BLOCK_M = 64 gives each warp 16 rows and every column, BLOCK_M = 16 gives each warp all 16
+// BLOCK_M = 64 gives each warp 32 rows and half the columns, BLOCK_M = 16 gives each warp all 16
 // rows and a quarter of the columns. K streams through kStages shared-memory stages of kBlockK.
 #pragma once
 
@@ -35,11 +35,16 @@ struct MoeGemmTraits {
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kBlockN = 64;  // output columns per CTA
   static constexpr int kBlockK = 64;
-  static constexpr int kStages = 3;
+  // Decode-sized tiles (16 rows) stream weights with little math per byte: keep more k-tiles in
+  // flight per CTA. 64-row tiles are math-bound: 3 stages hide the loads.
+  static constexpr int kStages = BLOCK_M == 16 ? (SILU ? 4 : 6) : 3;
   static constexpr int kGroups = SILU ? 2 : 1;  // B row groups: [gate; up] or the one weight
   static constexpr int kBRows = kGroups * kBlockN;
-  static constexpr int kWarpsM = BLOCK_M / 16;
+  // 16 rows: 1 x 4 warps (each all rows, a quarter of the columns); 64 rows: 2 x 2 warps of 32
+  // rows (two m16 tiles, so each B fragment feeds two mma's) and half the columns.
+  static constexpr int kWarpsM = BLOCK_M == 16 ? 1 : 2;
   static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kMTiles = BLOCK_M / (16 * kWarpsM);
   static constexpr int kWarpN = kBlockN / kWarpsN;  // output columns per warp
   static_assert(kWarpN % 16 == 0, "a warp's columns are whole ldmatrix_x4 pairs of n8 tiles");
   static constexpr int kNTiles = kWarpN / 8;
@@ -132,9 +137,9 @@ __global__ void __launch_bounds__(MoeGemmTraits<T, BLOCK_M, SILU>::kThreads)
   const int lane = threadIdx.x % kWarpSize;
   const int warp_m = warp % Tr::kWarpsM;
   const int warp_n = warp / Tr::kWarpsM;
-  float acc[Tr::kGroups][Tr::kNTiles][4] = {};
+  float acc[Tr::kMTiles][Tr::kGroups][Tr::kNTiles][4] = {};
   // ldmatrix row addresses: A as in a Q tile, B (weight rows = n) as in a K tile of attention.
-  const int a_off = (warp_m * 16 + lane % 16) * Tr::kRowStride + (lane / 16) * 8;
+  const int a_off = (warp_m * 16 * Tr::kMTiles + lane % 16) * Tr::kRowStride + (lane / 16) * 8;
   const int b_off =
       (warp_n * Tr::kWarpN + lane % 8 + (lane / 16) * 8) * Tr::kRowStride + ((lane / 8) % 2) * 8;
 
@@ -151,26 +156,34 @@ __global__ void __launch_bounds__(MoeGemmTraits<T, BLOCK_M, SILU>::kThreads)
     const T* b = a + Tr::kAElems;
 #pragma unroll
     for (int kk = 0; kk < Tr::kBlockK / 16; ++kk) {
-      uint32_t af[4];
-      attn::ldmatrix_x4(af, a + a_off + kk * 16);
+      uint32_t af[Tr::kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+        attn::ldmatrix_x4(af[mt], a + a_off + mt * 16 * Tr::kRowStride + kk * 16);
+      }
 #pragma unroll
       for (int g = 0; g < Tr::kGroups; ++g) {
 #pragma unroll
         for (int nn = 0; nn < Tr::kNTiles / 2; ++nn) {
           uint32_t bf[4];
           attn::ldmatrix_x4(bf, b + b_off + (g * Tr::kBlockN + nn * 16) * Tr::kRowStride + kk * 16);
-          attn::mma_16816<T>(acc[g][2 * nn], af, bf[0], bf[1]);
-          attn::mma_16816<T>(acc[g][2 * nn + 1], af, bf[2], bf[3]);
+#pragma unroll
+          for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+            attn::mma_16816<T>(acc[mt][g][2 * nn], af[mt], bf[0], bf[1]);
+            attn::mma_16816<T>(acc[mt][g][2 * nn + 1], af[mt], bf[2], bf[3]);
+          }
         }
       }
     }
   }
   attn::cp_async_wait<0>();  // no copy may land after the CTA exits
 
-  // Epilogue. acc[g][t] holds rows lane / 4 (+ 8) and columns 2 * (lane % 4) (+ 1) of n8 tile t.
+  // Epilogue. acc[mt][g][t] holds rows lane / 4 (+ 8) of m16 tile mt and columns
+  // 2 * (lane % 4) (+ 1) of n8 tile t.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = warp_m * 16 + lane / 4 + half * 8;
+  for (int rt = 0; rt < 2 * Tr::kMTiles; ++rt) {
+    const int mt = rt / 2, half = rt % 2;
+    const int r = (warp_m * Tr::kMTiles + mt) * 16 + lane / 4 + half * 8;
     const int64_t f = flat[r];
     if (f >= p.num_flat) continue;
     const float scale = p.topk_weights ? p.topk_weights[f] : 1.f;
@@ -180,9 +193,9 @@ __global__ void __launch_bounds__(MoeGemmTraits<T, BLOCK_M, SILU>::kThreads)
       for (int i = 0; i < 2; ++i) {
         const int64_t col = n0 + warp_n * Tr::kWarpN + t * 8 + 2 * (lane % 4) + i;
         if (col >= p.out_cols) continue;
-        float v = acc[0][t][half * 2 + i];
+        float v = acc[mt][0][t][half * 2 + i];
         if constexpr (SILU) {
-          const float up = acc[Tr::kGroups - 1][t][half * 2 + i];
+          const float up = acc[mt][Tr::kGroups - 1][t][half * 2 + i];
           v = v / (1.f + __expf(-v)) * up;
         }
         p.out[f * p.out_cols + col] = from_float<T>(v * scale);

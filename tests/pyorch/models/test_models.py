@@ -69,7 +69,9 @@ def _randomize(model: torch.nn.Module) -> None:
     # HF's 0.02-std init makes nearly uniform logits; larger weights make the comparison bite.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
+            if name.endswith(".gate.weight"):  # an MoE router: decisive top-k choices, so that
+                param.normal_(0.0, 0.5)       # bf16 rounding does not flip near-ties
+            elif "norm" in name:
                 param.normal_(1.0, 0.2)
             else:
                 param.normal_(0.0, 0.08)
