@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
@@ -110,6 +111,28 @@ def _build_ours(config: PretrainedConfig, path: str, device: str, dtype: torch.d
     return model.eval()
 
 
+def _routing_near_ties(hf: torch.nn.Module, token_ids: list[int], device: str,
+                       gap: float = 0.1) -> torch.Tensor:
+    """[len] bool: positions where some layer's fp32 router logits put the top_k-th and the next
+    expert within `gap` of each other (bf16 rounding of the hidden state can swap them)."""
+    ties = torch.zeros(len(token_ids), dtype=torch.bool, device=device)
+    top_k = hf.config.num_experts_per_tok
+
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...], _: object) -> None:
+        logits = F.linear(args[0].reshape(len(token_ids), -1).float(), module.weight.float())
+        top = logits.topk(top_k + 1, dim=-1).values
+        ties.logical_or_(top[:, top_k - 1] - top[:, top_k] < gap)
+
+    routers = [m for n, m in hf.named_modules() if n.endswith("mlp.gate")]
+    handles = [m.register_forward_hook(hook) for m in routers]
+    try:
+        _hf_logits(hf, token_ids, device)
+    finally:
+        for h in handles:
+            h.remove()
+    return ties
+
+
 def _hf_logits(hf: torch.nn.Module, token_ids: list[int], device: str) -> torch.Tensor:
     with torch.no_grad():
         ids = torch.tensor([token_ids], device=device)
@@ -137,12 +160,25 @@ def test_prefill_and_decode_match_transformers(checkpoint, device: str):  # type
         layer.kv_cache = (torch.zeros(shape, dtype=dtype, device=device),
                           torch.zeros(shape, dtype=dtype, device=device))
 
+    compared: list[int] = []  # MoE in bf16: rows compared per check
+
     def check(got: torch.Tensor, token_ids: list[int], rows: slice, what: str) -> None:
         want = _hf_logits(hf32, token_ids, device)[rows]
         if hf_low is None:
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=what)
         else:  # ours in bf16 may be off from fp32 by about what HF in bf16 is
-            hf_err = (_hf_logits(hf_low, token_ids, device)[rows] - want).abs().max().item()
+            low = _hf_logits(hf_low, token_ids, device)[rows]
+            if config.model_type in MOE_CONFIGS:
+                # A router near-tie in fp32 may pick other experts in bf16 (a jump, not an
+                # error), which later positions then attend to: positions from the first
+                # near-tie on are left out, the rest held to the same bound.
+                ties = _routing_near_ties(hf32, token_ids, device)
+                keep = ~ties.cumsum(0).bool()[rows]
+                if not keep.any():
+                    return
+                compared.append(int(keep.sum()))
+                got, want, low = got[keep], want[keep], low[keep]
+            hf_err = (low - want).abs().max().item()
             our_err = (got - want).abs().max().item()
             assert our_err <= 2 * hf_err + 2e-2, f"{what}: ours {our_err:.4f} vs HF {hf_err:.4f}"
 
@@ -163,6 +199,8 @@ def test_prefill_and_decode_match_transformers(checkpoint, device: str):  # type
         logits = ours.compute_logits(ours(torch.tensor(next_ids, device=device), positions))
     for i, prompt in enumerate(prompts):
         check(logits[i:i + 1], prompt + [next_ids[i]], slice(-1, None), f"decode of seq {i}")
+    if hf_low is not None and config.model_type in MOE_CONFIGS:
+        assert sum(compared) >= sum(PROMPT_LENS) // 4, f"too few rows compared: {compared}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -209,7 +247,7 @@ def test_fused_decode_matches_unfused_and_transformers(checkpoint, device: str, 
 
     fused = decode()  # rewrites the decode tokens' KV slots with the same values each time
     # qkv, o_proj, gate_up, down per layer; an MoE model's layers have no fused form at all.
-    want_calls = 0 if config.model_type in ("mixtral", "qwen2_moe", "qwen3_moe") else 4
+    want_calls = 0 if config.model_type in MOE_CONFIGS else 4
     assert len(calls) == want_calls * config.num_hidden_layers
     monkeypatch.setattr(fused_linear, "FUSED_DECODE", False)
     unfused = decode()
