@@ -101,11 +101,10 @@ TORCH_LIBRARY(pyorch, m) {
       "skinny_gemm_fused(Tensor! out, Tensor input, Tensor weight, Tensor? bias, "
       "Tensor? norm_weight, float epsilon, int epilogue, bool? pdl=None) -> ()");
 
-  // ---- mixture of experts (M tokens, E experts, top_k per token, H hidden)
-  // ------------------------- Router: softmax of gating_output [M, E] in fp32, then the top_k
-  // largest (ties to the lower expert id) into topk_weights [M, top_k] fp32 and topk_indices [M,
-  // top_k] int32/int64, renormalized to sum to 1 when renormalize; token_expert_indices[m, j] = j *
-  // M + m.
+  // ---- mixture of experts (M tokens, E experts, top_k per token, H hidden) ----------------------
+  // Router: softmax of gating_output [M, E] in fp32, then the top_k largest (ties to the lower
+  // expert id) into topk_weights [M, top_k] fp32 and topk_indices [M, top_k] int32/int64,
+  // renormalized to sum to 1 when renormalize; token_expert_indices[m, j] = j * M + m.
   m.def(
       "topk_softmax(Tensor! topk_weights, Tensor! topk_indices, Tensor! token_expert_indices, "
       "Tensor gating_output, bool renormalize) -> ()");
@@ -129,6 +128,12 @@ TORCH_LIBRARY(pyorch, m) {
       "Tensor sorted_token_ids, Tensor expert_ids, Tensor num_tokens_post_padded, int top_k, "
       "int block_size, bool silu_and_mul) -> ()");
 
+  // ---- sampling ------------------------------------------------------------------------------
+  // Structured output: logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0, for the
+  // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
+  // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
+  m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
+
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
@@ -151,6 +156,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_sum", c10::kCPU, &pyorch::cpu::moe_sum);
   m.impl("moe_align_block_size", c10::kCPU, &pyorch::cpu::moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCPU, &pyorch::cpu::fused_moe_gemm);
+  m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -176,6 +182,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_sum", c10::kCUDA, &moe_sum);
   m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCUDA, &fused_moe_gemm);
+  m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
