@@ -117,6 +117,14 @@ class SchedulerConfig:
     # Admit a request only while the KV cache keeps room for the running requests' expected
     # growth (Scheduler docstring); False admits whatever fits now and relies on preemption.
     reserve_kv_for_growth: bool = True
+    # vLLM's chunked-prefill limits: most tokens of one request per step (0: none), and
+    # concurrent partial prefills (1: no limit on the number, as vLLM's V1 engine).
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    # pyorch's own: size each step's prefill tokens so a step takes about this long, from the
+    # measured step times (pyorch.core.step_budget). None: max_num_batched_tokens every step.
+    target_step_ms: Optional[float] = None
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:
@@ -130,6 +138,23 @@ class SchedulerConfig:
             )
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be fcfs or priority, got {self.policy!r}")
+        if self.max_num_partial_prefills < 1 or self.max_long_partial_prefills < 1:
+            raise ValueError("max_num_partial_prefills and max_long_partial_prefills must be >= 1")
+        if self.max_num_partial_prefills > 1 and not self.enable_chunked_prefill:
+            raise ValueError("max_num_partial_prefills > 1 requires chunked prefill")
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError(
+                f"max_long_partial_prefills ({self.max_long_partial_prefills}) must be <= "
+                f"max_num_partial_prefills ({self.max_num_partial_prefills})")
+        if self.max_num_partial_prefills > 1 and self.long_prefill_token_threshold == 0:
+            # vLLM's default when partial prefills are concurrent: 4% of max_model_len.
+            self.long_prefill_token_threshold = max(1, int(self.max_model_len * 0.04))
+        if not 0 <= self.long_prefill_token_threshold <= self.max_model_len:
+            raise ValueError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must be in "
+                f"[0, max_model_len ({self.max_model_len})]")
+        if self.target_step_ms is not None and not 0 < self.target_step_ms < float("inf"):
+            raise ValueError(f"target_step_ms must be a positive number, got {self.target_step_ms}")
 
 
 @dataclass

@@ -27,6 +27,7 @@ BlockPool::BlockPool(int32_t num_blocks, int32_t block_size, bool enable_caching
   }
   bucket_mask_ = hash_bits == 64 ? ~0ull : (1ull << hash_bits) - 1;
   blocks_.resize(num_blocks);
+  if (enable_caching_) buckets_.reserve(static_cast<size_t>(num_blocks));
   if (enable_caching_) token_ids_.resize(static_cast<size_t>(num_blocks) * block_size);
   for (int32_t b = 1; b < num_blocks; ++b) push_free_tail(b);
 }
@@ -79,14 +80,22 @@ void BlockPool::evict(int32_t block_id) {
   Block& blk = blocks_[block_id];
   auto it = buckets_.find(blk.hash & bucket_mask_);
   if (it != buckets_.end()) {
-    std::vector<int32_t>& ids = it->second;
-    auto pos = std::find(ids.begin(), ids.end(), block_id);
-    if (pos != ids.end()) {
-      *pos = ids.back();
-      ids.pop_back();
+    if (it->second == block_id) {
+      if (blk.bucket_next >= 0) {
+        it->second = blk.bucket_next;
+      } else {
+        buckets_.erase(it);
+      }
+    } else {
+      for (int32_t b = it->second; b >= 0; b = blocks_[b].bucket_next) {
+        if (blocks_[b].bucket_next == block_id) {
+          blocks_[b].bucket_next = blk.bucket_next;
+          break;
+        }
+      }
     }
-    if (ids.empty()) buckets_.erase(it);
   }
+  blk.bucket_next = -1;
   blk.cached = false;
   blk.hash = 0;
   blk.content_id = blk.parent_content_id = 0;
@@ -137,7 +146,7 @@ int32_t BlockPool::find_cached(uint64_t hash, uint64_t parent_content_id,
   auto it = buckets_.find(hash & bucket_mask_);
   if (it == buckets_.end()) return -1;
   const size_t num_bytes = sizeof(int32_t) * block_size_;
-  for (int32_t b : it->second) {
+  for (int32_t b = it->second; b >= 0; b = blocks_[b].bucket_next) {
     const Block& blk = blocks_[b];
     if (blk.hash == hash && blk.parent_content_id == parent_content_id &&
         blk.extra_key == extra_key &&
@@ -151,18 +160,30 @@ int32_t BlockPool::find_cached(uint64_t hash, uint64_t parent_content_id,
 std::vector<int32_t> BlockPool::find_longest_prefix(const std::vector<int32_t>& token_ids,
                                                     const std::string& extra_key,
                                                     int64_t max_num_tokens) {
+  const int32_t* data = token_ids.data();
+  return find_longest_prefix(
+      static_cast<int64_t>(token_ids.size()),
+      [data](int64_t start, int64_t n, int32_t* out) {
+        std::copy(data + start, data + start + n, out);
+      },
+      extra_key, max_num_tokens);
+}
+
+std::vector<int32_t> BlockPool::find_longest_prefix(int64_t num_tokens_in, const TokenReader& read,
+                                                    const std::string& extra_key,
+                                                    int64_t max_num_tokens) {
   std::vector<int32_t> out;
-  num_query_tokens_ += static_cast<int64_t>(token_ids.size());
+  num_query_tokens_ += num_tokens_in;
   if (!enable_caching_ || num_cached_ == 0) return out;
-  const int64_t num_tokens =
-      std::min<int64_t>(token_ids.size(), std::max<int64_t>(max_num_tokens, 0));
+  const int64_t num_tokens = std::min<int64_t>(num_tokens_in, std::max<int64_t>(max_num_tokens, 0));
   const int64_t num_full_blocks = num_tokens / block_size_;
+  std::vector<int32_t> tokens(block_size_);
   uint64_t parent_hash = kRootBlockHash;
   uint64_t parent_content_id = 0;
   for (int64_t i = 0; i < num_full_blocks; ++i) {
-    const int32_t* tokens = token_ids.data() + i * block_size_;
-    const uint64_t hash = hash_block_tokens(parent_hash, tokens, block_size_, extra_key);
-    const int32_t b = find_cached(hash, parent_content_id, extra_key, tokens);
+    read(i * block_size_, block_size_, tokens.data());
+    const uint64_t hash = hash_block_tokens(parent_hash, tokens.data(), block_size_, extra_key);
+    const int32_t b = find_cached(hash, parent_content_id, extra_key, tokens.data());
     if (b < 0) break;
     out.push_back(b);
     parent_hash = hash;
@@ -180,6 +201,11 @@ int32_t BlockPool::cache_full_blocks(int32_t parent_block_id, const std::vector<
                                 std::to_string(block_ids.size() * block_size_) +
                                 " token ids, got " + std::to_string(token_ids.size()));
   }
+  return cache_full_blocks(parent_block_id, block_ids, token_ids.data(), extra_key);
+}
+
+int32_t BlockPool::cache_full_blocks(int32_t parent_block_id, const std::vector<int32_t>& block_ids,
+                                     const int32_t* token_ids, const std::string& extra_key) {
   if (!enable_caching_) return 0;
   uint64_t parent_hash = kRootBlockHash;
   uint64_t parent_content_id = 0;
@@ -194,7 +220,7 @@ int32_t BlockPool::cache_full_blocks(int32_t parent_block_id, const std::vector<
     const int32_t b = block_ids[i];
     Block& blk = at(b);
     if (b == kNullBlockId) break;
-    const int32_t* tokens = token_ids.data() + i * block_size_;
+    const int32_t* tokens = token_ids + i * block_size_;
     const uint64_t hash = hash_block_tokens(parent_hash, tokens, block_size_, extra_key);
     if (blk.cached) {
       // Already cached (a prefix hit): it must hold exactly this content to continue the chain.
@@ -211,7 +237,9 @@ int32_t BlockPool::cache_full_blocks(int32_t parent_block_id, const std::vector<
       blk.extra_key = extra_key;
       blk.cached = true;
       std::copy(tokens, tokens + block_size_, &token_ids_[static_cast<size_t>(b) * block_size_]);
-      buckets_[hash & bucket_mask_].push_back(b);
+      auto [head, inserted] = buckets_.try_emplace(hash & bucket_mask_, b);
+      blk.bucket_next = inserted ? -1 : head->second;
+      head->second = b;
       ++num_cached_;
     }
     parent_hash = hash;
@@ -227,6 +255,7 @@ bool BlockPool::reset_prefix_cache() {
     blk.cached = false;
     blk.hash = blk.content_id = blk.parent_content_id = 0;
     blk.extra_key.clear();
+    blk.bucket_next = -1;
   }
   buckets_.clear();
   num_cached_ = 0;

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -64,12 +65,22 @@ class BlockPool {
   // matched tokens as hits.
   std::vector<int32_t> find_longest_prefix(const std::vector<int32_t>& token_ids,
                                            const std::string& extra_key, int64_t max_num_tokens);
+  // The same lookup over a sequence of num_tokens tokens read block by block: read(start, n,
+  // out) writes tokens [start, start + n) to out[0, n). It stops reading at the first block that
+  // misses, so a miss costs one block, not the whole prompt (the Python binding reads a list
+  // this way instead of converting all of it first).
+  using TokenReader = std::function<void(int64_t start, int64_t n, int32_t* out)>;
+  std::vector<int32_t> find_longest_prefix(int64_t num_tokens, const TokenReader& read,
+                                           const std::string& extra_key, int64_t max_num_tokens);
   // Caches full blocks that continue the chain after parent_block_id (-1: they start a sequence;
   // otherwise it must be cached). token_ids: [block_ids.size() * block_size], their tokens in
   // order. Returns how many blocks are cached afterwards (stops early if the chain cannot be
   // continued). A no-op when caching is off.
   int32_t cache_full_blocks(int32_t parent_block_id, const std::vector<int32_t>& block_ids,
                             const std::vector<int32_t>& token_ids, const std::string& extra_key);
+  // The same from a pointer: token_ids: [block_ids.size() * block_size].
+  int32_t cache_full_blocks(int32_t parent_block_id, const std::vector<int32_t>& block_ids,
+                            const int32_t* token_ids, const std::string& extra_key);
   // Drops every cached block. Refused (returns false) while any block is held.
   bool reset_prefix_cache();
 
@@ -88,6 +99,7 @@ class BlockPool {
     uint64_t content_id = 0;         // names the whole prefix ending here (0 = none)
     uint64_t parent_content_id = 0;  // 0 for a sequence's first block
     std::string extra_key;
+    int32_t bucket_next = -1;  // next cached block of the same bucket, -1 at the end
   };
 
   const Block& at(int32_t block_id) const;
@@ -104,7 +116,9 @@ class BlockPool {
   uint64_t bucket_mask_;
   std::vector<Block> blocks_;
   std::vector<int32_t> token_ids_;  // [num_blocks, block_size]: the tokens of cached blocks
-  std::unordered_map<uint64_t, std::vector<int32_t>> buckets_;  // bucket key -> cached block ids
+  // bucket key -> first cached block of the bucket; the rest follow Block::bucket_next. An
+  // intrusive chain: caching a block allocates no per-bucket vector (the miss path's main cost).
+  std::unordered_map<uint64_t, int32_t> buckets_;
   int32_t free_head_ = -1;
   int32_t free_tail_ = -1;
   int32_t num_free_ = 0;

@@ -1,10 +1,14 @@
 """`pyorch bench serve`: a load generator for any OpenAI-compatible server (pyorch-serve, vLLM).
 
-`--num-prompts` streaming requests of random token content (`--random-input-len`,
-`--random-output-len`, `--random-range-ratio`), sent at `--request-rate` (inf: all at once) with
+`--num-prompts` streaming requests of a synthetic workload (`--dataset-name`: `random` with
+`--random-input-len`, `--random-output-len` and `--random-range-ratio` on both, vLLM's
+`prefix_repetition`, or the log-normal `longtail` mix; `pyorch.benchmarks.datasets`), sent at
+`--request-rate` (inf: all at once) with
 Poisson/gamma (`--burstiness`) or fixed (`--arrival fixed`) gaps, at most `--max-concurrency` in
 flight, `ignore_eos` sent as an extra body field. Reports request and token throughput and TTFT /
-ITL / TPOT / E2E (mean, p50, p90, p99). `--request-rates 1,2,4,inf` sweeps several rates (fresh
+ITL / TPOT / E2E (mean, p50, p90, p99), and with `--goodput ttft:MS tpot:MS e2el:MS` (vLLM's
+SLO flag) the rate of requests that met every SLO given. `--request-rates 1,2,4,inf` sweeps several
+rates (fresh
 prompts for each, so a prefix cache cannot help a later rate) and draws TTFT and ITL (p50, p99)
 against the achieved load.
 
@@ -22,12 +26,13 @@ import os
 import time
 from typing import Any
 
-from pyorch.benchmarks import common
+from pyorch.benchmarks import common, datasets
 from pyorch.benchmarks.serve_client import (
     RequestResult,
     RequestSpec,
     arrival_offsets,
     build_payload,
+    parse_goodput,
     send_request,
     summarize,
 )
@@ -64,7 +69,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=50, help="requests per rate")
     parser.add_argument("--random-input-len", type=int, default=64)
     parser.add_argument("--random-output-len", type=int, default=32)
-    parser.add_argument("--random-range-ratio", type=float, default=0.0)
+    parser.add_argument("--random-range-ratio", type=float, default=0.0,
+                        help="random dataset: input and output lengths uniform in "
+                             "[len*(1-r), len*(1+r)]")
+    datasets.add_dataset_args(parser)
+    parser.add_argument("--goodput", nargs="+", type=parse_goodput, default=None,
+                        metavar="KEY:MS",
+                        help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:10000 (vLLM's flag): "
+                             "reports requests/s that met all of them")
     parser.add_argument("--request-rate", type=float, default=math.inf,
                         help="requests/s (default inf: all at once)")
     parser.add_argument("--request-rates", type=_rates, default=None,
@@ -106,20 +118,19 @@ async def wait_ready(client: Any, url: str, timeout: float) -> list[str]:
 
 def make_requests(args: argparse.Namespace, tokenizer: Any, vocab_size: int,
                   seed: int) -> list[RequestSpec]:
-    """Random token ids, sent as text (decoded by `tokenizer`) or as ids."""
-    in_lens = common.random_lengths(args.random_input_len, args.random_range_ratio,
-                                    args.num_prompts, seed)
-    out_lens = common.random_lengths(args.random_output_len, args.random_range_ratio,
-                                     args.num_prompts, seed + 1)
-    prompts = common.random_token_prompts(in_lens, vocab_size, seed + 2)
+    """The `--dataset-name` workload, sent as text (decoded by `tokenizer`) or as ids."""
+    sampled = datasets.sample_requests(args, args.num_prompts, args.random_input_len,
+                                       args.random_output_len, args.random_range_ratio,
+                                       vocab_size, seed)
     specs = []
-    for ids, out_len in zip(prompts, out_lens, strict=True):
+    for sample in sampled:
+        ids = sample.prompt_token_ids
         if tokenizer is None:
-            specs.append(RequestSpec(ids, len(ids), out_len))
+            specs.append(RequestSpec(ids, len(ids), sample.output_len))
         else:
             text = tokenizer.decode(ids, skip_special_tokens=True)
             n = len(tokenizer.encode(text, add_special_tokens=False))
-            specs.append(RequestSpec(text, n, out_len))
+            specs.append(RequestSpec(text, n, sample.output_len))
     return specs
 
 
@@ -158,7 +169,7 @@ async def run_rate(client: Any, args: argparse.Namespace, url: str, model: str,
     start = time.perf_counter()
     results = await asyncio.gather(*(one(s, o, start) for s, o in zip(specs, offsets, strict=True)))
     duration = time.perf_counter() - start
-    summary = summarize(results, duration)
+    summary = summarize(results, duration, dict(args.goodput) if args.goodput else None)
     summary.update(request_rate=rate, burstiness=args.burstiness, arrival=args.arrival,
                    max_concurrency=args.max_concurrency, num_prompts=len(specs),
                    requests=[r.to_dict() for r in results])
@@ -172,7 +183,9 @@ def _print_run(run: dict[str, Any]) -> None:
           f"{run['output_throughput']:.1f} out tok/s | TTFT p50 {run['ttft_ms']['p50']:.0f} "
           f"p99 {run['ttft_ms']['p99']:.0f} ms | ITL p50 {run['itl_ms']['p50']:.1f} "
           f"p99 {run['itl_ms']['p99']:.1f} ms | TPOT mean {run['tpot_ms']['mean']:.1f} ms | "
-          f"E2E p50 {run['e2e_ms']['p50']:.0f} ms")
+          f"E2E p50 {run['e2e_ms']['p50']:.0f} ms"
+          + (f" | goodput {run['request_goodput']:.2f} req/s" if "request_goodput" in run
+             else ""))
     for err in run["errors"][:3]:
         print(f"    error: {err}")
 
@@ -228,6 +241,7 @@ async def _main_async(args: argparse.Namespace) -> dict[str, Any]:
         tokenizer, vocab = load_tokenizer(args)
         # One short request first: a wrong endpoint or model fails here, not 50 times.
         probe = make_requests(argparse.Namespace(**{**vars(args), "num_prompts": 1,
+                                                    "dataset_name": "random",
                                                     "random_output_len": 2}), tokenizer, vocab,
                               args.seed + 999)[0]
         check = await send_request(client, url + args.endpoint,
@@ -245,7 +259,9 @@ async def _main_async(args: argparse.Namespace) -> dict[str, Any]:
     for run in runs[1:]:
         print(f"rate {run['request_rate']}: ITL p50 {run['itl_p50_over_lightest']:.2f}x, "
               f"TTFT p50 {run['ttft_p50_over_lightest']:.2f}x the lightest load")
-    return {"base_url": url, "model": model, "runs": runs}
+    workload = datasets.describe(args, args.random_input_len, args.random_output_len,
+                                 args.random_range_ratio)
+    return {"base_url": url, "model": model, "workload": workload, "runs": runs}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -256,9 +272,10 @@ def main(args: argparse.Namespace) -> int:
     common.write_json(json_path, {"benchmark": NAME, "args": common.args_dict(args), "env": env,
                                   **result})
     if not args.no_plot:
+        workload = ", ".join(f"{k} {v}" for k, v in result["workload"].items())
         plot(png_path, result["runs"],
-             f"{NAME}: {result['model']}, {args.endpoint}, in {args.random_input_len} / out "
-             f"{args.random_output_len}, {args.num_prompts} prompts per rate")
+             f"{NAME}: {result['model']}, {args.endpoint}, {workload}, {args.num_prompts} "
+             "prompts per rate")
     failed = sum(r["failed"] for r in result["runs"])
     return 1 if failed else 0
 

@@ -8,6 +8,7 @@ Works with any OpenAI-compatible server: `/v1/completions` (``choices[0].text``)
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -148,16 +149,54 @@ def _stats_ms(values: Sequence[float]) -> dict[str, float]:
             "p99": percentile(ms, 99)}
 
 
-def summarize(results: Sequence[RequestResult], duration_s: float) -> dict[str, Any]:
-    """Throughputs and TTFT / ITL / TPOT / E2E (ms: mean, p50, p90, p99) over the successes.
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def parse_goodput(text: str) -> tuple[str, float]:
+    """One `KEY:MS` SLO of vLLM's --goodput (ttft, tpot or e2el, in milliseconds)."""
+    key, sep, value = text.partition(":")
+    if not sep or key not in GOODPUT_METRICS:
+        raise argparse.ArgumentTypeError(
+            f"expected KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}, got {text!r}")
+    try:
+        ms = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds after {key}:, got {text!r}") \
+            from None
+    if not ms > 0:
+        raise argparse.ArgumentTypeError(f"an SLO must be positive, got {text!r}")
+    return key, ms
+
+
+def _tpot_s(r: RequestResult) -> float:
+    """Time per output token after the first: (e2e - ttft) / (tokens - 1); 0 for one token."""
+    return (r.e2e_s - r.ttft_s) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+
+
+def meets_slos(r: RequestResult, slos_ms: dict[str, float]) -> bool:
+    """Whether a successful request met every SLO (ms) given, as vLLM's goodput counts it."""
+    measured = {"ttft": r.ttft_s, "tpot": _tpot_s(r), "e2el": r.e2e_s}
+    return all(measured[key] * 1e3 <= slo for key, slo in slos_ms.items())
+
+
+def summarize(results: Sequence[RequestResult], duration_s: float,
+              slos_ms: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    """Throughputs and TTFT / ITL / TPOT / E2E (ms: mean, p50, p90, p99) over the successes,
+    and with `slos_ms` the goodput: requests/s that met every SLO.
 
     TPOT per request = (e2e - ttft) / (output tokens - 1), requests with more than one token."""
     ok = [r for r in results if r.success]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
-    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    tpot = [_tpot_s(r) for r in ok if r.output_tokens > 1]
     errors = sorted({r.error for r in results if not r.success})
+    extra: dict[str, Any] = {}
+    if slos_ms:
+        good = sum(meets_slos(r, slos_ms) for r in ok)
+        extra = {"goodput_slos_ms": dict(slos_ms), "good_requests": good,
+                 "request_goodput": good / duration_s if duration_s > 0 else float("nan")}
     return {
+        **extra,
         "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration_s,
         "input_tokens": in_tokens, "output_tokens": out_tokens,
         "request_throughput": len(ok) / duration_s if duration_s > 0 else float("nan"),

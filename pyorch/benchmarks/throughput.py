@@ -1,8 +1,11 @@
 """`pyorch bench throughput`: offline throughput of `LLM.generate` against transformers `generate`.
 
 The workload (nano-vllm's bench.py, vLLM's random dataset): `--num-prompts` prompts of random
-token ids, `--input-len` long (or a range with `--random-range-ratio`), fixed `--seed`,
-`ignore_eos=True` and `max_tokens=--output-len`, after a warm-up.
+token ids, `--input-len` long, `max_tokens=--output-len` (both uniform in [len*(1-r), len*(1+r)]
+with `--random-range-ratio r`, vLLM's semantics), fixed `--seed`, `ignore_eos=True`, after a
+warm-up. `--dataset-name prefix_repetition` (vLLM's) and `longtail` (log-normal lengths) are the
+other workloads (`pyorch.benchmarks.datasets`). transformers generates one output length per
+batch, so a workload whose output lengths vary runs with `--skip-hf`.
 
 Baseline, measured in the same run on the same prompts, model, dtype and device: transformers
 `generate` (greedy, min_new_tokens = max_new_tokens = output_len, left padding) at each batch size
@@ -25,7 +28,7 @@ import os
 import time
 from typing import Any, Optional
 
-from pyorch.benchmarks import common
+from pyorch.benchmarks import common, datasets
 from pyorch.metrics.stats import GcPauses, format_step_trace, summarize_step_trace
 
 NAME = "throughput"
@@ -35,7 +38,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, default=128, help="prompt length in tokens")
     parser.add_argument("--output-len", type=int, default=128, help="new tokens per request")
     parser.add_argument("--random-range-ratio", type=float, default=0.0,
-                        help="prompt lengths uniform in [L*(1-r), L*(1+r)]")
+                        help="random dataset: prompt and output lengths uniform in "
+                             "[L*(1-r), L*(1+r)]")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="pyorch's sampling temperature (default 0: greedy, as the "
@@ -64,6 +68,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-trace", action="store_true",
                         help="record every step of pyorch's first run on CUDA (device busy and "
                              "idle time from CUDA events, host time) into the JSON")
+    datasets.add_dataset_args(parser)
     common.add_engine_args(parser)
 
 
@@ -96,7 +101,7 @@ class PyorchRunner:
         self.dtype = config.model_config.dtype
         detok = not args.disable_detokenize
         self.step_trace = args.step_trace
-        self.output_len = args.output_len
+        self.output_lens: list[int] = []  # per prompt, set by measure()
         self.params = SamplingParams(max_tokens=args.output_len, ignore_eos=True,
                                      temperature=args.temperature, top_p=1.0,
                                      detokenize=detok)
@@ -113,8 +118,8 @@ class PyorchRunner:
         with GcPauses() as gc_pauses:
             core.timings.gc_pauses = gc_pauses if self.step_trace else None
             start = time.perf_counter()
-            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params,
-                                        use_tqdm=False)
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                        self._params(len(prompts)), use_tqdm=False)
             end = time.perf_counter()
         core.timings.gc_pauses = None
         elapsed = end - start
@@ -122,9 +127,9 @@ class PyorchRunner:
         core.timings.trace = None
         phases = core.timings.per_step_ms(before)
         output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-        if output_tokens != len(prompts) * self.output_len:
-            raise RuntimeError(f"pyorch generated {output_tokens} tokens, "
-                               f"expected {len(prompts) * self.output_len}")
+        expected = sum(self.output_lens[:len(prompts)])
+        if output_tokens != expected:
+            raise RuntimeError(f"pyorch generated {output_tokens} tokens, expected {expected}")
         # Recomputed prefills after a preemption (KV cache full) are work the GPU does twice.
         sample = {"elapsed_s": elapsed, "output_tokens": output_tokens,
                   "engine_steps": phases["steps"], "host_ms_per_step": phases["host"],
@@ -140,6 +145,14 @@ class PyorchRunner:
                 for r in trace]
             print(f"  step trace: {format_step_trace(sample['step_trace'])}")
         return sample
+
+    def _params(self, num: int) -> Any:
+        """One SamplingParams per prompt: max_tokens from the workload's output lengths."""
+        from dataclasses import replace
+
+        if len(set(self.output_lens[:num])) == 1:
+            return replace(self.params, max_tokens=self.output_lens[0])
+        return [replace(self.params, max_tokens=n) for n in self.output_lens[:num]]
 
     def close(self) -> None:
         import torch
@@ -161,7 +174,7 @@ class HFRunner:
         self.model, how = load_hf_model(model, args.load_format or "auto", dtype, device,
                                         args.seed or 0)
         self.info: dict[str, Any] = {"hf_loader": how, "hf_load_s": time.perf_counter() - start}
-        self.device, self.output_len, self.dtype = device, args.output_len, dtype
+        self.device, self.output_len, self.dtype = device, args.hf_output_len, dtype
         warm_up(self.model, warmup_prompts[0], device)
 
     def run(self, prompts: list[list[int]], batch_size: int) -> dict[str, Any]:
@@ -225,7 +238,8 @@ def _summarize(engine: str, batch_size: int, prompts: list[list[int]],
 
 
 def measure(args: argparse.Namespace, model: str, device: str, prompts: list[list[int]],
-            warmup_prompts: list[list[int]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            warmup_prompts: list[list[int]],
+            output_lens: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """All rows. On the CPU every engine is built first and the runs are interleaved (pyorch,
     transformers, per batch size, per repeat), so load from other processes hits both alike; on
     a GPU each pyorch engine takes the device in turn, then transformers does."""
@@ -249,6 +263,7 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
 
     for size in sizes:
         runner = PyorchRunner(args, model, device, warmup_prompts, size)
+        runner.output_lens = output_lens
         dtype = runner.dtype
         if interleave:
             engines[runner.batch_size] = runner
@@ -340,12 +355,18 @@ def main(args: argparse.Namespace) -> int:
     env = common.environment(device)
     seed = args.seed or 0
     vocab = int(load_hf_config(model).vocab_size)
-    lengths = common.random_lengths(args.input_len, args.random_range_ratio, args.num_prompts, seed)
-    prompts = common.random_token_prompts(lengths, vocab, seed)
-    warm_lengths = common.random_lengths(args.input_len, args.random_range_ratio, 2, seed + 1)
+    samples = datasets.sample_requests(args, args.num_prompts, args.input_len, args.output_len,
+                                       args.random_range_ratio, vocab, seed)
+    prompts = [s.prompt_token_ids for s in samples]
+    output_lens = [s.output_len for s in samples]
+    if not args.skip_hf and len(set(output_lens)) > 1:
+        raise ValueError("this workload's output lengths vary, and the transformers baseline "
+                         "generates one length per batch: pass --skip-hf")
+    args.hf_output_len = output_lens[0]
+    warm_lengths = common.random_lengths(args.input_len, 0.0, 2, seed + 1)
     warmup_prompts = common.random_token_prompts(warm_lengths, vocab, seed + 1)
 
-    rows, info = measure(args, model, device, prompts, warmup_prompts)
+    rows, info = measure(args, model, device, prompts, warmup_prompts, output_lens)
     ratios = compare(rows, args.hf_best)
     for r in ratios:
         print(f"pyorch (batch {r['pyorch_batch_size']}) / transformers (batch "
@@ -353,11 +374,15 @@ def main(args: argparse.Namespace) -> int:
               "output tok/s")
     json_path, png_path = common.output_paths(NAME, device, args.output_json)
     doc = {"benchmark": NAME, "model": model, "args": common.args_dict(args), "env": env,
+           "workload": datasets.describe(args, args.input_len, args.output_len,
+                                         args.random_range_ratio),
            "rows": rows, "summary": {"ratios": ratios, **info}}
     common.write_json(json_path, doc)
     if not args.no_plot:
-        plot(png_path, rows, f"{NAME}: {os.path.basename(model)}, {device}, "
-                             f"in {args.input_len} / out {args.output_len}, {len(prompts)} prompts")
+        workload = ", ".join(f"{k} {v}" for k, v in datasets.describe(
+            args, args.input_len, args.output_len, args.random_range_ratio).items())
+        plot(png_path, rows, f"{NAME}: {os.path.basename(model)}, {device}, {workload}, "
+                             f"{len(prompts)} prompts")
     return 0
 
 

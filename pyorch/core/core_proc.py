@@ -138,7 +138,7 @@ class EngineCoreProc:
     def _inject_step_error(self) -> bool:
         """Test hook: the next step fails inside the model runner."""
 
-        def failing_execute(scheduler_output: Any) -> Any:
+        def failing_execute(*args: Any) -> Any:  # (scheduler_output, grammar)
             raise RuntimeError("injected failure in model_runner.execute (test hook)")
 
         # Replaces the bound method on this one instance: typed Any, since mypy forbids

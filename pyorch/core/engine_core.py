@@ -56,7 +56,8 @@ class EngineCore:
         self.timings = self.model_runner.timings  # host/device time per phase (benchmarks)
         # Async scheduling: step N+1 is scheduled and launched before step N's tokens are read.
         self.async_scheduling = config.scheduler_config.async_scheduling
-        self._in_flight: Optional[tuple[SchedulerOutput, StepHandle]] = None
+        self._in_flight: Optional[tuple[SchedulerOutput, StepHandle, float]] = None
+        self._last_step_done = 0.0  # perf_counter() when the last step's tokens were read
         self.structured_output_manager = StructuredOutputManager(
             self._load_tokenizer, config.model_config.vocab_size)
 
@@ -97,16 +98,19 @@ class EngineCore:
         the previous call and returns its outputs (so host work overlaps the device's)."""
         scheduled_time = time.time()
         if not self.async_scheduling:
+            launched = time.perf_counter()
             scheduler_output, grammar = self._schedule()
             handle = self.model_runner.execute_model(scheduler_output, grammar)
-            return self._finish(scheduler_output, handle, scheduled_time, scheduler_output)
+            return self._finish(scheduler_output, handle, launched, scheduled_time,
+                                scheduler_output)
         previous = self._in_flight
         if previous is not None and self._must_wait_first():
             self._in_flight = None
             return self._finish(*previous, scheduled_time, None)
+        launched = time.perf_counter()
         scheduler_output, grammar = self._schedule()
         handle = self.model_runner.execute_model(scheduler_output, grammar)
-        self._in_flight = (scheduler_output, handle)
+        self._in_flight = (scheduler_output, handle, launched)
         if previous is None:  # the pipeline fills: this step is counted when it finishes
             return EngineCoreOutputs(
                 outputs=[], scheduler_stats=self.scheduler.make_stats(), timestamp=time.time(),
@@ -130,11 +134,12 @@ class EngineCore:
         self.timings.schedule += time.perf_counter() - start
         return scheduler_output, grammar
 
-    def _finish(self, scheduler_output: SchedulerOutput, handle: StepHandle,
+    def _finish(self, scheduler_output: SchedulerOutput, handle: StepHandle, launched: float,
                 scheduled_time: float,
                 newly_scheduled: Optional[SchedulerOutput]) -> EngineCoreOutputs:
         start, waited = time.perf_counter(), self.timings.wait
         runner_output = self.model_runner.resolve(handle)
+        self._record_step_time(scheduler_output, launched)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self.timings.update += time.perf_counter() - start - (self.timings.wait - waited)
         self.num_steps += 1
@@ -147,6 +152,15 @@ class EngineCore:
             scheduled_time=scheduled_time,
             scheduled_new_req_ids=new_ids,
         )
+
+    def _record_step_time(self, scheduler_output: SchedulerOutput, launched: float) -> None:
+        """Tells the scheduler how long the step took: from when it was scheduled, or when the
+        step before it landed if that was later (with async scheduling the device starts a step
+        when the previous one ends), to when its tokens landed."""
+        done = time.perf_counter()
+        step_ms = (done - max(launched, self._last_step_done)) * 1e3
+        self._last_step_done = done
+        self.scheduler.record_step_time(scheduler_output.total_num_scheduled_tokens, step_ms)
 
     def _must_wait_first(self) -> bool:
         """Whether the in-flight step must land before the next is scheduled: some running

@@ -39,6 +39,11 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[int]] = {}
         # Leading blocks of each request already registered in the prefix cache.
         self.num_cached_blocks: dict[str, int] = {}
+        # Prefix-cache stats, counted once per admitted request (record_prefix_lookup), not per
+        # lookup: a request that waits at the head of the queue is looked up every step.
+        self.prefix_cache_requests = 0
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens found
 
     # ---- capacity and stats ----------------------------------------------------------------------
     @property
@@ -60,20 +65,16 @@ class KVCacheManager:
         """Fraction of usable blocks held by requests, in [0, 1]."""
         return self.pool.usage
 
-    @property
-    def prefix_cache_queries(self) -> int:
-        """Tokens looked up in the prefix cache (cumulative)."""
-        return self.pool.prefix_cache_queries
-
-    @property
-    def prefix_cache_hits(self) -> int:
-        """Tokens found in the prefix cache (cumulative)."""
-        return self.pool.prefix_cache_hits
+    def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Counts the lookup of a request that was admitted: its tokens, and those it found."""
+        self.prefix_cache_requests += 1
+        self.prefix_cache_queries += num_query_tokens
+        self.prefix_cache_hits += num_hit_tokens
 
     @property
     def prefix_cache_hit_rate(self) -> float:
-        queries = self.pool.prefix_cache_queries
-        return self.pool.prefix_cache_hits / queries if queries else 0.0
+        queries = self.prefix_cache_queries
+        return self.prefix_cache_hits / queries if queries else 0.0
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return self.req_to_blocks.get(request_id, [])
@@ -154,11 +155,13 @@ class KVCacheManager:
             return
         bs = self.block_size
         parent = req_blocks[num_cached - 1] if num_cached > 0 else -1
+        # The pool reads the blocks' tokens straight from the request's list (no sliced copy).
         self.pool.cache_full_blocks(
             parent,
             req_blocks[num_cached:num_full],
-            request.all_token_ids[num_cached * bs : num_full * bs],
+            request.all_token_ids,
             request.prefix_cache_key,
+            num_cached * bs,
         )
         # If the chain broke (parent no longer cached), later calls are cheap no-ops.
         self.num_cached_blocks[req_id] = num_full

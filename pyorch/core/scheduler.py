@@ -1,9 +1,14 @@
 """The scheduler: a phase-free, continuous-batching loop over a token budget (vLLM v1's design).
 
 Each request has `num_computed_tokens` catching up with `num_tokens`. A step hands out
-`num_scheduled_tokens[req_id]` under `max_num_batched_tokens` and `max_num_seqs`: running
-requests first (decodes and continuing chunked prefills), then waiting ones (new, or resumed after
-a preemption), with prefix-cache hits skipping computed blocks. When blocks run out, the
+`num_scheduled_tokens[req_id]` under `max_num_batched_tokens` and `max_num_seqs`, in three passes:
+running decodes first (each gets its token wherever the step has room), then the prompt chunks of
+running requests in (priority,) arrival order, then waiting requests (new, or resumed after a
+preemption) in queue order, with prefix-cache hits skipping computed blocks. Prompt chunks share
+the step budget left after the decodes: max_num_batched_tokens, or with `target_step_ms` the tokens
+a step of that length carries according to the measured step times (`pyorch.core.step_budget`),
+and never fewer than `_MIN_PREFILL_TOKENS`. `long_prefill_token_threshold` caps one request's chunk,
+so a long prompt cannot hold the prefill budget while shorter ones wait. When blocks run out, the
 lowest-priority (then latest-arriving) running request is preempted: its blocks are freed and it
 is recomputed later, keeping the tokens it generated.
 
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from pyorch.core.kv_cache_manager import KVCacheManager
 from pyorch.core.request import Request, RequestStatus, check_stop, create_request_queue
 from pyorch.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pyorch.core.step_budget import StepCostModel
 from pyorch.core_types import EngineCoreOutput, LogprobsLists
 from pyorch.metrics.stats import SchedulerStats
 from pyorch.utils import cdiv
@@ -39,6 +46,23 @@ logger = logging.getLogger(__name__)
 # after a preemption.
 _GROWTH_EMA = 1 / 32
 _PREEMPTION_BUMP = 0.1
+# Prefill tokens a step carries at least, whatever the step budget (capped by
+# max_num_batched_tokens): a decode batch slower than target_step_ms alone never stalls prompts.
+_MIN_PREFILL_TOKENS = 256
+
+
+@dataclass
+class _StepState:
+    """What one schedule() call has handed out so far."""
+
+    budget: int  # tokens the current pass may still hand out
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    scheduled_running: list[Request] = field(default_factory=list)
+    scheduled_new: list[Request] = field(default_factory=list)
+    preempted: bool = False
+    num_prefills: int = 0  # requests given prompt tokens this step
+    num_long_prefills: int = 0  # of them, longer than long_prefill_token_threshold
 
 
 class Scheduler:
@@ -53,7 +77,14 @@ class Scheduler:
     enable_prefix_caching: reuse cached full blocks across requests.
     enable_chunked_prefill: split prompts over steps; when off, a prompt runs whole in one step.
     policy: "fcfs" (arrival order) or "priority" (lower value first, then arrival).
-    long_prefill_token_threshold: when > 0, most tokens one request gets per step.
+    long_prefill_token_threshold: when > 0, most tokens one request gets per step (and the
+        length past which a prompt counts as long for max_long_partial_prefills).
+    max_num_partial_prefills, max_long_partial_prefills: with max_num_partial_prefills > 1, at
+        most that many prompts are prefilled in one step, at most max_long_partial_prefills of
+        them long; a long waiting prompt is passed over while the long slots are taken.
+    target_step_ms: when set, the step budget comes from the measured step times
+        (`pyorch.core.step_budget`); the engine reports each step with `record_step_time`.
+    min_prefill_tokens: prefill tokens a step may carry whatever the budget (tests shrink it).
     hash_bits: prefix-cache bucket bits (tests only).
     reserve_kv_for_growth: admit a waiting request only when the KV cache keeps room for the
         expected growth of the running ones (module docstring); False admits whatever fits now,
@@ -74,6 +105,10 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         hash_bits: int = 64,
         reserve_kv_for_growth: bool = True,
+        max_num_partial_prefills: int = 1,
+        max_long_partial_prefills: int = 1,
+        target_step_ms: Optional[float] = None,
+        min_prefill_tokens: int = _MIN_PREFILL_TOKENS,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and max_model_len must be >= 1")
@@ -98,6 +133,13 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = policy
         self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.max_num_partial_prefills = max_num_partial_prefills
+        self.max_long_partial_prefills = max_long_partial_prefills
+        # Prefill tokens every step may carry whatever the decodes cost: prompts always progress.
+        self.min_prefill_tokens = max(1, min(min_prefill_tokens, max_num_batched_tokens))
+        self.step_cost = (StepCostModel(target_step_ms, max_num_batched_tokens,
+                                        self.min_prefill_tokens)
+                          if target_step_ms else None)
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, enable_prefix_caching, hash_bits
         )
@@ -124,8 +166,11 @@ class Scheduler:
             enable_prefix_caching=cc.enable_prefix_caching,
             enable_chunked_prefill=sc.enable_chunked_prefill,
             policy=sc.policy,
-            long_prefill_token_threshold=getattr(sc, "long_prefill_token_threshold", 0) or 0,
-            reserve_kv_for_growth=getattr(sc, "reserve_kv_for_growth", True),
+            long_prefill_token_threshold=sc.long_prefill_token_threshold,
+            reserve_kv_for_growth=sc.reserve_kv_for_growth,
+            max_num_partial_prefills=sc.max_num_partial_prefills,
+            max_long_partial_prefills=sc.max_long_partial_prefills,
+            target_step_ms=sc.target_step_ms,
         )
 
     # ---- requests in and out ---------------------------------------------------------------------
@@ -195,70 +240,101 @@ class Scheduler:
 
     # ---- one step --------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
-        num_scheduled: dict[str, int] = {}
-        new_block_ids: dict[str, list[int]] = {}
-        scheduled_running: list[Request] = []
-        scheduled_new: list[Request] = []
-        preempted = False
-
-        # Running requests first, in order; preempt from the low-priority end when blocks run out.
-        kv = self.kv_cache_manager
-        idx = 0
-        while idx < len(self.running) and budget > 0:
-            request = self.running[idx]
+        """One step's batch, in three passes (see `docs/architecture.md`, "The scheduling
+        policy"): running decodes first, under max_num_batched_tokens only; then prefill chunks
+        of running requests, oldest first (priority policy: highest priority first); then
+        waiting requests in queue order. Prefill chunks share what is left of the step budget
+        (`step_token_budget`), at least `min_prefill_tokens` of it."""
+        st = _StepState(self.max_num_batched_tokens)
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for request in self.running:
             num_wanted = (request.num_tokens + request.num_output_placeholders
                           - request.num_computed_tokens)
             if num_wanted <= 0 or (request.num_output_placeholders
                                    and request.at_length_cap(self.max_model_len)):
-                idx += 1  # (async) waits for its in-flight token, which may finish it
-                continue
-            num_new = self._num_new_tokens(num_wanted, budget)
-            while True:
-                blocks = kv.allocate_slots(request, num_new)
-                if blocks is not None:
-                    break
-                victim = self._pick_victim()
-                victim_idx = self.running.index(victim)
-                del self.running[victim_idx]
-                if victim_idx < idx:
-                    idx -= 1
-                if victim.request_id in num_scheduled:  # scheduled earlier in this step: undo
-                    budget += num_scheduled.pop(victim.request_id)
-                    new_block_ids.pop(victim.request_id)
-                    scheduled_running.remove(victim)
-                self._preempt(victim)
-                preempted = True
-                if victim is request:
-                    break
-            if blocks is None:  # the request preempted itself: everything left is higher-priority
-                break
-            scheduled_running.append(request)
-            num_scheduled[request.request_id] = num_new
-            new_block_ids[request.request_id] = blocks
-            budget -= num_new
-            idx += 1
+                continue  # (async) waits for its in-flight token, which may finish it
+            (decodes if num_wanted == 1 else prefills).append(request)
 
-        # Then waiting requests, unless this step had to preempt (no room to grow).
+        for request in decodes:  # every decode that fits gets its token, whatever the budget
+            if request.status == RequestStatus.RUNNING and st.budget > 0:
+                self._schedule_running(request, 1, st)
+        num_decode_tokens = self.max_num_batched_tokens - st.budget
+        if self.enable_chunked_prefill:
+            # What prefill chunks may add: the step budget past the decodes, at least
+            # min_prefill_tokens so that prompts progress under any decode load. (A prompt
+            # that runs whole needs max_num_batched_tokens, so without chunking this is off.)
+            st.budget = min(st.budget, max(self.step_token_budget - num_decode_tokens,
+                                           self.min_prefill_tokens))
+
+        prefills.sort(key=self._queue_key)
+        for request in prefills:
+            if request.status != RequestStatus.RUNNING or st.budget <= 0:
+                continue
+            num_wanted = request.num_tokens - request.num_computed_tokens
+            if not self._prefill_slot_free(num_wanted, st):
+                continue
+            num_new = self._num_new_tokens(num_wanted, st.budget)
+            if self._schedule_running(request, num_new, st):
+                self._take_prefill_slot(num_wanted, st)
+
+        if not st.preempted:  # a step that had to preempt has no room to grow
+            self._schedule_waiting(st)
+        return self._make_output(st.scheduled_new, st.scheduled_running, st.num_scheduled,
+                                 st.new_block_ids)
+
+    def _schedule_running(self, request: Request, num_new: int, st: _StepState) -> bool:
+        """Allocates for a running request, preempting from the low-priority end when blocks
+        run out. False when the request had to preempt itself."""
+        while True:
+            blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if blocks is not None:
+                break
+            victim = self._pick_victim()
+            self.running.remove(victim)
+            if victim.request_id in st.num_scheduled:  # scheduled earlier in this step: undo
+                st.budget += st.num_scheduled.pop(victim.request_id)
+                st.new_block_ids.pop(victim.request_id)
+                st.scheduled_running.remove(victim)
+            self._preempt(victim)
+            st.preempted = True
+            if victim is request:
+                return False
+        st.scheduled_running.append(request)
+        st.num_scheduled[request.request_id] = num_new
+        st.new_block_ids[request.request_id] = blocks
+        st.budget -= num_new
+        return True
+
+    def _schedule_waiting(self, st: _StepState) -> None:
+        """Admits waiting requests in queue order while the budget, max_num_seqs and the KV
+        cache allow. Only concurrent partial prefills (max_num_partial_prefills > 1) pass over
+        a request: a long prompt while the long slots are taken."""
+        kv = self.kv_cache_manager
         reserved = -1.0  # blocks kept for the running requests' expected growth (lazily summed)
-        skipped: list[Request] = []  # grammars still compiling: they keep their place
-        while (
-            not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
-        ):
-            request = self.waiting.peek()
+        skipped = 0
+        compiling: list[Request] = []  # grammars still compiling: they keep their place
+        while (self.waiting and st.budget > 0 and len(self.running) < self.max_num_seqs
+               and skipped < len(self.waiting)):
+            request = self.waiting.peek() if not skipped else self._nth_waiting(skipped)
             so_request = request.structured_output_request
             if so_request is not None and (not so_request.is_ready or so_request.error):
-                self.waiting.pop()
+                self.waiting.remove(request)
                 if so_request.error is None:
-                    skipped.append(request)  # vLLM's WAITING_FOR_FSM: the others go ahead
+                    compiling.append(request)  # vLLM's WAITING_FOR_FSM: the others go ahead
                 else:
                     self._fail_request(request, so_request.error)
                 continue
-            hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_wanted = request.num_tokens - num_hit
-            if not self.enable_chunked_prefill and num_wanted > budget:
+            if not self._prefill_slot_free(num_wanted, st):
+                if st.num_prefills < self.max_num_partial_prefills:
+                    skipped += 1  # a long prompt while the long slots are taken: try shorter ones
+                    continue
+                break
+            if not self.enable_chunked_prefill and num_wanted > st.budget:
                 break  # a prompt runs whole: wait for a step with room (keeps FCFS order)
-            num_new = self._num_new_tokens(num_wanted, budget)
+            num_new = self._num_new_tokens(num_wanted, st.budget)
             if self.reserve_kv_for_growth and self.running:
                 if reserved < 0:
                     reserved = self.growth_ratio * sum(map(self._growth_blocks, self.running))
@@ -268,22 +344,70 @@ class Scheduler:
                 if kv.num_free_blocks - (held - len(hit_blocks)) < reserved + growth:
                     break  # it would crowd out the running requests' growth: wait
                 reserved += growth
-            blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_hit, hit_blocks)
+            blocks = kv.allocate_slots(request, num_new, num_hit, hit_blocks)
             if blocks is None:
                 break
-            self.waiting.pop()
+            if kv.enable_caching and request.use_prefix_cache:
+                kv.record_prefix_lookup(request.num_tokens, num_hit)
+            if skipped:
+                self.waiting.remove(request)
+            else:
+                self.waiting.pop()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit
-            scheduled_new.append(request)
-            num_scheduled[request.request_id] = num_new
-            budget -= num_new
-        for request in reversed(skipped):
+            st.scheduled_new.append(request)
+            st.num_scheduled[request.request_id] = num_new
+            st.budget -= num_new
+            self._take_prefill_slot(num_wanted, st)
+        for request in reversed(compiling):
             self.waiting.prepend(request)
 
-        return self._make_output(scheduled_new, scheduled_running, num_scheduled, new_block_ids)
+    def _nth_waiting(self, n: int) -> Request:
+        for i, request in enumerate(self.waiting):
+            if i == n:
+                return request
+        raise IndexError(n)
+
+    def _queue_key(self, request: Request) -> tuple[int, float]:
+        """Who goes first among equals: (priority under the priority policy, arrival time)."""
+        return (request.priority if self.policy == "priority" else 0, request.arrival_time)
+
+    def _is_long_prefill(self, num_wanted: int) -> bool:
+        return 0 < self.long_prefill_token_threshold < num_wanted
+
+    def _prefill_slot_free(self, num_wanted: int, st: _StepState) -> bool:
+        """Concurrent partial prefills (vLLM's max_num_partial_prefills /
+        max_long_partial_prefills): at most that many prompts prefilled in one step, of them at
+        most max_long_partial_prefills longer than long_prefill_token_threshold. With
+        max_num_partial_prefills 1 (the default, as vLLM's V1 engine) the number is not limited."""
+        if self.max_num_partial_prefills <= 1:
+            return True
+        if st.num_prefills >= self.max_num_partial_prefills:
+            return False
+        return not (self._is_long_prefill(num_wanted)
+                    and st.num_long_prefills >= self.max_long_partial_prefills)
+
+    def _take_prefill_slot(self, num_wanted: int, st: _StepState) -> None:
+        st.num_prefills += 1
+        st.num_long_prefills += self._is_long_prefill(num_wanted)
+
+    # ---- the step budget ---------------------------------------------------------------------
+    @property
+    def step_token_budget(self) -> int:
+        """Tokens a step may carry: from the step-time model when `target_step_ms` is set,
+        else max_num_batched_tokens."""
+        if self.step_cost is None:
+            return self.max_num_batched_tokens
+        return self.step_cost.budget
+
+    def record_step_time(self, num_tokens: int, step_ms: float) -> None:
+        """The engine reports each step it ran: `num_tokens` scheduled tokens, `step_ms` wall
+        milliseconds. Feeds the step-time model (a no-op without `target_step_ms`)."""
+        if self.step_cost is not None:
+            self.step_cost.record(num_tokens, step_ms)
 
     def _num_new_tokens(self, num_wanted: int, budget: int) -> int:
         threshold = self.long_prefill_token_threshold

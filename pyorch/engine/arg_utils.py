@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -20,6 +20,8 @@ from pyorch.config import (
 _LARGE_GPU_DEFAULTS = (16384, 1024)  # GPUs with >= 70 GiB (H100, H200)
 _GPU_DEFAULTS = (8192, 256)
 _CPU_DEFAULTS = (4096, 256)
+# target_step_ms="auto" (pyorch-serve's default): this on CUDA, off on the CPU.
+SERVE_TARGET_STEP_MS = 40.0
 
 
 @dataclass
@@ -52,6 +54,13 @@ class EngineArgs:
     async_scheduling: Optional[bool] = None
     # pyorch's own: keep KV room for running requests' expected growth (fewer preemptions)
     reserve_kv_for_growth: bool = True
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    # pyorch's own: milliseconds a step should take; prefill tokens per step follow from the
+    # measured step times. None or 0: off (max_num_batched_tokens every step); "auto":
+    # SERVE_TARGET_STEP_MS on CUDA, off on the CPU.
+    target_step_ms: Optional[Union[float, str]] = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -101,9 +110,28 @@ class EngineArgs:
             async_scheduling=(device != "cpu" if self.async_scheduling is None
                               else bool(self.async_scheduling)),
             reserve_kv_for_growth=bool(self.reserve_kv_for_growth),
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            max_num_partial_prefills=self.max_num_partial_prefills,
+            max_long_partial_prefills=self.max_long_partial_prefills,
+            target_step_ms=self._target_step_ms(device),
         )
         scheduler_config.validate()
         return EngineConfig(model_config, cache_config, scheduler_config, parallel)
+
+    def _target_step_ms(self, device: str) -> Optional[float]:
+        target = self.target_step_ms
+        if target is None:
+            return None
+        if target == "auto":
+            return SERVE_TARGET_STEP_MS if device != "cpu" else None
+        try:
+            value = float(target)
+        except ValueError:
+            raise ValueError(f"target_step_ms must be a number of milliseconds or 'auto', got "
+                             f"{target!r}") from None
+        if value < 0:
+            raise ValueError(f"target_step_ms must be >= 0 (0: off), got {target!r}")
+        return value or None
 
     @staticmethod
     def _default_batch_sizes(device: str) -> tuple[int, int]:

@@ -370,7 +370,9 @@ def _startup_report(engine: Any, names: list[str], url: str) -> None:
     # kill it to check that the server notices.
     _say(f"KV cache: {engine.kv_cache_capacity_tokens} tokens ({engine.num_kv_blocks} blocks "
          f"of {engine.block_size}); max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens "
-         f"{sc.max_num_batched_tokens}; engine core pid {pid}")
+         f"{sc.max_num_batched_tokens}"
+         + (f" (prompt chunks sized for {sc.target_step_ms:g} ms steps)" if sc.target_step_ms
+            else "") + f"; engine core pid {pid}")
     _say(f"serving the OpenAI API at {url}/v1 (docs at {url}/docs)")
 
 

@@ -86,6 +86,26 @@ def _parallel_size(kind: str) -> Callable[[str], int]:
     return parse
 
 
+def _non_negative_int(text: str) -> int:
+    value = human_int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def _target_step_ms(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected milliseconds (0: off) or auto, got {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0 or auto, got {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -226,6 +246,20 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
          default=True, help="split long prompts across steps (default: on)")
     _add(sched, "--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
          help="request order (default: %(default)s)")
+    _add(sched, "--long-prefill-token-threshold", type=_non_negative_int,
+         default=0, help="most prompt tokens one request gets per step (0: no cap; with "
+                         "--max-num-partial-prefills > 1 the default is 4%% of max_model_len)")
+    _add(sched, "--max-num-partial-prefills", type=_positive("--max-num-partial-prefills"),
+         default=1, help="most prompts prefilled in one step (1: no limit, as vLLM's V1 "
+                         "engine; default: %(default)s)")
+    _add(sched, "--max-long-partial-prefills", type=_positive("--max-long-partial-prefills"),
+         default=1, help="of those, most longer than --long-prefill-token-threshold; a long "
+                         "prompt waits while shorter ones behind it start (default: "
+                         "%(default)s)")
+    _add(sched, "--target-step-ms", type=_target_step_ms, default="auto",
+         help="milliseconds one engine step should take: prefill chunks fill what the running "
+              "decodes leave of it, sized from the measured step times (0: off, every step "
+              "may carry --max-num-batched-tokens; default auto: 40 on CUDA, off on the CPU)")
     _add(sched, "--reserve-kv-for-growth", "bool", action=argparse.BooleanOptionalAction,
          default=True, help="admit a request only while the KV cache keeps room for what the "
                             "running ones are expected to grow into, learned from finished "
@@ -355,6 +389,10 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, device=args.device,
         async_scheduling=args.async_scheduling, reserve_kv_for_growth=args.reserve_kv_for_growth,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        max_num_partial_prefills=args.max_num_partial_prefills,
+        max_long_partial_prefills=args.max_long_partial_prefills,
+        target_step_ms=args.target_step_ms,
     )
 
 

@@ -226,3 +226,56 @@ def test_counters_and_reset():
     assert pool.reset_prefix_cache()
     assert pool.num_cached_blocks == 0 and pool.num_free_blocks == 7
     assert pool.find_longest_prefix(tokens(8), "", 8) == []
+
+
+@pytest.mark.parametrize("hash_bits", [0, 2])
+def test_evictions_from_crowded_buckets_keep_lookups_exact(hash_bits):
+    """A small pool evicts cached blocks from the middle of shared buckets (the intrusive bucket
+    chains): every later lookup must still equal a 64-bit pool's, and never return a block
+    that was evicted and reused."""
+    rng = random.Random(7 + hash_bits)
+    weak = BlockPool(24, BS, True, hash_bits)
+    strong = BlockPool(24, BS, True, 64)
+    for _ in range(200):
+        prompt = [rng.randrange(2) for _ in range(BS * rng.randrange(1, 5))]
+        extra = rng.choice(["", "salt:x"])
+        lengths = []
+        for pool in (weak, strong):
+            hit = pool.find_longest_prefix(prompt, extra, len(prompt))
+            lengths.append(len(hit))
+            pool.touch(hit)
+            new = pool.allocate(len(prompt) // BS - len(hit))
+            pool.cache_full_blocks(hit[-1] if hit else -1, new, prompt, extra, len(hit) * BS)
+            for b in hit:  # a hit block is still cached (never evicted while found)
+                assert pool.is_cached(b)
+            pool.free((hit + new)[::-1])
+        assert lengths[0] == lengths[1]
+    assert weak.num_evictions > 50 and weak.num_cached_blocks <= 23
+
+
+def test_token_offset_reads_the_blocks_from_a_longer_list():
+    pool = BlockPool(8, BS)
+    a = pool.allocate(3)
+    prompt = tokens(13)
+    assert pool.cache_full_blocks(-1, a[:1], prompt, "", 0) == 1
+    assert pool.cache_full_blocks(a[0], a[1:3], prompt, "", BS) == 2
+    assert pool.find_longest_prefix(prompt, "", 13) == a
+    with pytest.raises(ValueError, match="expected 8 token ids from offset 8"):
+        pool.cache_full_blocks(a[0], a[1:3], prompt, "", 2 * BS)
+    with pytest.raises(ValueError, match="from offset"):
+        pool.cache_full_blocks(a[0], a[1:3], prompt, "", -2)
+
+
+def test_lookup_reads_tokens_only_up_to_the_first_miss():
+    """A lookup that misses on its first block does not read (or convert) the rest of the
+    prompt: a non-integer past it is never seen; one inside the matched range is an error."""
+    pool = BlockPool(8, BS)
+    blocks = cache_chain(pool, tokens(8))
+    prompt = [99] * BS + ["not a token"] * 100
+    assert pool.find_longest_prefix(prompt, "", len(prompt)) == []
+    assert pool.prefix_cache_queries == len(prompt)
+    assert pool.find_longest_prefix(tokens(8) + ["x"], "", 8) == blocks
+    with pytest.raises(TypeError):
+        pool.find_longest_prefix(tokens(4) + ["x"] * 4, "", 8)
+    with pytest.raises(ValueError, match="does not fit int32"):
+        pool.find_longest_prefix(tokens(4) + [2**40] * 4, "", 8)

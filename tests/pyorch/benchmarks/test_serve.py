@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from pyorch.benchmarks import common, serve
+from pyorch.benchmarks import common, serve, serve_client
 from pyorch.benchmarks.serve_client import (
     RequestResult,
     RequestSpec,
@@ -187,6 +187,44 @@ def test_summarize_known_data():
     assert s["itl_ms"]["p50"] == pytest.approx(20) and s["itl_ms"]["mean"] == pytest.approx(20)
     assert s["tpot_ms"]["mean"] == pytest.approx((20 + 20) / 2)  # 40ms/2 and 20ms/1
     assert s["e2e_ms"]["p90"] == pytest.approx(140 + 0.9 * (320 - 140))
+
+
+def test_goodput_counts_requests_within_every_slo():
+    def req(ttft, itl, out):
+        return RequestResult(success=True, prompt_len=10, output_tokens=out, ttft_s=ttft,
+                             itl_s=itl, e2e_s=ttft + sum(itl))
+    # TPOT 20, 10, 50 ms; TTFT 100, 300, 50 ms; E2E 140, 310, 150 ms
+    results = [req(0.1, [0.01, 0.03], 3), req(0.3, [0.01], 2), req(0.05, [0.05, 0.05], 3)]
+    s = summarize(results, duration_s=2.0, slos_ms={"ttft": 200.0, "tpot": 30.0})
+    assert s["good_requests"] == 1 and s["request_goodput"] == pytest.approx(0.5)
+    assert s["goodput_slos_ms"] == {"ttft": 200.0, "tpot": 30.0}
+    s = summarize(results, duration_s=2.0, slos_ms={"e2el": 151.0})
+    assert s["good_requests"] == 2
+    assert "request_goodput" not in summarize(results, duration_s=2.0)
+    assert serve_client.parse_goodput("ttft:500") == ("ttft", 500.0)
+    for bad in ("ttft", "itl:5", "tpot:x", "e2el:0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            serve_client.parse_goodput(bad)
+
+
+def test_prefix_repetition_sweep_with_goodput(tmp_path):
+    out = tmp_path / "serve.json"
+    with FakeServer() as server:
+        args = _parse(["--base-url", server.url, "--prompt-format", "token-ids",
+                       "--vocab-size", "100", "--num-prompts", "6",
+                       "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len",
+                       "12", "--prefix-repetition-suffix-len", "2",
+                       "--prefix-repetition-num-prefixes", "2",
+                       "--prefix-repetition-output-len", "3", "--goodput", "ttft:60000",
+                       "e2el:60000", "--no-plot", "--output-json", str(out)])
+        assert serve.main(args) == 0
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert doc["workload"]["dataset"] == "prefix_repetition"
+    assert run["good_requests"] == 6 and run["request_goodput"] > 0
+    sent = server.bodies[1:]  # after the test request
+    assert all(len(b["prompt"]) == 14 and b["max_tokens"] == 3 for b in sent)
+    assert len({tuple(b["prompt"][:12]) for b in sent}) == 2
 
 
 def test_arrivals():

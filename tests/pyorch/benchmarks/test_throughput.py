@@ -33,7 +33,7 @@ def test_defaults_and_vllm_names():
 
 def test_run_against_transformers(tiny_model_dir, tmp_path):
     out = tmp_path / "res" / "tp.json"
-    args = _parse(["--model", tiny_model_dir, "--input-len", "6", "--random-range-ratio", "0.5",
+    args = _parse(["--model", tiny_model_dir, "--input-len", "6",
                    "--output-len", "4", "--num-prompts", "3", "--hf-batch-sizes", "1,2",
                    "--num-repeats", "2", "--disable-detokenize", "--output-json", str(out),
                    *ENGINE_FLAGS])
@@ -47,7 +47,7 @@ def test_run_against_transformers(tiny_model_dir, tmp_path):
     rows = {(r["engine"], r["batch_size"]): r for r in doc["rows"]}
     assert set(rows) == {("pyorch", 1), ("pyorch", 2), ("transformers", 1), ("transformers", 2)}
     input_tokens = rows[("pyorch", 1)]["input_tokens"]
-    assert 3 * 3 <= input_tokens <= 3 * 9  # lengths drawn from [3, 9]
+    assert input_tokens == 3 * 6
     for r in rows.values():
         assert r["num_requests"] == 3 and r["output_tokens"] == 3 * 4
         assert r["input_tokens"] == input_tokens  # both engines saw the same prompts
@@ -67,6 +67,41 @@ def test_run_against_transformers(tiny_model_dir, tmp_path):
         assert ratios[b] == pytest.approx(rows[("pyorch", b)]["output_tokens_per_s"]
                                           / rows[("transformers", b)]["output_tokens_per_s"])
     assert doc["summary"]["hf_loader"] == "from_pretrained"
+
+
+@pytest.mark.parametrize("dataset", [
+    ["--random-range-ratio", "0.5"],  # vLLM's semantics: on the output lengths too
+    ["--dataset-name", "longtail", "--longtail-input-len", "8", "--longtail-output-len", "4",
+     "--longtail-max-len", "40"],
+])
+def test_workloads_with_varying_output_lengths(tiny_model_dir, tmp_path, dataset):
+    out = tmp_path / "tp.json"
+    argv = ["--model", tiny_model_dir, "--input-len", "6", "--output-len", "6",
+            "--num-prompts", "12", "--hf-batch-sizes", "4", "--disable-detokenize",
+            "--no-plot", "--output-json", str(out), *dataset, *ENGINE_FLAGS]
+    with pytest.raises(ValueError, match="--skip-hf"):
+        throughput.main(_parse(argv))  # transformers cannot run per-request output lengths
+    assert throughput.main(_parse([*argv, "--skip-hf"])) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    expected = [s.output_len for s in throughput.datasets.sample_requests(
+        _parse(argv), 12, 6, 6, float(dataset[1]) if dataset[0] == "--random-range-ratio"
+        else 0.0, 10, 0)]
+    assert len(set(expected)) > 1 and row["output_tokens"] == sum(expected)
+    assert doc["workload"]["dataset"] == ("longtail" if "longtail" in dataset else "random")
+
+
+def test_prefix_repetition_against_transformers(tiny_model_dir, tmp_path):
+    out = tmp_path / "tp.json"
+    args = _parse(["--model", tiny_model_dir, "--dataset-name", "prefix_repetition",
+                   "--prefix-repetition-prefix-len", "16", "--prefix-repetition-suffix-len", "3",
+                   "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-output-len", "3",
+                   "--num-prompts", "6", "--hf-batch-sizes", "2", "--disable-detokenize",
+                   "--no-plot", "--output-json", str(out), *ENGINE_FLAGS])
+    assert throughput.main(args) == 0
+    doc = json.loads(out.read_text())
+    for r in doc["rows"]:
+        assert r["input_tokens"] == 6 * 19 and r["output_tokens"] == 6 * 3
 
 
 def test_dummy_weights_and_hf_best(tiny_config_dir, tmp_path):

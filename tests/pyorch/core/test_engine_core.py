@@ -125,3 +125,25 @@ def test_llm_engine_feeds_stat_loggers(config):
                       for it in iterations for f in it.finished_requests)
     assert finished == [("abort", 1), ("length", 5), ("length", 5)]
     assert recorder.records[0][0].num_running_reqs == 3
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_step_times_feed_the_step_budget(tmp_path, async_scheduling):
+    """With target_step_ms the core reports every step it ran (tokens, wall ms) to the
+    scheduler's step-time model; steps of different sizes give it a fit and a budget."""
+    path = make_tiny_model(tmp_path)
+    config = engine_args(path, skip_tokenizer_init=True, target_step_ms=50.0,
+                         async_scheduling=async_scheduling).create_engine_config()
+    assert config.scheduler_config.target_step_ms == 50.0
+    core = EngineCore(config)
+    model = core.scheduler.step_cost
+    assert model is not None and model.num_steps == 0
+    core.add_request(_request("a", max_tokens=6, prompt=range(10, 90)))
+    core.add_request(_request("b", max_tokens=6, prompt=range(100, 110)))
+    steps = 0
+    while core.has_unfinished_requests():
+        core.step()
+        steps += 1
+    assert model.num_steps >= 6 and model.num_steps <= steps
+    assert core.scheduler.step_token_budget >= core.scheduler.min_prefill_tokens
+    _assert_idle(core)

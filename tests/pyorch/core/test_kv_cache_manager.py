@@ -62,9 +62,14 @@ def test_prefix_hit_never_covers_the_whole_prompt():
     longer = make_request("c", list(range(9)))
     hit, num_hit = kv.get_computed_blocks(longer)
     assert hit == blocks and num_hit == 8
-    # a's own (missed) lookup counts too
-    assert kv.prefix_cache_queries == 8 + 8 + 9 and kv.prefix_cache_hits == 0 + 4 + 8
-    assert kv.prefix_cache_hit_rate == pytest.approx(12 / 25)
+    # A lookup alone counts nothing (the scheduler repeats it for a request that waits); an
+    # admitted request's lookup is counted once.
+    assert kv.prefix_cache_queries == 0 and kv.prefix_cache_hits == 0
+    kv.record_prefix_lookup(longer.num_tokens, num_hit)
+    kv.record_prefix_lookup(same.num_tokens, 4)
+    assert kv.prefix_cache_queries == 9 + 8 and kv.prefix_cache_hits == 8 + 4
+    assert kv.prefix_cache_requests == 2
+    assert kv.prefix_cache_hit_rate == pytest.approx(12 / 17)
 
 
 def test_hits_on_free_blocks_are_not_counted_twice():

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pyorch.config import SchedulerConfig
 from pyorch.core.request import Request, RequestStatus
 from pyorch.core.scheduler import Scheduler
 from pyorch.core.scheduler_output import SchedulerOutput
@@ -476,20 +477,18 @@ def test_stats_and_from_config(make_scheduler):
     assert sched.get_request_counts() == (2, 1) and sched.get_num_unfinished_requests() == 3
 
     @dataclass
-    class SC:
-        max_num_seqs: int = 4
-        max_num_batched_tokens: int = 32
-        max_model_len: int = 32
-        enable_chunked_prefill: bool = True
-        policy: str = "priority"
-
-    @dataclass
     class CC:
         block_size: int = 8
         enable_prefix_caching: bool = False
 
-    s2 = Scheduler.from_config(SC(), CC(), num_blocks=10)
+    sc = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=32,
+                         policy="priority", max_num_partial_prefills=2, target_step_ms=25.0)
+    sc.validate()
+    s2 = Scheduler.from_config(sc, CC(), num_blocks=10)
     assert (s2.policy, s2.block_size, s2.enable_prefix_caching) == ("priority", 8, False)
+    # vLLM's default threshold with concurrent partial prefills: 4% of max_model_len.
+    assert (s2.max_num_partial_prefills, s2.long_prefill_token_threshold) == (2, 1)
+    assert s2.step_cost is not None and s2.step_cost.target_step_ms == 25.0
 
 
 class FakeLogprobs:  # a prompt-logprobs entry: one row per prompt position
@@ -584,3 +583,182 @@ def test_async_placeholder_stops_at_max_tokens(make_scheduler):
     assert [o.new_token_ids for o in sched.update_from_output(first, out1)] == [out1.sampled_token_ids[0]]
     outs = sched.update_from_output(second, out2)
     assert outs[0].finish_reason == "length" and not sched.has_unfinished_requests()
+
+
+# ---- the scheduling policy -----------------------------------------------------------------------
+def _first_token_steps(sched: Scheduler, runner: FakeRunner, check_step: Any = None,
+                       arrivals: dict[int, list[Request]] | None = None) -> dict[str, int]:
+    """Steps until idle (adding `arrivals[step]` before that step); returns the step at which
+    each request got its first token. check_step(decode_ready_ids, scheduler_output) runs on
+    every step with the running requests that had only their next token to compute."""
+    first: dict[str, int] = {}
+    arrivals = arrivals or {}
+    for step in range(5000):
+        for request in arrivals.get(step, []):
+            sched.add_request(request)
+        if not sched.has_unfinished_requests() and step > max(arrivals, default=0):
+            return first
+        ready = {r.request_id for r in sched.running
+                 if r.num_tokens - r.num_computed_tokens == 1}
+        so = sched.schedule()
+        if check_step is not None:
+            check_step(ready, so)
+        for o in sched.update_from_output(so, runner.execute(so)):
+            if o.new_token_ids:
+                first.setdefault(o.req_id, step)
+    raise AssertionError("the scheduler did not drain")
+
+
+def _fit_budget(sched: Scheduler, budget: int) -> None:
+    """Feeds the step-time model two step sizes whose fit gives `budget` tokens at the target
+    (a = 0 ms, b = target / budget ms per token)."""
+    ms_per_token = sched.step_cost.target_step_ms / budget
+    for _ in range(5):
+        sched.record_step_time(8, 8 * ms_per_token)
+        sched.record_step_time(40, 40 * ms_per_token)
+    assert sched.step_token_budget == budget
+
+
+def test_decodes_first_and_prefills_fill_the_step_budget(make_scheduler):
+    """Under a step budget of 20 tokens (learned from step times), every running decode gets
+    its token in every step, and prompt chunks add only what the budget leaves (at least
+    min_prefill_tokens), however many long prompts wait."""
+    # max_num_batched_tokens 24: a prefill pass that ran first with the step budget (20) would
+    # leave the 8 decodes 4 tokens.
+    sched = make_scheduler(max_num_batched_tokens=24, max_num_seqs=16, num_blocks=256,
+                           max_model_len=256, target_step_ms=4.0, min_prefill_tokens=4,
+                           enable_prefix_caching=False)
+    _fit_budget(sched, 20)
+    arrivals = {0: [req(f"s{i}", prompt_of(4, i), arrival=i, max_tokens=40) for i in range(8)],
+                3: [req("long", prompt_of(200, 50), arrival=10, max_tokens=4)]
+                + [req(f"m{i}", prompt_of(30, 60 + i), arrival=11 + i, max_tokens=4)
+                   for i in range(3)]}
+    steps_with_prefill = 0
+
+    def check(ready: set[str], so: SchedulerOutput) -> None:
+        nonlocal steps_with_prefill
+        assert all(so.num_scheduled_tokens.get(rid) == 1 for rid in ready), (ready, so)
+        num_prefill = so.total_num_scheduled_tokens - len(ready)
+        assert num_prefill <= max(20 - len(ready), 4)
+        steps_with_prefill += num_prefill > 0
+
+    first = _first_token_steps(sched, FakeRunner(BS), check, arrivals)
+    assert set(first) == {f"s{i}" for i in range(8)} | {"long", "m0", "m1", "m2"}
+    assert steps_with_prefill > 12  # the 290 prompt tokens went in small chunks
+
+
+def test_step_budget_defaults_to_max_num_batched_tokens(make_scheduler):
+    sched = make_scheduler(max_num_batched_tokens=48)
+    sched.record_step_time(40, 30.0)  # no target: nothing is learned
+    assert sched.step_cost is None and sched.step_token_budget == 48
+    timed = make_scheduler(max_num_batched_tokens=48, target_step_ms=5.0, max_model_len=128,
+                           min_prefill_tokens=4)
+    assert timed.step_token_budget == 48  # nothing measured yet: no throttling on guesses
+    timed.add_request(req("a", prompt_of(100), max_tokens=1))
+    assert timed.schedule().total_num_scheduled_tokens == 48
+    _fit_budget(timed, 24)
+    assert timed.schedule().total_num_scheduled_tokens == 24
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_first_tokens_in_arrival_order_at_equal_priority(make_scheduler, seed):
+    """Prompts of mixed lengths (some many budgets long) arriving over time under a small
+    budget: first tokens come in arrival order, and every request finishes."""
+    import random
+
+    rng = random.Random(seed)
+    sched = make_scheduler(max_num_batched_tokens=16, max_num_seqs=8, num_blocks=200,
+                           max_model_len=128, enable_prefix_caching=False)
+    arrivals: dict[int, list[Request]] = {}
+    for i, step in enumerate(sorted(rng.randrange(30) for _ in range(24))):
+        length = rng.choice([3, 5, 17, 40, 90])
+        arrivals.setdefault(step, []).append(
+            req(f"r{i}", prompt_of(length, i), arrival=i, max_tokens=rng.randrange(1, 6)))
+    added = [r.request_id for step in sorted(arrivals) for r in arrivals[step]]
+    first = _first_token_steps(sched, FakeRunner(BS), arrivals=arrivals)
+    assert set(first) == set(added)
+    steps = [first[rid] for rid in added]
+    assert steps == sorted(steps), (added, steps)
+
+
+def test_long_prefill_threshold_lets_short_prompts_through(make_scheduler):
+    """With long_prefill_token_threshold a long prompt takes at most that many tokens a step:
+    it progresses every step, and a short prompt behind it starts at once instead of waiting
+    for the whole long prompt."""
+    base = dict(max_num_batched_tokens=16, num_blocks=128, max_model_len=256,
+                enable_prefix_caching=False)
+    arrivals = {0: [req("long", prompt_of(160), arrival=0, max_tokens=2),
+                    req("short", prompt_of(4, 1), arrival=1, max_tokens=2)]}
+    fcfs = _first_token_steps(make_scheduler(**base), FakeRunner(BS), arrivals=arrivals)
+    assert fcfs["short"] > fcfs["long"] >= 9  # strict FCFS: behind 160 / 16 steps
+
+    arrivals = {0: [req("long", prompt_of(160), arrival=0, max_tokens=2),
+                    req("short", prompt_of(4, 1), arrival=1, max_tokens=2)]}
+    sched = make_scheduler(long_prefill_token_threshold=12, **base)
+    long_chunks = []
+
+    def check(ready: set[str], so: SchedulerOutput) -> None:
+        if "long" in so.num_scheduled_tokens and "long" not in ready:
+            long_chunks.append(so.num_scheduled_tokens["long"])
+
+    first = _first_token_steps(sched, FakeRunner(BS), check, arrivals)
+    assert first["short"] == 0
+    assert long_chunks[:-1] == [12] * (len(long_chunks) - 1) and sum(long_chunks) == 160
+
+
+def test_concurrent_partial_prefills_pass_over_long_prompts(make_scheduler):
+    """max_num_partial_prefills 2 / max_long_partial_prefills 1: while one long prompt is
+    prefilled, a second long one waits and the short one behind it starts."""
+    sched = make_scheduler(max_num_batched_tokens=32, num_blocks=128, max_model_len=200,
+                           enable_prefix_caching=False, max_num_partial_prefills=2,
+                           max_long_partial_prefills=1, long_prefill_token_threshold=8)
+    for i, (rid, n) in enumerate([("long1", 64), ("long2", 64), ("short", 6)]):
+        sched.add_request(req(rid, prompt_of(n, i), arrival=i, max_tokens=2))
+    runner = FakeRunner(BS)
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"long1": 8, "short": 6}
+    assert [r.request_id for r in sched.waiting] == ["long2"]
+    sched.update_from_output(so, runner.execute(so))
+    res = run(sched, runner)
+    assert set(res["finish"]) == {"long1", "long2", "short"}
+
+
+def test_priority_orders_prompt_chunks(make_scheduler):
+    """Priority policy under a small budget: lower values get their first token first, ties by
+    arrival; a prompt of lower priority never delays one of higher priority."""
+    # The threshold keeps several prompts in chunked prefill at once: their chunks must go in
+    # priority order too, not only admission.
+    sched = make_scheduler(policy="priority", max_num_batched_tokens=16, num_blocks=128,
+                           enable_prefix_caching=False, long_prefill_token_threshold=6)
+    specs = [("p5", 5, 0), ("p1a", 1, 1), ("p3", 3, 2), ("p1b", 1, 3), ("p0", 0, 4)]
+    arrivals = {0: [req(rid, prompt_of(20, i), arrival=a, priority=p, max_tokens=3)
+                    for i, (rid, p, a) in enumerate(specs)]}
+    first = _first_token_steps(sched, FakeRunner(BS), arrivals=arrivals)
+    steps = [first[rid] for rid in ("p0", "p1a", "p1b", "p3", "p5")]
+    assert steps == sorted(steps) and steps[0] < steps[2] < steps[4], steps
+
+
+def test_prefix_lookups_are_counted_once_per_request(make_scheduler):
+    """A request that waits several steps at the head of the queue is looked up every step but
+    counted once, when it is admitted."""
+    sched = make_scheduler(max_num_seqs=1)
+    runner = FakeRunner(BS)
+    shared = prompt_of(16)
+    sched.add_request(req("a", shared + [1], max_tokens=6))
+    sched.add_request(req("b", shared + [2], max_tokens=1))  # waits while a runs
+    res = run(sched, runner)
+    assert res["finish"]["b"][2] == 16
+    stats = sched.make_stats()
+    assert stats.prefix_cache_queries == 17 + 17 and stats.prefix_cache_hits == 16
+    assert sched.kv_cache_manager.prefix_cache_requests == 2
+
+
+def test_step_budget_never_blocks_a_whole_prompt_without_chunking(make_scheduler):
+    """Without chunked prefill a prompt runs whole, so a step budget smaller than it must not
+    apply (the prompt would wait forever)."""
+    sched = make_scheduler(max_num_batched_tokens=64, max_model_len=64, target_step_ms=4.0,
+                           min_prefill_tokens=4, enable_chunked_prefill=False)
+    _fit_budget(sched, 16)
+    sched.add_request(req("a", prompt_of(40), max_tokens=2))
+    res = run(sched, FakeRunner(BS))
+    assert res["steps"][0].num_scheduled_tokens == {"a": 40} and len(res["tokens"]["a"]) == 2

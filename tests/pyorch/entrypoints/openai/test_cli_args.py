@@ -44,6 +44,26 @@ def test_flags_map_to_engine_args():
     assert parse(["--max-model-len", "auto"]).max_model_len is None
 
 
+def test_scheduling_flags_map_to_engine_args():
+    from pyorch.engine.arg_utils import SERVE_TARGET_STEP_MS, EngineArgs
+
+    e = cli_args.engine_args_from(parse([]))
+    assert e.target_step_ms == "auto"  # the server sizes steps by time on CUDA
+    assert e._target_step_ms("cuda") == SERVE_TARGET_STEP_MS and e._target_step_ms("cpu") is None
+    assert (e.long_prefill_token_threshold, e.max_num_partial_prefills,
+            e.max_long_partial_prefills) == (0, 1, 1)
+    e = cli_args.engine_args_from(parse(["--target-step-ms", "25", "--scheduling-policy",
+                                         "priority", "--long-prefill-token-threshold", "2k",
+                                         "--max-num-partial-prefills", "4",
+                                         "--max-long-partial-prefills", "2"]))
+    assert e._target_step_ms("cpu") == 25.0 and e.scheduling_policy == "priority"
+    assert (e.long_prefill_token_threshold, e.max_num_partial_prefills,
+            e.max_long_partial_prefills) == (2000, 4, 2)
+    assert cli_args.engine_args_from(parse(["--target-step-ms", "0"]))._target_step_ms(
+        "cuda") is None
+    assert EngineArgs()._target_step_ms("cuda") is None  # offline LLM keeps the fixed budget
+
+
 @pytest.mark.parametrize("text, value", [("4096", 4096), ("1k", 1000), ("1K", 1024),
                                          ("256MiB", 256 << 20), ("2G", 2 << 30),
                                          ("1.5k", 1500)])
@@ -58,6 +78,10 @@ def test_human_int(text, value):
     (["--max-model-len", "lots"], "expected an integer"),
     (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
     (["--block-size", "3"], "invalid choice"),
+    (["--target-step-ms", "fast"], "expected milliseconds"),
+    (["--target-step-ms", "-5"], "expected milliseconds >= 0"),
+    (["--max-num-partial-prefills", "0"], "must be >= 1"),
+    (["--long-prefill-token-threshold", "-1"], "expected an integer"),
 ])
 def test_bad_flags_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
