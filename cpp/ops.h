@@ -71,8 +71,25 @@
   void apply_token_bitmask_inplace(at::Tensor& logits, const at::Tensor& bitmask,                 \
                                    const std::optional<at::Tensor>& indices);
 
+// Mixture of experts (cpp/cpu/moe.cpp, cpp/ops/moe.cpp).
+#define PYORCH_DECLARE_MOE_OPS                                                                     \
+  void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,                            \
+                    at::Tensor& token_expert_indices, const at::Tensor& gating_output,             \
+                    bool renormalize);                                                             \
+  void moe_sum(const at::Tensor& input, at::Tensor& output);                                       \
+  void moe_align_block_size(const at::Tensor& topk_ids, int64_t num_experts, int64_t block_size,   \
+                            at::Tensor& sorted_token_ids, at::Tensor& experts_ids,                 \
+                            at::Tensor& num_tokens_post_pad,                                       \
+                            const std::optional<at::Tensor>& expert_map);                          \
+  void fused_moe_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,          \
+                      const std::optional<at::Tensor>& topk_weights,                               \
+                      const at::Tensor& sorted_token_ids, const at::Tensor& expert_ids,            \
+                      const at::Tensor& num_tokens_post_padded, int64_t top_k, int64_t block_size, \
+                      bool silu_and_mul);
+
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS
+PYORCH_DECLARE_MOE_OPS
 
 // CUDA-only: the custom all-reduce of tensor parallelism (cpp/ops/custom_all_reduce.cpp). The
 // tensor ops are schemas; the IPC helpers map memory into the process (state, not tensor ops) and
@@ -91,4 +108,5 @@ void ipc_close(int64_t ptr);
 // CPU kernels (cpp/cpu/*.cpp).
 namespace pyorch::cpu {
 PYORCH_DECLARE_OPS
+PYORCH_DECLARE_MOE_OPS
 }  // namespace pyorch::cpu

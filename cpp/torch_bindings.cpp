@@ -112,6 +112,33 @@ TORCH_LIBRARY(pyorch, m) {
       "int algo) -> ()");
   // Zeroes the signal area of a fresh buffer (uint8, on the rank's GPU), before the first call.
   m.def("custom_all_reduce_init_buffer(Tensor! buffer) -> ()");
+  // ---- mixture of experts (M tokens, E experts, top_k per token, H hidden) ----------------------
+  // Router: softmax of gating_output [M, E] in fp32, then the top_k largest (ties to the lower
+  // expert id) into topk_weights [M, top_k] fp32 and topk_indices [M, top_k] int32/int64,
+  // renormalized to sum to 1 when renormalize; token_expert_indices[m, j] = j * M + m.
+  m.def(
+      "topk_softmax(Tensor! topk_weights, Tensor! topk_indices, Tensor! token_expert_indices, "
+      "Tensor gating_output, bool renormalize) -> ()");
+  // output [M, H] = sum over top_k of input [M, top_k, H] (fp32 sum, rounded once).
+  m.def("moe_sum(Tensor input, Tensor! output) -> ()");
+  // Sorts the M * top_k (token, expert) pairs of topk_ids [M, top_k] by expert, each expert's run
+  // padded to a multiple of block_size: sorted_token_ids [>= M*top_k + min(E, M*top_k) *
+  // (block_size - 1)] int32 holds flat pair ids (pad = M * top_k); experts_ids [one per block]
+  // int32 the block's expert (mapped through expert_map [E] when given; -1 past the end);
+  // num_tokens_post_pad [1] int32 the padded total.
+  m.def(
+      "moe_align_block_size(Tensor topk_ids, int num_experts, int block_size, "
+      "Tensor! sorted_token_ids, Tensor! experts_ids, Tensor! num_tokens_post_pad, "
+      "Tensor? maybe_expert_map=None) -> ()");
+  // The grouped expert GEMM over moe_align_block_size's blocks: for each flat pair id f in a
+  // block of expert e, c = input[f / top_k] @ weight[e]^T (weight [E, N, K]); out[f] = c, or
+  // silu(c[:N/2]) * c[N/2:] when silu_and_mul; times topk_weights[f] when given. Blocks of
+  // expert -1 write zeros. out: [M * top_k, N or N / 2].
+  m.def(
+      "fused_moe_gemm(Tensor! out, Tensor input, Tensor weight, Tensor? topk_weights, "
+      "Tensor sorted_token_ids, Tensor expert_ids, Tensor num_tokens_post_padded, int top_k, "
+      "int block_size, bool silu_and_mul) -> ()");
+
   // ---- sampling ------------------------------------------------------------------------------
   // Structured output: logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0, for the
   // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
@@ -136,6 +163,10 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("swap_blocks", c10::kCPU, &pyorch::cpu::swap_blocks);
   m.impl("skinny_gemm", c10::kCPU, &pyorch::cpu::skinny_gemm);
   m.impl("skinny_gemm_fused", c10::kCPU, &pyorch::cpu::skinny_gemm_fused);
+  m.impl("topk_softmax", c10::kCPU, &pyorch::cpu::topk_softmax);
+  m.impl("moe_sum", c10::kCPU, &pyorch::cpu::moe_sum);
+  m.impl("moe_align_block_size", c10::kCPU, &pyorch::cpu::moe_align_block_size);
+  m.impl("fused_moe_gemm", c10::kCPU, &pyorch::cpu::fused_moe_gemm);
   m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
@@ -160,6 +191,10 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("skinny_gemm_fused", c10::kCUDA, &skinny_gemm_fused);
   m.impl("custom_all_reduce", c10::kCUDA, &custom_all_reduce);
   m.impl("custom_all_reduce_init_buffer", c10::kCUDA, &custom_all_reduce_init_buffer);
+  m.impl("topk_softmax", c10::kCUDA, &topk_softmax);
+  m.impl("moe_sum", c10::kCUDA, &moe_sum);
+  m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
+  m.impl("fused_moe_gemm", c10::kCUDA, &fused_moe_gemm);
   m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif

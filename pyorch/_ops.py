@@ -383,6 +383,81 @@ def custom_all_reduce(
 def custom_all_reduce_init_buffer(buffer: torch.Tensor) -> None:
     """Zeroes the signal area of a fresh custom all-reduce buffer (uint8, on the rank's GPU)."""
     torch.ops.pyorch.custom_all_reduce_init_buffer(buffer)
+# ---- mixture of experts -------------------------------------------------------------------------
+def topk_softmax(
+    topk_weights: torch.Tensor,
+    topk_indices: torch.Tensor,
+    token_expert_indices: torch.Tensor,
+    gating_output: torch.Tensor,
+    renormalize: bool,
+) -> None:
+    """The MoE router: softmax(gating_output) in float32, its top_k largest (ties to the lower
+    expert id), renormalized to sum to 1 per token when `renormalize`.
+
+    topk_weights : [num_tokens, top_k] float32 (out).
+    topk_indices : [num_tokens, top_k] int32 or int64 (out): the chosen expert ids.
+    token_expert_indices : [num_tokens, top_k] int32 (out): j * num_tokens + token.
+    gating_output : [num_tokens, num_experts] float32/float16/bfloat16 (rows may be strided).
+    """
+    _ops.topk_softmax(topk_weights, topk_indices, token_expert_indices, gating_output, renormalize)
+
+
+def moe_sum(input: torch.Tensor, output: torch.Tensor) -> None:
+    """output [num_tokens, hidden] = input [num_tokens, top_k, hidden].sum(1) (float32 sum)."""
+    _ops.moe_sum(input, output)
+
+
+def moe_align_block_size(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: torch.Tensor,
+    experts_ids: torch.Tensor,
+    num_tokens_post_pad: torch.Tensor,
+    expert_map: Optional[torch.Tensor] = None,
+) -> None:
+    """Sorts the (token, expert) pairs of topk_ids [num_tokens, top_k] by expert, each expert's
+    run padded to a multiple of block_size (the expert GEMM's row tile).
+
+    sorted_token_ids : [>= num_flat + min(num_experts, num_flat) * (block_size - 1)] int32 (out):
+        flat pair ids f = token * top_k + j, grouped by expert; padding holds num_flat.
+    experts_ids : [one per block of sorted_token_ids] int32 (out): the block's expert, through
+        expert_map [num_experts] int32 (global -> local id, -1 = not on this rank) when given;
+        -1 past the end.
+    num_tokens_post_pad : [1] int32 (out): the padded number of entries used.
+    """
+    _ops.moe_align_block_size(
+        topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad,
+        expert_map,
+    )
+
+
+def fused_moe_gemm(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    topk_weights: Optional[torch.Tensor],
+    sorted_token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_tokens_post_padded: torch.Tensor,
+    top_k: int,
+    block_size: int,
+    silu_and_mul: bool,
+) -> None:
+    """The grouped expert GEMM over moe_align_block_size's blocks, in one launch.
+
+    For each flat pair id f in a block of expert e: c = input[f // top_k] @ weight[e]^T; out[f]
+    = c, or silu(c[:N/2]) * c[N/2:] when silu_and_mul; times topk_weights[f] when given. Blocks
+    of expert -1 (another rank's) write zeros.
+
+    out : [num_flat, N or N / 2], contiguous. input : [num_flat / top_k, K] (last dim
+    contiguous). weight : [num_experts, N, K], contiguous. topk_weights : [num_flat] float32 or
+    None. Float32 accumulation, rounded once.
+    """
+    _ops.fused_moe_gemm(
+        out, input, weight, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+        top_k, block_size, silu_and_mul,
+    )
 
 
 # ---- sampling -----------------------------------------------------------------------------------

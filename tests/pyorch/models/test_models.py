@@ -1,4 +1,5 @@
-"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 against transformers: a batch of prompts of
+"""Tiny random-weight Llama / Mistral / Qwen2 / Qwen3 and the MoE models (Mixtral, Qwen2-MoE,
+Qwen3-MoE) against transformers: a batch of prompts of
 varied lengths in one forward over a paged KV cache, then one decode step per sequence."""
 
 import glob
@@ -6,14 +7,18 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     PretrainedConfig,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from pyorch.forward_context import set_forward_context
@@ -46,14 +51,28 @@ CONFIGS = {
     ),
     # head_dim * heads != hidden_size, as in real Qwen3 models.
     "qwen3": lambda: Qwen3Config(**{**COMMON, "hidden_size": 128}, tie_word_embeddings=False),
+    # Mixture of experts: awkward expert counts and sizes, top-k renormalized or not, a shared
+    # expert and a dense layer (Qwen2-MoE's mlp_only_layers).
+    "mixtral": lambda: MixtralConfig(**{**COMMON, "intermediate_size": 72}, num_local_experts=5,
+                                     num_experts_per_tok=2),
+    "qwen2_moe": lambda: Qwen2MoeConfig(
+        **COMMON, num_experts=7, num_experts_per_tok=3, moe_intermediate_size=40,
+        shared_expert_intermediate_size=88, norm_topk_prob=False, mlp_only_layers=[1],
+        tie_word_embeddings=False),
+    "qwen3_moe": lambda: Qwen3MoeConfig(
+        **{**COMMON, "hidden_size": 128}, num_experts=9, num_experts_per_tok=4,
+        moe_intermediate_size=56, norm_topk_prob=True, tie_word_embeddings=False),
 }
+MOE_CONFIGS = {"mixtral", "qwen2_moe", "qwen3_moe"}
 
 
 def _randomize(model: torch.nn.Module) -> None:
     # HF's 0.02-std init makes nearly uniform logits; larger weights make the comparison bite.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
+            if name.endswith(".gate.weight"):  # an MoE router: decisive top-k choices, so that
+                param.normal_(0.0, 0.5)       # bf16 rounding does not flip near-ties
+            elif "norm" in name:
                 param.normal_(1.0, 0.2)
             else:
                 param.normal_(0.0, 0.08)
@@ -92,6 +111,28 @@ def _build_ours(config: PretrainedConfig, path: str, device: str, dtype: torch.d
     return model.eval()
 
 
+def _routing_near_ties(hf: torch.nn.Module, token_ids: list[int], device: str,
+                       gap: float = 0.1) -> torch.Tensor:
+    """[len] bool: positions where some layer's fp32 router logits put the top_k-th and the next
+    expert within `gap` of each other (bf16 rounding of the hidden state can swap them)."""
+    ties = torch.zeros(len(token_ids), dtype=torch.bool, device=device)
+    top_k = hf.config.num_experts_per_tok
+
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...], _: object) -> None:
+        logits = F.linear(args[0].reshape(len(token_ids), -1).float(), module.weight.float())
+        top = logits.topk(top_k + 1, dim=-1).values
+        ties.logical_or_(top[:, top_k - 1] - top[:, top_k] < gap)
+
+    routers = [m for n, m in hf.named_modules() if n.endswith("mlp.gate")]
+    handles = [m.register_forward_hook(hook) for m in routers]
+    try:
+        _hf_logits(hf, token_ids, device)
+    finally:
+        for h in handles:
+            h.remove()
+    return ties
+
+
 def _hf_logits(hf: torch.nn.Module, token_ids: list[int], device: str) -> torch.Tensor:
     with torch.no_grad():
         ids = torch.tensor([token_ids], device=device)
@@ -119,12 +160,25 @@ def test_prefill_and_decode_match_transformers(checkpoint, device: str):  # type
         layer.kv_cache = (torch.zeros(shape, dtype=dtype, device=device),
                           torch.zeros(shape, dtype=dtype, device=device))
 
+    compared: list[int] = []  # MoE in bf16: rows compared per check
+
     def check(got: torch.Tensor, token_ids: list[int], rows: slice, what: str) -> None:
         want = _hf_logits(hf32, token_ids, device)[rows]
         if hf_low is None:
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=what)
         else:  # ours in bf16 may be off from fp32 by about what HF in bf16 is
-            hf_err = (_hf_logits(hf_low, token_ids, device)[rows] - want).abs().max().item()
+            low = _hf_logits(hf_low, token_ids, device)[rows]
+            if config.model_type in MOE_CONFIGS:
+                # A router near-tie in fp32 may pick other experts in bf16 (a jump, not an
+                # error), which later positions then attend to: positions from the first
+                # near-tie on are left out, the rest held to the same bound.
+                ties = _routing_near_ties(hf32, token_ids, device)
+                keep = ~ties.cumsum(0).bool()[rows]
+                if not keep.any():
+                    return
+                compared.append(int(keep.sum()))
+                got, want, low = got[keep], want[keep], low[keep]
+            hf_err = (low - want).abs().max().item()
             our_err = (got - want).abs().max().item()
             assert our_err <= 2 * hf_err + 2e-2, f"{what}: ours {our_err:.4f} vs HF {hf_err:.4f}"
 
@@ -145,6 +199,9 @@ def test_prefill_and_decode_match_transformers(checkpoint, device: str):  # type
         logits = ours.compute_logits(ours(torch.tensor(next_ids, device=device), positions))
     for i, prompt in enumerate(prompts):
         check(logits[i:i + 1], prompt + [next_ids[i]], slice(-1, None), f"decode of seq {i}")
+    if hf_low is not None and config.model_type in MOE_CONFIGS:
+        # On the CPU in bf16 (a probe, fp32 GEMMs inside) 10-24 of the 72 rows stayed comparable.
+        assert sum(compared) >= 8, f"too few rows compared: {compared}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -190,10 +247,12 @@ def test_fused_decode_matches_unfused_and_transformers(checkpoint, device: str, 
             return ours.compute_logits(ours(torch.tensor(next_ids, device=device), positions))
 
     fused = decode()  # rewrites the decode tokens' KV slots with the same values each time
-    assert len(calls) == 4 * config.num_hidden_layers  # qkv, o_proj, gate_up, down per layer
+    # qkv, o_proj, gate_up, down per layer; an MoE model's layers have no fused form at all.
+    want_calls = 0 if config.model_type in MOE_CONFIGS else 4
+    assert len(calls) == want_calls * config.num_hidden_layers
     monkeypatch.setattr(fused_linear, "FUSED_DECODE", False)
     unfused = decode()
-    assert len(calls) == 4 * config.num_hidden_layers
+    assert len(calls) == want_calls * config.num_hidden_layers
     hf32 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                 attn_implementation="eager").to(device).eval()
     for i, prompt in enumerate(prompts):
@@ -205,8 +264,9 @@ def test_fused_decode_matches_unfused_and_transformers(checkpoint, device: str, 
 
 
 def test_registry():
-    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-            "Qwen3ForCausalLM"} <= set(get_supported_archs())
+    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+            "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+            "Qwen3MoeForCausalLM"} <= set(get_supported_archs())
     assert resolve_model_class(["Foo", "Qwen3ForCausalLM"]).__name__ == "Qwen3ForCausalLM"
     with pytest.raises(ValueError, match="Supported architectures: .*LlamaForCausalLM"):
         resolve_model_class(["GPT2LMHeadModel"])
@@ -227,3 +287,34 @@ def _hf_param_shapes(config: PretrainedConfig) -> dict[str, torch.Tensor]:
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(config)
     return dict(hf.state_dict())
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
+def test_moe_checkpoint_layouts_and_errors(name: str, tmp_path):  # type: ignore[no-untyped-def]
+    """Per-expert tensors (every released checkpoint) and transformers v5's stacked experts load
+    to the same weights; a missing expert or an expert id past num_experts is named."""
+    torch.manual_seed(3)
+    config = CONFIGS[name]()
+    hf = AutoModelForCausalLM.from_config(config)
+    _randomize(hf)
+    hf.save_pretrained(str(tmp_path), safe_serialization=True)
+    per_expert = _load_weights(str(tmp_path))
+    assert any(".experts.0." in k for k in per_expert)
+    cls = resolve_model_class(config.architectures)
+    a, b = cls(config), cls(config)
+    a.load_weights(per_expert.items())
+    b.load_weights(hf.state_dict().items())
+    for (name_a, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(),
+                                             strict=True):
+        torch.testing.assert_close(pa, pb, atol=0, rtol=0, msg=name_a)
+    down = next(k for k in per_expert if ".experts.1." in k and k.endswith(("w2.weight",
+                                                                           "down_proj.weight")))
+    partial = {k: v for k, v in per_expert.items() if k != down}
+    with pytest.raises(KeyError, match=r"missing expert weights for: model\.layers\.\d\.mlp\."
+                                       r"experts\.1\.w2"):
+        cls(config).load_weights(partial.items())
+    num_experts = a.model.layers[0].mlp.experts.global_num_experts
+    past_the_end = down.replace(".experts.1.", f".experts.{num_experts}.")
+    extra = {**per_expert, past_the_end: per_expert[down]}
+    with pytest.raises(KeyError, match="Unexpected weight .*no such expert"):
+        cls(config).load_weights(extra.items())

@@ -1,0 +1,140 @@
+// The small MoE kernels around the expert GEMM: the router's top-k softmax, the sort of (token,
+// expert) pairs by expert, and the sum over top_k. None reads a device value on the host, so
+// all of them are CUDA-graph safe.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+
+namespace pyorch::kernels {
+
+constexpr int kTopkWarps = 4;  // tokens per CTA of topk_softmax: one warp each
+
+// One warp per token. Lane l owns experts l, l + 32, ... (at most 32 of them: E <= 1024) and a
+// bit per owned expert once it is taken; each of the top_k rounds is a warp argmax over the
+// untaken ones, ties to the lower expert id.
+template <typename T, typename IndexT>
+__global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, top_k]
+                                    IndexT* __restrict__ topk_indices,   // [M, top_k]
+                                    int32_t* __restrict__ token_expert,  // [M, top_k]
+                                    const T* __restrict__ gating,        // [M, E], row stride
+                                    int num_tokens, int num_experts, int top_k,
+                                    int64_t gating_stride, bool renormalize) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int token = blockIdx.x * kTopkWarps + threadIdx.x / kWarpSize;
+  if (token >= num_tokens) return;
+  const T* row = gating + token * gating_stride;
+  float row_max = -INFINITY;
+  for (int e = lane; e < num_experts; e += kWarpSize) row_max = fmaxf(row_max, to_float(row[e]));
+  row_max = warp_reduce_max(row_max);
+  float sum = 0.f;
+  for (int e = lane; e < num_experts; e += kWarpSize) sum += __expf(to_float(row[e]) - row_max);
+  sum = warp_reduce_sum(sum);
+  const float inv_sum = 1.f / sum;
+  uint32_t taken = 0;
+  float selected = 0.f;
+  float my_weight = 0.f;  // lane j < top_k keeps round j's result
+  int my_expert = 0;
+  for (int j = 0; j < top_k; ++j) {
+    float best = -INFINITY;
+    int best_e = num_experts;
+    for (int i = 0, e = lane; e < num_experts; ++i, e += kWarpSize) {
+      const float p = to_float(row[e]);
+      if (!(taken >> i & 1u) && (p > best || best_e == num_experts)) {
+        best = p;
+        best_e = e;
+      }
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
+      if (other_e < num_experts &&
+          (best_e == num_experts || other > best || (other == best && other_e < best_e))) {
+        best = other;
+        best_e = other_e;
+      }
+    }
+    if (best_e % kWarpSize == lane) taken |= 1u << (best_e / kWarpSize);
+    const float p = __expf(best - row_max) * inv_sum;
+    selected += p;
+    if (lane == j) {
+      my_weight = p;
+      my_expert = best_e;
+    }
+  }
+  if (lane < top_k) {
+    const int64_t o = static_cast<int64_t>(token) * top_k + lane;
+    topk_weights[o] = renormalize && selected > 0.f ? my_weight / selected : my_weight;
+    topk_indices[o] = static_cast<IndexT>(my_expert);
+    token_expert[o] = lane * num_tokens + token;
+  }
+}
+
+constexpr int kAlignThreads = 1024;
+
+// One CTA: count pairs per expert (shared atomics), prefix-sum the padded counts, fill the
+// padding, then scatter each pair to its expert's next slot. The order of pairs within an
+// expert is unspecified (the GEMM does not care). Shared memory: 2 * (E + 1) int32.
+template <typename IdT>
+__global__ void moe_align_block_size_kernel(const IdT* __restrict__ topk_ids,        // [num_flat]
+                                            int32_t* __restrict__ sorted_token_ids,  // [num_sorted]
+                                            int32_t* __restrict__ expert_ids,        // [num_blocks]
+                                            int32_t* __restrict__ num_post_pad,      // [1]
+                                            const int32_t* __restrict__ expert_map,  // [E] or null
+                                            int num_flat, int num_experts, int block_size,
+                                            int num_sorted, int num_blocks) {
+  extern __shared__ int32_t align_smem[];
+  int32_t* counts = align_smem;                // [E]: pairs per expert, then the fill cursor
+  int32_t* starts = align_smem + num_experts;  // [E + 1]: padded prefix sums
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int f = threadIdx.x; f < num_flat; f += blockDim.x) {
+    const int64_t e = static_cast<int64_t>(topk_ids[f]);
+    if (e >= 0 && e < num_experts) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t total = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      starts[e] = total;
+      total += (counts[e] + block_size - 1) / block_size * block_size;
+    }
+    starts[num_experts] = total;
+    *num_post_pad = total;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < num_sorted; i += blockDim.x) sorted_token_ids[i] = num_flat;
+  for (int b = threadIdx.x; b < num_blocks; b += blockDim.x) expert_ids[b] = -1;
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    const int32_t id = expert_map ? expert_map[e] : e;
+    for (int b = starts[e] / block_size; b < starts[e + 1] / block_size; ++b) expert_ids[b] = id;
+    counts[e] = starts[e];  // the fill cursor
+  }
+  __syncthreads();
+  for (int f = threadIdx.x; f < num_flat; f += blockDim.x) {
+    const int64_t e = static_cast<int64_t>(topk_ids[f]);
+    if (e >= 0 && e < num_experts) sorted_token_ids[atomicAdd(&counts[e], 1)] = f;
+  }
+}
+
+constexpr int kMoeSumThreads = 256;
+
+// grid (M, ceil(H / kMoeSumThreads)): output[m, h] = sum_j input[m, j, h], fp32, rounded once.
+template <typename T>
+__global__ void moe_sum_kernel(T* __restrict__ output,       // [M, H]
+                               const T* __restrict__ input,  // [M, top_k, H]
+                               int top_k, int hidden_size) {
+  const int h = blockIdx.y * kMoeSumThreads + threadIdx.x;
+  if (h >= hidden_size) return;
+  const int64_t m = blockIdx.x;
+  const T* in = input + m * top_k * hidden_size + h;
+  float acc = 0.f;
+  for (int j = 0; j < top_k; ++j) acc += to_float(in[static_cast<int64_t>(j) * hidden_size]);
+  output[m * hidden_size + h] = from_float<T>(acc);
+}
+
+}  // namespace pyorch::kernels

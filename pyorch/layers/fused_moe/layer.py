@@ -1,0 +1,133 @@
+"""FusedMoE: the experts of a mixture-of-experts block as two stacked weights (vLLM's layer).
+
+w13_weight [E_local, 2 * I_shard, H] holds each expert's [gate; up] projections, w2_weight
+[E_local, H, I_shard] its down projection. The parallel seam: `tp_size`/`tp_rank` shard the
+intermediate dimension (each rank holds I / tp_size columns of every expert, so its output is a
+partial sum) and `ep_size`/`ep_rank` place experts on ranks (linear placement: rank r holds
+global experts [r * E / ep_size, (r + 1) * E / ep_size)), through `expert_map` (global -> local
+id, -1 elsewhere). NOTE(moe): the cross-rank reduction of the output belongs to the parallel
+runtime (tensor-parallel issue); with tp_size = ep_size = 1 (the default) nothing is needed.
+"""
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from pyorch.layers.fused_moe.fused_moe import fused_experts, fused_topk
+from pyorch.layers.linear import set_weight_attrs
+
+
+class FusedMoE(nn.Module):
+    """forward(hidden_states [T, H], router_logits [T, E]) -> [T, H]: softmax routing to the
+    top_k experts (renormalized when `renormalize`), SwiGLU experts, weighted sum."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        renormalize: bool = True,
+        params_dtype: torch.dtype | None = None,
+        tp_size: int = 1,
+        tp_rank: int = 0,
+        ep_size: int = 1,
+        ep_rank: int = 0,
+    ):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"FusedMoE: top_k={top_k} must be in [1, num_experts={num_experts}]")
+        if intermediate_size % tp_size or num_experts % ep_size:
+            raise ValueError(
+                f"FusedMoE: intermediate_size={intermediate_size} must divide by tp_size="
+                f"{tp_size} and num_experts={num_experts} by ep_size={ep_size}"
+            )
+        if not (0 <= tp_rank < tp_size and 0 <= ep_rank < ep_size):
+            raise ValueError(f"FusedMoE: tp_rank={tp_rank} / ep_rank={ep_rank} out of range")
+        self.global_num_experts = num_experts
+        self.top_k = top_k
+        self.hidden_size = hidden_size
+        self.renormalize = renormalize
+        self.tp_size, self.tp_rank, self.ep_size, self.ep_rank = tp_size, tp_rank, ep_size, ep_rank
+        self.local_num_experts = num_experts // ep_size
+        self.intermediate_size_per_partition = intermediate_size // tp_size
+        self.first_local_expert = ep_rank * self.local_num_experts
+        if ep_size > 1:
+            expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
+            first = self.first_local_expert
+            expert_map[first:first + self.local_num_experts] = torch.arange(
+                self.local_num_experts, dtype=torch.int32)
+            self.register_buffer("_expert_map", expert_map, persistent=False)
+        dtype = params_dtype or torch.get_default_dtype()
+        e, i, h = self.local_num_experts, self.intermediate_size_per_partition, hidden_size
+        self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(e, h, i, dtype=dtype), requires_grad=False)
+        for param in (self.w13_weight, self.w2_weight):
+            set_weight_attrs(param, {"weight_loader": self.weight_loader})
+
+    @property
+    def expert_map(self) -> torch.Tensor | None:
+        """[global_num_experts] int32: global expert id -> local id, -1 on other ranks; None
+        without expert parallelism (every expert is local)."""
+        return cast(torch.Tensor, self._expert_map) if self.ep_size > 1 else None
+
+    def local_expert(self, expert_id: int) -> int | None:
+        """The local index of a global expert id, or None when another rank holds it."""
+        local = expert_id - self.first_local_expert
+        return local if 0 <= local < self.local_num_experts else None
+
+    def weight_loader(
+        self,
+        param: nn.Parameter,
+        loaded_weight: torch.Tensor,
+        weight_name: str,
+        shard_id: str,
+        expert_id: int,
+    ) -> None:
+        """Loads one expert's checkpoint matrix: shard_id "w1" (gate, [I, H]), "w3" (up, [I, H])
+        or "w2" (down, [H, I]), vLLM's names; experts of other ranks are skipped and the
+        intermediate dimension is narrowed to this rank's shard."""
+        if shard_id not in ("w1", "w2", "w3"):
+            raise ValueError(f"{weight_name}: shard_id must be w1, w2 or w3, got {shard_id!r}")
+        local = self.local_expert(expert_id)
+        if local is None:
+            return
+        i = self.intermediate_size_per_partition
+        shard_dim = 1 if shard_id == "w2" else 0  # the intermediate dimension of the matrix
+        full = loaded_weight.shape[shard_dim]
+        if full != i * self.tp_size:
+            raise ValueError(
+                f"{weight_name}: intermediate size {full}, expected {i * self.tp_size}"
+            )
+        shard = loaded_weight.narrow(shard_dim, self.tp_rank * i, i)
+        if shard_id == "w2":
+            target = param.data[local]
+        else:
+            target = param.data[local].narrow(0, 0 if shard_id == "w1" else i, i)
+        if target.shape != shard.shape:
+            raise ValueError(
+                f"{weight_name}: shape {tuple(loaded_weight.shape)} does not fit expert "
+                f"weight {tuple(param.shape)} (shard {shard_id})"
+            )
+        target.copy_(shard)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,  # [T, H]
+        router_logits: torch.Tensor,  # [T, E]
+    ) -> torch.Tensor:  # [T, H]
+        topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
+        return fused_experts(
+            hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+            self.global_num_experts, self.expert_map,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"global_num_experts={self.global_num_experts}, local_num_experts="
+            f"{self.local_num_experts}, top_k={self.top_k}, hidden_size={self.hidden_size}, "
+            f"intermediate_size_per_partition={self.intermediate_size_per_partition}, "
+            f"renormalize={self.renormalize}, tp={self.tp_rank}/{self.tp_size}, "
+            f"ep={self.ep_rank}/{self.ep_size}"
+        )

@@ -1,0 +1,126 @@
+"""What the mixture-of-experts decoders share: the sparse MLP block (router, FusedMoE experts,
+optional gated shared expert) and the loading of per-expert checkpoint tensors into the stacked
+expert weights. Mixtral, Qwen2-MoE and Qwen3-MoE are the Llama decoder with this block as MLP."""
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from pyorch.layers.fused_moe import FusedMoE
+from pyorch.layers.linear import ReplicatedLinear
+from pyorch.models.llama import LlamaMLP
+from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
+
+# HF per-expert names -> vLLM's shard ids (w1 gate, w3 up, w2 down).
+_EXPERT_SHARDS = {
+    "w1": "w1", "w3": "w3", "w2": "w2", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2",
+}
+# <prefix>.experts.<id>.<proj>.weight (every release's checkpoint layout).
+_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+# <prefix>.experts.gate_up_proj [E, 2I, H] / .down_proj [E, H, I] (transformers v5 in memory).
+_STACKED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
+
+
+class SparseMoeBlock(nn.Module):
+    """x [T, H] -> sum of the top_k experts' SwiGLU outputs, weighted by the softmax router, plus
+    sigmoid(shared_expert_gate(x)) * shared_expert(x) when the model has a shared expert."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,
+        renormalize: bool,
+        hidden_act: str = "silu",
+        shared_expert_intermediate_size: int = 0,
+    ):
+        super().__init__()
+        if hidden_act != "silu":
+            raise ValueError(f"MoE experts support hidden_act='silu' only, got {hidden_act!r}")
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
+        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize)
+        self.shared_expert: LlamaMLP | None = None
+        self.shared_expert_gate: ReplicatedLinear | None = None
+        if shared_expert_intermediate_size > 0:
+            self.shared_expert = LlamaMLP(
+                hidden_size, shared_expert_intermediate_size, hidden_act, bias=False
+            )
+            self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        out = self.experts(x, self.gate(x))
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+def is_sparse_layer(config: Any, layer_idx: int) -> bool:
+    """Qwen-MoE placement: sparse unless listed in mlp_only_layers or off decoder_sparse_step."""
+    if layer_idx in (getattr(config, "mlp_only_layers", None) or []):
+        return False
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    return getattr(config, "num_experts", 0) > 0 and (layer_idx + 1) % step == 0
+
+
+def load_moe_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    rename: tuple[str, str] | None = None,
+    skip_prefixes: tuple[str, ...] = (),
+) -> set[str]:
+    """load_stacked_weights for an MoE model: per-expert tensors go to their FusedMoE (whose
+    loader places them in w13_weight / w2_weight); `rename` maps an HF module name onto ours
+    (Mixtral's block_sparse_moe -> mlp). Raises KeyError for missing or unexpected experts."""
+    moe_layers = {name: m for name, m in model.named_modules() if isinstance(m, FusedMoE)}
+    expected = {
+        (name, e, shard): False
+        for name, layer in moe_layers.items()
+        for e in range(layer.global_num_experts) if layer.local_expert(e) is not None
+        for shard in ("w1", "w2", "w3")
+    }
+    loaded: set[str] = set()
+
+    def load_expert(prefix: str, hf_name: str, expert_id: int, shard: str, t: torch.Tensor) -> None:
+        layer = moe_layers.get(prefix)
+        if layer is None or not 0 <= expert_id < layer.global_num_experts:
+            raise KeyError(f"Unexpected weight {hf_name!r} in the checkpoint: no such expert")
+        param = layer.w2_weight if shard == "w2" else layer.w13_weight
+        layer.weight_loader(param, t, hf_name, shard, expert_id)
+        if layer.local_expert(expert_id) is not None:
+            expected[(prefix, expert_id, shard)] = True
+        loaded.add(f"{prefix}.{'w2_weight' if shard == 'w2' else 'w13_weight'}")
+
+    def others() -> Iterable[tuple[str, torch.Tensor]]:
+        for hf_name, tensor in weights:
+            name = hf_name.replace(*rename) if rename else hf_name
+            per_expert = _PER_EXPERT.match(name)
+            stacked = _STACKED_EXPERTS.match(name)
+            if per_expert:
+                prefix, expert_id, proj = per_expert.groups()
+                load_expert(prefix, hf_name, int(expert_id), _EXPERT_SHARDS[proj], tensor)
+            elif stacked and stacked.group(1) in moe_layers:
+                prefix, proj = stacked.groups()
+                for e in range(tensor.shape[0]):
+                    if proj == "down_proj":
+                        load_expert(prefix, hf_name, e, "w2", tensor[e])
+                    else:
+                        gate, up = tensor[e].chunk(2, dim=0)
+                        load_expert(prefix, hf_name, e, "w1", gate)
+                        load_expert(prefix, hf_name, e, "w3", up)
+            else:
+                yield name, tensor
+
+    expert_prefixes = tuple(name + "." for name in moe_layers)
+    loaded |= load_stacked_weights(
+        model, others(), LLAMA_STACKED_PARAMS, skip_prefixes=skip_prefixes + expert_prefixes
+    )
+    missing = [f"{p}.{e}.{s}" for (p, e, s), done in expected.items() if not done]
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10
+                                           else "")
+        raise KeyError(f"Checkpoint is missing expert weights for: {shown}")
+    return loaded

@@ -1,0 +1,47 @@
+"""Pure-PyTorch float64 references of the MoE ops (vLLM's semantics), computed token by token."""
+
+import torch
+import torch.nn.functional as F
+
+
+def topk_softmax(gating: torch.Tensor, top_k: int, renormalize: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # weights [M, k] f64, ids [M, k] int64
+    probs = torch.softmax(gating.double(), dim=-1)
+    # Stable sort by descending probability: ties go to the lower expert id.
+    ids = torch.sort(-probs, dim=-1, stable=True).indices[:, :top_k]
+    weights = probs.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, ids
+
+
+def expert_gemm(input: torch.Tensor, weight: torch.Tensor, topk_weights: torch.Tensor | None,
+                topk_ids: torch.Tensor, top_k: int, silu_and_mul: bool,
+                expert_map: torch.Tensor | None = None) -> torch.Tensor:
+    """out[f] for every flat pair f = token * top_k + j of topk_ids [M, top_k] (float64):
+    c = input[f // top_k] @ weight[e]^T, then SiLU-and-mul / routing weight; zeros for pairs
+    whose expert maps to -1."""
+    flat_ids = topk_ids.reshape(-1).long().cpu()
+    n = weight.shape[1]
+    out = torch.zeros(flat_ids.numel(), n // 2 if silu_and_mul else n, dtype=torch.float64)
+    x = input.double().cpu()
+    for e in flat_ids.unique().tolist():
+        local = int(expert_map[e]) if expert_map is not None else e
+        if local < 0:
+            continue
+        pairs = (flat_ids == e).nonzero().flatten()  # every pair routed to expert e
+        c = x[pairs // top_k] @ weight[local].double().cpu().T  # [pairs, N]
+        if silu_and_mul:
+            c = F.silu(c[:, : n // 2]) * c[:, n // 2:]
+        if topk_weights is not None:
+            c = c * topk_weights.reshape(-1)[pairs].double().cpu().unsqueeze(1)
+        out[pairs] = c
+    return out
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:  # [M, H] float64
+    top_k = topk_ids.shape[1]
+    act = expert_gemm(x, w13, None, topk_ids, top_k, silu_and_mul=True)
+    down = expert_gemm(act, w2, topk_weights, topk_ids, 1, silu_and_mul=False)
+    return down.view(x.shape[0], top_k, down.shape[1]).sum(1)
