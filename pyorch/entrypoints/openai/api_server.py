@@ -356,7 +356,7 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
 
 
 # ---- running it --------------------------------------------------------------------------------
-def _load_chat_template(value: Optional[str]) -> Optional[str]:
+def load_chat_template(value: Optional[str]) -> Optional[str]:
     """--chat-template: a file's content, or the template itself (it must look like Jinja)."""
     if value is None:
         return None
@@ -404,6 +404,26 @@ def _startup_report(engine: Any, names: list[str], url: str) -> None:
     _say(f"serving the OpenAI API at {url}/v1 (docs at {url}/docs)")
 
 
+def make_server_context(args: argparse.Namespace, engine: Any, names: list[str],
+                        chat_template: Optional[str],
+                        renderer: Optional[ThreadPoolExecutor]) -> ServerContext:
+    """What the handlers need, from the flags and a started engine (server and run-batch)."""
+    max_model_len = engine.model_config.max_model_len
+    assert max_model_len is not None  # ModelConfig.resolve() sets it (or raises)
+    tokenizer = engine.get_tokenizer()
+    return ServerContext(
+        engine=engine, served_model_names=names, max_model_len=max_model_len,
+        vocab_size=engine.model_config.vocab_size, tokenizer=tokenizer,
+        chat_template=chat_template, log_requests=not args.disable_log_requests,
+        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer,
+        max_logprobs=engine.model_config.max_logprobs,
+        default_sampling_params=engine.model_config.get_diff_sampling_param(),
+        response_role=args.response_role,
+        content_format=resolve_content_format(
+            args.chat_template_content_format,
+            chat_template or getattr(tokenizer, "chat_template", None)))
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Runs until SIGTERM/SIGINT (returns 0) or engine death (returns 1); 2 on a bad setting."""
     import uvicorn
@@ -419,7 +439,7 @@ def run_server(args: argparse.Namespace) -> int:
     configure_logging()
     names = cli_args.served_model_names(args)
     try:
-        chat_template = _load_chat_template(args.chat_template)
+        chat_template = load_chat_template(args.chat_template)
         engine_args = cli_args.engine_args_from(args)
         config = engine_args.create_engine_config()  # fails fast on bad settings
     except (ValueError, FileNotFoundError) as e:
@@ -452,21 +472,9 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"pyorch serve: error: the engine failed to start: {type(e).__name__}: {e}",
               file=sys.stderr)
         return 1
-    max_model_len = engine.model_config.max_model_len
-    assert max_model_len is not None  # ModelConfig.resolve() sets it (or raises)
     renderer = ThreadPoolExecutor(max_workers=args.renderer_num_workers,
                                   thread_name_prefix="pyorch-renderer")
-    ctx = ServerContext(
-        engine=engine, served_model_names=names, max_model_len=max_model_len,
-        vocab_size=engine.model_config.vocab_size, tokenizer=engine.get_tokenizer(),
-        chat_template=chat_template, log_requests=not args.disable_log_requests,
-        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer,
-        max_logprobs=engine.model_config.max_logprobs,
-        default_sampling_params=engine.model_config.get_diff_sampling_param(),
-        response_role=args.response_role,
-        content_format=resolve_content_format(
-            args.chat_template_content_format,
-            chat_template or getattr(engine.get_tokenizer(), "chat_template", None)))
+    ctx = make_server_context(args, engine, names, chat_template, renderer)
     if ctx.default_sampling_params:
         _say(f"default sampling parameters from the generation config: "
              f"{ctx.default_sampling_params}")
