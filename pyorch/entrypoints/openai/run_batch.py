@@ -22,6 +22,15 @@ from typing import Any, Optional
 from pyorch.entrypoints.openai import cli_args
 
 SUPPORTED_URLS = ("/v1/chat/completions", "/v1/completions")
+# `pyorch serve` flags that shape only the HTTP server: run-batch refuses them (rather than
+# ignore them) unless they keep their default.
+_SERVER_ONLY = ("host", "port", "api_key", "metrics_require_api_key", "max_request_body_bytes",
+                "renderer_num_workers", "allowed_origins", "allowed_methods", "allowed_headers",
+                "allow_credentials", "root_path", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs",
+                "ssl_cert_reqs", "uvicorn_log_level", "disable_uvicorn_access_log",
+                "disable_fastapi_docs", "enable_tokenizer_info_endpoint",
+                "enable_server_load_tracking", "metrics_prefix", "disable_log_stats",
+                "enable_log_requests")
 # Requests in flight at once; the engine batches them (max_num_seqs per step).
 _MAX_CONCURRENT = 1024
 
@@ -42,7 +51,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     from pyorch.entrypoints.openai.cli_refused import refusal
 
-    problem = refusal(args)
+    problem = refusal(args) or _server_only_flag(args)
     for name in (args.input_file, args.output_file):
         if name.startswith(("http://", "https://")):
             problem = problem or f"{name}: URLs are not supported, only local files"
@@ -55,6 +64,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"pyorch run-batch: error: cannot read {args.input_file}: {e}", file=sys.stderr)
         return 1
     return asyncio.run(_run(args, lines))
+
+
+def _server_only_flag(args: argparse.Namespace) -> Optional[str]:
+    defaults = cli_args.add_cli_args(argparse.ArgumentParser()).parse_args([])
+    for name in _SERVER_ONLY:
+        if getattr(args, name) != getattr(defaults, name):
+            flag = "--" + name.replace("_", "-")
+            return f"{flag} applies to the HTTP server (pyorch serve), not to run-batch"
+    return None
 
 
 def _read_lines(path: str) -> list[str]:

@@ -64,7 +64,9 @@ def test_run_batch_refuses_urls_and_unsupported_flags(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("")
     for extra, message in ((["-o", "https://example.com/out"], "URLs are not supported"),
-                           (["-o", str(tmp_path / "o"), "--enable-lora"], "LoRA")):
+                           (["-o", str(tmp_path / "o"), "--enable-lora"], "LoRA"),
+                           (["-o", str(tmp_path / "o"), "--port", "9"],
+                            "--port applies to the HTTP server")):
         run = subprocess.run([sys.executable, "-m", "pyorch.cli.main", "run-batch", "-i",
                               str(src), *extra], capture_output=True, text=True, timeout=120)
         assert run.returncode == 2 and message in run.stderr, run.stderr
