@@ -106,7 +106,7 @@ def check_num_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: in
         asked = vocab_size if value == -1 else value
         if asked > cap:
             raise ValueError(f"Requested {name} of {asked}, which is greater than max allowed: "
-                             f"{cap} (the server's --max-logprobs)")
+                             f"{cap} (max_logprobs; the server's --max-logprobs)")
 
 
 class InputProcessor:

@@ -70,7 +70,12 @@ def test_llm_uses_generation_config_defaults(tiny):
     vllm_defaults = _llm(tiny, generation_config="vllm").get_default_sampling_params()
     assert (vllm_defaults.temperature, vllm_defaults.max_tokens) == \
         (SamplingParams().temperature, SamplingParams().max_tokens)
-    # reset_prefix_cache: True when no request holds blocks.
+    # reset_prefix_cache: False (nothing dropped) while a request holds blocks, else True.
+    engine = llm.llm_engine
+    engine.add_request("held", prompt, SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    assert llm.reset_prefix_cache() is False
+    engine.abort_request("held")
     assert llm.reset_prefix_cache() is True
 
 
