@@ -258,8 +258,11 @@ class OpenAIServing:
         try:
             check_num_logprobs(params, self.ctx.max_logprobs, self.ctx.vocab_size)
         except ValueError as e:
-            raise OpenAIError(str(e), param="top_logprobs" if hasattr(req, "top_logprobs")
-                              else "logprobs") from None
+            if not hasattr(req, "top_logprobs"):
+                raise OpenAIError(str(e), param="logprobs") from None
+            # Chat names the count top_logprobs (logprobs is its on/off switch).
+            raise OpenAIError(str(e).replace("Requested logprobs", "Requested top_logprobs"),
+                              param="top_logprobs") from None
         return params
 
     async def check_structured_outputs(self, req: SamplingExtras,
