@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -28,12 +29,22 @@ class ModelConfig:
     trust_remote_code: bool = False
     enforce_eager: bool = False  # no CUDA graphs
     cuda_graph_sizes: Optional[list[int]] = None  # padded batch sizes (tokens) to capture
+    tokenizer_mode: str = "auto"  # "auto" | "hf" (the fast tokenizer if any) | "slow"
+    download_dir: Optional[str] = None  # where hub models are downloaded to (HF cache if None)
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs per request; -1 = no cap
+    # Default sampling parameters: "auto" (the model's generation_config.json), "vllm" (none),
+    # or a folder holding a generation_config.json; then override_generation_config on top.
+    generation_config: str = "auto"
+    override_generation_config: dict[str, Any] = field(default_factory=dict)
     hf_config: Any = None
 
     def resolve(self) -> None:
         """Loads the HF config, resolves dtype and max_model_len (raises on bad values)."""
         from pyorch.model_loader import load_hf_config, resolve_dtype
 
+        self._check_settings()
+        if self.download_dir is not None:
+            self._download()
         if self.tokenizer is None:
             self.tokenizer = self.model
         if self.hf_config is None:
@@ -72,6 +83,54 @@ class ModelConfig:
                 f"Total number of KV heads ({kv_heads}) and tensor parallel size ({tp}) must "
                 "divide one another."
             )
+    def _check_settings(self) -> None:
+        if self.tokenizer_mode not in ("auto", "hf", "slow"):
+            raise ValueError(f"tokenizer_mode {self.tokenizer_mode!r} is not supported (auto, "
+                             "hf or slow)")
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be >= 0 or -1 (no cap), got {self.max_logprobs!r}")
+        if not isinstance(self.override_generation_config, dict):
+            raise ValueError("override_generation_config must be a dict (JSON object)")
+        if self.generation_config not in ("auto", "vllm") and not os.path.isfile(
+                os.path.join(self.generation_config, "generation_config.json")):
+            raise ValueError(f"generation_config={self.generation_config!r}: expected 'auto', "
+                             "'vllm' or a folder holding a generation_config.json")
+
+    def _download(self) -> None:
+        """download_dir: a hub id is fetched into (or, offline, found in) that folder, and the
+        model (and its tokenizer, unless another is named) load from the snapshot there."""
+        from pyorch.model_loader import hub_snapshot
+
+        if os.path.exists(os.path.expanduser(self.model)):
+            return  # a local model: nothing to download
+        assert self.download_dir is not None
+        local = hub_snapshot(self.model, self.revision, self.download_dir)
+        if self.tokenizer in (None, self.model):
+            self.tokenizer = local
+        self.model = local
+
+    @property
+    def max_num_logprobs(self) -> int:
+        """The logprobs cap as a number (-1 resolved to the vocabulary size)."""
+        return self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """The default sampling parameters the generation config asks for (vLLM's rule): the
+        fields of generation_config.json that differ from transformers' defaults (or none for
+        'vllm'), updated by override_generation_config, kept to repetition_penalty,
+        temperature, top_k, top_p, min_p and max_new_tokens (as max_tokens)."""
+        config: dict[str, Any] = {}
+        folder = self.model if self.generation_config == "auto" else self.generation_config
+        if self.generation_config != "vllm" and os.path.isfile(
+                os.path.join(folder, "generation_config.json")):
+            from transformers import GenerationConfig
+
+            config = GenerationConfig.from_pretrained(folder).to_diff_dict()
+        config.update(self.override_generation_config)
+        params = {k: config[k] for k in _GENERATION_PARAMS if config.get(k) is not None}
+        if "max_new_tokens" in params:
+            params["max_tokens"] = params.pop("max_new_tokens")
+        return params
 
     @property
     def num_layers(self) -> int:
@@ -91,6 +150,11 @@ class ModelConfig:
     @property
     def vocab_size(self) -> int:
         return int(self.hf_config.vocab_size)
+
+
+# The generation-config fields that become default sampling parameters (vLLM's list).
+_GENERATION_PARAMS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p",
+                      "max_new_tokens")
 
 
 def derive_max_model_len(hf_config: Any) -> Optional[int]:

@@ -44,6 +44,10 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
     "PYORCH_PDL": (
         _flag("PYORCH_PDL", True),
         "`0` launches every kernel without programmatic dependent launch (default on, Hopper)"),
+    "PYORCH_LOG_STATS_INTERVAL": (
+        lambda: float(os.environ.get("PYORCH_LOG_STATS_INTERVAL") or 10.0),
+        "seconds between the server's stats log lines (vLLM's `VLLM_LOG_STATS_INTERVAL`; "
+        "default `10`; `--disable-log-stats` turns them off)"),
     "PYORCH_ENGINE_CORE_TEST_HOOKS": (
         _flag("PYORCH_ENGINE_CORE_TEST_HOOKS", False),
         "`1` lets the engine-core process accept test-only utility calls (fault injection)"),

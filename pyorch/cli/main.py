@@ -17,6 +17,7 @@ from pyorch.logger import configure_logging
 
 # subcommand -> module with add_cli_args(parser) and main(args)
 _SERVE = "pyorch.entrypoints.openai.cli_args"
+_RUN_BATCH = "pyorch.entrypoints.openai.run_batch"
 _BENCH = {
     "throughput": ("pyorch.benchmarks.throughput",
                    "offline throughput: pyorch against transformers"),
@@ -38,11 +39,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     imported (the others are listed by name, so `pyorch --help` stays cheap)."""
     argv = list(argv)
     parser = argparse.ArgumentParser(prog="pyorch", description="pyorch: LLM inference and serving")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{serve,run-batch,bench}")
     serve = sub.add_parser("serve", help="start the OpenAI-compatible server (pyorch-serve)")
     if argv[:1] == ["serve"]:
         _load(_SERVE).add_cli_args(serve)
         serve.set_defaults(_module=_SERVE)
+    run_batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSON lines) offline")
+    if argv[:1] == ["run-batch"]:
+        _load(_RUN_BATCH).add_cli_args(run_batch)
+        run_batch.set_defaults(_module=_RUN_BATCH)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True,
                                      metavar="{" + ",".join(_BENCH) + "}")

@@ -64,6 +64,11 @@ class EngineArgs:
     # measured step times. None or 0: off (max_num_batched_tokens every step); "auto":
     # SERVE_TARGET_STEP_MS on CUDA, off on the CPU.
     target_step_ms: Optional[Union[float, str]] = None
+    tokenizer_mode: str = "auto"  # "auto" | "hf" | "slow"
+    download_dir: Optional[str] = None  # where hub models are downloaded (HF cache if None)
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs per request; -1 = no cap
+    generation_config: str = "auto"  # "auto" | "vllm" | a folder with generation_config.json
+    override_generation_config: Optional[dict[str, Any]] = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -92,6 +97,9 @@ class EngineArgs:
             load_format=self.load_format, device=device, revision=self.revision,
             trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
             cuda_graph_sizes=list(self.cuda_graph_sizes) if self.cuda_graph_sizes else None,
+            tokenizer_mode=self.tokenizer_mode, download_dir=self.download_dir,
+            max_logprobs=self.max_logprobs, generation_config=self.generation_config,
+            override_generation_config=dict(self.override_generation_config or {}),
         )
         model_config.resolve()
         model_config.verify_with_parallel_config(parallel)

@@ -80,7 +80,8 @@ class AsyncLLM:
             try:
                 # The tokenizer path, else the model's (ModelConfig.resolve() fills it in).
                 self.tokenizer = get_tokenizer(mc.model, mc.tokenizer, revision=mc.revision,
-                                               trust_remote_code=mc.trust_remote_code)
+                                               trust_remote_code=mc.trust_remote_code,
+                                               tokenizer_mode=mc.tokenizer_mode)
             except BaseException:
                 self.engine_core.shutdown()
                 raise

@@ -17,7 +17,7 @@ from pyorch.sampling_params import SamplingParams
 from pyorch.structured_output.backend_xgrammar import validate_structured_outputs
 
 PromptType = Union[str, list[int], dict]
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs (ModelConfig.max_logprobs sets the cap)
 
 
 def check_token_ids(token_ids: list[int], vocab_size: int, what: str = "prompt token ids") -> None:
@@ -94,6 +94,22 @@ def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> N
             f"prompt is {len(token_ids)} tokens long.")
 
 
+def check_num_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
+    """vLLM's rule: logprobs and prompt_logprobs (-1 = the whole vocabulary) may not exceed
+    max_logprobs (-1 = no cap)."""
+    cap = vocab_size if max_logprobs == -1 else max_logprobs
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is None:
+            continue
+        if value < -1:
+            raise ValueError(f"{name}={value} must be >= 0, or -1 for the whole vocabulary")
+        asked = vocab_size if value == -1 else value
+        if asked > cap:
+            raise ValueError(f"Requested {name} of {asked}, which is greater than max allowed: "
+                             f"{cap} (max_logprobs; the server's --max-logprobs)")
+
+
 class InputProcessor:
     """Tokenizes and validates requests.
 
@@ -137,10 +153,7 @@ class InputProcessor:
         prompt_text, token_ids = self.tokenize(prompt)
         vocab = self.config.model_config.vocab_size
         check_prompt(token_ids, vocab, self.config.scheduler_config.max_model_len)
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise ValueError(f"{name}={value} is outside [0, {MAX_LOGPROBS}] (max_logprobs)")
+        check_num_logprobs(params, self.config.model_config.max_logprobs, vocab)
         if self.tokenizer is None and params.stop:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
         if self.config.scheduler_config.policy != "priority" and priority != 0:

@@ -44,7 +44,8 @@ class LLMEngine:
             # The tokenizer path, else the model's (ModelConfig.resolve() fills it in already).
             self.tokenizer = get_tokenizer(mc.model, mc.tokenizer,
                                            trust_remote_code=mc.trust_remote_code,
-                                           revision=mc.revision)
+                                           revision=mc.revision,
+                                           tokenizer_mode=mc.tokenizer_mode)
         self.engine_core = EngineCore(config)
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)

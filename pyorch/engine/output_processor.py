@@ -45,6 +45,8 @@ class _Parent:
     num_cached_tokens: int = 0
     num_finished: int = 0
     child_order: list[str] = field(default_factory=list)
+    n: int = 1  # the request's n and max_tokens, for the request_params_* metrics
+    max_tokens: Optional[int] = None
 
     @property
     def finished(self) -> bool:
@@ -96,7 +98,8 @@ class OutputProcessor:
             )
         metrics = RequestMetrics(arrival_time=time.time() if arrival_time is None else arrival_time)
         parent = _Parent(request_id, prompt, list(prompt_token_ids), children, metrics,
-                         output_kind=params.output_kind, child_order=list(children))
+                         output_kind=params.output_kind, child_order=list(children),
+                         n=params.n, max_tokens=params.max_tokens)
         self.parents[request_id] = parent
         for child_id in children:
             self.child_to_parent[child_id] = request_id
@@ -243,6 +246,9 @@ class OutputProcessor:
             if first_token is not None and scheduled is not None else 0.0,
             decode_time=(m.last_token_time - first_token)
             if first_token is not None and m.last_token_time is not None else 0.0,
+            inference_time=(m.last_token_time - scheduled)
+            if scheduled is not None and m.last_token_time is not None else 0.0,
+            n_param=parent.n, max_tokens_param=parent.max_tokens,
         ))
 
     # ---- outputs -----------------------------------------------------------------------------

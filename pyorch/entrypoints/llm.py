@@ -44,7 +44,14 @@ class LLM:
         return self.llm_engine.get_tokenizer()
 
     def reset_prefix_cache(self) -> bool:
+        """Drops the prefix cache; False (nothing dropped) while requests hold blocks."""
         return self.llm_engine.reset_prefix_cache()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use when given no SamplingParams: the generation
+        config's defaults (`generation_config`, `override_generation_config`), as in vLLM."""
+        defaults = self.llm_engine.config.model_config.get_diff_sampling_param()
+        return SamplingParams(**defaults) if defaults else SamplingParams()
 
     def generate(
         self,
@@ -56,7 +63,7 @@ class LLM:
         """Generates completions for the prompts; returns them in input order."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
-            params_list = [SamplingParams()] * len(prompt_list)
+            params_list = [self.get_default_sampling_params()] * len(prompt_list)
         elif isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompt_list)
         else:

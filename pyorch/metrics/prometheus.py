@@ -1,4 +1,5 @@
-"""Prometheus export of the engine's stats under vLLM's metric names, with a `pyorch:` prefix.
+"""Prometheus export of the engine's stats under vLLM's metric names, with a `pyorch:` prefix
+(or `vllm:`, `--metrics-prefix vllm`, so that dashboards built for vLLM work unchanged).
 
 One `PrometheusStatLogger` per server, on its own `CollectorRegistry` (not prometheus_client's
 global one), so that several servers can live in one process (tests do). The API server's
@@ -11,7 +12,7 @@ fed their increments.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -20,6 +21,8 @@ from pyorch.metrics.stats import IterationStats, SchedulerStats, StatLoggerBase
 logger = logging.getLogger(__name__)
 
 PREFIX = "pyorch:"
+# --metrics-prefix choices -> the prefix every metric name carries.
+METRIC_PREFIXES = {"pyorch": "pyorch:", "vllm": "vllm:"}
 FINISH_REASONS = ("stop", "length", "abort")
 
 # vLLM's buckets (seconds, tokens).
@@ -27,6 +30,8 @@ _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
 _ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0]
+_ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+_N_BUCKETS = [1, 2, 5, 10, 20]
 _REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                             50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 
@@ -52,23 +57,25 @@ class PrometheusStatLogger(StatLoggerBase):
     model_name: the `model_name` label on every metric (the served model name).
     max_model_len: top of the token-count histograms' buckets.
     registry: where to register; a fresh CollectorRegistry when None.
+    prefix: what every metric name starts with ("pyorch:", or "vllm:" for vLLM's dashboards).
     """
 
     def __init__(self, model_name: str, max_model_len: int = 2048,
-                 registry: Optional[CollectorRegistry] = None) -> None:
+                 registry: Optional[CollectorRegistry] = None, prefix: str = PREFIX) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
+        self.prefix = prefix
         labels = ["model_name"]
         reg = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=reg).labels(model_name)
+            return Gauge(prefix + name, doc, labels, registry=reg).labels(model_name)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name)
+            return Counter(prefix + name, doc, labels, registry=reg).labels(model_name)
 
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(PREFIX + name, doc, labels, buckets=buckets,
+            return Histogram(prefix + name, doc, labels, buckets=buckets,
                              registry=reg).labels(model_name)
 
         self.num_requests_running = gauge("num_requests_running",
@@ -88,7 +95,7 @@ class PrometheusStatLogger(StatLoggerBase):
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens",
                                          "Number of generation tokens processed.")
-        success = Counter(PREFIX + "request_success", "Count of successfully processed requests.",
+        success = Counter(prefix + "request_success", "Count of successfully processed requests.",
                           ["model_name", "finished_reason"], registry=reg)
         self.request_success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
         self.ttft = histogram("time_to_first_token_seconds",
@@ -107,11 +114,26 @@ class PrometheusStatLogger(StatLoggerBase):
         self.decode_time = histogram("request_decode_time_seconds",
                                      "Histogram of time spent in DECODE phase for request.",
                                      _REQUEST_LATENCY_BUCKETS)
+        self.inference_time = histogram(
+            "request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.", _REQUEST_LATENCY_BUCKETS)
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            [float(b) for b in _ITERATION_TOKEN_BUCKETS])
+        self.request_params_n = histogram(
+            "request_params_n", "Histogram of the n request parameter.",
+            [float(b) for b in _N_BUCKETS])
         token_buckets = _token_buckets(max_model_len)
         self.request_prompt_tokens = histogram(
             "request_prompt_tokens", "Number of prefill tokens processed.", token_buckets)
         self.request_generation_tokens = histogram(
             "request_generation_tokens", "Number of generation tokens processed.", token_buckets)
+        self.request_params_max_tokens = histogram(
+            "request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+            token_buckets)
+        self._cache_config_info = Gauge(
+            prefix + "cache_config_info", "Information of the LLMEngine CacheConfig",
+            ["model_name", *CACHE_CONFIG_INFO_LABELS], registry=reg)
         # Last cumulative values seen, to feed the counters their increments.
         self._last_queries = self._last_hits = self._last_preemptions = 0
 
@@ -143,7 +165,15 @@ class PrometheusStatLogger(StatLoggerBase):
             counter.inc(cumulative - last)
         return max(cumulative, last)
 
+    def set_cache_config_info(self, info: dict[str, Any]) -> None:
+        """Publishes `<prefix>cache_config_info` (value 1, the settings as labels, vLLM's
+        info metric); `info` holds CACHE_CONFIG_INFO_LABELS (see `cache_config_info`)."""
+        self._cache_config_info.labels(
+            self.model_name, *(str(info[k]) for k in CACHE_CONFIG_INFO_LABELS)).set(1)
+
     def _record_iteration(self, it: IterationStats) -> None:
+        if it.num_prompt_tokens + it.num_generation_tokens:
+            self.iteration_tokens.observe(it.num_prompt_tokens + it.num_generation_tokens)
         if it.num_prompt_tokens:
             self.prompt_tokens.inc(it.num_prompt_tokens)
         if it.num_generation_tokens:
@@ -159,9 +189,28 @@ class PrometheusStatLogger(StatLoggerBase):
             self.queue_time.observe(req.queued_time)
             self.prefill_time.observe(req.prefill_time)
             self.decode_time.observe(req.decode_time)
+            self.inference_time.observe(req.inference_time)
+            self.request_params_n.observe(req.n_param)
+            if req.max_tokens_param is not None:
+                self.request_params_max_tokens.observe(req.max_tokens_param)
             self.request_prompt_tokens.observe(req.num_prompt_tokens)
             self.request_generation_tokens.observe(req.num_generation_tokens)
 
     def render(self) -> bytes:
         """The registry in Prometheus' text format."""
         return generate_latest(self.registry)
+
+
+# vLLM's CacheConfig.metrics_info() labels that pyorch's cache has.
+CACHE_CONFIG_INFO_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching",
+                            "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks")
+
+
+def cache_config_info(cache_config: Any) -> dict[str, Any]:
+    """The `cache_config_info` labels of a started engine's CacheConfig (num_gpu_blocks: the
+    KV blocks the engine has, on the GPU or, on the CPU, in host memory)."""
+    return {"block_size": cache_config.block_size, "cache_dtype": cache_config.cache_dtype,
+            "enable_prefix_caching": cache_config.enable_prefix_caching,
+            "gpu_memory_utilization": cache_config.gpu_memory_utilization,
+            "kv_cache_memory_bytes": cache_config.kv_cache_memory_bytes,
+            "num_gpu_blocks": cache_config.num_blocks}

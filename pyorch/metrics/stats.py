@@ -49,6 +49,9 @@ class FinishedRequestStats:
     queued_time: float = 0.0  # seconds from arrival to first scheduled (0 when unknown)
     prefill_time: float = 0.0  # seconds from first scheduled to first token (0 when unknown)
     decode_time: float = 0.0  # seconds from first token to the last
+    inference_time: float = 0.0  # seconds from first scheduled to the last token (0: unknown)
+    n_param: int = 1  # the request's n
+    max_tokens_param: Optional[int] = None  # the request's max_tokens
 
 
 @dataclass

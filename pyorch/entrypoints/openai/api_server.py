@@ -34,6 +34,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 
 import pyorch
+from pyorch import envs
 from pyorch.engine.exceptions import EngineDeadError
 from pyorch.entrypoints.openai import cli_args
 from pyorch.entrypoints.openai.errors import (
@@ -55,7 +56,12 @@ from pyorch.entrypoints.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
-from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat
+from pyorch.entrypoints.openai.server_routes import (
+    LoadTrackingMiddleware,
+    tokenizer_info_router,
+)
+from pyorch.entrypoints.openai.server_routes import router as side_router
+from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat, resolve_content_format
 from pyorch.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pyorch.entrypoints.openai.serving_engine import ServerContext
 from pyorch.entrypoints.openai.serving_responses import OpenAIServingResponses, ResponsesRequest
@@ -143,6 +149,8 @@ async def metrics(request: Request) -> Response:
     while it steps, so after the last request leaves they would otherwise stay stale."""
     state = request.app.state
     engine = state.ctx.engine
+    if state.stat_logger is None:  # --disable-log-stats: no engine metrics are recorded
+        return Response(b"", media_type="text/plain; version=0.0.4; charset=utf-8")
     if not engine.errored and hasattr(engine, "get_scheduler_stats"):
         with contextlib.suppress(Exception):
             stats = await asyncio.wait_for(engine.get_scheduler_stats(), timeout=2.0)
@@ -285,6 +293,13 @@ async def _watch_engine(app: FastAPI) -> None:
         server.should_exit = True
 
 
+async def _log_stats(stat_logger: Any) -> None:
+    """The periodic stats line (vLLM's do_log_stats loop)."""
+    while True:
+        await asyncio.sleep(envs.PYORCH_LOG_STATS_INTERVAL)
+        stat_logger.log()
+
+
 def _exit_now(code: int) -> None:
     """Leaves at once (no interpreter teardown), after flushing what was logged."""
     with contextlib.suppress(Exception):
@@ -298,6 +313,10 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         watchdog = asyncio.create_task(_watch_engine(app), name="pyorch-engine-watchdog")
+        log_stats = None
+        if getattr(app.state, "log_stat_logger", None) is not None:
+            log_stats = asyncio.create_task(_log_stats(app.state.log_stat_logger),
+                                            name="pyorch-log-stats")
         ready = getattr(app.state, "on_ready", None)
         if ready is not None:
             ready()
@@ -305,12 +324,23 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
             yield
         finally:
             watchdog.cancel()
+            if log_stats is not None:
+                log_stats.cancel()
             ctx.engine.shutdown()
 
+    docs: dict[str, Any] = {}
+    if getattr(args, "disable_fastapi_docs", False):
+        docs = {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="pyorch OpenAI-compatible API", version=pyorch.__version__,
-                  root_path=args.root_path or "", lifespan=lifespan)
+                  root_path=args.root_path or "", lifespan=lifespan, **docs)
     app.include_router(router)
+    app.include_router(side_router)
+    if getattr(args, "enable_tokenizer_info_endpoint", False):
+        app.include_router(tokenizer_info_router)
     install_error_handlers(app)
+    app.state.server_load_metrics = 0
+    if getattr(args, "enable_server_load_tracking", False):  # innermost: counts what runs
+        app.add_middleware(LoadTrackingMiddleware, state=app.state)
     limit = getattr(args, "max_request_body_bytes", 0)
     if limit:
         app.add_middleware(BodyLimitMiddleware, limit=limit)
@@ -333,7 +363,7 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
 
 
 # ---- running it --------------------------------------------------------------------------------
-def _load_chat_template(value: Optional[str]) -> Optional[str]:
+def load_chat_template(value: Optional[str]) -> Optional[str]:
     """--chat-template: a file's content, or the template itself (it must look like Jinja)."""
     if value is None:
         return None
@@ -383,17 +413,47 @@ def _startup_report(engine: Any, names: list[str], url: str) -> None:
     _say(f"serving the OpenAI API at {url}/v1 (docs at {url}/docs)")
 
 
+def make_server_context(args: argparse.Namespace, engine: Any, names: list[str],
+                        chat_template: Optional[str],
+                        renderer: Optional[ThreadPoolExecutor]) -> ServerContext:
+    """What the handlers need, from the flags and a started engine (server and run-batch)."""
+    max_model_len = engine.model_config.max_model_len
+    assert max_model_len is not None  # ModelConfig.resolve() sets it (or raises)
+    tokenizer = engine.get_tokenizer()
+    return ServerContext(
+        engine=engine, served_model_names=names, max_model_len=max_model_len,
+        vocab_size=engine.model_config.vocab_size, tokenizer=tokenizer,
+        chat_template=chat_template, log_requests=not args.disable_log_requests,
+        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer,
+        max_logprobs=engine.model_config.max_logprobs,
+        default_sampling_params=engine.model_config.get_diff_sampling_param(),
+        response_role=args.response_role,
+        enable_auto_tools=getattr(args, "enable_auto_tool_choice", False),
+        tool_call_parser=getattr(args, "tool_call_parser", None),
+        exclude_tools_when_tool_choice_none=getattr(
+            args, "exclude_tools_when_tool_choice_none", False),
+        reasoning_parser=getattr(args, "reasoning_parser", None),
+        content_format=resolve_content_format(
+            args.chat_template_content_format,
+            chat_template or getattr(tokenizer, "chat_template", None)))
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Runs until SIGTERM/SIGINT (returns 0) or engine death (returns 1); 2 on a bad setting."""
     import uvicorn
 
     from pyorch.engine.async_llm import AsyncLLM
-    from pyorch.metrics.prometheus import PrometheusStatLogger
+    from pyorch.metrics.loggers import LoggingStatLogger
+    from pyorch.metrics.prometheus import (
+        METRIC_PREFIXES,
+        PrometheusStatLogger,
+        cache_config_info,
+    )
 
     configure_logging()
     names = cli_args.served_model_names(args)
     try:
-        chat_template = _load_chat_template(args.chat_template)
+        chat_template = load_chat_template(args.chat_template)
         cli_args.check_tool_args(args)
         engine_args = cli_args.engine_args_from(args)
         config = engine_args.create_engine_config()  # fails fast on bad settings
@@ -408,9 +468,17 @@ def run_server(args: argparse.Namespace) -> int:
         return 1
     # SIGTERM during the model load: leave through the normal clean-up path.
     signal.signal(signal.SIGTERM, _interrupt)
-    stat_logger = PrometheusStatLogger(names[0], config.model_config.max_model_len or 2048)
+    # --disable-log-stats: no stats at all, as in vLLM (no log line, no engine metrics).
+    stat_logger: Optional[PrometheusStatLogger] = None
+    log_stat_logger: Optional[LoggingStatLogger] = None
+    if not args.disable_log_stats:
+        stat_logger = PrometheusStatLogger(
+            names[0], config.model_config.max_model_len or 2048,
+            prefix=METRIC_PREFIXES[args.metrics_prefix])
+        log_stat_logger = LoggingStatLogger()
     try:
-        engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[stat_logger])
+        engine = AsyncLLM.from_engine_args(
+            engine_args, stat_loggers=[x for x in (stat_logger, log_stat_logger) if x])
     except KeyboardInterrupt:
         sock.close()
         return 0
@@ -419,26 +487,25 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"pyorch serve: error: the engine failed to start: {type(e).__name__}: {e}",
               file=sys.stderr)
         return 1
-    max_model_len = engine.model_config.max_model_len
-    assert max_model_len is not None  # ModelConfig.resolve() sets it (or raises)
     renderer = ThreadPoolExecutor(max_workers=args.renderer_num_workers,
                                   thread_name_prefix="pyorch-renderer")
-    ctx = ServerContext(
-        engine=engine, served_model_names=names, max_model_len=max_model_len,
-        vocab_size=engine.model_config.vocab_size, tokenizer=engine.get_tokenizer(),
-        chat_template=chat_template, log_requests=not args.disable_log_requests,
-        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer,
-        enable_auto_tools=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
-        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
-        reasoning_parser=args.reasoning_parser)
+    ctx = make_server_context(args, engine, names, chat_template, renderer)
+    if ctx.default_sampling_params:
+        _say(f"default sampling parameters from the generation config: "
+             f"{ctx.default_sampling_params}")
+    if stat_logger is not None:
+        stat_logger.set_cache_config_info(cache_config_info(engine.config.cache_config))
     app = build_app(ctx, stat_logger, args)
+    app.state.log_stat_logger = log_stat_logger
     host, port = sock.getsockname()[:2]
     scheme = "https" if args.ssl_certfile else "http"
     shown = f"[{host}]" if ":" in host else host
     url = f"{scheme}://{shown}:{port}{args.root_path or ''}"
     app.state.on_ready = lambda: _startup_report(engine, names, url)
     config_uv = uvicorn.Config(
-        app, log_level=args.uvicorn_log_level, access_log=not args.disable_log_requests,
+        app, log_level=args.uvicorn_log_level,
+        access_log=not (args.disable_log_requests or args.disable_uvicorn_access_log),
+        ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         # uvicorn annotates this int, but uses it as an asyncio timeout: a float works.
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # type: ignore[arg-type]
         ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)

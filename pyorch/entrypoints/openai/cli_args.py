@@ -16,6 +16,7 @@ import sys
 from typing import Any, Callable, Optional, Sequence
 
 from pyorch import envs
+from pyorch.entrypoints.openai.cli_refused import add_refused_args, refusal
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 API_KEY_ENV = "PYORCH_API_KEY"
@@ -126,6 +127,26 @@ def _json_list(text: str) -> list[str]:
     return value
 
 
+def _max_logprobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or -1, got {text!r}") from None
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or -1, got {text!r}")
+    return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def _add(group: Any, flag: str, kind: str = "value", short: Optional[str] = None,
          **kwargs: Any) -> None:
     _FLAG_KINDS[flag] = kind
@@ -149,6 +170,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     _add_server_args(parser)
     _add_engine_args(parser)
+    add_refused_args(parser, _add)
     _install_config_expansion(parser)
     return parser
 
@@ -189,9 +211,37 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     _add(server, "--ssl-certfile", default=None, help="TLS certificate file")
     _add(server, "--disable-log-requests", "flag", action="store_true",
          help="do not log each request")
+    _add(server, "--enable-log-requests", "flag", action="store_true",
+         help="log each request (vLLM's flag; pyorch logs them unless --disable-log-requests)")
     _add(server, "--uvicorn-log-level", default="info",
          choices=["critical", "error", "warning", "info", "debug", "trace"],
          help="uvicorn's log level (default: %(default)s)")
+    _add(server, "--disable-uvicorn-access-log", "flag", action="store_true",
+         help="no uvicorn access log lines")
+    _add(server, "--ssl-ca-certs", default=None, help="TLS: CA certificates file")
+    _add(server, "--ssl-cert-reqs", type=int, default=0, choices=[0, 1, 2],
+         help="TLS: whether a client certificate is required (ssl.CERT_NONE=0, "
+              "CERT_OPTIONAL=1, CERT_REQUIRED=2; default: %(default)s)")
+    _add(server, "--disable-fastapi-docs", "flag", action="store_true",
+         help="no /docs, /redoc or /openapi.json")
+    _add(server, "--response-role", default="assistant",
+         help="the role of the answer when the request has add_generation_prompt=true "
+              "(default: %(default)s)")
+    _add(server, "--chat-template-content-format", default="auto",
+         choices=["auto", "string", "openai"],
+         help="how message content reaches the chat template: 'string' (text parts joined), "
+              "'openai' (a list of {type, text} parts), 'auto' (detected from the template; "
+              "default)")
+    _add(server, "--enable-tokenizer-info-endpoint", "flag", action="store_true",
+         help="serve GET /tokenizer_info (it may expose the chat template and tokenizer "
+              "settings)")
+    _add(server, "--enable-server-load-tracking", "flag", action="store_true",
+         help="count generation requests in flight, served at GET /load")
+    _add(server, "--disable-log-stats", "flag", action="store_true",
+         help="no periodic stats log line and no engine metrics on /metrics (as in vLLM)")
+    _add(server, "--metrics-prefix", default="pyorch", choices=["pyorch", "vllm"],
+         help="prefix of every /metrics name: pyorch:<name>, or vllm:<name> so that "
+              "dashboards built for vLLM work unchanged (default: %(default)s)")
 
 
 
@@ -223,6 +273,22 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add(model, "--model", default=None, help=argparse.SUPPRESS)  # --config's `model:` key
     _add(model, "--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     _add(model, "--revision", default=None, help="model revision (Hugging Face Hub)")
+    _add(model, "--tokenizer-mode", default="auto", choices=["auto", "hf", "slow"],
+         help="auto/hf: the fast (Rust) tokenizer when there is one; slow: the Python one "
+              "(default: %(default)s)")
+    _add(model, "--download-dir", default=None,
+         help="where hub models are downloaded to and looked up (default: the Hugging Face "
+              "cache)")
+    _add(model, "--max-logprobs", type=_max_logprobs, default=20,
+         help="most logprobs / prompt_logprobs a request may ask for; -1 = no cap "
+              "(default: %(default)s)")
+    _add(model, "--generation-config", default="auto",
+         help="default sampling parameters: 'auto' (the model's generation_config.json), "
+              "'vllm' (none), or a folder holding a generation_config.json (default: auto)")
+    _add(model, "--override-generation-config", type=_json_object, default=None,
+         help='JSON overriding generation-config fields, e.g. \'{"temperature": 0.5}\'')
+    _add(model, "--disable-cascade-attn", "flag", action="store_true",
+         help="vLLM's switch for cascade attention, which pyorch never uses (accepted)")
     _add(model, "--trust-remote-code", "flag", action="store_true",
          help="allow custom code from the model's repository")
     _add(model, "--dtype", default="auto",
@@ -285,6 +351,11 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "running ones are expected to grow into, learned from finished "
                             "requests (fewer preemptions; default: on)")
 
+    compile_group = parser.add_argument_group("cuda graphs")
+    _add(compile_group, "--cudagraph-capture-sizes", "list", type=_positive(
+        "--cudagraph-capture-sizes"), nargs="+", default=None, metavar="N",
+         help="token counts to capture CUDA graphs at (default: 1, 2, 4, 8, ... 512, then "
+              "every 32)")
     par = parser.add_argument_group("parallel", "several GPUs (tensor parallelism)")
     _add(par, "--tensor-parallel-size", short="-tp", type=_positive("--tensor-parallel-size"),
          default=1, help="ranks the model is split over: GPUs, or CPU processes with "
@@ -422,6 +493,10 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         max_num_partial_prefills=args.max_num_partial_prefills,
         max_long_partial_prefills=args.max_long_partial_prefills,
         target_step_ms=args.target_step_ms,
+        cuda_graph_sizes=args.cudagraph_capture_sizes, tokenizer_mode=args.tokenizer_mode,
+        download_dir=args.download_dir, max_logprobs=args.max_logprobs,
+        generation_config=args.generation_config,
+        override_generation_config=args.override_generation_config or {},
     )
 
 
@@ -438,6 +513,12 @@ def main(args: argparse.Namespace) -> int:
         _apply_config_fallback(args)
     except ValueError as e:
         print(f"pyorch serve: error: {e}", file=sys.stderr)
+        return 2
+    problem = refusal(args)
+    if problem is None and args.enable_log_requests and args.disable_log_requests:
+        problem = "--enable-log-requests and --disable-log-requests contradict each other"
+    if problem is not None:  # before anything is loaded
+        print(f"pyorch serve: error: {problem}", file=sys.stderr)
         return 2
     if args.api_key is None:
         args.api_key = envs.PYORCH_API_KEY

@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# OpenAI caps n at 128; vLLM caps logprobs at max_logprobs (20).
+# OpenAI caps n at 128. logprobs / top_logprobs are capped by the server's --max-logprobs
+# (vLLM's max_logprobs, default 20), checked when the request is turned into SamplingParams.
 MAX_N = 128
-MAX_LOGPROBS = 20
 # Bounds on list fields that neither OpenAI nor vLLM state (ours; docs/serving.md lists them).
 # Each keeps a request's cost proportionate: stop strings are matched on every output step,
 # bad words and prompts are tokenized, each prompt x n is a sequence in the engine.
@@ -129,7 +129,7 @@ class CompletionRequest(SamplingExtras):
                   Annotated[list[list[int]], Field(max_length=MAX_PROMPTS)]]
     max_tokens: Optional[int] = Field(16, ge=1)
     echo: Optional[bool] = False
-    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Optional[int] = Field(None, ge=0)
     suffix: Optional[str] = None
     add_special_tokens: bool = True
 
@@ -192,7 +192,7 @@ class ChatCompletionRequest(SamplingExtras):
     max_tokens: Optional[int] = Field(None, ge=1)  # deprecated by OpenAI, still accepted
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Optional[int] = Field(None, ge=0)
     # vLLM's extra parameters
     add_generation_prompt: bool = True
     continue_final_message: bool = False

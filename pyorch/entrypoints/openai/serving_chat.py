@@ -54,21 +54,27 @@ _RESERVED_TEMPLATE_KWARGS = {"conversation", "chat_template", "tokenize", "add_g
                              "continue_final_message", "return_dict", "tools", "documents"}
 
 
-def _message_dict(message: ChatMessage, index: int = 0) -> dict[str, Any]:
+def _message_dict(message: ChatMessage, index: int = 0,
+                  content_format: str = "string") -> dict[str, Any]:
+    """The message as the chat template sees it: content a string (text parts joined by
+    newlines), or with content_format "openai" a list of {"type": "text", "text"} parts."""
     content = message.content
     where = f"messages.{index}"
+    texts = []
     if isinstance(content, list):
-        texts = []
         for j, part in enumerate(content):
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise OpenAIError("only text content parts ({\"type\": \"text\", \"text\": ...}) "
                                   "are supported", param=f"{where}.content.{j}")
             OpenAIServing.check_text(part["text"], f"{where}.content.{j}.text")
             texts.append(part["text"])
-        content = "\n".join(texts)
     elif content is not None:
         OpenAIServing.check_text(content, f"{where}.content")
-    out: dict[str, Any] = {"role": message.role, "content": content or ""}
+        texts.append(content)
+    rendered: Any = "\n".join(texts)
+    if content_format == "openai":
+        rendered = [{"type": "text", "text": t} for t in texts]
+    out: dict[str, Any] = {"role": message.role, "content": rendered}
     if message.name is not None:
         OpenAIServing.check_text(message.name, f"{where}.name")
         out["name"] = message.name
@@ -92,7 +98,8 @@ def render_chat(serving: OpenAIServing, messages: list[ChatMessage], add_generat
     if add_generation_prompt and continue_final_message:
         raise OpenAIError("continue_final_message cannot be combined with add_generation_prompt; "
                           "set add_generation_prompt to false", param="continue_final_message")
-    conversation = [_message_dict(m, i) for i, m in enumerate(messages)]
+    conversation = [_message_dict(m, i, serving.ctx.content_format)
+                    for i, m in enumerate(messages)]
     if continue_final_message and conversation[-1]["role"] != "assistant":
         raise OpenAIError("continue_final_message needs the last message to be the assistant's",
                           param="continue_final_message")
@@ -177,12 +184,13 @@ class OpenAIServingChat(OpenAIServing):
             if parser.active:
                 parsed = parser.parse(c.text)
                 message = ChatResponseMessage(
+                    role=self._role(req),
                     content=parsed.content if not echo else echo + (parsed.content or ""),
                     tool_calls=parsed.tool_calls, reasoning=parsed.reasoning,
                     reasoning_content=parsed.reasoning)
                 finish = parser.finish_reason(c.finish_reason, bool(parsed.tool_calls))
             else:
-                message = ChatResponseMessage(content=echo + c.text)
+                message = ChatResponseMessage(role=self._role(req), content=echo + c.text)
                 finish = c.finish_reason
             choices.append(ChatChoice(
                 index=c.index, message=message,
@@ -194,6 +202,10 @@ class OpenAIServingChat(OpenAIServing):
         response = ChatCompletionResponse(id=request_id, model=self.ctx.model_name,
                                           choices=choices, usage=usage)
         return JSONResponse(response.model_dump())
+
+    def _role(self, req: ChatCompletionRequest) -> str:
+        """vLLM's rule: --response-role after a generation prompt, else the last message's."""
+        return self.ctx.response_role if req.add_generation_prompt else req.messages[-1].role
 
     @staticmethod
     def _echo_text(req: ChatCompletionRequest) -> str:
@@ -239,7 +251,7 @@ class OpenAIServingChat(OpenAIServing):
         texts = [""] * req.n  # each choice's text so far (the parsers read all of it)
         try:
             for index in range(req.n):
-                role_delta = {"role": "assistant", "content": echo}
+                role_delta = {"role": self._role(req), "content": echo}
                 yield self._chunk(request_id, created, [
                     {"index": index, "delta": role_delta, "logprobs": None,
                      "finish_reason": None}])
@@ -275,3 +287,35 @@ class OpenAIServingChat(OpenAIServing):
         finally:
             await close_quietly(merged)
         yield SSE_DONE
+
+
+def resolve_content_format(option: str, template: Optional[str]) -> str:
+    """--chat-template-content-format: "string" or "openai" as given; "auto" looks at the
+    template, as vLLM does: one that loops over a message's content (directly or through a
+    variable set from it) wants OpenAI's list of parts, any other a string."""
+    if option != "auto":
+        return option
+    if not template:
+        return "string"
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        ast = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+
+    def is_content(node: Any) -> bool:
+        if isinstance(node, nodes.Getitem):
+            return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+        return isinstance(node, nodes.Getattr) and node.attr == "content"
+
+    content_vars = {a.target.name for a in ast.find_all(nodes.Assign)
+                    if isinstance(a.target, nodes.Name) and is_content(a.node)}
+    for loop in ast.find_all(nodes.For):
+        it = loop.iter
+        if isinstance(it, nodes.Filter) and it.node is not None:
+            it = it.node
+        if is_content(it) or (isinstance(it, nodes.Name) and it.name in content_vars):
+            return "openai"
+    return "string"

@@ -14,7 +14,7 @@ import json
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -31,7 +31,12 @@ import anyio
 from fastapi import Request
 
 from pyorch.engine.exceptions import EngineDeadError
-from pyorch.engine.input_processor import check_prompt, check_prompt_text, check_text
+from pyorch.engine.input_processor import (
+    check_num_logprobs,
+    check_prompt,
+    check_prompt_text,
+    check_text,
+)
 from pyorch.entrypoints.openai.errors import OpenAIError, engine_dead_message, error_body
 from pyorch.entrypoints.openai.protocol import SamplingExtras
 from pyorch.outputs import Logprob, RequestOutput
@@ -71,6 +76,13 @@ class ServerContext:
     tool_call_parser: Optional[str] = None
     exclude_tools_when_tool_choice_none: bool = False
     reasoning_parser: Optional[str] = None
+    # --max-logprobs (-1: no cap); default sampling parameters from the generation config
+    # (--generation-config, --override-generation-config); the answer's role
+    # (--response-role); how message content reaches the chat template (string / openai).
+    max_logprobs: int = 20
+    default_sampling_params: dict[str, Any] = field(default_factory=dict)
+    response_role: str = "assistant"
+    content_format: str = "string"
 
     @property
     def model_name(self) -> str:
@@ -181,7 +193,9 @@ class OpenAIServing:
                 f"However, you requested {num_prompt + max_tokens} tokens ({num_prompt} in the "
                 f"prompt, {max_tokens} in the completion). Please reduce the length of the "
                 "prompt or completion.", param="max_tokens")
-        return max_tokens
+        # vLLM's get_max_tokens: the generation config's max_new_tokens caps it too.
+        default_max = self.ctx.default_sampling_params.get("max_tokens")
+        return max_tokens if default_max is None else min(max_tokens, int(default_max))
 
     @staticmethod
     def check_fields(req: Any) -> None:
@@ -216,17 +230,22 @@ class OpenAIServing:
         for i, word in enumerate(req.bad_words or []):
             self.check_text(word, f"bad_words.{i}")
         constraint = structured_outputs(req)
+        # Unset knobs take the generation config's defaults (vLLM's rule), else the neutral ones.
+        defaults = self.ctx.default_sampling_params
+
+        def knob(value: Any, name: str, neutral: float) -> Any:
+            return value if value is not None else defaults.get(name, neutral)
+
         try:
             params = SamplingParams(
                 n=req.n,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=0 if req.top_k is None else req.top_k,
-                min_p=0.0 if req.min_p is None else req.min_p,
+                temperature=knob(req.temperature, "temperature", 1.0),
+                top_p=knob(req.top_p, "top_p", 1.0),
+                top_k=knob(req.top_k, "top_k", 0),
+                min_p=knob(req.min_p, "min_p", 0.0),
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None
-                else req.repetition_penalty,
+                repetition_penalty=knob(req.repetition_penalty, "repetition_penalty", 1.0),
                 seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
                 bad_words=req.bad_words,
                 ignore_eos=req.ignore_eos, max_tokens=max_tokens, min_tokens=req.min_tokens,
@@ -243,6 +262,14 @@ class OpenAIServing:
             params.validate_token_ids(self.ctx.vocab_size)
         except (ValueError, TypeError) as e:
             raise OpenAIError(str(e)) from None
+        try:
+            check_num_logprobs(params, self.ctx.max_logprobs, self.ctx.vocab_size)
+        except ValueError as e:
+            if not hasattr(req, "top_logprobs"):
+                raise OpenAIError(str(e), param="logprobs") from None
+            # Chat names the count top_logprobs (logprobs is its on/off switch).
+            raise OpenAIError(str(e).replace("Requested logprobs", "Requested top_logprobs"),
+                              param="top_logprobs") from None
         return params
 
     async def check_structured_outputs(self, req: SamplingExtras,

@@ -7,7 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from pyorch.engine.input_processor import InputProcessor, check_prompt, check_token_ids
+from pyorch.engine.input_processor import (
+    InputProcessor,
+    check_num_logprobs,
+    check_prompt,
+    check_token_ids,
+)
 from pyorch.sampling_params import SamplingParams
 
 
@@ -26,7 +31,7 @@ def test_check_prompt_rules():
 
 def _processor(max_model_len: int = 4, vocab_size: int = 50) -> InputProcessor:
     config = SimpleNamespace(
-        model_config=SimpleNamespace(vocab_size=vocab_size, hf_config=None),
+        model_config=SimpleNamespace(vocab_size=vocab_size, hf_config=None, max_logprobs=20),
         scheduler_config=SimpleNamespace(max_model_len=max_model_len, policy="fcfs"))
     return InputProcessor(config, tokenizer=None)  # type: ignore[arg-type]
 
@@ -39,3 +44,16 @@ def test_process_applies_the_prompt_rules():
                           ([1, 2, 3, 4, 5], "maximum context length is 4")):
         with pytest.raises(ValueError, match=match):
             proc.process(prompt, SamplingParams())
+
+
+def test_check_num_logprobs_follows_max_logprobs():
+    check_num_logprobs(SamplingParams(logprobs=5, prompt_logprobs=5), 5, vocab_size=50)
+    for params in (SamplingParams(logprobs=6), SamplingParams(prompt_logprobs=6),
+                   SamplingParams(logprobs=-1)):  # -1: the whole vocabulary, 50 > 5
+        with pytest.raises(ValueError, match="greater than max allowed: 5"):
+            check_num_logprobs(params, 5, vocab_size=50)
+    check_num_logprobs(SamplingParams(logprobs=-1, prompt_logprobs=50), -1, vocab_size=50)
+    with pytest.raises(ValueError, match="greater than max allowed: 50"):
+        check_num_logprobs(SamplingParams(logprobs=51), -1, vocab_size=50)
+    with pytest.raises(ValueError, match=r"max allowed: 20 \(max_logprobs"):
+        _processor().process([1], SamplingParams(logprobs=21))

@@ -163,3 +163,67 @@ def test_pyorch_serve_dispatcher_help_groups_and_pp_refusal():
     refused = subprocess.run(run + ["-pp", "2"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2
     assert "pipeline-parallel-size=2 cannot be served" in refused.stderr
+
+
+def test_vllm_flags_map_to_engine_args():
+    args = parse(["--max-logprobs", "-1", "--generation-config", "vllm",
+                  "--override-generation-config", '{"temperature": 0.2}',
+                  "--tokenizer-mode", "hf", "--download-dir", "/cache",
+                  "--cudagraph-capture-sizes", "1", "2", "8"])
+    e = cli_args.engine_args_from(args)
+    assert (e.max_logprobs, e.generation_config, e.override_generation_config) == \
+        (-1, "vllm", {"temperature": 0.2})
+    assert (e.tokenizer_mode, e.download_dir, e.cuda_graph_sizes) == ("hf", "/cache", [1, 2, 8])
+    defaults = parse([])
+    assert (defaults.response_role, defaults.chat_template_content_format,
+            defaults.metrics_prefix) == ("assistant", "auto", "pyorch")
+    assert cli_args.engine_args_from(defaults).max_logprobs == 20
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-logprobs", "-2"], "expected an integer >= 0 or -1"),
+    (["--override-generation-config", "[1]"], "expected a JSON object"),
+    (["--tokenizer-mode", "mistral"], "invalid choice"),
+    (["--metrics-prefix", "sglang"], "invalid choice"),
+])
+def test_bad_vllm_flag_values(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--enable-lora"], "--enable-lora: LoRA adapters is not supported by pyorch"),
+    (["--lora-modules", "a=/x"], "--lora-modules a=/x: LoRA adapters"),
+    (["-dp", "2"], "--data-parallel-size 2: data parallelism"),
+    (["--swap-space", "8"], "swapping KV blocks to CPU memory"),
+    (["--speculative-config", '{"method": "ngram"}'], "speculative decoding"),
+    (["--logprobs-mode", "processed_logits"], "(or give --logprobs-mode 'raw_logprobs')"),
+    (["--cpu-offload-gb", "4"], "weight offloading"),
+])
+def test_refused_flags_name_the_flag_and_feature(argv, message):
+    from pyorch.entrypoints.openai.cli_refused import refusal
+
+    assert message in (refusal(parse(argv)) or "")
+
+
+def test_neutral_values_of_refused_flags_are_accepted(tmp_path):
+    from pyorch.entrypoints.openai.cli_refused import refusal
+
+    argv = ["-dp", "1", "--logprobs-mode", "raw_logprobs", "--model-impl", "vllm",
+            "--cpu-offload-gb", "0", "--stream-interval", "1", "--disable-cascade-attn"]
+    assert refusal(parse(argv)) is None
+    config = tmp_path / "serve.yaml"
+    config.write_text("enable-lora: true\ndata_parallel_size: 1\n")
+    assert "--enable-lora" in (refusal(parse(["--config", str(config)])) or "")
+
+
+def test_refused_flag_exits_before_loading_through_the_dispatcher():
+    run = [sys.executable, "-m", "pyorch.cli.main", "serve"]
+    refused = subprocess.run(run + ["--enable-lora", "--max-loras", "4"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "pyorch serve: error: --enable-lora: LoRA adapters" in refused.stderr
+    assert "unrecognized arguments" not in refused.stderr
+    help_text = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=60)
+    assert "not supported:" in help_text.stdout and "--speculative-config" in help_text.stdout

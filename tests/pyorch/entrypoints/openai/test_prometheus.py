@@ -47,3 +47,29 @@ def test_each_logger_has_its_own_registry():
 def test_record_never_raises():
     logger = PrometheusStatLogger("m")
     logger.record(SchedulerStats(), IterationStats(time_to_first_tokens=["bad"]))  # type: ignore
+
+
+def test_vllm_prefix_and_request_param_metrics():
+    from pyorch.config import CacheConfig
+    from pyorch.metrics.prometheus import cache_config_info
+
+    logger = PrometheusStatLogger("m", max_model_len=100, prefix="vllm:")
+    logger.record(None, IterationStats(num_prompt_tokens=7, num_generation_tokens=2))
+    logger.record(None, IterationStats())  # an empty step is not an iteration sample
+    logger.record(None, IterationStats(num_generation_tokens=2, finished_requests=[
+        FinishedRequestStats("stop", 2.0, 7, 4, queued_time=0.5, prefill_time=0.25,
+                             decode_time=1.25, inference_time=1.5, n_param=2,
+                             max_tokens_param=9)]))
+    cache = CacheConfig(block_size=32, num_blocks=77)
+    logger.set_cache_config_info(cache_config_info(cache))
+    text = logger.render().decode()
+    assert "pyorch:" not in text
+    assert metric(text, "vllm:iteration_tokens_total_count") == 2
+    assert metric(text, "vllm:iteration_tokens_total_sum") == 11
+    assert metric(text, "vllm:iteration_tokens_total_bucket", le="8.0") == 1
+    assert metric(text, "vllm:request_inference_time_seconds_sum") == 1.5
+    assert metric(text, "vllm:request_params_n_bucket", le="1.0") == 0
+    assert metric(text, "vllm:request_params_n_bucket", le="2.0") == 1
+    assert metric(text, "vllm:request_params_max_tokens_sum") == 9
+    assert metric(text, "vllm:cache_config_info", block_size="32", num_gpu_blocks="77",
+                  model_name="m") == 1
