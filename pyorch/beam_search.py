@@ -10,8 +10,9 @@ beam. `BeamSearchState` holds that bookkeeping without running anything, so the 
 (synchronous) and the server (`AsyncLLM`) share it.
 
 vLLM's conventions kept here: a sequence's `tokens` include the prompt, and so does the length
-that `length_penalty` divides by; `2 * beam_width` candidates per beam guarantee that the
-`beam_width` best non-EOS extensions are among them.
+that `length_penalty` divides by; the candidates of a beam are its step's `2 * beam_width`
+most likely tokens (plus the sampled one), which always hold the `beam_width` best extensions
+that do not end in EOS; an EOS ranked below them is not a candidate.
 """
 
 from __future__ import annotations
