@@ -11,8 +11,8 @@ from tqdm.auto import tqdm
 
 from pyorch.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchState
 from pyorch.engine.arg_utils import EngineArgs
-from pyorch.entrypoints.chat_utils import flatten_messages
 from pyorch.engine.llm_engine import LLMEngine, PromptType
+from pyorch.entrypoints.chat_utils import flatten_messages
 from pyorch.outputs import RequestOutput
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
 
@@ -103,7 +103,8 @@ class LLM:
         prompts = []
         for conv in conversations:
             ids = tokenizer.apply_chat_template(
-                flatten_messages(list(conv)), chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                flatten_messages(list(cast(Conversation, conv))),
+                chat_template=chat_template, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tokenize=True,
                 **(chat_template_kwargs or {}),
             )

@@ -417,7 +417,9 @@ def run_server(args: argparse.Namespace) -> int:
         engine=engine, served_model_names=names, max_model_len=max_model_len,
         vocab_size=engine.model_config.vocab_size, tokenizer=engine.get_tokenizer(),
         chat_template=chat_template, log_requests=not args.disable_log_requests,
-        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer)
+        chars_per_token=engine.input_processor.chars_per_token, renderer=renderer,
+        scheduling_policy=args.scheduling_policy,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     app = build_app(ctx, stat_logger, args)
     host, port = sock.getsockname()[:2]
     scheme = "https" if args.ssl_certfile else "http"
