@@ -3,14 +3,13 @@
 The reference recomputes each beam from scratch with transformers (full log-softmax over the
 vocabulary, fp32, no KV cache) and extends it by its 2 * beam_width most likely tokens, vLLM's
 candidate rule (an EOS ending ranked lower is not a candidate, there as here); engine and
-reference must agree token for token. The tiny model's EOS is set to a token the search meets, so completed
-beams and the length penalty's EOS rule are exercised too.
+reference must agree token for token. The tiny model's EOS is set to a token the search meets,
+so completed beams and the length penalty's EOS rule are exercised too.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -31,7 +30,8 @@ def _log_softmax_last(model, tokens: list[int]) -> torch.Tensor:
 def _reference(model, prompt: list[int], width: int, max_tokens: int, eos: int,
                length_penalty: float) -> list[tuple[list[int], float]]:
     """Beam search with candidates from the whole vocabulary's ranking: (tokens incl. prompt,
-    cumulative logprob), best first. Scores: cum / len ** length_penalty, a final EOS not counted (vLLM, transformers)."""
+    cumulative logprob), best first. Scores: cum / len ** length_penalty, a final EOS not
+    counted (vLLM, transformers)."""
     def score(item: tuple[list[int], float]) -> float:
         tokens, cum = item
         n = len(tokens) - (tokens[-1] == eos)
@@ -80,10 +80,10 @@ def test_beam_search_matches_brute_force(beam_model, width, max_tokens, length_p
                               length_penalty=length_penalty)
     outs = llm.beam_search([{"prompt_token_ids": prompt}, {"prompt_token_ids": other}], params)
     assert len(outs) == 2
-    for out, p in zip(outs, [prompt, other]):
+    for out, p in zip(outs, [prompt, other], strict=True):
         want = _reference(model, p, width, max_tokens, eos, length_penalty)
         assert [s.tokens for s in out.sequences] == [t for t, _ in want]
-        for seq, (_, cum) in zip(out.sequences, want):
+        for seq, (_, cum) in zip(out.sequences, want, strict=True):
             assert seq.cum_logprob == pytest.approx(cum, abs=1e-4)
             assert len(seq.logprobs) == len(seq.tokens) - len(p)
             assert seq.finish_reason == ("stop" if seq.tokens[-1] == eos else "length")

@@ -88,10 +88,7 @@ def test_bad_words_are_honoured(http):
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
-    ("/v1/completions", {"best_of": 3}, "best_of"),
-    ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
-    ("/v1/completions", {"truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),
 ])
 def test_unsupported_fields_are_refused_by_name(http, path, extra, param):
