@@ -17,6 +17,7 @@ that do not end in EOS; an EOS ranked below them is not a candidate.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -99,7 +100,13 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float,
     seq_len = len(tokens)
     if eos_token_id is not None and tokens and tokens[-1] == eos_token_id:
         seq_len -= 1
-    return cumulative_logprob / (max(seq_len, 1) ** length_penalty)
+    try:
+        denominator = float(max(seq_len, 1)) ** length_penalty
+    except OverflowError:  # an extreme length_penalty: the length dominates the score
+        denominator = math.inf
+    if denominator == 0.0:
+        return -math.inf if cumulative_logprob < 0 else 0.0
+    return cumulative_logprob / denominator
 
 
 class BeamSearchState:

@@ -128,6 +128,9 @@ def test_score_discounts_a_final_eos_and_applies_the_length_penalty():
     assert get_beam_search_score([1, 2, 3, 9], -6.0, eos_token_id=9) == pytest.approx(-2.0)
     assert get_beam_search_score([1, 2, 3, 4], -6.0, eos_token_id=9) == pytest.approx(-1.5)
     assert get_beam_search_score([1, 2, 3, 4], -6.0, 9, length_penalty=0.5) == pytest.approx(-3.0)
+    # Extreme penalties (any JSON float reaches the server) give a score, never an exception.
+    assert get_beam_search_score([1, 2, 3], -3.0, None, 1e308) == 0.0
+    assert get_beam_search_score([1, 2, 3], -3.0, None, -1e308) == float("-inf")
 
 
 def test_state_keeps_the_best_and_moves_eos_beams_to_completed():

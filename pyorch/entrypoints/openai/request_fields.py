@@ -111,10 +111,17 @@ class RequestFields:
         if req.n > MAX_BEAM_WIDTH:
             raise OpenAIError(f"use_beam_search takes n <= {MAX_BEAM_WIDTH} beams (each step "
                               f"asks for 2 * n logprobs), got n={req.n}", param="n")
-        return BeamSearchParams(beam_width=req.n, max_tokens=1,  # set per request later
-                                ignore_eos=req.ignore_eos,
-                                temperature=0.0 if req.temperature is None else req.temperature,
-                                length_penalty=req.length_penalty)
+        if req.temperature is not None and req.temperature < 0:
+            raise OpenAIError(f"temperature must be non-negative, got {req.temperature}",
+                              param="temperature")
+        try:
+            return BeamSearchParams(
+                beam_width=req.n, max_tokens=1,  # the resolved max_tokens is set per request
+                ignore_eos=req.ignore_eos,
+                temperature=0.0 if req.temperature is None else req.temperature,
+                length_penalty=req.length_penalty)
+        except ValueError as e:
+            raise OpenAIError(str(e)) from None
 
     def truncated(self, token_ids: list[int]) -> list[int]:
         """The prompt after truncate_prompt_tokens (the last k tokens)."""

@@ -63,9 +63,10 @@ class OpenAIServingCompletion(OpenAIServing):
             items = list(raw)
         if not items:
             raise OpenAIError("the prompt is empty", param="prompt")
-        if len(items) * req.n > MAX_SEQUENCES:
-            raise OpenAIError(f"{len(items)} prompts x n={req.n} is more than the "
-                              f"{MAX_SEQUENCES} sequences one request may ask for", param="n")
+        if len(items) * fields.best_of > MAX_SEQUENCES:
+            name = "n" if fields.best_of == req.n else "best_of"
+            raise OpenAIError(f"{len(items)} prompts x {name}={fields.best_of} is more than the "
+                              f"{MAX_SEQUENCES} sequences one request may ask for", param=name)
         prompts = []
         for i, item in enumerate(items):
             param = "prompt" if len(items) == 1 else f"prompt.{i}"

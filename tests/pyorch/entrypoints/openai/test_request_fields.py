@@ -689,6 +689,7 @@ def test_best_of_ranks_by_cumulative_logprob_and_refuses_bad_combinations(http):
     assert got["usage"]["completion_tokens"] == sum(len(x["logprobs"]["tokens"])
                                                     for x in got["choices"])
     c.refused("best_of", 3, n=1, stream=True)
+    c.refused("best_of", 128, prompt=[PROMPT] * 9)  # 9 x 128 sequences > 1024
     assert c.ok(best_of=2, n=2, stream=False)["choices"]
 
 
@@ -713,6 +714,9 @@ def test_beam_search_scores_are_ordered_and_beat_greedy(http):
     for name, value in [("logprobs", 1), ("top_p", 0.5), ("stop", ["x"]), ("best_of", 4)]:
         c.refused(name, value, n=3, use_beam_search=True)
     c.refused("n", 11, use_beam_search=True)
+    c.refused("temperature", -1.0, n=2, use_beam_search=True)
+    extreme = c.ok(n=2, use_beam_search=True, max_tokens=2, length_penalty=1e300)
+    assert len(extreme["choices"]) == 2
 
 
 def test_beam_search_streams_its_result(http):
