@@ -165,15 +165,15 @@ def _p_n(c: Caller) -> None:
 
 def _p_temperature(c: Caller) -> None:
     greedy = c.text(max_tokens=8)
-    assert any(c.text(max_tokens=8, temperature=2.0, seed=s) != greedy for s in range(3))
+    assert any(c.text(max_tokens=8, temperature=2.0, seed=s) != greedy for s in range(2))
 
 
 def _greedy_again(c: Caller, **fields: Any) -> None:
     """A truncation knob at its tightest makes hot sampling greedy."""
     greedy = c.text(max_tokens=8)
     hot = dict(max_tokens=8, temperature=1.5)
-    assert any(c.text(seed=s, **hot) != greedy for s in range(3))  # the knob's effect is seen
-    assert all(c.text(seed=s, **hot, **fields) == greedy for s in range(3))
+    assert any(c.text(seed=s, **hot) != greedy for s in range(2))  # the knob's effect is seen
+    assert all(c.text(seed=s, **hot, **fields) == greedy for s in range(2))
 
 
 def _p_top_p(c: Caller) -> None:
@@ -343,11 +343,16 @@ def _p_use_beam_search(c: Caller) -> None:
 
 
 def _p_length_penalty(c: Caller) -> None:
+    """A beam that ends early (" Paris." and EOS) ranks first when short beams are favoured
+    (negative penalty) and drops behind the full-length ones when long beams are."""
     c.refused("length_penalty", 2.0)  # only with beam search
-    beam = dict(n=4, use_beam_search=True, max_tokens=12, return_token_ids=True)
-    short = c.ok(length_penalty=-2.0, **beam)["choices"]
-    long = c.ok(length_penalty=2.0, **beam)["choices"]
-    assert [len(x["token_ids"]) for x in short] != [len(x["token_ids"]) for x in long]
+    beam: dict[str, Any] = dict(n=4, use_beam_search=True, max_tokens=6, return_token_ids=True)
+    if c.chat:
+        beam.update(messages=CHAT + [{"role": "assistant", "content": PROMPT}],
+                    add_generation_prompt=False, continue_final_message=True)
+    short = [len(x["token_ids"]) for x in c.ok(length_penalty=-4.0, **beam)["choices"]]
+    long = [len(x["token_ids"]) for x in c.ok(length_penalty=4.0, **beam)["choices"]]
+    assert short[0] < 6 and long[0] == 6 and short != long
 
 
 def _p_truncate_prompt_tokens(c: Caller) -> None:
