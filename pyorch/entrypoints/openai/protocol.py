@@ -73,6 +73,22 @@ class UsageInfo(OpenAIBaseModel):
     prompt_tokens_details: Optional[PromptTokenUsageInfo] = None
 
 
+class JsonSchemaResponseFormat(OpenAIBaseModel):
+    """OpenAI's `response_format.json_schema`: the schema travels under the key `schema`."""
+
+    name: str
+    description: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaResponseFormat] = None
+
+
 class SamplingExtras(OpenAIBaseModel):
     """The sampling knobs both endpoints share (OpenAI's, then vLLM's extras)."""
 
@@ -111,6 +127,14 @@ class SamplingExtras(OpenAIBaseModel):
     priority: int = Field(0, ge=_SEED_MIN, le=_SEED_MAX)
     return_token_ids: Optional[bool] = None
     return_tokens_as_token_ids: Optional[bool] = None
+    # Structured output, at most one of these (vLLM's `structured_outputs` and its older
+    # `guided_*` names; OpenAI's `response_format`): see OpenAIServing.structured_outputs.
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
 
 class CompletionRequest(SamplingExtras):

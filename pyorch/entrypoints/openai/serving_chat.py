@@ -125,6 +125,7 @@ class OpenAIServingChat(OpenAIServing):
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, fields.engine_logprobs(logprobs),
                                       fields.prompt_logprobs, fields.best_of)
+        await self.check_structured_outputs(req, params)
         request_id = random_id("chatcmpl")
         self.log_request(request_id, text, len(token_ids), params)
         if fields.beam is not None:

@@ -100,6 +100,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                if v is not None), default=None)
         params = self.sampling_params(req, max_tokens, fields.engine_logprobs(req.logprobs),
                                       prompt_logprobs, fields.best_of)
+        await self.check_structured_outputs(req, params)
         request_id = random_id("cmpl")
         for i, p in enumerate(prompts):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"

@@ -84,11 +84,11 @@ def test_bad_words_are_honoured(http):
 
 # ---- every field is honoured or refused ----------------------------------------------------------
 @pytest.mark.parametrize("path,extra,param", [
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"guided_whitespace_pattern": "[ ]?"}, "guided_whitespace_pattern"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
-    ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
+    ("/v1/completions", {"guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),
 ])
 def test_unsupported_fields_are_refused_by_name(http, path, extra, param):
