@@ -410,6 +410,72 @@ def _p_echo(c: Caller) -> None:
         assert c.text(echo=True) == PROMPT + c.text()
 
 
+# ---- structured output (wt-so's fields; tests/.../test_structured_outputs.py pins the rest) --
+def _p_guided_choice(c: Caller) -> None:
+    assert c.text(guided_choice=["alpha", "beta gamma"], max_tokens=8) in ("alpha", "beta gamma")
+
+
+def _p_guided_regex(c: Caller) -> None:
+    import re
+
+    assert re.fullmatch(r"[0-9]{3}", c.text(guided_regex="[0-9]{3}", max_tokens=8))
+
+
+def _p_guided_grammar(c: Caller) -> None:
+    import re
+
+    out = c.text(guided_grammar='root ::= "x=" [0-9] ";"', max_tokens=8)
+    assert re.fullmatch(r"x=[0-9];", out)
+
+
+def _p_guided_json(c: Caller) -> None:
+    assert json.loads(c.text(guided_json={"enum": ["on", "off"]}, max_tokens=8)) in ("on", "off")
+
+
+def _p_structured_outputs(c: Caller) -> None:
+    assert c.text(structured_outputs={"choice": ["up", "down"]}, max_tokens=8) in ("up", "down")
+
+
+_ON_OFF = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"enum": ["on", "off"]}}}
+
+
+def _p_response_format(c: Caller) -> None:
+    assert json.loads(c.text(response_format=_ON_OFF, max_tokens=8)) in ("on", "off")
+
+
+def _p_response_format_type(c: Caller) -> None:
+    assert c.text(response_format={"type": "text"}) == c.text()
+    out = c.text(response_format={"type": "json_object"}, max_tokens=40)
+    assert out.lstrip().startswith("{")
+    assert c.post(response_format={"type": "yaml"}).status_code == 400
+
+
+def _p_response_format_json_schema(c: Caller) -> None:
+    r = c.post(response_format={"type": "json_schema"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    _p_response_format(c)
+
+
+def _p_response_format_json_schema_name(c: Caller) -> None:
+    # OpenAI requires the schema's name (vLLM too); it names the schema and changes no output.
+    bad = {"type": "json_schema", "json_schema": {"schema": {"enum": ["on", "off"]}}}
+    assert c.post(response_format=bad).status_code == 400
+
+
+def _p_response_format_json_schema_json_schema(c: Caller) -> None:
+    _p_response_format_json_schema(c)  # the schema (sent as `schema`) is the constraint
+
+
+def _p_response_format_json_schema_metadata(c: Caller) -> None:
+    # `description` and `strict` are OpenAI's schema metadata: vLLM accepts them and the output
+    # follows the schema either way; accepted here too (and typed).
+    fmt = json.loads(json.dumps(_ON_OFF))
+    fmt["json_schema"].update(description="a switch", strict=True)
+    assert json.loads(c.text(response_format=fmt, max_tokens=8)) in ("on", "off")
+    fmt["json_schema"]["strict"] = "very"
+    assert c.post(response_format=fmt).status_code == 400
+
+
 # ---- completion-only ----------------------------------------------------------------------------
 def _p_completion_prompt(c: Caller) -> None:
     assert c.ok(prompt="One two three")["usage"]["prompt_tokens"] == 3
@@ -603,6 +669,15 @@ _SHARED: dict[str, Callable[[Caller], None]] = {
     "priority": _p_priority, "return_token_ids": _p_return_token_ids,
     "return_tokens_as_token_ids": _p_return_tokens_as_token_ids,
     "max_tokens": _p_max_tokens, "logprobs": _p_logprobs, "echo": _p_echo,
+    "guided_choice": _p_guided_choice, "guided_regex": _p_guided_regex,
+    "guided_grammar": _p_guided_grammar, "guided_json": _p_guided_json,
+    "structured_outputs": _p_structured_outputs, "response_format": _p_response_format,
+    "response_format.type": _p_response_format_type,
+    "response_format.json_schema": _p_response_format_json_schema,
+    "response_format.json_schema.name": _p_response_format_json_schema_name,
+    "response_format.json_schema.description": _p_response_format_json_schema_metadata,
+    "response_format.json_schema.json_schema": _p_response_format_json_schema_json_schema,
+    "response_format.json_schema.strict": _p_response_format_json_schema_metadata,
 }
 PROBES: dict[str, Callable[[Caller], None]] = {
     "CompletionRequest.prompt": _p_completion_prompt,
