@@ -865,7 +865,7 @@ def test_priority_orders_waiting_requests(priority_server):
     finished: list[str] = []
 
     def run(name: str, priority: int, max_tokens: int) -> None:
-        r = httpx.post(url + "/v1/completions", timeout=300,
+        r = httpx.post(url + "/v1/completions", timeout=900,
                        json={**body, "max_tokens": max_tokens, "priority": priority})
         assert r.status_code == 200, r.text
         finished.append(name)
@@ -876,7 +876,7 @@ def test_priority_orders_waiting_requests(priority_server):
                              and metric(t, "pyorch:num_requests_running") == 1, timeout=120)
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        jobs = [pool.submit(run, "blocker", -20, 200)]
+        jobs = [pool.submit(run, "blocker", -20, 64)]
         waiting(0)
         jobs.append(pool.submit(run, "low", 10, 2))
         waiting(1)
