@@ -350,8 +350,10 @@ def _p_length_penalty(c: Caller) -> None:
     if c.chat:
         beam.update(messages=CHAT + [{"role": "assistant", "content": PROMPT}],
                     add_generation_prompt=False, continue_final_message=True)
-    short = [len(x["token_ids"]) for x in c.ok(length_penalty=-4.0, **beam)["choices"]]
-    long = [len(x["token_ids"]) for x in c.ok(length_penalty=4.0, **beam)["choices"]]
+    # The length counts the prompt too (vLLM's rule), so a long chat prompt needs a strong
+    # penalty for 3 vs 6 generated tokens to outweigh the logprobs.
+    short = [len(x["token_ids"]) for x in c.ok(length_penalty=-40.0, **beam)["choices"]]
+    long = [len(x["token_ids"]) for x in c.ok(length_penalty=40.0, **beam)["choices"]]
     assert short[0] < 6 and long[0] == 6 and short != long
 
 
