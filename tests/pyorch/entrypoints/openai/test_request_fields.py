@@ -561,6 +561,19 @@ def _p_tok_messages(c: Caller) -> None:
     assert c.ok(messages=longer)["count"] > c.ok()["count"]
 
 
+def _p_tok_messages_role(c: Caller) -> None:
+    sys = [{"role": "system", "content": "Be brief."}] + CHAT
+    assert c.ok(messages=sys)["count"] != c.ok()["count"]
+    assert c.post(messages=[{"role": "wizard", "content": "hi"}]).status_code == 400
+
+
+def _p_tok_messages_content(c: Caller) -> None:
+    parts = [{"role": "user", "content": [{"type": "text", "text": CHAT[0]["content"]}]}]
+    assert c.ok(messages=parts)["tokens"] == c.ok()["tokens"]
+    r = c.post(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+    assert r.status_code == 400 and "messages.0.content.0" in r.json()["error"]["param"]
+
+
 def _p_tok_return_token_strs(c: Caller) -> None:
     assert c.ok()["token_strs"] is None
     out = c.ok(return_token_strs=True)
@@ -700,8 +713,8 @@ PROBES: dict[str, Callable[[Caller], None]] = {
     "TokenizeCompletionRequest.return_token_strs": _p_tok_return_token_strs,
     "TokenizeChatRequest.model": _p_tok_model,
     "TokenizeChatRequest.messages": _p_tok_messages,
-    "TokenizeChatRequest.messages.role": _p_messages_role,
-    "TokenizeChatRequest.messages.content": _p_messages_content,
+    "TokenizeChatRequest.messages.role": _p_tok_messages_role,
+    "TokenizeChatRequest.messages.content": _p_tok_messages_content,
     "TokenizeChatRequest.messages.name": _p_messages_name,
     "TokenizeChatRequest.add_generation_prompt": _p_tok_add_generation_prompt,
     "TokenizeChatRequest.continue_final_message": _p_tok_continue_final_message,
