@@ -17,6 +17,7 @@ _LAZY = {
     "EngineArgs": "pyorch.engine.arg_utils",
     "SamplingParams": "pyorch.sampling_params",
     "StructuredOutputsParams": "pyorch.sampling_params",
+    "BeamSearchParams": "pyorch.beam_search",
     "RequestOutput": "pyorch.outputs",
     "CompletionOutput": "pyorch.outputs",
 }

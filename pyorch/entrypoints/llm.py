@@ -10,8 +10,10 @@ from typing import Any, Callable, Optional, Sequence, Union, cast
 
 from tqdm.auto import tqdm
 
+from pyorch.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchState
 from pyorch.engine.arg_utils import EngineArgs
 from pyorch.engine.llm_engine import LLMEngine, PromptType
+from pyorch.entrypoints.chat_utils import flatten_messages
 from pyorch.outputs import RequestOutput
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
 
@@ -99,7 +101,8 @@ class LLM:
         chat_template_kwargs: Optional[dict[str, Any]] = None,
         tools: Optional[list[dict[str, Any]]] = None,
     ) -> list[RequestOutput]:
-        """Applies the tokenizer's chat template (or `chat_template`) and generates.
+        """Applies the tokenizer's chat template (or `chat_template`) and generates. A message's
+        content is a string or OpenAI's list of content parts (text parts only; others raise).
 
         `tools` (OpenAI's function tools) go to the template as transformers' `tools=`; an
         assistant message's `tool_calls` may give `arguments` as a JSON string (OpenAI's form),
@@ -113,8 +116,8 @@ class LLM:
         prompts = []
         for conv in conversations:
             ids = tokenizer.apply_chat_template(
-                [_decoded_tool_calls(m) for m in conv], chat_template=chat_template,
-                add_generation_prompt=add_generation_prompt,
+                [_decoded_tool_calls(m) for m in flatten_messages(list(cast(Conversation, conv)))],
+                chat_template=chat_template, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tokenize=True, tools=tools,
                 **(chat_template_kwargs or {}),
             )
@@ -122,6 +125,48 @@ class LLM:
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        params: BeamSearchParams,
+        use_tqdm: bool = False,
+        concurrency_limit: Optional[int] = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search (vLLM's `LLM.beam_search`, see `pyorch.beam_search`): per prompt, the
+        `params.beam_width` best sequences, best first. A sequence's `tokens` and `text` include
+        the prompt, as in vLLM. `concurrency_limit`: most prompts searched at once (None: all)."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError("params must be a BeamSearchParams")
+        if concurrency_limit is not None and concurrency_limit < 1:
+            raise ValueError(f"concurrency_limit must be >= 1, got {concurrency_limit}")
+        engine = self.llm_engine
+        max_model_len = engine.config.scheduler_config.max_model_len
+        token_lists = []
+        for prompt in _as_prompt_list(prompts):
+            _, ids = engine.input_processor.tokenize(prompt)
+            if len(ids) + params.max_tokens > max_model_len:
+                raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) "
+                                 f"is more than max_model_len ({max_model_len})")
+            token_lists.append(ids)
+        limit = concurrency_limit or max(len(token_lists), 1)
+        tokenizer = self.get_tokenizer()
+        step_params = params.step_params()
+        results: list[BeamSearchOutput] = []
+        for start in range(0, len(token_lists), limit):
+            state = BeamSearchState(token_lists[start:start + limit], params, engine.eos_token_id)
+            for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
+                if state.done:
+                    break
+                beams = state.live_beams()
+                outs = self.generate([{"prompt_token_ids": b.tokens} for b in beams],
+                                     step_params, use_tqdm=False)
+                state.advance([out.outputs[0].logprobs[0] for out in outs])  # type: ignore[index]
+            for best in state.outputs():
+                for beam in best:
+                    beam.text = None if tokenizer is None else tokenizer.decode(beam.tokens)
+                results.append(BeamSearchOutput(sequences=best))
+        return results
 
     def _run_engine(self, request_ids: list[str],
                     use_tqdm: Union[bool, Callable]) -> list[RequestOutput]:

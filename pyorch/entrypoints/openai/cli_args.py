@@ -209,6 +209,8 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
          help="ASGI root_path, when a proxy serves the API under a path prefix")
     _add(server, "--ssl-keyfile", default=None, help="TLS key file")
     _add(server, "--ssl-certfile", default=None, help="TLS certificate file")
+    _add(server, "--enable-prompt-tokens-details", "flag", action="store_true",
+         help="report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)")
     _add(server, "--disable-log-requests", "flag", action="store_true",
          help="do not log each request")
     _add(server, "--enable-log-requests", "flag", action="store_true",

@@ -31,6 +31,7 @@ MAX_SEQUENCES = 1024        # prompts x n in one request
 MAX_MESSAGES = 4096         # chat messages
 MAX_TOOLS = 512             # tools offered in one request
 MAX_TOOL_NAME = 256         # characters of a function name
+MAX_ALLOWED_TOKEN_IDS = 1 << 18  # entries of allowed_token_ids (more than any vocabulary here)
 # torch generators take 64-bit seeds; the engine adds the sample index to the seed for n > 1.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
@@ -58,12 +59,20 @@ class ErrorResponse(OpenAIBaseModel):
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: Optional[bool] = True
+    # vLLM: usage (so far) in every chunk, not only in the last one
+    continuous_usage_stats: Optional[bool] = False
+
+
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    cached_tokens: Optional[int] = None
 
 
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # With --enable-prompt-tokens-details: prompt tokens served from the prefix cache.
+    prompt_tokens_details: Optional[PromptTokenUsageInfo] = None
 
 
 class JsonSchemaResponseFormat(OpenAIBaseModel):
@@ -110,6 +119,16 @@ class SamplingExtras(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    allowed_token_ids: Optional[list[int]] = Field(None, max_length=MAX_ALLOWED_TOKEN_IDS)
+    # vLLM's request-level extras; their rules are in request_fields.py.
+    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
+    prompt_logprobs: Optional[int] = Field(None, ge=-1)
+    priority: int = Field(0, ge=_SEED_MIN, le=_SEED_MAX)
+    return_token_ids: Optional[bool] = None
+    return_tokens_as_token_ids: Optional[bool] = None
     # Structured output, at most one of these (vLLM's `structured_outputs` and its older
     # `guided_*` names; OpenAI's `response_format`): see OpenAIServing.structured_outputs.
     response_format: Optional[ResponseFormat] = None
@@ -211,12 +230,21 @@ class CompletionLogprobs(OpenAIBaseModel):
     top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
 
 
+# vLLM's prompt_logprobs: per prompt position (the first is None), token id -> its Logprob
+# ({"logprob", "rank", "decoded_token"}), the prompt's own token plus the top ones.
+PromptLogprobsJSON = list[Optional[dict[int, dict[str, Any]]]]
+
+
 class CompletionChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    prompt_logprobs: Optional[PromptLogprobsJSON] = None
+    # With return_token_ids (vLLM):
+    prompt_token_ids: Optional[list[int]] = None
+    token_ids: Optional[list[int]] = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -259,6 +287,7 @@ class ChatChoice(OpenAIBaseModel):
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    token_ids: Optional[list[int]] = None  # with return_token_ids (vLLM)
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -269,6 +298,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     system_fingerprint: Optional[str] = None
+    prompt_logprobs: Optional[PromptLogprobsJSON] = None
+    prompt_token_ids: Optional[list[int]] = None  # with return_token_ids (vLLM)
 
 
 class DeltaMessage(OpenAIBaseModel):

@@ -33,6 +33,14 @@ from pyorch.entrypoints.openai.protocol import (
     UsageInfo,
     random_id,
 )
+from pyorch.entrypoints.openai.request_fields import (
+    RequestFields,
+    beam_search_outputs,
+    best_of,
+    prompt_logprobs_json,
+    token_label,
+    usage,
+)
 from pyorch.entrypoints.openai.serving_engine import (
     SSE_DONE,
     OpenAIServing,
@@ -152,32 +160,42 @@ class OpenAIServingChat(OpenAIServing):
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
         ctx = self.ctx
+        fields = RequestFields.of(req, ctx)
         tool_req = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls,
                                 ctx.enable_auto_tools, ctx.tool_call_parser)
         text = await self.render(render_chat, self, req.messages, req.add_generation_prompt,
                                  req.continue_final_message, req.chat_template_kwargs,
                                  tool_req.template_tools(ctx.exclude_tools_when_tool_choice_none))
-        token_ids = await self.encode(text, False, "messages")
+        token_ids = fields.truncated(await self.encode(
+            text, False, "messages", truncating=fields.truncate is not None))
         self.check_prompt_ids(token_ids)
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = self.resolve_max_tokens(requested, len(token_ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, max_tokens, logprobs)
+        params = self.sampling_params(req, max_tokens, fields.engine_logprobs(logprobs),
+                                      fields.prompt_logprobs, fields.best_of)
+        # one parser per sequence the engine makes (best_of of them when best_of > n)
         parsers = [ChatOutputParser(tool_req, ctx.tool_call_parser, ctx.reasoning_parser, text,
-                                    ctx.tokenizer) for _ in range(req.n)]
+                                    ctx.tokenizer) for _ in range(max(req.n, fields.best_of))]
         await constrain_tools(self, req, params, tool_req, parsers[0])
         request_id = random_id("chatcmpl")
         self.log_request(request_id, text, len(token_ids), params)
-        merged = self.generate_many([{"prompt_token_ids": token_ids, "prompt": text}], params,
-                                    request_id)
+        if fields.beam is not None:
+            merged = beam_search_outputs(self, [token_ids], fields.beam, max_tokens, request_id,
+                                         req.priority, req.skip_special_tokens)
+        else:
+            merged = self.generate_many([{"prompt_token_ids": token_ids, "prompt": text}],
+                                        params, request_id, req.priority)
         echo = self._echo_text(req)
         if req.stream:
             first = await first_output(merged)
             return StreamingResponse(
-                self._stream(req, len(token_ids), first, merged, request_id, include_usage, echo,
-                             parsers),
+                self._stream(req, fields, token_ids, first, merged, request_id, include_usage,
+                             echo, parsers),
                 media_type="text/event-stream")
         final = (await self.run_until_disconnect(raw, collect_finals(merged, 1)))[0]
+        if fields.best_of > req.n:
+            final = best_of(final, req.n)
         choices, num_generated = [], 0
         for c in final.outputs:
             parser = parsers[c.index]
@@ -194,13 +212,18 @@ class OpenAIServingChat(OpenAIServing):
                 finish = c.finish_reason
             choices.append(ChatChoice(
                 index=c.index, message=message,
-                logprobs=self._logprobs(c.token_ids, c.logprobs, logprobs),
-                finish_reason=finish, stop_reason=c.stop_reason))
+                logprobs=self._logprobs(c.token_ids, c.logprobs, logprobs, fields.as_token_ids),
+                finish_reason=finish, stop_reason=c.stop_reason,
+                token_ids=list(c.token_ids) if fields.return_token_ids else None))
             num_generated += len(c.token_ids)
-        usage = UsageInfo(prompt_tokens=len(token_ids), completion_tokens=num_generated,
-                          total_tokens=len(token_ids) + num_generated)
-        response = ChatCompletionResponse(id=request_id, model=self.ctx.model_name,
-                                          choices=choices, usage=usage)
+        response = ChatCompletionResponse(
+            id=request_id, model=self.ctx.model_name, choices=choices,
+            usage=usage(self.ctx, len(token_ids), num_generated, final.num_cached_tokens),
+            prompt_token_ids=token_ids if fields.return_token_ids else None)
+        if fields.prompt_logprobs is not None:
+            response.prompt_logprobs = prompt_logprobs_json(
+                self.ctx.tokenizer, token_ids, final.prompt_logprobs, fields.prompt_logprobs,
+                fields.as_token_ids)
         return JSONResponse(response.model_dump())
 
     def _role(self, req: ChatCompletionRequest) -> str:
@@ -215,7 +238,7 @@ class OpenAIServingChat(OpenAIServing):
         return str(_message_dict(req.messages[-1], len(req.messages) - 1)["content"])
 
     def _logprobs(self, token_ids: list[int], steps: Optional[list[dict[int, Logprob]]],
-                  num: Optional[int]) -> Optional[ChatLogprobs]:
+                  num: Optional[int], as_ids: bool = False) -> Optional[ChatLogprobs]:
         if num is None:
             return None
         tok = self.ctx.tokenizer
@@ -223,8 +246,8 @@ class OpenAIServingChat(OpenAIServing):
         for i, token_id in enumerate(token_ids):
             step = steps[i] if steps is not None and i < len(steps) else {}
             chosen = step.get(token_id)
-            text = token_text(tok, token_id, chosen)
-            tops = [TopLogprob(token=(t_text := token_text(tok, t, lp)),
+            text = token_label(token_id, token_text(tok, token_id, chosen), as_ids)
+            tops = [TopLogprob(token=(t_text := token_label(t, token_text(tok, t, lp), as_ids)),
                                logprob=clamp_logprob(lp.logprob),
                                bytes=list(t_text.encode("utf-8")))
                     for t, lp in ranked(step, num)]
@@ -234,31 +257,45 @@ class OpenAIServingChat(OpenAIServing):
         return ChatLogprobs(content=content)
 
     def _chunk(self, request_id: str, created: int, choices: list[dict],
-               usage: Optional[UsageInfo] = None) -> str:
+               usage: Optional[UsageInfo] = None, extra: Optional[dict] = None) -> str:
         body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk",
                                 "created": created, "model": self.ctx.model_name,
-                                "choices": choices}
+                                "choices": choices, **(extra or {})}
         if usage is not None:
             body["usage"] = usage.model_dump()
         return sse(body)
 
-    async def _stream(self, req: ChatCompletionRequest, num_prompt: int, first: Any, merged: Any,
-                      request_id: str, include_usage: bool, echo: str,
+    async def _stream(self, req: ChatCompletionRequest, fields: RequestFields,
+                      prompt_ids: list[int], first: Any, merged: Any, request_id: str,
+                      include_usage: bool, echo: str,
                       parsers: list[ChatOutputParser]) -> AsyncIterator[str]:
         created = int(time.time())
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        num_generated = 0
+        num_prompt = len(prompt_ids)
+        num_generated, num_cached = 0, 0
+        per_choice = [0] * req.n
         texts = [""] * req.n  # each choice's text so far (the parsers read all of it)
+
+        def so_far(index: int) -> Optional[UsageInfo]:  # continuous_usage_stats (vLLM)
+            if not fields.continuous_usage:
+                return None
+            return UsageInfo(prompt_tokens=num_prompt, completion_tokens=per_choice[index],
+                             total_tokens=num_prompt + per_choice[index])
+
         try:
             for index in range(req.n):
                 role_delta = {"role": self._role(req), "content": echo}
+                extra = {"prompt_token_ids": prompt_ids} if fields.return_token_ids else None
                 yield self._chunk(request_id, created, [
                     {"index": index, "delta": role_delta, "logprobs": None,
-                     "finish_reason": None}])
+                     "finish_reason": None}], so_far(index), extra)
             async for _, output in stream_with_errors(first, merged):
+                num_cached = max(num_cached, output.num_cached_tokens or 0)
                 for c in output.outputs:
                     num_generated += len(c.token_ids)
-                    logprobs = self._logprobs(c.token_ids, c.logprobs, num_logprobs)
+                    per_choice[c.index] += len(c.token_ids)
+                    logprobs = self._logprobs(c.token_ids, c.logprobs, num_logprobs,
+                                              fields.as_token_ids)
                     if not c.text and c.finish_reason is None and not c.token_ids:
                         continue
                     parser = parsers[c.index]
@@ -277,11 +314,12 @@ class OpenAIServingChat(OpenAIServing):
                         "finish_reason": finish}
                     if c.finish_reason is not None:
                         choice["stop_reason"] = c.stop_reason
-                    yield self._chunk(request_id, created, [choice])
+                    if fields.return_token_ids:
+                        choice["token_ids"] = list(c.token_ids)
+                    yield self._chunk(request_id, created, [choice], so_far(c.index))
             if include_usage:
-                usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated,
-                                  total_tokens=num_prompt + num_generated)
-                yield self._chunk(request_id, created, [], usage)
+                yield self._chunk(request_id, created, [],
+                                  usage(self.ctx, num_prompt, num_generated, num_cached))
         except Exception as e:
             yield sse_error(e)
         finally:

@@ -21,6 +21,14 @@ from pyorch.entrypoints.openai.protocol import (
     UsageInfo,
     random_id,
 )
+from pyorch.entrypoints.openai.request_fields import (
+    RequestFields,
+    beam_search_outputs,
+    best_of,
+    prompt_logprobs_json,
+    token_label,
+    usage,
+)
 from pyorch.entrypoints.openai.serving_engine import (
     SSE_DONE,
     OpenAIServing,
@@ -45,7 +53,7 @@ class _Prompt:
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    async def _prompts(self, req: CompletionRequest) -> list[_Prompt]:
+    async def _prompts(self, req: CompletionRequest, fields: RequestFields) -> list[_Prompt]:
         raw = req.prompt
         if isinstance(raw, str):
             items: list[Any] = [raw]
@@ -55,17 +63,21 @@ class OpenAIServingCompletion(OpenAIServing):
             items = list(raw)
         if not items:
             raise OpenAIError("the prompt is empty", param="prompt")
-        if len(items) * req.n > MAX_SEQUENCES:
-            raise OpenAIError(f"{len(items)} prompts x n={req.n} is more than the "
-                              f"{MAX_SEQUENCES} sequences one request may ask for", param="n")
+        if len(items) * fields.best_of > MAX_SEQUENCES:
+            name = "n" if fields.best_of == req.n else "best_of"
+            raise OpenAIError(f"{len(items)} prompts x {name}={fields.best_of} is more than the "
+                              f"{MAX_SEQUENCES} sequences one request may ask for", param=name)
         prompts = []
         for i, item in enumerate(items):
             param = "prompt" if len(items) == 1 else f"prompt.{i}"
             if isinstance(item, str):
-                ids = await self.encode(item, req.add_special_tokens, param)
-                prompts.append(_Prompt(item, ids))
+                ids = await self.encode(item, req.add_special_tokens, param,
+                                        truncating=fields.truncate is not None)
+                kept = fields.truncated(ids)
+                # echo shows what the model saw: a truncated prompt is decoded again.
+                prompts.append(_Prompt(item if kept is ids else None, kept))
             else:
-                prompts.append(_Prompt(None, list(item)))
+                prompts.append(_Prompt(None, fields.truncated(list(item))))
             self.check_prompt_ids(prompts[-1].token_ids)
         return prompts
 
@@ -74,34 +86,55 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_engine()
         self.check_fields(req)
         if req.suffix:
-            raise OpenAIError("suffix is not supported", param="suffix")
+            # vLLM refuses suffix for models without fill-in-the-middle support; none of the
+            # models pyorch serves has a FIM template.
+            raise OpenAIError("suffix is not supported: this model has no fill-in-the-middle "
+                              "(FIM) support", param="suffix")
         include_usage = self.check_stream_options(req)
-        prompts = await self._prompts(req)
+        fields = RequestFields.of(req, self.ctx)
+        prompts = await self._prompts(req, fields)
         longest = max(len(p.token_ids) for p in prompts)
         max_tokens = self.resolve_max_tokens(req.max_tokens, longest)
-        params = self.sampling_params(req, max_tokens, req.logprobs,
-                                      req.logprobs if req.echo and req.logprobs is not None
-                                      else None)
+        echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+        prompt_logprobs = max((v for v in (echo_logprobs, fields.prompt_logprobs)
+                               if v is not None), default=None)
+        params = self.sampling_params(req, max_tokens, fields.engine_logprobs(req.logprobs),
+                                      prompt_logprobs, fields.best_of)
         await self.check_structured_outputs(req, params)
         request_id = random_id("cmpl")
         for i, p in enumerate(prompts):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             self.log_request(rid, p.text or p.token_ids, len(p.token_ids), params)
-        engine_prompts = [{"prompt_token_ids": p.token_ids, "prompt": p.text} for p in prompts]
-        merged = self.generate_many(engine_prompts, params, request_id)
+        if fields.beam is not None:
+            merged = beam_search_outputs(self, [p.token_ids for p in prompts], fields.beam,
+                                         max_tokens, request_id, req.priority,
+                                         req.skip_special_tokens)
+        else:
+            engine_prompts = [{"prompt_token_ids": p.token_ids, "prompt": p.text}
+                              for p in prompts]
+            merged = self.generate_many(engine_prompts, params, request_id, req.priority)
         if req.stream:
             first = await first_output(merged)
             return StreamingResponse(
-                self._stream(req, prompts, first, merged, request_id, include_usage),
+                self._stream(req, fields, prompts, first, merged, request_id, include_usage),
                 media_type="text/event-stream")
         finals = await self.run_until_disconnect(raw, collect_finals(merged, len(prompts)))
-        return JSONResponse(self._response(req, prompts, finals, request_id).model_dump())
+        if fields.best_of > req.n:
+            finals = [best_of(f, req.n) for f in finals]
+        response = self._response(req, fields, prompts, finals, request_id)
+        return JSONResponse(response.model_dump())
 
     # ---- non-streaming ------------------------------------------------------------------------
-    def _response(self, req: CompletionRequest, prompts: list[_Prompt],
+    def _response(self, req: CompletionRequest, fields: RequestFields, prompts: list[_Prompt],
                   finals: list[RequestOutput], request_id: str) -> CompletionResponse:
         choices, num_generated = [], 0
+        as_ids = fields.as_token_ids
         for i, (prompt, final) in enumerate(zip(prompts, finals, strict=True)):
+            prompt_lps = None
+            if fields.prompt_logprobs is not None:
+                prompt_lps = prompt_logprobs_json(self.ctx.tokenizer, prompt.token_ids,
+                                                  final.prompt_logprobs, fields.prompt_logprobs,
+                                                  as_ids)
             for c in final.outputs:
                 text, logprobs = c.text, None
                 if req.logprobs is not None:
@@ -109,19 +142,23 @@ class OpenAIServingCompletion(OpenAIServing):
                     offset = 0
                     if req.echo:
                         offset = self._add_logprobs(logprobs, prompt.token_ids,
-                                                    final.prompt_logprobs, req.logprobs, offset)
-                    self._add_logprobs(logprobs, c.token_ids, c.logprobs, req.logprobs, offset)
+                                                    final.prompt_logprobs, req.logprobs, offset,
+                                                    as_ids)
+                    self._add_logprobs(logprobs, c.token_ids, c.logprobs, req.logprobs, offset,
+                                       as_ids)
                 if req.echo:
                     text = self._prompt_text(prompt) + text
-                choices.append(CompletionChoice(index=i * req.n + c.index, text=text,
-                                                logprobs=logprobs, finish_reason=c.finish_reason,
-                                                stop_reason=c.stop_reason))
+                choices.append(CompletionChoice(
+                    index=i * req.n + c.index, text=text, logprobs=logprobs,
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                    prompt_logprobs=prompt_lps,
+                    prompt_token_ids=prompt.token_ids if fields.return_token_ids else None,
+                    token_ids=list(c.token_ids) if fields.return_token_ids else None))
                 num_generated += len(c.token_ids)
         num_prompt = sum(len(p.token_ids) for p in prompts)
+        num_cached = sum(f.num_cached_tokens or 0 for f in finals)
         return CompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
-                                  usage=UsageInfo(prompt_tokens=num_prompt,
-                                                  completion_tokens=num_generated,
-                                                  total_tokens=num_prompt + num_generated))
+                                  usage=usage(self.ctx, num_prompt, num_generated, num_cached))
 
     def _prompt_text(self, prompt: _Prompt) -> str:
         if prompt.text is None:
@@ -130,7 +167,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _add_logprobs(self, out: CompletionLogprobs, token_ids: list[int],
                       steps: Optional[Sequence[Optional[dict[int, Logprob]]]], num: int,
-                      offset: int) -> int:
+                      offset: int, as_ids: bool = False) -> int:
         """Appends OpenAI's (tokens, token_logprobs, top_logprobs, text_offset) for
         `token_ids`; returns the text offset after them."""
         tok = self.ctx.tokenizer
@@ -138,7 +175,7 @@ class OpenAIServingCompletion(OpenAIServing):
             step = steps[i] if steps is not None and i < len(steps) else None
             chosen = step.get(token_id) if step else None
             text = token_text(tok, token_id, chosen)
-            out.tokens.append(text)
+            out.tokens.append(token_label(token_id, text, as_ids))
             out.text_offset.append(offset)
             offset += len(text)
             if step is None or chosen is None:
@@ -146,24 +183,33 @@ class OpenAIServingCompletion(OpenAIServing):
                 out.top_logprobs.append(None)
                 continue
             out.token_logprobs.append(clamp_logprob(chosen.logprob))
-            top = {text: clamp_logprob(chosen.logprob)}
+            top = {token_label(token_id, text, as_ids): clamp_logprob(chosen.logprob)}
             for t, lp in ranked(step, num):
-                top.setdefault(token_text(tok, t, lp), clamp_logprob(lp.logprob))
+                top.setdefault(token_label(t, token_text(tok, t, lp), as_ids),
+                               clamp_logprob(lp.logprob))
             out.top_logprobs.append(top)
         return offset
 
     # ---- streaming ----------------------------------------------------------------------------
-    async def _stream(self, req: CompletionRequest, prompts: list[_Prompt],
-                      first: Any, merged: Any, request_id: str,
+    async def _stream(self, req: CompletionRequest, fields: RequestFields,
+                      prompts: list[_Prompt], first: Any, merged: Any, request_id: str,
                       include_usage: bool) -> AsyncIterator[str]:
         created = int(time.time())
         n = req.n
         offsets = [0] * (len(prompts) * n)
         echoed = [False] * (len(prompts) * n)
+        started = [False] * (len(prompts) * n)
+        per_choice = [0] * (len(prompts) * n)
+        cached = [0] * len(prompts)
+        as_ids = fields.as_token_ids
+        # Chunks carry no prompt_logprobs (refused with stream) and token ids only if asked.
+        hidden = {"prompt_logprobs"} | (set() if fields.return_token_ids
+                                        else {"prompt_token_ids", "token_ids"})
         num_generated = 0
         try:
             async for prompt_idx, output in stream_with_errors(first, merged):
                 prompt = prompts[prompt_idx]
+                cached[prompt_idx] = max(cached[prompt_idx], output.num_cached_tokens or 0)
                 for c in output.outputs:
                     index = prompt_idx * n + c.index
                     text, logprobs = c.text, None
@@ -176,27 +222,39 @@ class OpenAIServingCompletion(OpenAIServing):
                             assert req.logprobs is not None  # logprobs is made only then
                             offsets[index] = self._add_logprobs(
                                 logprobs, prompt.token_ids, output.prompt_logprobs,
-                                req.logprobs, offsets[index])
+                                req.logprobs, offsets[index], as_ids)
                     if logprobs is not None:
                         assert req.logprobs is not None  # logprobs is made only then
                         offsets[index] = self._add_logprobs(logprobs, c.token_ids, c.logprobs,
-                                                            req.logprobs, offsets[index])
+                                                            req.logprobs, offsets[index], as_ids)
                     num_generated += len(c.token_ids)
+                    per_choice[index] += len(c.token_ids)
                     if not text and logprobs is None and c.finish_reason is None:
                         continue  # nothing new (e.g. an incomplete UTF-8 character)
                     choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
                                               finish_reason=c.finish_reason,
                                               stop_reason=c.stop_reason)
-                    yield sse({"id": request_id, "object": "text_completion",
-                               "created": created, "model": self.ctx.model_name,
-                               "choices": [choice.model_dump()]})
+                    if fields.return_token_ids:
+                        if not started[index]:
+                            choice.prompt_token_ids = prompt.token_ids
+                        choice.token_ids = list(c.token_ids)
+                    started[index] = True
+                    body: dict[str, Any] = {
+                        "id": request_id, "object": "text_completion", "created": created,
+                        "model": self.ctx.model_name,
+                        "choices": [choice.model_dump(exclude=hidden)]}
+                    if fields.continuous_usage:  # vLLM: this choice's counts so far
+                        body["usage"] = UsageInfo(
+                            prompt_tokens=len(prompt.token_ids),
+                            completion_tokens=per_choice[index],
+                            total_tokens=len(prompt.token_ids) + per_choice[index]).model_dump()
+                    yield sse(body)
             if include_usage:
                 num_prompt = sum(len(p.token_ids) for p in prompts)
-                usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated,
-                                  total_tokens=num_prompt + num_generated)
+                final_usage = usage(self.ctx, num_prompt, num_generated, sum(cached))
                 yield sse({"id": request_id, "object": "text_completion", "created": created,
                            "model": self.ctx.model_name, "choices": [],
-                           "usage": usage.model_dump()})
+                           "usage": final_usage.model_dump()})
         except Exception as e:
             yield sse_error(e)
         finally:

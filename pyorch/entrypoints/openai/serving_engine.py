@@ -83,6 +83,10 @@ class ServerContext:
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     response_role: str = "assistant"
     content_format: str = "string"
+    # --scheduling-policy (a request's `priority` needs "priority").
+    scheduling_policy: str = "fcfs"
+    # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens.
+    enable_prompt_tokens_details: bool = False
 
     @property
     def model_name(self) -> str:
@@ -98,12 +102,6 @@ def _off(value: Any) -> bool:
 # "accepted" would hand back, say, free text to a caller that asked for JSON). Other unknown
 # fields are ignored with a log line, as vLLM does: OpenAI clients send fields newer than us.
 _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "best_of": lambda v: v is None or v == 1,
-    "use_beam_search": _off,
-    "length_penalty": lambda v: v is None or v == 1,
-    "truncate_prompt_tokens": _off,
-    "allowed_token_ids": _off,
-    "prompt_logprobs": _off,
     "logits_processors": _off,
     # vLLM's legacy knobs of the guided_* fields: xgrammar is our only backend and has no
     # custom whitespace pattern.
@@ -162,11 +160,18 @@ class OpenAIServing:
             raise OpenAIError(str(e), param=param) from None
 
     async def encode(self, text: str, add_special_tokens: bool, param: str = "prompt",
-                     ) -> list[int]:
+                     truncating: bool = False) -> list[int]:
         """Token ids of a prompt text, on the renderer pool, after the cheap checks: a text too
         long to fit is refused by its length alone (O(1)); a lone surrogate is found by a regex
-        scan on the pool too (it is O(n) as well)."""
+        scan on the pool too (it is O(n) as well). `truncating` (truncate_prompt_tokens): a
+        text of any length is tokenized (the body limit bounds it) and cut afterwards."""
         tokenizer = self.tokenizer()
+        if truncating:
+            def work_all() -> list[int]:
+                self.check_text(text, param)
+                return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+            return await self.render(work_all)
         if (self.ctx.chars_per_token is not None
                 and len(text) > self.ctx.max_model_len * self.ctx.chars_per_token):
             self.check_prompt_text(text, param)  # raises at once, naming the length
@@ -223,7 +228,9 @@ class OpenAIServing:
         return bool(req.stream and req.stream_options and req.stream_options.include_usage)
 
     def sampling_params(self, req: SamplingExtras, max_tokens: int, logprobs: Optional[int],
-                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
+                        prompt_logprobs: Optional[int] = None,
+                        best_of: Optional[int] = None) -> SamplingParams:
+        """The request's SamplingParams; `best_of` samples (default n) are generated."""
         stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         for i, stop in enumerate(stops):
             self.check_text(stop, "stop" if isinstance(req.stop, str) else f"stop.{i}")
@@ -238,7 +245,7 @@ class OpenAIServing:
 
         try:
             params = SamplingParams(
-                n=req.n,
+                n=req.n if best_of is None else best_of,
                 temperature=knob(req.temperature, "temperature", 1.0),
                 top_p=knob(req.top_p, "top_p", 1.0),
                 top_k=knob(req.top_k, "top_k", 0),
@@ -247,7 +254,7 @@ class OpenAIServing:
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=knob(req.repetition_penalty, "repetition_penalty", 1.0),
                 seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
-                bad_words=req.bad_words,
+                bad_words=req.bad_words, allowed_token_ids=req.allowed_token_ids,
                 ignore_eos=req.ignore_eos, max_tokens=max_tokens, min_tokens=req.min_tokens,
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=req.skip_special_tokens,
@@ -301,7 +308,8 @@ class OpenAIServing:
 
     # ---- running prompts ---------------------------------------------------------------------
     async def generate_many(self, prompts: list[dict], params: SamplingParams,
-                            request_id: str) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+                            request_id: str, priority: int = 0,
+                            ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """Runs every prompt concurrently; yields (prompt index, output) as they come.
 
         Closing this generator early (client gone, error) closes every engine generator, which
@@ -312,7 +320,7 @@ class OpenAIServing:
 
         async def pump(index: int) -> None:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{index}"
-            gen = self.ctx.engine.generate(prompts[index], params, rid)
+            gen = self.ctx.engine.generate(prompts[index], params, rid, priority=priority)
             try:
                 async for output in gen:
                     queue.put_nowait((index, output))

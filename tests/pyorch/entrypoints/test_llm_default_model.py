@@ -94,6 +94,23 @@ def test_chat_uses_template(llm):
     _assert_idle(llm)
 
 
+def test_chat_content_parts_equal_the_joined_string(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is"},
+                                          {"type": "text", "text": "2 + 2?"}]}]
+    plain = [{"role": "user", "content": "What is\n2 + 2?"}]
+    got = llm.chat(parts, params, use_tqdm=False)[0]
+    want = llm.chat(plain, params, use_tqdm=False)[0]
+    assert got.prompt_token_ids == want.prompt_token_ids
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    image = [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}]
+    with pytest.raises(ValueError, match=r"messages\.0\.content\.1.*'image_url'"):
+        llm.chat(image, params, use_tqdm=False)
+    _assert_idle(llm)
+
+
 def test_n_and_seed_reproducible(llm):
     params = SamplingParams(n=3, temperature=1.0, top_p=0.95, max_tokens=12, seed=1234)
     a = llm.generate(PROMPTS[0], params, use_tqdm=False)[0]

@@ -88,10 +88,7 @@ def test_bad_words_are_honoured(http):
     # OpenAI's deprecated forms of tools / tool_choice (tools themselves: test_serving_chat_tools)
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {"function_call": {"name": "f"}}, "function_call"),
-    ("/v1/completions", {"best_of": 3}, "best_of"),
-    ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
-    ("/v1/completions", {"truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),
 ])
 def test_unsupported_fields_are_refused_by_name(http, path, extra, param):
