@@ -59,7 +59,14 @@ class EngineCore:
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queues a request (ValueError, nothing queued, if it can never run)."""
+        """Queues a request (ValueError, nothing queued, if it can never run, or if it is a
+        pooling request to a generating engine or the other way round)."""
+        if self.config.model_config.is_pooling != (request.pooling_params is not None):
+            raise ValueError(
+                "this engine serves a pooling model: it only takes pooling requests "
+                "(embed/encode/score)" if self.config.model_config.is_pooling else
+                "this engine serves a generative model (runner='generate'): pooling requests "
+                "need runner='pooling'")
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:

@@ -15,6 +15,7 @@ from pyorch.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from pyorch.pooling_params import PoolerConfig
 
 # vLLM's computed defaults (max_num_batched_tokens, max_num_seqs) for the LLM class.
 _LARGE_GPU_DEFAULTS = (16384, 1024)  # GPUs with >= 70 GiB (H100, H200)
@@ -52,6 +53,11 @@ class EngineArgs:
     async_scheduling: Optional[bool] = None
     # pyorch's own: keep KV room for running requests' expected growth (fewer preemptions)
     reserve_kv_for_growth: bool = True
+    # Pooling (embedding) models, vLLM's names: runner "auto" | "generate" | "pooling",
+    # convert "auto" | "none" | "embed", pooler_config a PoolerConfig or a dict of its fields.
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[Any] = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -77,6 +83,8 @@ class EngineArgs:
             load_format=self.load_format, device=device, revision=self.revision,
             trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
             cuda_graph_sizes=list(self.cuda_graph_sizes) if self.cuda_graph_sizes else None,
+            runner=self.runner, convert=self.convert,
+            pooler_config=PoolerConfig.from_value(self.pooler_config),
         )
         model_config.resolve()
         cache_config = CacheConfig(
