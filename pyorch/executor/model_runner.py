@@ -478,8 +478,9 @@ class ModelRunner:
             if pooling is not None:
                 start = self.requests[req_id].num_computed_tokens
                 pooled = self.pooler.update(pooling, hidden[offset : offset + n], start)
-                if pooled is not None:
+                if pooled is not None:  # done: the state (and its sums) can go now
                     result[req_id] = pooled
+                    del self._pooling[req_id]
             offset += n
         return result
 

@@ -58,6 +58,8 @@ from pyorch.entrypoints.openai.protocol import (
 from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat
 from pyorch.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pyorch.entrypoints.openai.serving_engine import ServerContext
+from pyorch.entrypoints.openai.serving_pooling import OpenAIServingPooling, require_generate
+from pyorch.entrypoints.openai.serving_pooling import router as pooling_router
 from pyorch.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pyorch.logger import configure_logging
 
@@ -109,11 +111,13 @@ async def list_models(request: Request) -> ModelList:
 
 @router.post("/v1/completions", responses=_ERRORS)
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    require_generate(request.app.state.ctx, "Completions")
     return await request.app.state.completion.create_completion(body, request)
 
 
 @router.post("/v1/chat/completions", responses=_ERRORS)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    require_generate(request.app.state.ctx, "Chat Completions")
     return await request.app.state.chat.create_chat_completion(body, request)
 
 
@@ -304,6 +308,7 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
     app = FastAPI(title="pyorch OpenAI-compatible API", version=pyorch.__version__,
                   root_path=args.root_path or "", lifespan=lifespan)
     app.include_router(router)
+    app.include_router(pooling_router)
     install_error_handlers(app)
     limit = getattr(args, "max_request_body_bytes", 0)
     if limit:
@@ -321,6 +326,7 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
     app.state.completion = OpenAIServingCompletion(ctx)
     app.state.chat = OpenAIServingChat(ctx)
     app.state.tokenization = OpenAIServingTokenization(ctx)
+    app.state.pooling = OpenAIServingPooling(ctx)
     app.state.exit_code = 0
     return app
 

@@ -109,6 +109,17 @@ def _json_list(text: str) -> list[str]:
     return value
 
 
+def _json_dict(text: str) -> dict[str, Any]:
+    """A JSON object (vLLM's --pooler-config '{"pooling_type": "MEAN"}')."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def _add(group: Any, flag: str, kind: str = "value", short: Optional[str] = None,
          **kwargs: Any) -> None:
     _FLAG_KINDS[flag] = kind
@@ -201,6 +212,16 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
          help="schedule step N+1 while the GPU runs step N (default: on for CUDA, off on CPU)")
     _add(model, "--device", default="auto", choices=["auto", "cuda", "cpu"],
          help="auto = CUDA when available (default: %(default)s)")
+
+    _add(model, "--runner", default="auto", choices=["auto", "generate", "pooling"],
+         help="generate text, or serve the model as a pooling (embedding) model "
+              "(/v1/embeddings, /pooling, /score, /rerank); auto = generate unless "
+              "--convert embed (default: %(default)s)")
+    _add(model, "--convert", default="auto", choices=["auto", "none", "embed"],
+         help="adapt a decoder model: embed = pooling runner (default: %(default)s)")
+    _add(model, "--pooler-config", type=_json_dict, default=None,
+         help='pooling runner\'s PoolerConfig as JSON: {"pooling_type": "LAST"|"MEAN"|"CLS"|'
+              '"ALL", "normalize": bool, "dimensions": int} (default: LAST, normalized)')
 
     cache = parser.add_argument_group("cache", "KV cache")
     _add(cache, "--block-size", type=int, default=16, choices=[1, 2, 4, 8, 16, 32, 64, 128],
@@ -355,6 +376,7 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, device=args.device,
         async_scheduling=args.async_scheduling, reserve_kv_for_growth=args.reserve_kv_for_growth,
+        runner=args.runner, convert=args.convert, pooler_config=args.pooler_config,
     )
 
 
