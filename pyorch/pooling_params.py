@@ -101,9 +101,10 @@ class PoolingParams:
     def resolve(self, config: PoolerConfig, hidden_size: int, hf_config: Any) -> PoolingParams:
         """A copy with every field decided (the config's defaults filled in, the task set), or
         ValueError for dimensions the model cannot give (vLLM's matryoshka rules)."""
-        task = self.task or "embed"
+        task = self.task or ("token_embed" if config.pooling_type == "ALL" else "embed")
         if task == "embed" and config.pooling_type == "ALL":
-            task = "token_embed"  # an ALL pooler gives one vector per token
+            raise ValueError("this model pools with pooling_type ALL (one vector per token): "
+                             "task 'embed' (embeddings, scores) needs LAST, MEAN or CLS pooling")
         normalize = config.normalize if self.normalize is None else self.normalize
         dimensions = config.dimensions if self.dimensions is None else self.dimensions
         if dimensions is not None:

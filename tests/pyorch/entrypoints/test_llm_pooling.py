@@ -115,3 +115,18 @@ def test_pooling_params_and_outputs_cross_the_wire():
     assert PoolerConfig(pooling_type="mean").pooling_type == "MEAN"
     with pytest.raises(ValueError, match="normalize"):
         PoolerConfig(normalize="yes")  # type: ignore[arg-type]
+
+
+def test_all_pooling_refuses_embed_and_bert_is_refused_at_load(model_dir, tmp_path):
+    llm = _llm(model_dir, runner="pooling", pooler_config={"pooling_type": "ALL"})
+    out = llm.encode(_ids([[5, 6, 7]]), use_tqdm=False)[0]
+    assert out.outputs.data.shape == (3, 128)
+    with pytest.raises(ValueError, match="task 'embed'"):
+        llm.embed(_ids([[5, 6, 7]]), use_tqdm=False)
+    with pytest.raises(ValueError, match="task 'embed'"):
+        llm.score(_ids([[5]]), _ids([[6]]), use_tqdm=False)
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=64)
+    transformers.BertModel(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"encoder-only \(BERT-style\) models"):
+        _llm(str(tmp_path), runner="pooling")
