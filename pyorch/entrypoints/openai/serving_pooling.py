@@ -78,8 +78,7 @@ class OpenAIServingPooling(OpenAIServing):
 
     async def _token_ids(self, value: Union[str, list[int]], add_special_tokens: bool,
                          param: str) -> list[int]:
-        if isinstance(value, str):
-            self.check_text(value, param)
+        if isinstance(value, str):  # (encode checks the length and the Unicode first)
             ids = await self.encode(value, add_special_tokens, param)
         else:
             ids = list(value)

@@ -137,13 +137,36 @@ _hostile_requests = st.one_of(
 )
 
 
+_texts = st.one_of(_hostile_text, st.lists(_hostile_text, min_size=1, max_size=3))
+_hostile_pooling_requests = st.one_of(
+    st.tuples(st.sampled_from(["/v1/embeddings", "/pooling"]),
+              st.fixed_dictionaries({"input": _texts},
+                                    optional={"encoding_format": st.just("base64")})),
+    st.tuples(st.sampled_from(["/score", "/v1/score"]),
+              st.fixed_dictionaries({"text_1": _texts, "text_2": _texts})),
+    st.tuples(st.sampled_from(["/rerank", "/v1/rerank"]), st.fixed_dictionaries(
+        {"query": _hostile_text, "documents": st.lists(_hostile_text, min_size=1, max_size=3)})),
+)
+
+
 def test_fuzz_hostile_strings_no_server_errors(server):
+    _fuzz_hostile(server, _hostile_requests)
+    _assert_alive(server.url)
+
+
+def test_fuzz_hostile_strings_pooling_server_no_server_errors(pooling_server):
+    _fuzz_hostile(pooling_server, _hostile_pooling_requests)
+    r = httpx.post(pooling_server.url + "/v1/embeddings", json={"input": "Hello"}, timeout=120)
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) > 0
+
+
+def _fuzz_hostile(server, requests) -> None:
     failures: list[str] = []
     count = [0]
 
     @settings(max_examples=HOSTILE_EXAMPLES, deadline=None, database=None, derandomize=True,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(request=_hostile_requests)
+    @given(request=requests)
     def check(request: tuple[str, dict]) -> None:
         path, body = request
         count[0] += 1
@@ -158,5 +181,4 @@ def test_fuzz_hostile_strings_no_server_errors(server):
 
     check()
     assert not failures, "\n".join(failures)
-    _assert_alive(server.url)
     print(f"\nhostile-string fuzz: {count[0]} cases, 0 responses 5xx")
