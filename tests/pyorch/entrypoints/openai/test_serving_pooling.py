@@ -99,7 +99,7 @@ def test_score_is_cosine_of_embeddings(pool_http, reference, path):
     np.testing.assert_allclose(scores, want, atol=1e-5)
     assert abs(scores[0] - 1.0) < 1e-5
     r = pool_http.post(path, json={"text_1": TEXTS[:2], "text_2": TEXTS[1:]})  # N -> N
-    want = [_cos(reference(a), reference(b)) for a, b in zip(TEXTS[:2], TEXTS[1:])]
+    want = [_cos(reference(a), reference(b)) for a, b in zip(TEXTS[:2], TEXTS[1:], strict=True)]
     np.testing.assert_allclose([d["score"] for d in r.json()["data"]], want, atol=1e-5)
     r = pool_http.post(path, json={"text_1": TEXTS[:2], "text_2": TEXTS})  # 2 -> 3
     assert r.status_code == 400 and "1:1, 1:N or N:N" in r.json()["error"]["message"]
