@@ -31,8 +31,11 @@ def _bound_cost(case) -> None:
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             body[key] = cap
-    if "messages" in body and "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_completion_tokens"] = 3  # the default would fill the context
+    if ("messages" in body and body.get("max_tokens") is None
+            and body.get("max_completion_tokens") is None):
+        # The default (also for an explicit null) would fill the context: 147 tokens of
+        # SmolLM2 once took over the 120 s timeout on a loaded 2-core machine.
+        body["max_completion_tokens"] = 3
     for key in ("prompt", "input", "text_1", "text_2", "documents"):
         value = body.get(key)
         if isinstance(value, list) and value and isinstance(value[0], (str, list)):
