@@ -67,7 +67,9 @@
   void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,      \
                          const std::optional<at::Tensor>& bias,                                   \
                          const std::optional<at::Tensor>& norm_weight, double epsilon,            \
-                         int64_t epilogue, std::optional<bool> pdl);
+                         int64_t epilogue, std::optional<bool> pdl);                              \
+  void apply_token_bitmask_inplace(at::Tensor& logits, const at::Tensor& bitmask,                 \
+                                   const std::optional<at::Tensor>& indices);
 
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS

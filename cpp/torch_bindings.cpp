@@ -101,6 +101,12 @@ TORCH_LIBRARY(pyorch, m) {
       "skinny_gemm_fused(Tensor! out, Tensor input, Tensor weight, Tensor? bias, "
       "Tensor? norm_weight, float epsilon, int epilogue, bool? pdl=None) -> ()");
 
+  // ---- sampling ------------------------------------------------------------------------------
+  // Structured output: logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0, for the
+  // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
+  // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
+  m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
+
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
@@ -119,6 +125,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("swap_blocks", c10::kCPU, &pyorch::cpu::swap_blocks);
   m.impl("skinny_gemm", c10::kCPU, &pyorch::cpu::skinny_gemm);
   m.impl("skinny_gemm_fused", c10::kCPU, &pyorch::cpu::skinny_gemm_fused);
+  m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -140,6 +147,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("swap_blocks", c10::kCUDA, &swap_blocks);
   m.impl("skinny_gemm", c10::kCUDA, &skinny_gemm);
   m.impl("skinny_gemm_fused", c10::kCUDA, &skinny_gemm_fused);
+  m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }

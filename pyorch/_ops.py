@@ -365,3 +365,17 @@ def skinny_gemm_fused(
     _ops.skinny_gemm_fused(
         out, input, weight, bias, norm_weight, epsilon, SKINNY_EPILOGUES[epilogue], pdl
     )
+
+
+# ---- sampling -----------------------------------------------------------------------------------
+def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor,
+                                indices: Optional[torch.Tensor] = None) -> None:
+    """logits[r, t] = -inf where bit t % 32 of bitmask[r, t // 32] is 0 (structured output).
+
+    Parameters
+    ----------
+    logits : [num_rows, vocab_size] float32/float16/bfloat16, last dimension contiguous.
+    bitmask : [num_rows, ceil(vocab_size / 32)] int32 on the logits' device.
+    indices : [k] int32 rows to mask (both tensors' row ids), or None for every row.
+    """
+    _ops.apply_token_bitmask_inplace(logits, bitmask, indices)

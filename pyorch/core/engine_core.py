@@ -24,6 +24,7 @@ from pyorch.core_types import EngineCoreOutput
 from pyorch.executor.model_runner import ModelRunner
 from pyorch.executor.step import StepHandle
 from pyorch.metrics.stats import SchedulerStats
+from pyorch.structured_output.manager import GrammarOutput, StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +57,30 @@ class EngineCore:
         # Async scheduling: step N+1 is scheduled and launched before step N's tokens are read.
         self.async_scheduling = config.scheduler_config.async_scheduling
         self._in_flight: Optional[tuple[SchedulerOutput, StepHandle]] = None
+        self.structured_output_manager = StructuredOutputManager(
+            self._load_tokenizer, config.model_config.vocab_size)
+
+    def _load_tokenizer(self) -> Any:
+        """The model's tokenizer, for xgrammar (loaded on the first constrained request)."""
+        from pyorch.model_loader import get_tokenizer
+
+        mc = self.config.model_config
+        return get_tokenizer(mc.model, mc.tokenizer, trust_remote_code=mc.trust_remote_code,
+                             revision=mc.revision)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queues a request (ValueError, nothing queued, if it can never run, or if it is a
-        pooling request to a generating engine or the other way round)."""
+        pooling request to a generating engine or the other way round). A request with
+        structured_outputs starts compiling its grammar; it is scheduled once that is done."""
         if self.config.model_config.is_pooling != (request.pooling_params is not None):
             raise ValueError(
                 "this engine serves a pooling model: it only takes pooling requests "
                 "(embed/encode/score)" if self.config.model_config.is_pooling else
                 "this engine serves a generative model (runner='generate'): pooling requests "
                 "need runner='pooling'")
+        if request.sampling_params.structured_outputs is not None:
+            self.structured_output_manager.grammar_init(request)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
@@ -90,15 +104,15 @@ class EngineCore:
         the previous call and returns its outputs (so host work overlaps the device's)."""
         scheduled_time = time.time()
         if not self.async_scheduling:
-            scheduler_output = self._schedule()
-            handle = self.model_runner.execute_model(scheduler_output)
+            scheduler_output, grammar = self._schedule()
+            handle = self.model_runner.execute_model(scheduler_output, grammar)
             return self._finish(scheduler_output, handle, scheduled_time, scheduler_output)
         previous = self._in_flight
         if previous is not None and self._must_wait_first():
             self._in_flight = None
             return self._finish(*previous, scheduled_time, None)
-        scheduler_output = self._schedule()
-        handle = self.model_runner.execute_model(scheduler_output)
+        scheduler_output, grammar = self._schedule()
+        handle = self.model_runner.execute_model(scheduler_output, grammar)
         self._in_flight = (scheduler_output, handle)
         if previous is None:  # the pipeline fills: this step is counted when it finishes
             return EngineCoreOutputs(
@@ -107,11 +121,21 @@ class EngineCore:
                 scheduled_new_req_ids=[r.req_id for r in scheduler_output.scheduled_new_reqs])
         return self._finish(*previous, scheduled_time, scheduler_output)
 
-    def _schedule(self) -> SchedulerOutput:
+    def _schedule(self) -> tuple[SchedulerOutput, Optional[GrammarOutput]]:
+        """The step's batch and, when constrained rows sample in it, their token bitmask
+        (filled here, after the previous step's tokens advanced the matchers: a constrained
+        request makes the step wait for the previous one, see _must_wait_first)."""
         start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
+        grammar = self.structured_output_manager.grammar_bitmask(
+            self.scheduler.requests, scheduler_output.structured_output_request_ids)
+        if not scheduler_output.total_num_scheduled_tokens and self.scheduler.waiting:
+            # Nothing could run: maybe only grammars still compiling. Wait for one briefly
+            # rather than spin (the core's loop steps while requests are unfinished).
+            self.structured_output_manager.wait_for_compiles(list(self.scheduler.waiting),
+                                                             timeout=0.005)
         self.timings.schedule += time.perf_counter() - start
-        return scheduler_output
+        return scheduler_output, grammar
 
     def _finish(self, scheduler_output: SchedulerOutput, handle: StepHandle,
                 scheduled_time: float,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyorch.pooling_params import PoolingParams
     from pyorch.sampling_params import SamplingParams
+    from pyorch.structured_output.manager import StructuredOutputRequest
 
 
 class RequestStatus(enum.IntEnum):
@@ -79,6 +80,8 @@ class Request:
         self.min_tokens = sampling_params.min_tokens
         self.stop_eos_token_id = None if sampling_params.ignore_eos else eos_token_id
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
+        # Its grammar and matcher (structured_outputs), set by the StructuredOutputManager.
+        self.structured_output_request: StructuredOutputRequest | None = None
 
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -155,11 +158,13 @@ class Request:
 
 def needs_token_history(params: SamplingParams) -> bool:
     """Sampling that reads the request's output tokens on the host (or returns prompt logprobs,
-    whose bookkeeping follows the scheduled chunks), so its previous token must have landed."""
+    whose bookkeeping follows the scheduled chunks), so its previous token must have landed.
+    Structured output too: the next step's token bitmask depends on the last token."""
     return bool(
         params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
         or params.repetition_penalty != 1.0 or params.min_tokens > 0
         or params.bad_words or params.prompt_logprobs is not None
+        or params.structured_outputs is not None
     )
 
 

@@ -108,6 +108,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.reserve_kv_for_growth = reserve_kv_for_growth
         self.growth_ratio = 1.0  # expected share of its length cap a request still grows into
+        self._failed_outputs: list[EngineCoreOutput] = []  # dropped before they ran (_fail_request)
 
     @classmethod
     def from_config(cls, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
@@ -240,10 +241,19 @@ class Scheduler:
 
         # Then waiting requests, unless this step had to preempt (no room to grow).
         reserved = -1.0  # blocks kept for the running requests' expected growth (lazily summed)
+        skipped: list[Request] = []  # grammars still compiling: they keep their place
         while (
             not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
         ):
             request = self.waiting.peek()
+            so_request = request.structured_output_request
+            if so_request is not None and (not so_request.is_ready or so_request.error):
+                self.waiting.pop()
+                if so_request.error is None:
+                    skipped.append(request)  # vLLM's WAITING_FOR_FSM: the others go ahead
+                else:
+                    self._fail_request(request, so_request.error)
+                continue
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
             num_wanted = request.num_tokens - num_hit
             if not self.enable_chunked_prefill and num_wanted > budget:
@@ -270,6 +280,8 @@ class Scheduler:
             scheduled_new.append(request)
             num_scheduled[request.request_id] = num_new
             budget -= num_new
+        for request in reversed(skipped):
+            self.waiting.prepend(request)
 
         return self._make_output(scheduled_new, scheduled_running, num_scheduled, new_block_ids)
 
@@ -299,6 +311,15 @@ class Scheduler:
             return (request.priority if by_priority else 0, request.arrival_time, idx)
 
         return max(enumerate(self.running), key=rank)[1]
+
+    def _fail_request(self, request: Request, error: str) -> None:
+        """Drops a waiting request that cannot run (its grammar failed to build); the next
+        update_from_output reports it finished with reason "abort"."""
+        logger.error("request %s aborted: %s", request.request_id, error)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
+        self._failed_outputs.append(EngineCoreOutput(
+            request.request_id, [], request.get_finish_reason(), None, None, None, 0))
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
@@ -337,12 +358,14 @@ class Scheduler:
             new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
             num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
         )
+        structured_ids: list[str] = []
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
+            structured_output_request_ids=structured_ids,
         )
         self.finished_req_ids = set()
         # The tokens count as computed from now on; their KV is cached after the step ran. A
@@ -353,6 +376,8 @@ class Scheduler:
                                                + request.num_output_placeholders):
                 if request.pooling_params is None:  # a pooling request samples nothing
                     request.num_output_placeholders += 1
+                if request.structured_output_request is not None:
+                    structured_ids.append(request.request_id)
         return output
 
     def update_from_output(
@@ -366,7 +391,8 @@ class Scheduler:
         logprobs = runner_output.logprobs
         prompt_logprobs = runner_output.prompt_logprobs or {}
         pooled = runner_output.pooled
-        outputs: list[EngineCoreOutput] = []
+        outputs: list[EngineCoreOutput] = self._failed_outputs
+        self._failed_outputs = []
         stopped = False
         # Per-request work runs for every request on every step: hoist what the loop reads.
         get_request, get_row = self.requests.get, row_of.get
@@ -396,6 +422,8 @@ class Scheduler:
                 if check_stop(request, max_model_len):
                     stopped = True
                     break
+            if new_token_ids and request.structured_output_request is not None:
+                request.structured_output_request.accept_tokens(req_id, new_token_ids)
             new_prompt_logprobs = None
             if prompt_logprobs:
                 new_prompt_logprobs = self._new_prompt_logprobs(

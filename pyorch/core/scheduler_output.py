@@ -15,7 +15,7 @@ Who owns what:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
@@ -59,3 +59,6 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]  # req_id -> tokens to run this step
     total_num_scheduled_tokens: int  # sum of num_scheduled_tokens
     finished_req_ids: set[str]  # finished/aborted/PREEMPTED since last step: runner drops them
+    # Requests with structured_outputs that sample a token this step, in scheduling order: the
+    # rows of the step's grammar bitmask (StructuredOutputManager.grammar_bitmask).
+    structured_output_request_ids: list[str] = field(default_factory=list)

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 from pyorch.config import EngineConfig
 from pyorch.pooling_params import PoolingParams
 from pyorch.sampling_params import SamplingParams
+from pyorch.structured_output.backend_xgrammar import validate_structured_outputs
 
 PromptType = Union[str, list[int], dict]
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
@@ -151,7 +152,10 @@ class InputProcessor:
             raise ValueError("priority is only supported with scheduling_policy='priority'")
         params.validate_token_ids(vocab)
         if params.structured_outputs is not None:
-            raise ValueError("structured_outputs is not supported yet")
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs a tokenizer (skip_tokenizer_init=True)")
+            # A bad schema, regex or grammar fails here (xgrammar's reason), not in the core.
+            validate_structured_outputs(params.structured_outputs)
         return prompt_text, token_ids, params
 
     def process_pooling(self, prompt: PromptType, params: Optional[PoolingParams],

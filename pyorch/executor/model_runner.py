@@ -36,7 +36,9 @@ from pyorch.forward_context import AttentionMetadata, set_forward_context
 from pyorch.layers.attention import Attention
 from pyorch.layers.pooler import Pooler, PoolingState
 from pyorch.layers.sampler import Sampler, compute_prompt_logprobs, sample_rows
+from pyorch.layers.token_bitmask import apply_grammar_bitmask
 from pyorch.metrics.stats import StepTimings
+from pyorch.structured_output.manager import GrammarOutput
 from pyorch.utils import cdiv
 
 logger = logging.getLogger(__name__)
@@ -333,14 +335,17 @@ class ModelRunner:
         return pending_dst, pending_src
 
     @torch.inference_mode()
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, so: SchedulerOutput,
+                grammar: Optional[GrammarOutput] = None) -> ModelRunnerOutput:
         """Runs one step and waits for its tokens (the synchronous engine's step)."""
-        return self.resolve(self.execute_model(so))
+        return self.resolve(self.execute_model(so, grammar))
 
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> "StepHandle":
+    def execute_model(self, so: SchedulerOutput,
+                      grammar: Optional[GrammarOutput] = None) -> "StepHandle":
         """Applies the diff, launches the step (forward, sampling, the tokens' copy to the host)
-        and returns without waiting for the device: `resolve` gives the tokens.
+        and returns without waiting for the device: `resolve` gives the tokens. `grammar` holds
+        the token bitmask rows of the constrained requests that sample this step.
 
         A request may be scheduled before the token of the previous step is known (async
         scheduling): its input for that position is the previous step's sample, copied on the
@@ -377,6 +382,8 @@ class ModelRunner:
         if sampled_rows:
             # The model's dtype: the sampler upcasts only where it needs float32.
             logits = self.loaded_model.compute_logits(hidden[logits_indices])
+            if grammar is not None:
+                apply_grammar_bitmask(logits, [req_ids[i] for i in sampled_rows], grammar)
             states = [self.requests[req_ids[i]] for i in sampled_rows]
             for s in states:
                 if s.generator is not None:

@@ -64,6 +64,22 @@ class UsageInfo(OpenAIBaseModel):
     total_tokens: int = 0
 
 
+class JsonSchemaResponseFormat(OpenAIBaseModel):
+    """OpenAI's `response_format.json_schema`: the schema travels under the key `schema`."""
+
+    name: str
+    description: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaResponseFormat] = None
+
+
 class SamplingExtras(OpenAIBaseModel):
     """The sampling knobs both endpoints share (OpenAI's, then vLLM's extras)."""
 
@@ -92,6 +108,14 @@ class SamplingExtras(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    # Structured output, at most one of these (vLLM's `structured_outputs` and its older
+    # `guided_*` names; OpenAI's `response_format`): see OpenAIServing.structured_outputs.
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
 
 class CompletionRequest(SamplingExtras):

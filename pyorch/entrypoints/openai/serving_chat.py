@@ -114,6 +114,7 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.resolve_max_tokens(requested, len(token_ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
+        await self.check_structured_outputs(req, params)
         request_id = random_id("chatcmpl")
         self.log_request(request_id, text, len(token_ids), params)
         merged = self.generate_many([{"prompt_token_ids": token_ids, "prompt": text}], params,

@@ -82,6 +82,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.sampling_params(req, max_tokens, req.logprobs,
                                       req.logprobs if req.echo and req.logprobs is not None
                                       else None)
+        await self.check_structured_outputs(req, params)
         request_id = random_id("cmpl")
         for i, p in enumerate(prompts):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"

@@ -35,7 +35,7 @@ from pyorch.engine.input_processor import check_prompt, check_prompt_text, check
 from pyorch.entrypoints.openai.errors import OpenAIError, engine_dead_message, error_body
 from pyorch.entrypoints.openai.protocol import SamplingExtras
 from pyorch.outputs import Logprob, RequestOutput
-from pyorch.sampling_params import RequestOutputKind, SamplingParams
+from pyorch.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from pyorch.engine.async_llm import AsyncLLM
@@ -87,12 +87,12 @@ _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "allowed_token_ids": _off,
     "prompt_logprobs": _off,
     "logits_processors": _off,
-    "guided_json": _off, "guided_regex": _off, "guided_choice": _off, "guided_grammar": _off,
-    "structured_outputs": _off,
+    # vLLM's legacy knobs of the guided_* fields: xgrammar is our only backend and has no
+    # custom whitespace pattern.
+    "guided_decoding_backend": _off, "guided_whitespace_pattern": _off,
     "tools": _off, "functions": _off,
     "tool_choice": lambda v: v is None or v in ("none", "auto"),
     "function_call": lambda v: v is None or v in ("none", "auto"),
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _off, "prediction": _off,
 }
@@ -208,6 +208,7 @@ class OpenAIServing:
             self.check_text(stop, "stop" if isinstance(req.stop, str) else f"stop.{i}")
         for i, word in enumerate(req.bad_words or []):
             self.check_text(word, f"bad_words.{i}")
+        constraint = structured_outputs(req)
         try:
             params = SamplingParams(
                 n=req.n,
@@ -230,11 +231,28 @@ class OpenAIServing:
                 logit_bias=cast(Optional[dict[int, float]], req.logit_bias),
                 output_kind=RequestOutputKind.DELTA if req.stream
                 else RequestOutputKind.FINAL_ONLY,
+                structured_outputs=constraint,
             )
             params.validate_token_ids(self.ctx.vocab_size)
         except (ValueError, TypeError) as e:
             raise OpenAIError(str(e)) from None
         return params
+
+    async def check_structured_outputs(self, req: SamplingExtras,
+                                       params: SamplingParams) -> None:
+        """400 with xgrammar's reason for a schema, regex or grammar that does not compile
+        (checked on the renderer pool: the first check imports xgrammar, which takes seconds)."""
+        if params.structured_outputs is None:
+            return
+        if self.ctx.tokenizer is None:
+            raise OpenAIError("structured output needs a tokenizer (skip_tokenizer_init)",
+                              param=_structured_field(req))
+        from pyorch.structured_output import validate_structured_outputs
+
+        try:
+            await self.render(validate_structured_outputs, params.structured_outputs)
+        except ValueError as e:
+            raise OpenAIError(str(e), param=_structured_field(req)) from None
 
     def log_request(self, request_id: str, prompt: Any, num_tokens: int,
                     params: SamplingParams) -> None:
@@ -307,6 +325,57 @@ class OpenAIServing:
             logger.info("client disconnected; request aborted")
             raise OpenAIError("client disconnected", 499)
         return work_task.result()
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}
+
+
+def _structured_field(req: SamplingExtras) -> str:
+    """The request field that carries its constraint (for error messages)."""
+    for name in ("response_format", "structured_outputs", *_GUIDED):
+        if getattr(req, name) is not None:
+            return name
+    return "structured_outputs"
+
+
+def structured_outputs(req: SamplingExtras) -> Optional[StructuredOutputsParams]:
+    """The request's constraint with vLLM's semantics: `response_format` json_schema -> json
+    (the schema), json_object -> json_object, text -> none; `guided_json/regex/choice/grammar`
+    -> the same field of StructuredOutputsParams; `structured_outputs` as given. More than one
+    constraint is a 400."""
+    given: dict[str, Any] = {}
+    fields_used: list[str] = []
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        fields_used.append("response_format")
+        if fmt.type == "json_object":
+            given["json_object"] = True
+        else:
+            if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+                raise OpenAIError("response_format of type json_schema needs "
+                                  "json_schema.schema", param="response_format")
+            given["json"] = fmt.json_schema.json_schema
+    for name, key in _GUIDED.items():
+        value = getattr(req, name)
+        if value is not None:
+            fields_used.append(name)
+            given[key] = value
+    options: dict[str, Any] = {}
+    if req.structured_outputs is not None:
+        fields_used.append("structured_outputs")
+        options = dict(req.structured_outputs)
+    if len(fields_used) > 1:
+        raise OpenAIError(f"only one structured-output constraint per request, got "
+                          f"{', '.join(fields_used)}", param=fields_used[1])
+    if not fields_used:
+        return None
+    try:
+        return StructuredOutputsParams(**{**options, **given})
+    except TypeError as e:  # an unknown key inside structured_outputs
+        raise OpenAIError(f"structured_outputs: {e}", param="structured_outputs") from None
+    except ValueError as e:
+        raise OpenAIError(str(e), param=fields_used[0]) from None
 
 
 async def _wait_for_disconnect(request: Request) -> None:

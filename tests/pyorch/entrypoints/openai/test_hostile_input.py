@@ -84,13 +84,13 @@ def test_bad_words_are_honoured(http):
 
 # ---- every field is honoured or refused ----------------------------------------------------------
 @pytest.mark.parametrize("path,extra,param", [
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"guided_whitespace_pattern": "[ ]?"}, "guided_whitespace_pattern"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
-    ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
+    ("/v1/completions", {"guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
     ("/v1/completions", {"truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),
 ])
