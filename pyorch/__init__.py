@@ -20,6 +20,14 @@ _LAZY = {
     "BeamSearchParams": "pyorch.beam_search",
     "RequestOutput": "pyorch.outputs",
     "CompletionOutput": "pyorch.outputs",
+    "PoolingParams": "pyorch.pooling_params",
+    "PoolerConfig": "pyorch.pooling_params",
+    "PoolingOutput": "pyorch.pooling_outputs",
+    "PoolingRequestOutput": "pyorch.pooling_outputs",
+    "EmbeddingOutput": "pyorch.pooling_outputs",
+    "EmbeddingRequestOutput": "pyorch.pooling_outputs",
+    "ScoringOutput": "pyorch.pooling_outputs",
+    "ScoringRequestOutput": "pyorch.pooling_outputs",
 }
 
 __all__ = ["__version__", *_LAZY]

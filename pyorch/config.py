@@ -12,6 +12,11 @@ from typing import Any, Optional
 
 import torch
 
+from pyorch.pooling_params import PoolerConfig
+
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed")
+
 
 @dataclass
 class ModelConfig:
@@ -36,6 +41,11 @@ class ModelConfig:
     # or a folder holding a generation_config.json; then override_generation_config on top.
     generation_config: str = "auto"
     override_generation_config: dict[str, Any] = field(default_factory=dict)
+    # vLLM's --runner / --convert: "pooling" (or convert "embed") serves a decoder model as an
+    # embedding model (prefill only, pooled final hidden states); resolve() decides "auto".
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[PoolerConfig] = None  # pooling runner only; resolve() fills it
     hf_config: Any = None
 
     def resolve(self) -> None:
@@ -50,6 +60,7 @@ class ModelConfig:
         if self.hf_config is None:
             self.hf_config = load_hf_config(self.model, self.revision, self.trust_remote_code)
         self.dtype = resolve_dtype(self.hf_config, self.dtype, self.device)
+        self._resolve_runner()
         derived = derive_max_model_len(self.hf_config)
         if self.max_model_len is None:
             if derived is None:
@@ -83,6 +94,7 @@ class ModelConfig:
                 f"Total number of KV heads ({kv_heads}) and tensor parallel size ({tp}) must "
                 "divide one another."
             )
+
     def _check_settings(self) -> None:
         if self.tokenizer_mode not in ("auto", "hf", "slow"):
             raise ValueError(f"tokenizer_mode {self.tokenizer_mode!r} is not supported (auto, "
@@ -131,6 +143,47 @@ class ModelConfig:
         if "max_new_tokens" in params:
             params["max_tokens"] = params.pop("max_new_tokens")
         return params
+
+    def _resolve_runner(self) -> None:
+        """vLLM's runner/convert rules for the decoder (*ForCausalLM) models pyorch has: they
+        generate by default and become embedding models with runner="pooling" or
+        convert="embed" (LAST pooling, normalized, unless pooler_config says otherwise)."""
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}"
+                             + (" (draft models are not supported)" if self.runner == "draft"
+                                else ""))
+        if self.convert not in CONVERTS:
+            raise ValueError(f"convert must be one of {', '.join(CONVERTS)}, got "
+                             f"{self.convert!r}" + (" (classification adapters are not "
+                                                    "supported)" if self.convert == "classify"
+                                                    else ""))
+        if self.runner == "auto":
+            self.runner = "pooling" if self.convert == "embed" else "generate"
+        if self.runner == "generate":
+            if self.convert == "embed":
+                raise ValueError("convert='embed' makes a pooling model: it needs "
+                                 "runner='pooling' (or runner='auto'), not runner='generate'")
+            if self.pooler_config is not None:
+                raise ValueError("pooler_config applies to pooling models only: set "
+                                 "runner='pooling' (or convert='embed')")
+            return
+        if self.convert == "none":
+            raise ValueError("This model does not support `--runner pooling` without a "
+                             "conversion: use convert='embed' (or 'auto')")
+        self.convert = "embed"
+        config = PoolerConfig.from_value(self.pooler_config) or PoolerConfig()
+        if config.pooling_type is None:
+            config.pooling_type = "LAST"
+        if config.dimensions is not None:
+            from pyorch.pooling_params import check_matryoshka
+
+            check_matryoshka(config.dimensions, int(self.hf_config.hidden_size), self.hf_config)
+        self.pooler_config = config
+
+    @property
+    def is_pooling(self) -> bool:
+        """Whether this engine serves a pooling (embedding) model (after resolve())."""
+        return self.runner == "pooling"
 
     @property
     def num_layers(self) -> int:

@@ -2,7 +2,8 @@
 
 - `LogprobsLists`: host copies of the sampler's logprobs (made by the model runner, carried by
   the core, cut per request by `pyorch.engine.logprobs`).
-- `EngineCoreOutput`: per request and step, the tokens appended and why the request finished.
+- `EngineCoreOutput`: per request and step, the tokens appended and why the request finished
+  (or, for a pooling request, its pooled hidden states as a numpy array).
 
 Neither side owns these types, so neither side's modules (`pyorch.core`, `pyorch.layers`,
 `pyorch.engine`) have to import the other's to use them. `SchedulerStats` lives with the other
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Union
+
+import numpy as np
 
 
 class LogprobsLists(NamedTuple):
@@ -44,6 +47,9 @@ class EngineCoreOutput:
     # One row per prompt position computed this step, when it asked for prompt logprobs.
     new_prompt_logprobs: Optional[LogprobsLists] = None
     num_cached_tokens: int = 0  # prefix-cache hit (tokens) when the request was first scheduled
+    # A pooling request's result (it finishes in the same output): float32, [hidden] for one
+    # vector per prompt, [num_prompt_tokens, hidden] for one per token.
+    pooled: Optional[np.ndarray] = None
 
     @property
     def finished(self) -> bool:

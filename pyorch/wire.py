@@ -11,6 +11,7 @@ unpickler, so a tensor or an object can never slip onto the wire.
 
 Front end -> core (first element = message type):
     (ADD, req_id, prompt_token_ids, params_dict, arrival_time, priority, eos_token_id)
+                                                params_dict {"pooling": {...}}: a pooling request
     (ABORT, [req_id, ...])                      finish as aborted, free blocks
     (FINISH_STOPPED, [req_id, ...])             the front end found a stop string
     (RESET_PREFIX_CACHE, call_id)               answered with UTILITY_RESULT (bool)
@@ -19,6 +20,7 @@ Front end -> core (first element = message type):
 Core -> front end:
     (READY, info_dict) | (STARTUP_ERROR, exc_type_name, message, traceback_text)
     (OUTPUTS, [output tuple, ...], stats_dict, timestamp, scheduled_time, [new req ids])
+                                                a pooled array travels as (shape, float32 bytes)
     (UTILITY_RESULT, call_id, ok, value or error text)
     (REQUEST_ERROR, req_id, message)            the core refused an ADD
     (ENGINE_ERROR, message, traceback_text)     a step raised; the process exits after it
@@ -31,10 +33,13 @@ import io
 import pickle
 import socket
 import struct
-from typing import Any, Optional
+from typing import Any, Optional, Union
+
+import numpy as np
 
 from pyorch.core_types import EngineCoreOutput, LogprobsLists
 from pyorch.metrics.stats import SchedulerStats
+from pyorch.pooling_params import PoolingParams
 from pyorch.sampling_params import SamplingParams
 
 # Message types.
@@ -85,12 +90,17 @@ def configure_socket(sock: socket.socket) -> None:
 
 
 # ---- payload encoding ------------------------------------------------------------------------
-def encode_params(params: SamplingParams) -> dict[str, Any]:
-    """SamplingParams -> a dict of plain values, with the engine-filled stop/bad-word ids."""
+def encode_params(params: Union[SamplingParams, PoolingParams]) -> dict[str, Any]:
+    """SamplingParams -> a dict of plain values, with the engine-filled stop/bad-word ids;
+    PoolingParams -> {"pooling": its fields}."""
+    if isinstance(params, PoolingParams):
+        return {"pooling": params.to_dict()}
     return params.to_dict()
 
 
-def decode_params(d: dict[str, Any]) -> SamplingParams:
+def decode_params(d: dict[str, Any]) -> Union[SamplingParams, PoolingParams]:
+    if "pooling" in d:
+        return PoolingParams.from_dict(d["pooling"])
     return SamplingParams.from_dict(d)
 
 
@@ -98,18 +108,32 @@ def _lists(x: Optional[LogprobsLists]) -> Optional[tuple]:
     return None if x is None else tuple(x)
 
 
+def encode_pooled(a: Optional[np.ndarray]) -> Optional[tuple]:
+    """A pooled array as (shape, float32 little-endian bytes): plain data, 4 bytes a value."""
+    if a is None:
+        return None
+    return (tuple(int(d) for d in a.shape), np.ascontiguousarray(a, dtype="<f4").tobytes())
+
+
+def decode_pooled(t: Optional[tuple]) -> Optional[np.ndarray]:
+    if t is None:
+        return None
+    shape, data = t
+    return np.frombuffer(data, dtype="<f4").reshape(shape)
+
+
 def encode_output(o: EngineCoreOutput) -> tuple:
     return (o.req_id, o.new_token_ids, o.finish_reason, o.stop_reason, _lists(o.new_logprobs),
-            _lists(o.new_prompt_logprobs), o.num_cached_tokens)
+            _lists(o.new_prompt_logprobs), o.num_cached_tokens, encode_pooled(o.pooled))
 
 
 def decode_output(t: tuple) -> EngineCoreOutput:
-    req_id, new_ids, finish, stop, lp, plp, cached = t
+    req_id, new_ids, finish, stop, lp, plp, cached, pooled = t
     return EngineCoreOutput(
         req_id=req_id, new_token_ids=new_ids, finish_reason=finish, stop_reason=stop,
         new_logprobs=None if lp is None else LogprobsLists(*lp),
         new_prompt_logprobs=None if plp is None else LogprobsLists(*plp),
-        num_cached_tokens=cached,
+        num_cached_tokens=cached, pooled=decode_pooled(pooled),
     )
 
 

@@ -23,6 +23,8 @@ from pyorch.config import EngineConfig
 from pyorch.core.engine_core import EngineCore
 from pyorch.core.request import Request, RequestStatus
 from pyorch.logger import configure_logging
+from pyorch.pooling_params import PoolingParams
+from pyorch.sampling_params import SamplingParams
 from pyorch.wire import (
     ABORT,
     ADD,
@@ -99,8 +101,14 @@ class EngineCoreProc:
         if kind == ADD:
             _, req_id, token_ids, params, arrival_time, priority, eos_token_id = msg
             try:
-                self.core.add_request(Request(req_id, token_ids, decode_params(params),
-                                              eos_token_id, arrival_time, priority))
+                decoded = decode_params(params)
+                if isinstance(decoded, PoolingParams):
+                    request = Request(req_id, token_ids, SamplingParams(), eos_token_id,
+                                      arrival_time, priority, pooling_params=decoded)
+                else:
+                    request = Request(req_id, token_ids, decoded, eos_token_id, arrival_time,
+                                      priority)
+                self.core.add_request(request)
             except ValueError as e:
                 self.send((REQUEST_ERROR, req_id, str(e)))
         elif kind == ABORT:

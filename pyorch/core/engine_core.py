@@ -91,8 +91,15 @@ class EngineCore:
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queues a request (ValueError, nothing queued, if it can never run). A request with
+        """Queues a request (ValueError, nothing queued, if it can never run, or if it is a
+        pooling request to a generating engine or the other way round). A request with
         structured_outputs starts compiling its grammar; it is scheduled once that is done."""
+        if self.config.model_config.is_pooling != (request.pooling_params is not None):
+            raise ValueError(
+                "this engine serves a pooling model: it only takes pooling requests "
+                "(embed/encode/score)" if self.config.model_config.is_pooling else
+                "this engine serves a generative model (runner='generate'): pooling requests "
+                "need runner='pooling'")
         if request.sampling_params.structured_outputs is not None:
             self.structured_output_manager.grammar_init(request)
         self.scheduler.add_request(request)

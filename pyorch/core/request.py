@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pyorch.pooling_params import PoolingParams
     from pyorch.sampling_params import SamplingParams
     from pyorch.structured_output.manager import StructuredOutputRequest
 
@@ -58,6 +59,7 @@ class Request:
         arrival_time: float,
         priority: int = 0,
         cache_salt: str | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -66,7 +68,12 @@ class Request:
         self.arrival_time = arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
-        self.max_tokens: int | None = sampling_params.max_tokens
+        # A pooling request (resolved PoolingParams) is prefill only: it finishes when its
+        # prompt has run, with the pooled hidden states and no token (its sampling_params are
+        # the defaults, never read by the sampler).
+        self.pooling_params = pooling_params
+        self.max_tokens: int | None = (0 if pooling_params is not None
+                                       else sampling_params.max_tokens)
         # (async scheduling) its previous token must land before it is scheduled again
         self.needs_token_history = needs_token_history(sampling_params)
         # What check_stop reads on every token, fixed when the request is made.
@@ -121,8 +128,9 @@ class Request:
 
     @property
     def use_prefix_cache(self) -> bool:
-        """Prompt logprobs need the logits of every prompt position, so no prefix hit then."""
-        return self.sampling_params.prompt_logprobs is None
+        """Prompt logprobs need the logits of every prompt position, and MEAN/CLS/ALL pooling
+        the hidden states of every prompt position, so no prefix hit then."""
+        return self.sampling_params.prompt_logprobs is None and self.pooling_params is None
 
     @property
     def prefix_cache_key(self) -> str:

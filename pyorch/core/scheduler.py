@@ -471,6 +471,7 @@ class Scheduler:
                 prompt_token_ids=r.prompt_token_ids,
                 output_token_ids=list(r.output_token_ids),
                 sampling_params=r.sampling_params,
+                pooling_params=r.pooling_params,
                 block_ids=list(kv.get_block_ids(r.request_id)),
                 num_computed_tokens=r.num_computed_tokens,
             )
@@ -497,7 +498,8 @@ class Scheduler:
             request.num_computed_tokens += num_scheduled[request.request_id]
             if request.num_computed_tokens == (request.num_tokens
                                                + request.num_output_placeholders):
-                request.num_output_placeholders += 1
+                if request.pooling_params is None:  # a pooling request samples nothing
+                    request.num_output_placeholders += 1
                 if request.structured_output_request is not None:
                     structured_ids.append(request.request_id)
         return output
@@ -512,6 +514,7 @@ class Scheduler:
         sampled_token_ids = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs
         prompt_logprobs = runner_output.prompt_logprobs or {}
+        pooled = runner_output.pooled
         outputs: list[EngineCoreOutput] = self._failed_outputs
         self._failed_outputs = []
         stopped = False
@@ -549,6 +552,10 @@ class Scheduler:
             if prompt_logprobs:
                 new_prompt_logprobs = self._new_prompt_logprobs(
                     request, num_tokens, prompt_logprobs.get(req_id))
+            pooled_data = pooled.get(req_id) if pooled else None
+            if pooled_data is not None:  # a pooling request's prompt has run: it is done
+                request.status = RequestStatus.FINISHED_STOPPED
+                stopped = True
             finished = request.status > last_unfinished
             if new_token_ids or new_prompt_logprobs is not None or finished:
                 outputs.append(
@@ -560,6 +567,7 @@ class Scheduler:
                         logprobs[row] if row is not None and logprobs else None,
                         new_prompt_logprobs,
                         max(request.num_cached_tokens, 0),
+                        pooled_data,
                     )
                 )
             if finished:

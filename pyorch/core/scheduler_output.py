@@ -16,9 +16,10 @@ Who owns what:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
+    from pyorch.pooling_params import PoolingParams
     from pyorch.sampling_params import SamplingParams
 
 
@@ -32,6 +33,8 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]  # all of the request's blocks, in order
     num_computed_tokens: int  # tokens whose KV is already in those blocks (prefix hits)
+    # Resolved pooling parameters of a pooling request (prefill only, pooled, never sampled).
+    pooling_params: Optional[PoolingParams] = None
 
 
 @dataclass(frozen=True)

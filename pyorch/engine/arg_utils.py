@@ -15,6 +15,7 @@ from pyorch.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from pyorch.pooling_params import PoolerConfig
 
 # vLLM's computed defaults (max_num_batched_tokens, max_num_seqs) for the LLM class.
 _LARGE_GPU_DEFAULTS = (16384, 1024)  # GPUs with >= 70 GiB (H100, H200)
@@ -69,6 +70,11 @@ class EngineArgs:
     max_logprobs: int = 20  # most logprobs / prompt_logprobs per request; -1 = no cap
     generation_config: str = "auto"  # "auto" | "vllm" | a folder with generation_config.json
     override_generation_config: Optional[dict[str, Any]] = None
+    # Pooling (embedding) models, vLLM's names: runner "auto" | "generate" | "pooling",
+    # convert "auto" | "none" | "embed", pooler_config a PoolerConfig or a dict of its fields.
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[Any] = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -100,6 +106,8 @@ class EngineArgs:
             tokenizer_mode=self.tokenizer_mode, download_dir=self.download_dir,
             max_logprobs=self.max_logprobs, generation_config=self.generation_config,
             override_generation_config=dict(self.override_generation_config or {}),
+            runner=self.runner, convert=self.convert,
+            pooler_config=PoolerConfig.from_value(self.pooler_config),
         )
         model_config.resolve()
         model_config.verify_with_parallel_config(parallel)

@@ -28,6 +28,8 @@ from pyorch.engine.input_processor import InputProcessor, PromptType
 from pyorch.engine.output_processor import OutputProcessor
 from pyorch.metrics.stats import IterationStats, SchedulerStats, StatLoggerBase, record_stats
 from pyorch.outputs import RequestOutput
+from pyorch.pooling_outputs import PoolingRequestOutput
+from pyorch.pooling_params import PoolingParams
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -38,22 +40,23 @@ class _RequestStream:
 
     def __init__(self, output_kind: RequestOutputKind) -> None:
         self.delta = output_kind == RequestOutputKind.DELTA
-        self.items: deque[Union[RequestOutput, BaseException]] = deque()
+        self.items: deque[Union[RequestOutput, PoolingRequestOutput, BaseException]] = deque()
         self.ready = asyncio.Event()
 
-    def put(self, item: Union[RequestOutput, BaseException]) -> None:
+    def put(self, item: Union[RequestOutput, PoolingRequestOutput, BaseException]) -> None:
         self.items.append(item)
         self.ready.set()
 
-    async def get(self) -> RequestOutput:
+    async def get(self) -> Union[RequestOutput, PoolingRequestOutput]:
         await self.ready.wait()
         self.ready.clear()
-        merged: Optional[RequestOutput] = None
+        merged: Optional[Union[RequestOutput, PoolingRequestOutput]] = None
         while self.items:
             item = self.items.popleft()
             if isinstance(item, BaseException):
                 raise item
-            if merged is None or not self.delta:
+            if (merged is None or not self.delta or not isinstance(item, RequestOutput)
+                    or not isinstance(merged, RequestOutput)):
                 merged = item  # cumulative outputs: the newest holds everything
                 continue
             if item.prompt_logprobs:
@@ -157,12 +160,46 @@ class AsyncLLM:
                                              priority, self.eos_token_id)
             while not finished:
                 output = await stream.get()
+                assert isinstance(output, RequestOutput)  # generate() streams only these
                 finished = output.finished
                 yield output
         finally:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
             if not finished:  # consumer gone, cancelled, or an error: free the core's blocks
+                self._abort_quietly(request_id)
+
+    async def encode(self, prompt: PromptType, pooling_params: Optional[PoolingParams],
+                     request_id: str, *, priority: int = 0,
+                     ) -> AsyncGenerator[PoolingRequestOutput, None]:
+        """Yields a pooling request's one (finished) PoolingRequestOutput (runner='pooling').
+        A bad request raises ValueError/TypeError from the first `__anext__`, before anything
+        is queued; stopping early aborts the request."""
+        self._check_alive()
+        if not isinstance(request_id, str) or not request_id:
+            raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self._streams or self.output_processor.has_request(request_id):
+            raise ValueError(f"request id {request_id!r} is already running")
+        _, token_ids, params = self.input_processor.process_pooling(
+            prompt, pooling_params, priority)
+        self._ensure_output_handler()
+        arrival_time = time.time()
+        self.output_processor.add_pooling_request(request_id, token_ids, arrival_time)
+        stream = _RequestStream(RequestOutputKind.FINAL_ONLY)
+        self._streams[request_id] = stream
+        finished = False
+        try:
+            self.engine_core.add_request(request_id, token_ids, params, arrival_time, priority,
+                                         self.eos_token_id)
+            output = await stream.get()
+            if not isinstance(output, PoolingRequestOutput):
+                raise RuntimeError(f"request {request_id}: expected a pooling output")
+            finished = True
+            yield output
+        finally:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+            if not finished:
                 self._abort_quietly(request_id)
 
     async def abort(self, request_id: str) -> None:
@@ -299,6 +336,8 @@ class AsyncLLM:
         elif kind == wire.REQUEST_ERROR:
             _, child_id, message = msg
             parent_id = self.output_processor.child_to_parent.get(child_id)
+            if parent_id is None and child_id in self.output_processor.pooling:
+                parent_id = child_id  # a pooling request: one id in both processes
             if parent_id is not None:
                 child_ids = self.output_processor.abort_requests([parent_id])
                 self.engine_core.abort_requests(child_ids)

@@ -19,11 +19,12 @@ import select
 import socket
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from pyorch import wire
 from pyorch.config import EngineConfig
 from pyorch.engine.exceptions import EngineDeadError
+from pyorch.pooling_params import PoolingParams
 from pyorch.sampling_params import SamplingParams
 from pyorch.wire import FrameReader, encode_frame, encode_params
 
@@ -100,7 +101,8 @@ class EngineCoreClient:
         return self.proc.exitcode
 
     # ---- sending -----------------------------------------------------------------------------
-    def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
+    def add_request(self, req_id: str, prompt_token_ids: list[int],
+                    params: Union[SamplingParams, PoolingParams],
                     arrival_time: float, priority: int, eos_token_id: Optional[int]) -> None:
         self.send((wire.ADD, req_id, prompt_token_ids, encode_params(params), arrival_time,
                    priority, eos_token_id))

@@ -13,6 +13,7 @@ import re
 from typing import Any, Optional, Union
 
 from pyorch.config import EngineConfig
+from pyorch.pooling_params import PoolingParams
 from pyorch.sampling_params import SamplingParams
 from pyorch.structured_output.backend_xgrammar import validate_structured_outputs
 
@@ -145,6 +146,10 @@ class InputProcessor:
     def process(self, prompt: PromptType, params: Optional[SamplingParams],
                 priority: int = 0) -> tuple[Optional[str], list[int], SamplingParams]:
         """Validates a request; returns (prompt text, prompt token ids, params)."""
+        if self.config.model_config.is_pooling:
+            raise ValueError("generation is only supported for generative models; this one "
+                             "runs with runner='pooling' (use embed/encode/score, or serve it "
+                             "with runner='generate')")
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling_params must be a SamplingParams")
@@ -165,6 +170,26 @@ class InputProcessor:
             # A bad schema, regex or grammar fails here (xgrammar's reason), not in the core.
             validate_structured_outputs(params.structured_outputs)
         return prompt_text, token_ids, params
+
+    def process_pooling(self, prompt: PromptType, params: Optional[PoolingParams],
+                        priority: int = 0) -> tuple[Optional[str], list[int], PoolingParams]:
+        """Validates a pooling request; returns (prompt text, prompt token ids, the params with
+        every field resolved against the engine's PoolerConfig)."""
+        mc = self.config.model_config
+        if not mc.is_pooling or mc.pooler_config is None:
+            raise ValueError("this model is a generative model (runner='generate'): embed, "
+                             "encode and score need runner='pooling' (or convert='embed')")
+        params = PoolingParams() if params is None else params
+        if not isinstance(params, PoolingParams):
+            raise TypeError("pooling_params must be a PoolingParams")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        if self.config.scheduler_config.policy != "priority" and priority != 0:
+            raise ValueError("priority is only supported with scheduling_policy='priority'")
+        resolved = params.resolve(mc.pooler_config, int(mc.hf_config.hidden_size), mc.hf_config)
+        prompt_text, token_ids = self.tokenize(prompt)
+        check_prompt(token_ids, mc.vocab_size, self.config.scheduler_config.max_model_len)
+        return prompt_text, token_ids, resolved
 
     def eos_token_id(self) -> Optional[int]:
         """The tokenizer's EOS id, else the model config's (first one if it lists several)."""

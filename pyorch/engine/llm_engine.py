@@ -19,6 +19,8 @@ from pyorch.engine.output_processor import OutputProcessor
 from pyorch.executor.model_runner import ModelRunner
 from pyorch.metrics.stats import IterationStats, StatLoggerBase, record_stats
 from pyorch.outputs import RequestOutput
+from pyorch.pooling_outputs import PoolingRequestOutput
+from pyorch.pooling_params import PoolingParams
 from pyorch.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -71,11 +73,16 @@ class LLMEngine:
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PromptType,
-                    params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
-                    priority: int = 0) -> None:
-        """Validates and queues a request (raises ValueError on a bad one; nothing is queued)."""
-        prompt_text, token_ids, params = self.input_processor.process(prompt, params, priority)
+                    params: Optional[Union[SamplingParams, PoolingParams]] = None,
+                    arrival_time: Optional[float] = None, priority: int = 0) -> None:
+        """Validates and queues a request (raises ValueError on a bad one; nothing is queued).
+        PoolingParams make a pooling request (runner='pooling')."""
         arrival_time = time.time() if arrival_time is None else arrival_time
+        if isinstance(params, PoolingParams) or (params is None
+                                                 and self.config.model_config.is_pooling):
+            self._add_pooling_request(request_id, prompt, params, arrival_time, priority)
+            return
+        prompt_text, token_ids, params = self.input_processor.process(prompt, params, priority)
         children = self.output_processor.add_request(
             request_id, prompt_text, token_ids, params, self.eos_token_id,
             self.config.model_config.vocab_size, arrival_time)
@@ -91,6 +98,20 @@ class LLMEngine:
             self.output_processor.abort_requests([request_id])
             raise
 
+    def _add_pooling_request(self, request_id: str, prompt: PromptType,
+                             params: Optional[PoolingParams], arrival_time: float,
+                             priority: int) -> None:
+        _, token_ids, resolved = self.input_processor.process_pooling(prompt, params, priority)
+        self.output_processor.add_pooling_request(request_id, token_ids, arrival_time)
+        try:
+            self.engine_core.add_request(Request(
+                request_id=request_id, prompt_token_ids=token_ids,
+                sampling_params=SamplingParams(), eos_token_id=self.eos_token_id,
+                arrival_time=arrival_time, priority=priority, pooling_params=resolved))
+        except Exception:
+            self.output_processor.abort_requests([request_id])
+            raise
+
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         child_ids = self.output_processor.abort_requests(ids, self._pending_stats)
@@ -103,7 +124,7 @@ class LLMEngine:
         return self.output_processor.num_unfinished()
 
     # ---- one step ----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[Union[RequestOutput, PoolingRequestOutput]]:
         core_out = self.engine_core.step()
         start = time.perf_counter()
         stats, self._pending_stats = self._pending_stats, IterationStats()

@@ -5,18 +5,24 @@ fans a request with n > 1 out into n child requests (ids "i_parent") whose outpu
 back into one RequestOutput, shaped by `SamplingParams.output_kind` (cumulative, delta, or final
 only). It also measures what the metrics need (time to first token, inter-token latencies,
 finished requests) into an `IterationStats` when given one.
+
+Pooling requests (prefill only) have no children, detokenizer or logprobs: the core's one output
+for such a request carries its pooled array, which becomes a finished `PoolingRequestOutput`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
+
+import torch
 
 from pyorch.engine.detokenizer import IncrementalDetokenizer
 from pyorch.engine.logprobs import LogprobsProcessor
 from pyorch.metrics.stats import FinishedRequestStats, IterationStats
 from pyorch.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pyorch.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -53,6 +59,12 @@ class _Parent:
         return self.num_finished == len(self.children)
 
 
+@dataclass
+class _PoolingRequest:
+    prompt_token_ids: list[int]
+    metrics: RequestMetrics
+
+
 def child_request_id(parent_id: str, index: int, n: int) -> str:
     return parent_id if n == 1 else f"{index}_{parent_id}"
 
@@ -62,12 +74,21 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.parents: dict[str, _Parent] = {}
         self.child_to_parent: dict[str, str] = {}
+        self.pooling: dict[str, _PoolingRequest] = {}  # pooling requests (one id each)
 
     def num_unfinished(self) -> int:
-        return len(self.parents)
+        return len(self.parents) + len(self.pooling)
 
     def has_request(self, request_id: str) -> bool:
-        return request_id in self.parents
+        return request_id in self.parents or request_id in self.pooling
+
+    def add_pooling_request(self, request_id: str, prompt_token_ids: list[int],
+                            arrival_time: Optional[float] = None) -> None:
+        """Registers a pooling request (its id is also its id in the core)."""
+        if self.has_request(request_id) or request_id in self.child_to_parent:
+            raise ValueError(f"request id {request_id!r} is already running")
+        metrics = RequestMetrics(arrival_time=time.time() if arrival_time is None else arrival_time)
+        self.pooling[request_id] = _PoolingRequest(list(prompt_token_ids), metrics)
 
     def add_request(self, request_id: str, prompt: Optional[str], prompt_token_ids: list[int],
                     params: SamplingParams, eos_token_id: Optional[int],
@@ -110,6 +131,9 @@ class OutputProcessor:
         """Forgets the given parent requests; returns their child ids to abort in the core."""
         child_ids: list[str] = []
         for request_id in request_ids:
+            if self.pooling.pop(request_id, None) is not None:
+                child_ids.append(request_id)
+                continue
             parent = self._pop(request_id)
             if parent is None:
                 continue
@@ -127,6 +151,9 @@ class OutputProcessor:
         outputs: list[RequestOutput] = []
         now = time.time()
         for request_id in request_ids:
+            if self.pooling.pop(request_id, None) is not None:
+                child_ids.append(request_id)  # nothing was streamed: no last output to send
+                continue
             parent = self._pop(request_id)
             if parent is None:
                 continue
@@ -154,24 +181,32 @@ class OutputProcessor:
         """Records when requests first entered a batch (for queue-time metrics)."""
         for child_id in child_ids:
             parent = self.parents.get(self.child_to_parent.get(child_id, ""))
-            if parent is not None and parent.metrics.first_scheduled_time is None:
-                parent.metrics.first_scheduled_time = scheduled_time
-                parent.metrics.time_in_queue = scheduled_time - parent.metrics.arrival_time
+            pooling = self.pooling.get(child_id) if parent is None else None
+            metrics = parent.metrics if parent is not None else (
+                pooling.metrics if pooling is not None else None)
+            if metrics is not None and metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = scheduled_time
+                metrics.time_in_queue = scheduled_time - metrics.arrival_time
 
     def process_outputs(self, core_outputs: Iterable[Any],
                         iteration_stats: Optional[IterationStats] = None,
-                        ) -> tuple[list[RequestOutput], list[str]]:
+                        ) -> tuple[list[Union[RequestOutput, PoolingRequestOutput]], list[str]]:
         """Applies one step's EngineCoreOutputs. Returns the RequestOutputs of every request that
-        changed (per its output_kind), and the child ids whose stop string was found (to finish
-        in the core)."""
+        changed (per its output_kind) and the PoolingRequestOutputs of pooling requests that
+        finished, and the child ids whose stop string was found (to finish in the core)."""
         now = time.time()
         touched: dict[str, tuple[_Parent, set[str]]] = {}
         stopped: list[str] = []
-        get_parent_id, parents = self.child_to_parent.get, self.parents
+        outputs: list[Union[RequestOutput, PoolingRequestOutput]] = []
+        get_parent_id, parents, pooling = self.child_to_parent.get, self.parents, self.pooling
         for out in core_outputs:
             parent_id = get_parent_id(out.req_id)
             if parent_id is None:
-                continue  # aborted meanwhile
+                if pooling and out.req_id in pooling:
+                    pooled_output = self._pooling_output(out, now, iteration_stats)
+                    if pooled_output is not None:
+                        outputs.append(pooled_output)
+                continue  # else aborted meanwhile
             parent = parents[parent_id]
             child = parent.children[out.req_id]
             if child.finish_reason is not None:
@@ -201,7 +236,6 @@ class OutputProcessor:
             if child.finish_reason is not None:
                 parent.num_finished += 1
             touched.setdefault(parent_id, (parent, set()))[1].add(out.req_id)
-        outputs = []
         for parent_id, (parent, child_ids) in touched.items():
             if parent.finished:
                 parent.metrics.finished_time = now
@@ -212,6 +246,32 @@ class OutputProcessor:
             if parent.finished or parent.output_kind != RequestOutputKind.FINAL_ONLY:
                 outputs.append(self._make_output(parent, child_ids))
         return outputs, stopped
+
+    def _pooling_output(self, out: Any, now: float, stats: Optional[IterationStats],
+                        ) -> Optional[PoolingRequestOutput]:
+        """The finished output of a pooling request (None if it finished without a result:
+        aborted in the core)."""
+        if out.finish_reason is None:
+            return None
+        request = self.pooling.pop(out.req_id)
+        m = request.metrics
+        m.finished_time = m.first_token_time = m.last_token_time = now
+        num_prompt = len(request.prompt_token_ids)
+        if stats is not None:
+            stats.num_prompt_tokens += num_prompt
+            scheduled = m.first_scheduled_time
+            stats.finished_requests.append(FinishedRequestStats(
+                finish_reason=out.finish_reason if out.pooled is not None else "abort",
+                e2e_latency=now - m.arrival_time, num_prompt_tokens=num_prompt,
+                num_generation_tokens=0,
+                queued_time=(scheduled - m.arrival_time) if scheduled is not None else 0.0,
+                prefill_time=(now - scheduled) if scheduled is not None else 0.0))
+        if out.pooled is None:
+            return None
+        # A copy: the wire's array is a read-only view of the received frame.
+        data = torch.from_numpy(out.pooled.copy())
+        return PoolingRequestOutput(out.req_id, PoolingOutput(data), request.prompt_token_ids,
+                                    out.num_cached_tokens or 0, True)
 
     # ---- metrics -----------------------------------------------------------------------------
     @staticmethod

@@ -1,4 +1,5 @@
-"""The offline API: `LLM(model=None, **engine_args)` with generate() and chat(), as in vLLM."""
+"""The offline API: `LLM(model=None, **engine_args)` with generate() and chat(), and for pooling
+models (runner="pooling") embed(), encode() and score(), as in vLLM."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ from pyorch.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSta
 from pyorch.engine.arg_utils import EngineArgs
 from pyorch.engine.llm_engine import LLMEngine, PromptType
 from pyorch.entrypoints.chat_utils import flatten_messages
+from pyorch.entrypoints.pooling import cosine_scores, pair_up
 from pyorch.outputs import RequestOutput
+from pyorch.pooling_outputs import (
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from pyorch.pooling_params import PoolingParams
 from pyorch.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = list[dict[str, Any]]
@@ -32,7 +42,8 @@ class LLM:
         Engine arguments with vLLM's names (see `pyorch.engine.arg_utils.EngineArgs`):
         tokenizer, skip_tokenizer_init, dtype, seed, max_model_len, block_size,
         gpu_memory_utilization, kv_cache_memory_bytes, max_num_seqs, max_num_batched_tokens,
-        enable_prefix_caching, enable_chunked_prefill, load_format, enforce_eager, ...
+        enable_prefix_caching, enable_chunked_prefill, load_format, enforce_eager, runner
+        ("pooling" for embed/encode/score), convert, pooler_config, ...
     """
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any):
@@ -88,7 +99,68 @@ class LLM:
         except Exception:
             self.llm_engine.abort_request(request_ids)  # nothing half-added stays queued
             raise
-        return self._run_engine(request_ids, use_tqdm)
+        return [cast(RequestOutput, o) for o in self._run_engine(request_ids, use_tqdm)]
+
+    def encode(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None,
+        use_tqdm: Union[bool, Callable[..., tqdm]] = True,
+        pooling_task: Optional[str] = None,
+    ) -> list[PoolingRequestOutput[PoolingOutput]]:
+        """Pooled hidden states of each prompt (a pooling model: runner="pooling"), in input
+        order. pooling_task "embed" (one vector per prompt) or "token_embed" (one per token)
+        overrides the params' task."""
+        prompt_list = _as_prompt_list(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            params_list = [pooling_params or PoolingParams()] * len(prompt_list)
+        else:
+            params_list = list(pooling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError("pooling_params must be one object or one per prompt")
+        if pooling_task is not None:
+            params_list = [PoolingParams(pooling_task, p.normalize, p.dimensions)
+                           for p in params_list]
+        request_ids = []
+        try:
+            for prompt, params in zip(prompt_list, params_list, strict=True):
+                request_id = str(next(self._counter))
+                self.llm_engine.add_request(request_id, prompt, params)
+                request_ids.append(request_id)
+        except Exception:
+            self.llm_engine.abort_request(request_ids)
+            raise
+        outputs = self._run_engine(request_ids, use_tqdm)
+        return [cast(PoolingRequestOutput[PoolingOutput], o) for o in outputs]
+
+    def embed(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        use_tqdm: Union[bool, Callable[..., tqdm]] = True,
+        pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (task "embed"), in input order."""
+        outputs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="embed")
+        return [EmbeddingRequestOutput.from_base(o) for o in outputs]
+
+    def score(
+        self,
+        data_1: Union[PromptType, Sequence[PromptType]],
+        data_2: Union[PromptType, Sequence[PromptType]],
+        use_tqdm: Union[bool, Callable[..., tqdm]] = True,
+        pooling_params: Optional[PoolingParams] = None,
+    ) -> list[ScoringRequestOutput]:
+        """Similarity scores of text pairs: 1 -> 1, 1 -> N or N -> N (vLLM's pairing). With the
+        decoder models pyorch serves as embedding models (bi-encoders), a score is the cosine
+        similarity of the two embeddings."""
+        left, right = pair_up(_as_prompt_list(data_1), _as_prompt_list(data_2))
+        embedded = self.embed(left + right, use_tqdm, pooling_params)
+        a, b = embedded[: len(left)], embedded[len(left):]
+        scores = cosine_scores([e.outputs.embedding for e in a], [e.outputs.embedding for e in b])
+        return [ScoringRequestOutput(f"{x.request_id}_{y.request_id}", ScoringOutput(score),
+                                     x.prompt_token_ids + y.prompt_token_ids,
+                                     x.num_cached_tokens + y.num_cached_tokens, True)
+                for x, y, score in zip(a, b, scores, strict=True)]
 
     def chat(
         self,
@@ -168,8 +240,8 @@ class LLM:
                 results.append(BeamSearchOutput(sequences=best))
         return results
 
-    def _run_engine(self, request_ids: list[str],
-                    use_tqdm: Union[bool, Callable]) -> list[RequestOutput]:
+    def _run_engine(self, request_ids: list[str], use_tqdm: Union[bool, Callable],
+                    ) -> list[Union[RequestOutput, PoolingRequestOutput]]:
         engine = self.llm_engine
         pbar = None
         if use_tqdm:
@@ -177,7 +249,7 @@ class LLM:
             pbar = factory(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True,
                            postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
         wanted = set(request_ids)
-        finished: dict[str, RequestOutput] = {}
+        finished: dict[str, Union[RequestOutput, PoolingRequestOutput]] = {}
         start = time.perf_counter()
         in_tokens = out_tokens = 0
         try:
@@ -190,7 +262,8 @@ class LLM:
                             continue
                         finished[output.request_id] = output
                         in_tokens += len(output.prompt_token_ids or [])
-                        out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                        if isinstance(output, RequestOutput):
+                            out_tokens += sum(len(c.token_ids) for c in output.outputs)
                         if pbar is not None:
                             elapsed = time.perf_counter() - start
                             pbar.postfix = (f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "

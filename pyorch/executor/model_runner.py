@@ -34,6 +34,7 @@ from pyorch.executor.memory_profile import profile_activation_peak
 from pyorch.executor.step import ModelRunnerOutput, StepHandle
 from pyorch.forward_context import AttentionMetadata, set_forward_context
 from pyorch.layers.attention import Attention
+from pyorch.layers.pooler import Pooler, PoolingState
 from pyorch.layers.sampler import Sampler, compute_prompt_logprobs, sample_rows
 from pyorch.layers.token_bitmask import apply_grammar_bitmask
 from pyorch.metrics.stats import StepTimings
@@ -74,6 +75,11 @@ class ModelRunner:
         # Held requests that want prompt logprobs (most steps have none: no per-row scan then).
         self._prompt_logprob_req_ids: set[str] = set()
         self.sampler = Sampler()
+        # Pooling models: pooled instead of sampled (pyorch/layers/pooler.py), per request.
+        self.pooler = (Pooler(self.model_config.pooler_config)
+                       if self.model_config.is_pooling and self.model_config.pooler_config
+                       else None)
+        self._pooling: dict[str, PoolingState] = {}
         self.buffers = StepBuffers(
             self.max_num_tokens, self.max_num_seqs, self.max_blocks_per_seq, self.device.type
             if self.device.type == "cpu" else str(self.device)
@@ -199,6 +205,7 @@ class ModelRunner:
             if state is not None:
                 self.block_table.release(state.table_row, len(state.block_ids))
                 self._prompt_logprob_req_ids.discard(req_id)
+                self._pooling.pop(req_id, None)
         for new in so.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
@@ -215,6 +222,11 @@ class ModelRunner:
             self.requests[new.req_id] = state
             if params.prompt_logprobs is not None:
                 self._prompt_logprob_req_ids.add(new.req_id)
+            if new.pooling_params is not None:
+                if self.pooler is None:
+                    raise ValueError(f"request {new.req_id}: pooling needs runner='pooling'")
+                self._pooling[new.req_id] = self.pooler.new_state(
+                    new.pooling_params, len(new.prompt_token_ids))
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
@@ -277,6 +289,9 @@ class ModelRunner:
         host["query_start_loc"][0] = 0
         host["query_start_loc"][1 : num_seqs + 1] = cu
         sampled = end == known + pending  # caught up: these rows sample a token
+        if self._pooling:  # pooling rows never sample (the runner pools them instead)
+            sampled &= np.fromiter((st.req_id not in self._pooling for st in states), bool,
+                                   num_seqs)
         sampled_rows = np.flatnonzero(sampled)
         num_logits = len(sampled_rows)
         host["logits_indices"][:num_logits] = cu[sampled_rows] - 1
@@ -379,7 +394,8 @@ class ModelRunner:
 
         handle = StepHandle(req_ids=req_ids, sampled_rows=sampled_rows,
                             prompt_logprobs=self._prompt_logprobs(req_ids, so, hidden),
-                            trace=trace)
+                            trace=trace,
+                            pooled=self._pool(req_ids, so, hidden) if self._pooling else {})
         if sampled_rows:
             # The model's dtype: the sampler upcasts only where it needs float32.
             logits = self.loaded_model.compute_logits(hidden[logits_indices])
@@ -449,7 +465,7 @@ class ModelRunner:
             if handle.trace is not None:
                 self._trace_finish(handle.trace)
             return ModelRunnerOutput(req_ids, [[] for _ in req_ids], logprobs,
-                                     handle.prompt_logprobs)
+                                     handle.prompt_logprobs, handle.pooled_to_host())
         start = time.perf_counter()
         token_ids, entries = handle.wait()
         self.timings.wait += time.perf_counter() - start
@@ -470,7 +486,27 @@ class ModelRunner:
             state.append_token(token_ids[j])
             if entries is not None and state.sampling_params.logprobs is not None:
                 logprobs[i] = entries.slice(j, j + 1)
-        return ModelRunnerOutput(req_ids, sampled, logprobs, handle.prompt_logprobs)
+        return ModelRunnerOutput(req_ids, sampled, logprobs, handle.prompt_logprobs,
+                                 handle.pooled_to_host())
+
+    def _pool(self, req_ids: list[str], so: SchedulerOutput,
+              hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Folds this step's hidden rows of pooling requests into their states; returns the
+        pooled output of each request whose prompt this step finished."""
+        assert self.pooler is not None  # _pooling holds states only with a pooler
+        result: dict[str, torch.Tensor] = {}
+        offset = 0
+        for req_id in req_ids:
+            n = so.num_scheduled_tokens[req_id]
+            pooling = self._pooling.get(req_id)
+            if pooling is not None:
+                start = self.requests[req_id].num_computed_tokens
+                pooled = self.pooler.update(pooling, hidden[offset : offset + n], start)
+                if pooled is not None:  # done: the state (and its sums) can go now
+                    result[req_id] = pooled
+                    del self._pooling[req_id]
+            offset += n
+        return result
 
     def _prompt_logprobs(self, req_ids: list[str], so: SchedulerOutput,
                          hidden: torch.Tensor) -> dict[str, LogprobsLists]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from pyorch.core_types import LogprobsLists
@@ -18,6 +19,8 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     logprobs: list[Optional[LogprobsLists]] = field(default_factory=list)  # one row per request
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # this step's chunk
+    # Pooling requests whose prompt finished this step: req_id -> float32 array (core_types).
+    pooled: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -33,6 +36,7 @@ class StepHandle:
     sampled_device: Optional[torch.Tensor] = None  # [len(sampled_rows)] int64
     sampled_row_of: dict[str, int] = field(default_factory=dict)  # req_id -> sampler row
     trace: Optional[dict[str, Any]] = None  # StepTimings.trace record in the making
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)  # req_id -> pooled (device)
     _host_tokens: Optional[torch.Tensor] = None
     _host_logprobs: Optional[LogprobsTensors] = None
     _event: Optional[torch.cuda.Event] = None
@@ -47,6 +51,11 @@ class StepHandle:
             self._host_logprobs = LogprobsTensors(*(_pinned_copy(t) for t in logprobs))
         self._event = torch.cuda.Event()
         self._event.record()
+
+    def pooled_to_host(self) -> dict[str, np.ndarray]:
+        """The pooled outputs as float32 numpy arrays (a device sync when there are any)."""
+        return {req_id: t.detach().to("cpu", torch.float32).numpy()
+                for req_id, t in self.pooled.items()}
 
     def wait(self) -> tuple[list[int], Optional[LogprobsLists]]:
         """The sampled token ids (and logprobs), once the copies landed."""

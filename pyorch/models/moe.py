@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from pyorch.distributed.communication_op import tensor_model_parallel_all_reduce
 from pyorch.layers.fused_moe import FusedMoE
-from pyorch.layers.linear import ReplicatedLinear
+from pyorch.layers.linear import ReplicatedLinear, get_tensor_model_parallel_rank_and_size
 from pyorch.models.llama import LlamaMLP
 from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
 
@@ -42,7 +43,11 @@ class SparseMoeBlock(nn.Module):
         if hidden_act != "silu":
             raise ValueError(f"MoE experts support hidden_act='silu' only, got {hidden_act!r}")
         self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
-        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize)
+        # Tensor parallelism shards every expert's intermediate dimension: each rank's expert
+        # output is a partial sum, all-reduced before the (already reduced) shared expert adds.
+        tp_rank, self.tp_size = get_tensor_model_parallel_rank_and_size()
+        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize,
+                                tp_size=self.tp_size, tp_rank=tp_rank)
         self.shared_expert: LlamaMLP | None = None
         self.shared_expert_gate: ReplicatedLinear | None = None
         if shared_expert_intermediate_size > 0:
@@ -53,6 +58,8 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         out = self.experts(x, self.gate(x))
+        if self.tp_size > 1:
+            out = tensor_model_parallel_all_reduce(out)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

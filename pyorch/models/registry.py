@@ -27,7 +27,21 @@ def resolve_model_class(architectures: list[str] | None) -> type[nn.Module]:
             module_name, class_name = _MODELS[arch]
             module = importlib.import_module(f"pyorch.models.{module_name}")
             return getattr(module, class_name)
+    if any(_is_encoder_only(arch) for arch in architectures or []):
+        raise ValueError(
+            f"Model architectures {architectures} are encoder-only (BERT-style) models, which "
+            "pyorch does not support; pooling (runner='pooling') runs on the decoder models: "
+            f"{', '.join(get_supported_archs())}")
     raise ValueError(
         f"Model architectures {architectures} are not supported. "
         f"Supported architectures: {', '.join(get_supported_archs())}"
     )
+
+
+# Encoder-only families (BERT and its descendants), named so that their refusal says why.
+_ENCODER_ONLY_PREFIXES = ("Bert", "Roberta", "XLMRoberta", "DistilBert", "Electra", "Deberta",
+                          "ModernBert", "NomicBert", "GteModel", "GteNew", "JinaBert", "MPNet")
+
+
+def _is_encoder_only(arch: str) -> bool:
+    return arch.startswith(_ENCODER_ONLY_PREFIXES)

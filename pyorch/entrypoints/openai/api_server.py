@@ -64,6 +64,8 @@ from pyorch.entrypoints.openai.server_routes import router as side_router
 from pyorch.entrypoints.openai.serving_chat import OpenAIServingChat, resolve_content_format
 from pyorch.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pyorch.entrypoints.openai.serving_engine import ServerContext
+from pyorch.entrypoints.openai.serving_pooling import OpenAIServingPooling, require_generate
+from pyorch.entrypoints.openai.serving_pooling import router as pooling_router
 from pyorch.entrypoints.openai.serving_responses import OpenAIServingResponses, ResponsesRequest
 from pyorch.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pyorch.logger import configure_logging
@@ -116,11 +118,13 @@ async def list_models(request: Request) -> ModelList:
 
 @router.post("/v1/completions", responses=_ERRORS)
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    require_generate(request.app.state.ctx, "Completions")
     return await request.app.state.completion.create_completion(body, request)
 
 
 @router.post("/v1/chat/completions", responses=_ERRORS)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    require_generate(request.app.state.ctx, "Chat Completions")
     return await request.app.state.chat.create_chat_completion(body, request)
 
 
@@ -337,6 +341,7 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
     app.include_router(side_router)
     if getattr(args, "enable_tokenizer_info_endpoint", False):
         app.include_router(tokenizer_info_router)
+    app.include_router(pooling_router)
     install_error_handlers(app)
     app.state.server_load_metrics = 0
     if getattr(args, "enable_server_load_tracking", False):  # innermost: counts what runs
@@ -358,6 +363,7 @@ def build_app(ctx: ServerContext, stat_logger: Any, args: argparse.Namespace) ->
     app.state.chat = OpenAIServingChat(ctx)
     app.state.responses = OpenAIServingResponses(ctx)
     app.state.tokenization = OpenAIServingTokenization(ctx)
+    app.state.pooling = OpenAIServingPooling(ctx)
     app.state.exit_code = 0
     return app
 

@@ -310,6 +310,16 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add(model, "--device", default="auto", choices=["auto", "cuda", "cpu"],
          help="auto = CUDA when available (default: %(default)s)")
 
+    _add(model, "--runner", default="auto", choices=["auto", "generate", "pooling"],
+         help="generate text, or serve the model as a pooling (embedding) model "
+              "(/v1/embeddings, /pooling, /score, /rerank); auto = generate unless "
+              "--convert embed (default: %(default)s)")
+    _add(model, "--convert", default="auto", choices=["auto", "none", "embed"],
+         help="adapt a decoder model: embed = pooling runner (default: %(default)s)")
+    _add(model, "--pooler-config", type=_json_object, default=None,
+         help='pooling runner\'s PoolerConfig as JSON: {"pooling_type": "LAST"|"MEAN"|"CLS"|'
+              '"ALL", "normalize": bool, "dimensions": int} (default: LAST, normalized)')
+
     cache = parser.add_argument_group("cache", "KV cache")
     _add(cache, "--block-size", type=int, default=16, choices=[1, 2, 4, 8, 16, 32, 64, 128],
          help="tokens per KV block (default: %(default)s)")
@@ -499,6 +509,7 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         download_dir=args.download_dir, max_logprobs=args.max_logprobs,
         generation_config=args.generation_config,
         override_generation_config=args.override_generation_config or {},
+        runner=args.runner, convert=args.convert, pooler_config=args.pooler_config,
     )
 
 

@@ -27,6 +27,7 @@ class FakeRunnerOutput:  # the fields of ModelRunnerOutput the scheduler reads
     sampled_token_ids: list[list[int]]
     logprobs: list[Any] = field(default_factory=list)
     prompt_logprobs: dict[str, Any] = field(default_factory=dict)
+    pooled: dict[str, Any] = field(default_factory=dict)
 
 
 def next_token(tokens: list[int]) -> int:
@@ -762,3 +763,39 @@ def test_step_budget_never_blocks_a_whole_prompt_without_chunking(make_scheduler
     sched.add_request(req("a", prompt_of(40), max_tokens=2))
     res = run(sched, FakeRunner(BS))
     assert res["steps"][0].num_scheduled_tokens == {"a": 40} and len(res["tokens"]["a"]) == 2
+
+
+def test_pooling_request_is_prefill_only(make_scheduler):
+    """A pooling request runs its prompt in chunks, never holds an output placeholder, and
+    finishes ("stop") in the step whose runner output carries its pooled array."""
+    import numpy as np
+
+    from pyorch.pooling_params import PoolingParams
+
+    sched = make_scheduler(max_num_batched_tokens=16, enable_prefix_caching=True)
+    sched.add_request(req("gen", prompt_of(40, 1), max_tokens=3))
+    pooling = Request("pool", prompt_of(40, 1), SamplingParams(), EOS, 1.0,
+                      pooling_params=PoolingParams("embed", True, None))
+    assert pooling.max_tokens == 0 and not pooling.use_prefix_cache
+    sched.add_request(pooling)
+    finished = {}
+    for _ in range(50):
+        so = sched.schedule()
+        if not so.total_num_scheduled_tokens:
+            break
+        assert pooling.num_output_placeholders == 0
+        done = {r for r in so.num_scheduled_tokens if r == "pool"
+                and pooling.num_computed_tokens == pooling.num_prompt_tokens}
+        ids = list(so.num_scheduled_tokens)
+        sampled = [[] if r == "pool" or sched.requests[r].num_output_placeholders == 0
+                   else [5] for r in ids]
+        out = FakeRunnerOutput(ids, sampled, [None] * len(ids),
+                               pooled={r: np.full(4, 0.5, np.float32) for r in done})
+        for o in sched.update_from_output(so, out):
+            if o.finished:
+                finished[o.req_id] = o
+    assert finished["pool"].finish_reason == "stop" and finished["pool"].new_token_ids == []
+    assert finished["pool"].pooled.tolist() == [0.5] * 4
+    assert finished["pool"].num_cached_tokens == 0  # no prefix hit, though "gen" shares it
+    assert finished["gen"].finish_reason == "length"
+    assert "pool" not in sched.requests

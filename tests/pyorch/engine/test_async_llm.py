@@ -390,3 +390,45 @@ def _pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+# ---- pooling (runner="pooling") -----------------------------------------------------------------
+def test_pooling_encode_matches_llm_frees_blocks_and_refuses_bad_requests(model_path, loop):
+    from pyorch import PoolingParams
+
+    args = engine_args(model_path, runner="pooling", pooler_config={"pooling_type": "MEAN"},
+                       max_num_batched_tokens=8)
+    engine = AsyncLLM.from_engine_args(args)
+    try:
+        async def encode(prompt, request_id: str, params=None):
+            return [o async for o in engine.encode(prompt, params, request_id)]
+
+        async def main():
+            results = await asyncio.gather(*(encode(p, f"emb-{i}")
+                                             for i, p in enumerate(PROMPTS)))
+            assert all(len(r) == 1 and r[0].finished for r in results)
+            # A long prompt (63 chunks of 8 tokens) cancelled part-way frees its blocks.
+            task = asyncio.ensure_future(encode({"prompt_token_ids": [7] * 500}, "long"))
+            while (await engine.get_kv_cache_info())["kv_cache_usage"] == 0:
+                await asyncio.sleep(0.005)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await assert_idle(engine)
+            for gen, exc in [
+                (engine.generate(PROMPTS[0], greedy(), "gen"), ValueError),
+                (engine.encode(PROMPTS[0], PoolingParams(dimensions=8), "dims"), ValueError),
+                (engine.encode({"prompt_token_ids": [10**7]}, None, "oov"), ValueError),
+                (engine.encode(PROMPTS[0], SamplingParams(), "wrong"), TypeError),  # type: ignore[arg-type]
+            ]:
+                with pytest.raises(exc):
+                    await gen.__anext__()
+            await assert_idle(engine)
+            return [r[0].outputs.data for r in results]
+
+        got = run(loop, main())
+    finally:
+        shutdown(loop, engine)
+    want = LLM(**vars(args)).embed(PROMPTS, use_tqdm=False)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, torch.tensor(w.outputs.embedding), atol=1e-5, rtol=1e-5)

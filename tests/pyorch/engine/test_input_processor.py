@@ -31,7 +31,8 @@ def test_check_prompt_rules():
 
 def _processor(max_model_len: int = 4, vocab_size: int = 50) -> InputProcessor:
     config = SimpleNamespace(
-        model_config=SimpleNamespace(vocab_size=vocab_size, hf_config=None, max_logprobs=20),
+        model_config=SimpleNamespace(vocab_size=vocab_size, hf_config=None, max_logprobs=20,
+                                     is_pooling=False),
         scheduler_config=SimpleNamespace(max_model_len=max_model_len, policy="fcfs"))
     return InputProcessor(config, tokenizer=None)  # type: ignore[arg-type]
 

@@ -45,6 +45,7 @@ class _Runner:
         self.device = torch.device("cpu")
         self.cuda_graphs = None
         self._last_step = None
+        self._pooling = {}  # no pooling requests (ModelRunner's per-request pooling states)
 
 
 def _new(req_id, prompt, blocks, computed=0, outputs=()):

@@ -1,8 +1,9 @@
 """Tensor parallelism end to end on the CPU: `LLM(tensor_parallel_size=2)` runs two worker
 processes (gloo) and must give the same greedy tokens as one rank, token for token.
 
-Tiny random Llama (2 KV heads: one per rank) and Qwen3 with one KV head (replicated on both
-ranks, q/k norms on sharded heads), synchronous and async scheduling; a worker killed mid-run
+Tiny random Llama (2 KV heads: one per rank), Qwen3 with one KV head (replicated on both
+ranks, q/k norms on sharded heads) and Qwen2-MoE (experts sharded on their intermediate
+dimension, plus the tensor-parallel shared expert), synchronous and async scheduling; a worker killed mid-run
 takes the engine down with a clear error; a model that cannot be split is refused up front.
 """
 
@@ -85,8 +86,9 @@ def _call_with_deadline(fn, *args):
 
 # Each TP=2 engine costs two worker start-ups (seconds each on the CI machine): one scheduling
 # mode per model keeps the suite short while covering both.
-@pytest.mark.parametrize("arch, async_scheduling", [("llama", False), ("qwen3_kv1", True)],
-                         ids=["llama-sync", "qwen3_kv1-async"])
+@pytest.mark.parametrize("arch, async_scheduling",
+                         [("llama", False), ("qwen3_kv1", True), ("qwen2_moe", False)],
+                         ids=["llama-sync", "qwen3_kv1-async", "qwen2_moe-sync"])
 def test_tp2_greedy_equals_tp1(arch, async_scheduling, tmp_path_factory):
     path, vocab = _tiny_model(arch, tmp_path_factory)
     prompts = _prompts(vocab, PROMPT_LENS)
@@ -107,7 +109,7 @@ def test_tp2_greedy_equals_tp1(arch, async_scheduling, tmp_path_factory):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("arch", ["llama", "qwen3_kv1"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3_kv1", "qwen2_moe"])
 @pytest.mark.parametrize("custom_all_reduce", [True, False], ids=["custom_ar", "nccl"])
 def test_tp2_greedy_equals_tp1_on_two_gpus(arch, custom_all_reduce, tmp_path_factory):
     """bf16 on 2 GPUs with CUDA graphs (the custom all-reduce inside them) and async

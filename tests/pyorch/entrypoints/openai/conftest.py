@@ -131,3 +131,23 @@ def wait_for_metrics(http: httpx.Client, predicate, timeout: float = 30) -> str:
             return text
         time.sleep(0.1)
     raise AssertionError(f"/metrics never satisfied the condition:\n{text}")
+
+
+@pytest.fixture(scope="session")
+def pooling_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Tiny random Llama weights with SmolLM2's tokenizer (text in), for --runner pooling."""
+    from pyorch.model_loader import default_model_path, get_tokenizer
+    from tests.pyorch.engine.test_async_llm import make_tiny_model
+
+    tokenizer = get_tokenizer(default_model_path())
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_pool"), len(tokenizer), tokenizer)
+
+
+@pytest.fixture(scope="session")
+def pooling_server(tmp_path_factory: pytest.TempPathFactory, pooling_model: str):
+    """`pyorch-serve MODEL --runner pooling` (LAST pooling, normalized: vLLM's defaults)."""
+    proc = start_server(tmp_path_factory.mktemp("pooling_server"), "pooling",
+                        [pooling_model, "--runner", "pooling", "--dtype", "float32",
+                         "--max-num-batched-tokens", "64"]).wait_ready()
+    yield proc
+    proc.terminate()

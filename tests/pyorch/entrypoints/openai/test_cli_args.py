@@ -64,6 +64,19 @@ def test_scheduling_flags_map_to_engine_args():
     assert EngineArgs()._target_step_ms("cuda") is None  # offline LLM keeps the fixed budget
 
 
+def test_pooling_flags_map_to_engine_args(tmp_path):
+    e = cli_args.engine_args_from(parse(["--runner", "pooling", "--convert", "embed",
+                                         "--pooler-config", '{"pooling_type": "MEAN"}']))
+    assert (e.runner, e.convert, e.pooler_config) == ("pooling", "embed",
+                                                      {"pooling_type": "MEAN"})
+    assert cli_args.engine_args_from(parse([])).runner == "auto"
+    config = tmp_path / "serve.yaml"
+    config.write_text("runner: pooling\npooler-config: {pooling_type: CLS, normalize: false}\n")
+    e = cli_args.engine_args_from(parse(["--config", str(config)]))
+    assert e.runner == "pooling" and e.pooler_config == {"pooling_type": "CLS",
+                                                         "normalize": False}
+
+
 @pytest.mark.parametrize("text, value", [("4096", 4096), ("1k", 1000), ("1K", 1024),
                                          ("256MiB", 256 << 20), ("2G", 2 << 30),
                                          ("1.5k", 1500)])
@@ -94,6 +107,8 @@ def test_parallel_flags_map_to_engine_args():
     (["--target-step-ms", "-5"], "expected milliseconds >= 0"),
     (["--max-num-partial-prefills", "0"], "must be >= 1"),
     (["--long-prefill-token-threshold", "-1"], "expected an integer"),
+    (["--runner", "draft"], "invalid choice"),
+    (["--pooler-config", "[1]"], "expected a JSON object"),
 ])
 def test_bad_flags_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as info:

@@ -32,16 +32,38 @@ def _bound_cost(case) -> None:
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             body[key] = cap
-    if "messages" in body and "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_completion_tokens"] = 3  # the default would fill the context
-    if "input" in body and "max_output_tokens" not in body:
+    if ("messages" in body and body.get("max_tokens") is None
+            and body.get("max_completion_tokens") is None):
+        # The default (also for an explicit null) would fill the context: 147 tokens of
+        # SmolLM2 once took over the 120 s timeout on a loaded 2-core machine.
+        body["max_completion_tokens"] = 3
+    if "input" in body and isinstance(body.get("input"), (str, list)) \
+            and body.get("max_output_tokens") is None:
         body["max_output_tokens"] = 3  # /v1/responses
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        body["prompt"] = prompt[:_MAX_PROMPTS]
+    for key in ("prompt", "input", "text_1", "text_2", "documents"):
+        value = body.get(key)
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            body[key] = value[:_MAX_PROMPTS]
+
+
+# The pooling routes: a generation server refuses them (400), a pooling server serves them.
+_POOLING_OPS = {"POST /v1/embeddings", "POST /pooling", "POST /score", "POST /v1/score",
+                "POST /rerank", "POST /v1/rerank"}
 
 
 def test_fuzz_openapi_schema_no_server_errors(server):
+    _fuzz_schema(server, {"POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize",
+                          "POST /detokenize", "GET /health", "GET /v1/models"} | _POOLING_OPS)
+    _assert_alive(server.url)
+
+
+def test_fuzz_openapi_schema_pooling_server_no_server_errors(pooling_server):
+    _fuzz_schema(pooling_server, _POOLING_OPS | {"POST /v1/completions", "POST /tokenize"})
+    r = httpx.post(pooling_server.url + "/v1/embeddings", json={"input": "Hello"}, timeout=120)
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) > 0
+
+
+def _fuzz_schema(server, required_ops: set[str]) -> None:
     from schemathesis import GenerationMode
 
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
@@ -74,9 +96,7 @@ def test_fuzz_openapi_schema_no_server_errors(server):
                  suppress_health_check=list(HealthCheck))(given(case=op_strategy)(
                      check.hypothesis.inner_test))()
     assert not failures, "\n".join(failures)
-    assert {"POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize",
-            "POST /detokenize", "GET /health", "GET /v1/models"} <= seen, seen
-    _assert_alive(server.url)
+    assert required_ops <= seen, seen
     print(f"\nschema fuzz: {len(seen)} operations, {calls[0]} cases, 0 responses 5xx")
 
 
@@ -124,13 +144,36 @@ _hostile_requests = st.one_of(
 )
 
 
+_texts = st.one_of(_hostile_text, st.lists(_hostile_text, min_size=1, max_size=3))
+_hostile_pooling_requests = st.one_of(
+    st.tuples(st.sampled_from(["/v1/embeddings", "/pooling"]),
+              st.fixed_dictionaries({"input": _texts},
+                                    optional={"encoding_format": st.just("base64")})),
+    st.tuples(st.sampled_from(["/score", "/v1/score"]),
+              st.fixed_dictionaries({"text_1": _texts, "text_2": _texts})),
+    st.tuples(st.sampled_from(["/rerank", "/v1/rerank"]), st.fixed_dictionaries(
+        {"query": _hostile_text, "documents": st.lists(_hostile_text, min_size=1, max_size=3)})),
+)
+
+
 def test_fuzz_hostile_strings_no_server_errors(server):
+    _fuzz_hostile(server, _hostile_requests)
+    _assert_alive(server.url)
+
+
+def test_fuzz_hostile_strings_pooling_server_no_server_errors(pooling_server):
+    _fuzz_hostile(pooling_server, _hostile_pooling_requests)
+    r = httpx.post(pooling_server.url + "/v1/embeddings", json={"input": "Hello"}, timeout=120)
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) > 0
+
+
+def _fuzz_hostile(server, requests) -> None:
     failures: list[str] = []
     count = [0]
 
     @settings(max_examples=HOSTILE_EXAMPLES, deadline=None, database=None, derandomize=True,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(request=_hostile_requests)
+    @given(request=requests)
     def check(request: tuple[str, dict]) -> None:
         path, body = request
         count[0] += 1
@@ -145,5 +188,4 @@ def test_fuzz_hostile_strings_no_server_errors(server):
 
     check()
     assert not failures, "\n".join(failures)
-    _assert_alive(server.url)
     print(f"\nhostile-string fuzz: {count[0]} cases, 0 responses 5xx")
