@@ -238,12 +238,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-json", default=None)
+    parser.add_argument("--tokenizer", default=None,
+                        help="a tokenizer folder (default: the default model's, from its GGUF)")
     args = parser.parse_args()
     device = common.resolve_device(args.device)
 
     from pyorch.model_loader import default_model_path, get_tokenizer
 
-    tokenizer = get_tokenizer(default_model_path())
+    tokenizer = get_tokenizer(args.tokenizer or default_model_path())
     step_rows = bench_step(tokenizer, device, common.parse_int_list(args.batch_sizes),
                            args.steps, args.warmup, args.seed)
     validity = bench_validity(tokenizer, device, args.num_schemas, args.seed, args.max_tokens)

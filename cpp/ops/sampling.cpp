@@ -13,6 +13,8 @@ void apply_token_bitmask_inplace(at::Tensor& logits, const at::Tensor& bitmask,
                                  const std::optional<at::Tensor>& indices) {
   TORCH_CHECK(logits.is_cuda(), "apply_token_bitmask_inplace: tensors must be on a CUDA device");
   pyorch::check_token_bitmask(logits, bitmask, indices);
+  // An empty index list masks no row; its data pointer may be null, which cuda/ reads as "all".
+  if (indices.has_value() && indices->numel() == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(logits.device());
   PYORCH_CHECK_CUDA(pyorch::apply_token_bitmask_inplace(
       logits.data_ptr(), bitmask.const_data_ptr<int32_t>(),
