@@ -195,7 +195,9 @@ def bench_validity(tokenizer: Any, device: str, num_schemas: int, seed: int,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
         tokenizer.save_pretrained(path)
-        llm = LLM(path, device=device, dtype=torch.float32, max_model_len=1024, seed=seed,
+        # float32 on the CPU; the CUDA attention kernels take 16-bit activations
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        llm = LLM(path, device=device, dtype=dtype, max_model_len=1024, seed=seed,
                   kv_cache_memory_bytes=256 << 20, gpu_memory_utilization=0.3,
                   max_num_seqs=min(256, num_schemas))
         params = [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=max_tokens,

@@ -21,10 +21,11 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-# Largest message the kernel takes per world size, NCCL beyond: vLLM's published limits for
-# Hopper (NVLink), until bench/cpp/bench_custom_all_reduce.cu re-measures ours. Each rank holds
-# two message buffers of this size. Past 4 ranks NCCL (NVLS) wins early.
-MAX_BYTES_BY_WORLD_SIZE = {2: 64 << 20, 4: 32 << 20, 6: 512 << 10, 8: 256 << 10}
+# Largest message the kernel takes per world size, NCCL beyond. 2 ranks: measured with
+# bench/cpp/bench_custom_all_reduce.cu on 2 H100s (bf16; bench/results/NVIDIA_H100_80GB_HBM3x2/):
+# 1.08-1.25x NCCL up to 256 KiB, 0.98x at 512 KiB and mostly slower past it. 4/6/8 ranks: vLLM's
+# published Hopper limits, not re-measured yet. Each rank holds two message buffers of this size.
+MAX_BYTES_BY_WORLD_SIZE = {2: 256 << 10, 4: 32 << 20, 6: 512 << 10, 8: 256 << 10}
 SUPPORTED_WORLD_SIZES = tuple(MAX_BYTES_BY_WORLD_SIZE)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ALGO_AUTO, ALGO_ONE_SHOT, ALGO_TWO_SHOT = 0, 1, 2

@@ -118,11 +118,12 @@ def test_tp2_greedy_equals_tp1_on_two_gpus(arch, custom_all_reduce, tmp_path_fac
     prompts = _prompts(vocab, PROMPT_LENS)
     gpu = dict(device="cuda", dtype=torch.bfloat16, kv_cache_memory_bytes=None,
                gpu_memory_utilization=0.3)
-    one = _llm(path, **gpu)
+    # The one-rank reference runs in a worker process too ("mp"): an in-process engine keeps its
+    # GPU memory after shutdown, which the next test's engines would count as taken.
+    one = _llm(path, distributed_executor_backend="mp", **gpu)
     expected = _greedy_tokens(one, prompts)
     one.llm_engine.shutdown()
     del one
-    torch.cuda.empty_cache()
     two = _llm(path, tensor_parallel_size=2, disable_custom_all_reduce=not custom_all_reduce,
                **gpu)
     try:
