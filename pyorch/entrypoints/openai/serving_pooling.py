@@ -141,6 +141,7 @@ class OpenAIServingPooling(OpenAIServing):
         self._require_pooling("Embeddings")
         self.check_model(body.model)
         self.check_fields(body)
+        refuse_truncation(body)
         params = self._params(body.normalize, body.dimensions, "embed")
         prompts = await self._inputs(body.input, body.add_special_tokens)
         outputs = await self._run(request, prompts, params, random_id("embd"), body.priority)
@@ -157,6 +158,7 @@ class OpenAIServingPooling(OpenAIServing):
         self._require_pooling("Pooling")
         self.check_model(body.model)
         self.check_fields(body)
+        refuse_truncation(body)
         params = self._params(body.normalize, body.dimensions, body.task)
         prompts = await self._inputs(body.input, body.add_special_tokens)
         outputs = await self._run(request, prompts, params, random_id("pool"), body.priority)
@@ -186,6 +188,7 @@ class OpenAIServingPooling(OpenAIServing):
         self._require_pooling("Score")
         self.check_model(body.model)
         self.check_fields(body)
+        refuse_truncation(body)
         params = self._params(body.normalize, task="embed")
         text_1 = [body.text_1] if isinstance(body.text_1, str) else body.text_1
         text_2 = [body.text_2] if isinstance(body.text_2, str) else body.text_2
@@ -204,6 +207,7 @@ class OpenAIServingPooling(OpenAIServing):
         self._require_pooling("Rerank (Score)")
         self.check_model(body.model)
         self.check_fields(body)
+        refuse_truncation(body)
         params = self._params(body.normalize, task="embed")
         docs = body.documents
         scores, outputs = await self._score_pairs(request, [body.query] * len(docs), docs,
@@ -251,3 +255,12 @@ async def create_score(body: ScoreRequest, request: Request) -> ScoreResponse:
 @router.post("/v2/rerank", response_model=RerankResponse, responses=_ERRORS)
 async def create_rerank(body: RerankRequest, request: Request) -> RerankResponse:
     return await _handler(request).create_rerank(body, request)
+
+
+def refuse_truncation(body: Any) -> None:
+    """`truncate_prompt_tokens` is honoured on the generation routes only (request_fields.py);
+    the pooling routes refuse it rather than ignore it."""
+    value = (body.model_extra or {}).get("truncate_prompt_tokens")
+    if value is not None:
+        raise OpenAIError("`truncate_prompt_tokens` is not supported by the pooling routes",
+                          param="truncate_prompt_tokens")

@@ -61,7 +61,8 @@ class ScriptedEngine:
         self.finish_reason = "stop"
         self.calls: list[tuple[dict, SamplingParams]] = []
         self.errored = False
-        self.model_config = SimpleNamespace(model="scripted", vocab_size=len(tokenizer))
+        self.model_config = SimpleNamespace(model="scripted", vocab_size=len(tokenizer),
+                                            is_pooling=False, max_logprobs=20)
 
     @property
     def last_prompt(self) -> str:
