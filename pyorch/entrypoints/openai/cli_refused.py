@@ -3,14 +3,8 @@ command does not die on "unrecognized arguments"), and `refusal(args)` names the
 missing feature before anything is loaded. A flag given its neutral value (the value that asks
 for what pyorch does anyway, e.g. `--data-parallel-size 1`) is accepted.
 
-Flags that pyorch implements live in cli_args.py and must not appear here (argparse refuses a
-flag defined twice), e.g. `--enable-auto-tool-choice`, `--tool-call-parser`,
-`--tool-parser-plugin`, `--tool-server`, `--exclude-tools-when-tool-choice-none` (tools);
-`--reasoning-parser`, `--reasoning-parser-plugin`, `--structured-outputs-config` (structured
-outputs); `--runner`, `--convert`, `--pooler-config` (pooling); `--enable-prompt-tokens-details`
-(usage details); `--distributed-executor-backend`, `--disable-custom-all-reduce` (tensor
-parallelism); `--quantization`, `--allow-deprecated-quantization`, `--calculate-kv-scales`
-(quantization, fp8 KV).
+Flags that pyorch implements live in cli_args.py and must not appear here: argparse refuses
+a flag defined twice, so every test that builds the parser catches a flag added to both.
 """
 
 from __future__ import annotations
@@ -58,6 +52,19 @@ _REFUSED: list[tuple[str, Optional[str], str, str, tuple[str, ...]]] = [
     ("--hf-overrides", None, "value", "Hugging Face config overrides", ()),
     ("--logits-processor-pattern", None, "value", "logits-processor plugins", ()),
     ("--logits-processors", None, "list", "logits-processor plugins", ()),
+    ("--tool-parser-plugin", None, "value", "tool-parser plugins (built in: hermes, llama3_json, "
+     "mistral)", ()),
+    ("--tool-server", None, "value", "built-in tool servers (MCP, demo tools)", ()),
+    ("--reasoning-parser-plugin", None, "value", "reasoning-parser plugins (built in: qwen3, "
+     "deepseek_r1)", ()),
+    ("--quantization", "-q", "value", "quantized weights (fp8, int8, 4-bit, GGUF kernels: "
+     "not yet)", ()),
+    ("--allow-deprecated-quantization", None, "flag", "quantized weights", ()),
+    ("--calculate-kv-scales", None, "flag", "fp8 KV-cache scales", ()),
+    ("--structured-outputs-config", None, "value",
+     "structured-output backends and options (xgrammar, the only backend, runs with its "
+     "defaults; per request: structured_outputs.disable_any_whitespace / "
+     "disable_additional_properties)", ()),
     ("--enable-sleep-mode", None, "flag", "sleep mode", ()),
     ("--model-impl", None, "value", "model implementations other than pyorch's own",
      ("auto", "vllm")),
