@@ -79,7 +79,7 @@ class ScriptedEngine:
         return None
 
     async def generate(self, prompt: dict, params: SamplingParams, request_id: str,
-                       ) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
         self.calls.append((prompt, params))
         replies = self.reply if isinstance(self.reply, list) else [self.reply] * params.n
         if params.output_kind != RequestOutputKind.DELTA:
