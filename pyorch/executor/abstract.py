@@ -48,10 +48,14 @@ class Executor(ABC):
             return RayDistributedExecutor
         raise ValueError(f"unknown distributed_executor_backend {backend!r}")
 
-    @abstractmethod
     def initialize(self) -> int:
         """Loads the model on every worker, sizes the KV cache (the smallest over the ranks),
         allocates it and captures CUDA graphs. Returns the number of KV blocks."""
+        self.collective_rpc("init_device")
+        self.collective_rpc("load_model")
+        num_blocks = min(self.collective_rpc("determine_num_blocks"))
+        self.collective_rpc("initialize_kv_cache", (num_blocks,))
+        return num_blocks
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput,

@@ -159,13 +159,6 @@ class MultiprocExecutor(Executor):
         self.broadcast.enqueue((_RPC, method, args))
         return [self._reply(rank) for rank in range(self.world_size)]
 
-    def initialize(self) -> int:
-        self.collective_rpc("init_device")
-        self.collective_rpc("load_model")
-        num_blocks = min(self.collective_rpc("determine_num_blocks"))
-        self.collective_rpc("initialize_kv_cache", (num_blocks,))
-        return num_blocks
-
     def execute_model(self, scheduler_output: SchedulerOutput,
                       grammar: Optional[GrammarOutput] = None) -> _MpStepHandle:
         self.check_health()

@@ -142,13 +142,6 @@ class RayDistributedExecutor(Executor):
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return self._get_all([a.execute_method.remote(method, *args) for a in self.actors])
 
-    def initialize(self) -> int:
-        self.collective_rpc("init_device")
-        self.collective_rpc("load_model")
-        num_blocks = min(self.collective_rpc("determine_num_blocks"))
-        self.collective_rpc("initialize_kv_cache", (num_blocks,))
-        return num_blocks
-
     def execute_model(self, scheduler_output: SchedulerOutput,
                       grammar: Optional[GrammarOutput] = None) -> _RayStepHandle:
         start = time.perf_counter()
