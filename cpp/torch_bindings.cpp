@@ -242,6 +242,13 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCUDA, &fused_moe_gemm);
   m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
+  // quantization (the scaled GEMMs' CUTLASS adapters add theirs below)
+  m.impl("static_scaled_fp8_quant", c10::kCUDA, &static_scaled_fp8_quant);
+  m.impl("dynamic_scaled_fp8_quant", c10::kCUDA, &dynamic_scaled_fp8_quant);
+  m.impl("dynamic_per_token_scaled_fp8_quant", c10::kCUDA, &dynamic_per_token_scaled_fp8_quant);
+  m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
+  m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
+  m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
