@@ -472,3 +472,31 @@ def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor,
     indices : [k] int32 rows to mask (both tensors' row ids), or None for every row.
     """
     _ops.apply_token_bitmask_inplace(logits, bitmask, indices)
+
+
+# ---- GGUF (vLLM's ggml ops; unlike the ops above they return their result, as vLLM's do) -------
+def ggml_dequantize(
+    W: torch.Tensor, quant_type: int, m: int, n: int, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
+    """A GGUF tensor's blocks as floats: [m, n] of dtype (float16 when None, as vLLM).
+
+    W holds the tensor's raw bytes as stored in the file (uint8 [m, n / block_size * type_size]),
+    quant_type is its GGML type id (``gguf.GGMLQuantizationType``): F32, F16, BF16, Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K.
+    """
+    return _ops.ggml_dequantize(W, quant_type, m, n, dtype)
+
+
+def ggml_mul_mat_vec_a8(
+    W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int
+) -> torch.Tensor:
+    """X @ W^T for few tokens (decode), read from W's quantized blocks: X [num_tokens, cols]
+    fp32/fp16/bf16, W `row` rows of cols (as ggml_dequantize); returns [num_tokens, row] of X's
+    dtype. X is quantized to 8 bits per 32 values (scale max|x| / 127) for integer dot products.
+    Types: the quantized ones of ggml_dequantize (not F32/F16/BF16)."""
+    return _ops.ggml_mul_mat_vec_a8(W, X, quant_type, row)
+
+
+def ggml_mul_mat_a8(W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int) -> torch.Tensor:
+    """ggml_mul_mat_vec_a8 for many tokens (prefill): the same result, a kernel built for M > 8."""
+    return _ops.ggml_mul_mat_a8(W, X, quant_type, row)
