@@ -1,0 +1,163 @@
+// gguf_mul_mat: many tokens. A thread block owns 64 weight rows x 32 tokens. For each 256-wide
+// slice of K it decodes the rows' blocks into int8 in shared memory (with a (scale, bias) pair
+// per 16 values), copies the tokens' q8_1 values beside them, and each of its four warps takes
+// int8 tensor-core products (mma m16n8k16, s8 x s8 -> s32) of 16 rows x 32 tokens, one 16-value
+// group at a time, folding each group's int32 sums into fp32 with the group's scales.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "gguf/gguf_blocks.cuh"
+#include "gguf/gguf_mmvq.cuh"
+#include "gguf/gguf_q8_1.cuh"
+
+namespace pyorch::kernels::gguf {
+
+constexpr int kMmqRows = 64;    // weight rows per thread block
+constexpr int kMmqTokens = 32;  // tokens per thread block
+constexpr int kMmqWarps = 4;    // each 16 rows x kMmqTokens
+constexpr int kMmqK = 256;      // K slice decoded per step: one K-quant block, eight 32-blocks
+constexpr int kMmqPad = 16;     // row padding (bytes): rows 68 words apart, conflict-free reads
+constexpr int kMmqGroups = kMmqK / kHalfSize;
+constexpr int kMmqSubs = kMmqK / kSubSize;
+static_assert(kMmqRows == 16 * kMmqWarps, "one m16 tile of rows per warp");
+static_assert(kMmqTokens % 8 == 0, "n8 tiles of tokens");
+
+struct MmqSmem {
+  alignas(16) int8_t w[kMmqRows][kMmqK + kMmqPad];    // decoded weights q_w
+  float2 w_sb[kMmqRows][kMmqGroups];                  // (scale_w, bias_w) per group
+  alignas(16) int8_t x[kMmqTokens][kMmqK + kMmqPad];  // q8_1 values q_x
+  float2 x_ds[kMmqTokens][kMmqGroups];                // (d_x, d_x * sum q_x) per group
+};
+
+// c += a (16x16, row) * b (16x8, col), int8 in, int32 out (PTX fragment layout of m16n8k16).
+__device__ __forceinline__ void mma_s8_16816(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// Decodes the weight rows' and copies the tokens' sub-blocks k0 .. k0 + 256 into smem (zeros
+// past the matrix edges, which then add nothing).
+template <int TYPE>
+__device__ __forceinline__ void mmq_fill(MmqSmem& sm, const uint8_t* __restrict__ weight,
+                                         const int8_t* __restrict__ xq,
+                                         const Q81Scale* __restrict__ xds, int64_t row0,
+                                         int64_t tok0, int64_t k0, int64_t num_tokens,
+                                         int64_t output_size, int64_t input_size,
+                                         int64_t weight_row_stride_bytes) {
+  using Traits = BlockTraits<TYPE>;
+  constexpr int kSubsPerBlock = Traits::kBlockSize / kSubSize;
+  const int64_t num_subs = input_size / kSubSize;
+  for (int job = threadIdx.x; job < kMmqRows * kMmqSubs; job += kMmqWarps * kWarpSize) {
+    const int r = job / kMmqSubs, j = job % kMmqSubs;
+    const int64_t row = row0 + r, sub_idx = k0 / kSubSize + j;
+    Sub32 s{};
+    if (row < output_size && sub_idx < num_subs) {
+      const uint8_t* block =
+          weight + row * weight_row_stride_bytes + (sub_idx / kSubsPerBlock) * Traits::kBlockBytes;
+      Traits::unpack(block, static_cast<int>(sub_idx % kSubsPerBlock), s);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(&sm.w[r][j * kSubSize]);
+    dst[0] = make_uint4(s.q[0], s.q[1], s.q[2], s.q[3]);
+    dst[1] = make_uint4(s.q[4], s.q[5], s.q[6], s.q[7]);
+    sm.w_sb[r][2 * j] = make_float2(s.scale[0], s.bias[0]);
+    sm.w_sb[r][2 * j + 1] = make_float2(s.scale[1], s.bias[1]);
+  }
+  for (int job = threadIdx.x; job < kMmqTokens * kMmqSubs; job += kMmqWarps * kWarpSize) {
+    const int t = job / kMmqSubs, j = job % kMmqSubs;
+    const int64_t tok = tok0 + t, sub_idx = k0 / kSubSize + j;
+    int4 q0 = make_int4(0, 0, 0, 0), q1 = q0;
+    Q81Scale ds{};
+    if (tok < num_tokens && sub_idx < num_subs) {
+      const int4* src = reinterpret_cast<const int4*>(xq + tok * input_size + sub_idx * kSubSize);
+      q0 = src[0];
+      q1 = src[1];
+      ds = xds[tok * num_subs + sub_idx];
+    }
+    int4* dst = reinterpret_cast<int4*>(&sm.x[t][j * kSubSize]);
+    dst[0] = q0;
+    dst[1] = q1;
+    sm.x_ds[t][2 * j] = make_float2(ds.d, ds.s[0]);
+    sm.x_ds[t][2 * j + 1] = make_float2(ds.d, ds.s[1]);
+  }
+}
+
+//   out:    [num_tokens, output_size] (row stride out_stride), of out_dtype
+//   weight: [output_size, input_size / kBlockSize blocks] (row stride weight_row_stride_bytes)
+//   xq:     [num_tokens, input_size] int8,  xds: [num_tokens, input_size / 32]
+// grid: (ceil(output_size / 64), ceil(num_tokens / 32))
+template <int TYPE>
+__global__ void __launch_bounds__(kMmqWarps* kWarpSize)
+    mul_mat_kernel(void* __restrict__ out, DType out_dtype, const uint8_t* __restrict__ weight,
+                   const int8_t* __restrict__ xq, const Q81Scale* __restrict__ xds,
+                   int64_t num_tokens, int64_t output_size, int64_t input_size,
+                   int64_t weight_row_stride_bytes, int64_t out_stride) {
+  constexpr int kTokenTiles = kMmqTokens / 8;
+  __shared__ MmqSmem sm;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: groupID, thread in group
+  const int64_t row0 = int64_t(blockIdx.x) * kMmqRows;
+  const int64_t tok0 = int64_t(blockIdx.y) * kMmqTokens;
+  const int wr = warp * 16 + g;  // this thread's rows wr and wr + 8 within the tile
+
+  float acc[kTokenTiles][4] = {};
+  for (int64_t k0 = 0; k0 < input_size; k0 += kMmqK) {
+    mmq_fill<TYPE>(sm, weight, xq, xds, row0, tok0, k0, num_tokens, output_size, input_size,
+                   weight_row_stride_bytes);
+    __syncthreads();
+#pragma unroll 4
+    for (int kk = 0; kk < kMmqGroups; ++kk) {
+      const int col = kk * kHalfSize + 4 * tq;
+      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(&sm.w[wr][col]);
+      const uint32_t a1 = *reinterpret_cast<const uint32_t*>(&sm.w[wr + 8][col]);
+      const float2 sb0 = sm.w_sb[wr][kk], sb1 = sm.w_sb[wr + 8][kk];
+#pragma unroll
+      for (int nt = 0; nt < kTokenTiles; ++nt) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&sm.x[nt * 8 + g][col]);
+        int c[4] = {0, 0, 0, 0};
+        mma_s8_16816(c, a0, a1, b0);
+        const float2 x0 = sm.x_ds[nt * 8 + 2 * tq][kk], x1 = sm.x_ds[nt * 8 + 2 * tq + 1][kk];
+        acc[nt][0] += sb0.x * x0.x * float(c[0]) + sb0.y * x0.y;
+        acc[nt][1] += sb0.x * x1.x * float(c[1]) + sb0.y * x1.y;
+        acc[nt][2] += sb1.x * x0.x * float(c[2]) + sb1.y * x0.y;
+        acc[nt][3] += sb1.x * x1.x * float(c[3]) + sb1.y * x1.y;
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int nt = 0; nt < kTokenTiles; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = row0 + wr + (i >= 2 ? 8 : 0);
+      const int64_t tok = tok0 + nt * 8 + 2 * tq + (i % 2);
+      if (row < output_size && tok < num_tokens) {
+        store_as(out, out_dtype, tok * out_stride + row, acc[nt][i]);
+      }
+    }
+  }
+}
+
+template <int TYPE>
+cudaError_t launch_mul_mat(void* out, DType out_dtype, const uint8_t* weight, const int8_t* xq,
+                           const Q81Scale* xds, int64_t num_tokens, int64_t output_size,
+                           int64_t input_size, int64_t weight_row_stride_bytes, int64_t out_stride,
+                           cudaStream_t stream) {
+  static_assert(sizeof(MmqSmem) <= 48 * 1024, "static shared memory limit");
+  const int64_t token_tiles = (num_tokens + kMmqTokens - 1) / kMmqTokens;
+  if (token_tiles > 65535)
+    PYORCH_INVALID("gguf_mul_mat: %lld tokens is too many", (long long)num_tokens);
+  const dim3 grid(static_cast<unsigned>((output_size + kMmqRows - 1) / kMmqRows),
+                  static_cast<unsigned>(token_tiles));
+  mul_mat_kernel<TYPE><<<grid, kMmqWarps * kWarpSize, 0, stream>>>(
+      out, out_dtype, weight, xq, xds, num_tokens, output_size, input_size, weight_row_stride_bytes,
+      out_stride);
+  return cudaGetLastError();
+}
+
+}  // namespace pyorch::kernels::gguf

@@ -1,0 +1,164 @@
+// gguf_mul_mat_vec: few tokens, each weight row read once. One warp per weight row streams it in
+// tiles of whole blocks with 16-byte loads into a warp-private shared-memory buffer (blocks are
+// 18 to 210 bytes, so no lane's block is 16-byte aligned by itself), loading the next tile into
+// registers while it decodes the current one; each lane then decodes two sub-blocks of the tile
+// and takes dp4a dot products with the tokens' q8_1 blocks.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "gguf/gguf_blocks.cuh"
+#include "gguf/gguf_q8_1.cuh"
+
+namespace pyorch::kernels::gguf {
+
+constexpr int kMmvqWarps = 4;  // weight rows per thread block
+
+// A warp's tile: 64 sub-blocks (two per lane), a whole number of blocks and of 16-byte chunks.
+template <int TYPE>
+struct MmvqTile {
+  using Traits = BlockTraits<TYPE>;
+  static constexpr int kSubsPerBlock = Traits::kBlockSize / kSubSize;
+  static constexpr int kSubsPerLane = 2;
+  static constexpr int kBlocks = kWarpSize * kSubsPerLane / kSubsPerBlock;
+  static constexpr int kBytes = kBlocks * Traits::kBlockBytes;
+  static constexpr int kChunks = kBytes / 16;
+  static constexpr int kChunksPerLane = (kChunks + kWarpSize - 1) / kWarpSize;
+  static_assert(kBytes % 16 == 0, "a tile must be whole 16-byte chunks");
+};
+
+// Stores v as out's dtype (fp32, fp16 or bf16) at out[idx]; the dtype is uniform per launch.
+__device__ __forceinline__ void store_as(void* out, DType dtype, int64_t idx, float v) {
+  switch (dtype) {
+    case DType::kFloat16: static_cast<__half*>(out)[idx] = __float2half_rn(v); break;
+    case DType::kBFloat16: static_cast<__nv_bfloat16*>(out)[idx] = __float2bfloat16_rn(v); break;
+    default: static_cast<float*>(out)[idx] = v; break;
+  }
+}
+
+// 16 bytes of a row at byte `off`, of which only those below row_bytes exist (zeros past them).
+// vec16: the row start is 16-byte aligned.
+__device__ __forceinline__ uint4 load_chunk(const uint8_t* row, int64_t off, int64_t row_bytes,
+                                            bool vec16) {
+  if (vec16 && off + 16 <= row_bytes) return __ldg(reinterpret_cast<const uint4*>(row + off));
+  uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // rows are an even number of bytes: 2-byte steps
+    if (off + 2 * i < row_bytes) {
+      const uint32_t h = __ldg(reinterpret_cast<const uint16_t*>(row + off + 2 * i));
+      w[i / 2] |= h << (16 * (i % 2));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The dot product of one decoded sub-block with one token's q8_1 block.
+//   xq: [32] int8 (16-byte aligned)
+__device__ __forceinline__ float sub_dot_q8_1(const Sub32& w, const int8_t* __restrict__ xq,
+                                              const Q81Scale& ds) {
+  const int4 x0 = *reinterpret_cast<const int4*>(xq);
+  const int4 x1 = *reinterpret_cast<const int4*>(xq + 16);
+  int lo = __dp4a(int(w.q[0]), x0.x, 0);
+  lo = __dp4a(int(w.q[1]), x0.y, lo);
+  lo = __dp4a(int(w.q[2]), x0.z, lo);
+  lo = __dp4a(int(w.q[3]), x0.w, lo);
+  int hi = __dp4a(int(w.q[4]), x1.x, 0);
+  hi = __dp4a(int(w.q[5]), x1.y, hi);
+  hi = __dp4a(int(w.q[6]), x1.z, hi);
+  hi = __dp4a(int(w.q[7]), x1.w, hi);
+  return w.scale[0] * ds.d * float(lo) + w.bias[0] * ds.s[0] + w.scale[1] * ds.d * float(hi) +
+         w.bias[1] * ds.s[1];
+}
+
+// out[t, row] for NUM_TOKENS tokens (the launcher passes num_tokens <= NUM_TOKENS; the missing
+// ones repeat the last token and are not stored).
+//   out:    [num_tokens, output_size] (row stride out_stride), of out_dtype
+//   weight: [output_size, num_blocks blocks] (row stride weight_row_stride_bytes)
+//   xq:     [num_tokens, input_size] int8,  xds: [num_tokens, input_size / 32]
+template <int TYPE, int NUM_TOKENS>
+__global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
+    mul_mat_vec_kernel(void* __restrict__ out, DType out_dtype, const uint8_t* __restrict__ weight,
+                       const int8_t* __restrict__ xq, const Q81Scale* __restrict__ xds,
+                       int num_tokens, int64_t output_size, int64_t input_size,
+                       int64_t weight_row_stride_bytes, int64_t out_stride, bool vec16) {
+  using Traits = BlockTraits<TYPE>;
+  using Tile = MmvqTile<TYPE>;
+  __shared__ uint4 tile_smem[kMmvqWarps][Tile::kChunks];
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = int64_t(blockIdx.x) * kMmvqWarps + warp;
+  if (row >= output_size) return;  // whole warps; no block-wide barrier below
+  const int64_t num_blocks = input_size / Traits::kBlockSize;
+  const int64_t row_bytes = num_blocks * Traits::kBlockBytes;
+  const int64_t num_subs = input_size / kSubSize;
+  const uint8_t* row_ptr = weight + row * weight_row_stride_bytes;
+  const uint8_t* tile_bytes = reinterpret_cast<const uint8_t*>(tile_smem[warp]);
+
+  uint4 next[Tile::kChunksPerLane];
+  auto load_tile = [&](int64_t tile_off) {
+#pragma unroll
+    for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+      const int chunk = lane + c * kWarpSize;
+      if (chunk < Tile::kChunks) {
+        next[c] = load_chunk(row_ptr, tile_off + 16 * int64_t(chunk), row_bytes, vec16);
+      }
+    }
+  };
+  float acc[NUM_TOKENS];
+#pragma unroll
+  for (int t = 0; t < NUM_TOKENS; ++t) acc[t] = 0.f;
+
+  load_tile(0);
+  for (int64_t block0 = 0; block0 < num_blocks; block0 += Tile::kBlocks) {
+#pragma unroll
+    for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+      const int chunk = lane + c * kWarpSize;
+      if (chunk < Tile::kChunks) tile_smem[warp][chunk] = next[c];
+    }
+    __syncwarp();
+    // The next tile's loads are in flight while this one is decoded.
+    if (block0 + Tile::kBlocks < num_blocks) {
+      load_tile((block0 + Tile::kBlocks) * Traits::kBlockBytes);
+    }
+#pragma unroll
+    for (int s = 0; s < Tile::kSubsPerLane; ++s) {
+      const int u = lane + s * kWarpSize;  // sub-block within the tile
+      const int b = u / Tile::kSubsPerBlock;
+      const int64_t sub_idx = (block0 + b) * Tile::kSubsPerBlock + u % Tile::kSubsPerBlock;
+      if (sub_idx < num_subs) {
+        Sub32 w;
+        Traits::unpack(tile_bytes + b * Traits::kBlockBytes, u % Tile::kSubsPerBlock, w);
+#pragma unroll
+        for (int t = 0; t < NUM_TOKENS; ++t) {
+          const int tok = t < num_tokens ? t : num_tokens - 1;
+          acc[t] += sub_dot_q8_1(w, xq + tok * input_size + sub_idx * kSubSize,
+                                 xds[tok * (input_size / kSubSize) + sub_idx]);
+        }
+      }
+    }
+    __syncwarp();  // the buffer is overwritten next iteration
+  }
+#pragma unroll
+  for (int t = 0; t < NUM_TOKENS; ++t) {
+    const float v = warp_reduce_sum(acc[t]);
+    if (lane == 0 && t < num_tokens) store_as(out, out_dtype, t * out_stride + row, v);
+  }
+}
+
+template <int TYPE, int NUM_TOKENS>
+cudaError_t launch_mul_mat_vec(void* out, DType out_dtype, const uint8_t* weight, const int8_t* xq,
+                               const Q81Scale* xds, int num_tokens, int64_t output_size,
+                               int64_t input_size, int64_t weight_row_stride_bytes,
+                               int64_t out_stride, cudaStream_t stream) {
+  const bool vec16 =
+      reinterpret_cast<uintptr_t>(weight) % 16 == 0 && weight_row_stride_bytes % 16 == 0;
+  const int64_t grid = (output_size + kMmvqWarps - 1) / kMmvqWarps;
+  mul_mat_vec_kernel<TYPE, NUM_TOKENS><<<grid, kMmvqWarps * kWarpSize, 0, stream>>>(
+      out, out_dtype, weight, xq, xds, num_tokens, output_size, input_size, weight_row_stride_bytes,
+      out_stride, vec16);
+  return cudaGetLastError();
+}
+
+}  // namespace pyorch::kernels::gguf
