@@ -2,12 +2,14 @@
 // tiles of whole blocks with 16-byte loads into a warp-private shared-memory buffer (blocks are
 // 18 to 210 bytes, so no lane's block is 16-byte aligned by itself), loading the next tile into
 // registers while it decodes the current one; each lane then decodes two sub-blocks of the tile
-// and takes dp4a dot products with the tokens' q8_1 blocks.
+// and takes dp4a dot products with the tokens' q8_1 blocks. Launched with PDL where enabled: the
+// first tile's loads are issued before waiting for the q8_1 kernel that precedes it.
 #pragma once
 
 #include <cstdint>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/reduce.cuh"
 #include "gguf/gguf_blocks.cuh"
 #include "gguf/gguf_q8_1.cuh"
@@ -110,7 +112,9 @@ __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
 #pragma unroll
   for (int t = 0; t < NUM_TOKENS; ++t) acc[t] = 0.f;
 
+  // Under PDL this runs while the q8_1 kernel before it finishes: weights first, then wait for x.
   load_tile(0);
+  pdl_wait();
   for (int64_t block0 = 0; block0 < num_blocks; block0 += Tile::kBlocks) {
 #pragma unroll
     for (int c = 0; c < Tile::kChunksPerLane; ++c) {
@@ -140,6 +144,7 @@ __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
     }
     __syncwarp();  // the buffer is overwritten next iteration
   }
+  pdl_launch_dependents();
 #pragma unroll
   for (int t = 0; t < NUM_TOKENS; ++t) {
     const float v = warp_reduce_sum(acc[t]);
@@ -155,10 +160,10 @@ cudaError_t launch_mul_mat_vec(void* out, DType out_dtype, const uint8_t* weight
   const bool vec16 =
       reinterpret_cast<uintptr_t>(weight) % 16 == 0 && weight_row_stride_bytes % 16 == 0;
   const int64_t grid = (output_size + kMmvqWarps - 1) / kMmvqWarps;
-  mul_mat_vec_kernel<TYPE, NUM_TOKENS><<<grid, kMmvqWarps * kWarpSize, 0, stream>>>(
-      out, out_dtype, weight, xq, xds, num_tokens, output_size, input_size, weight_row_stride_bytes,
-      out_stride, vec16);
-  return cudaGetLastError();
+  return launch_kernel(mul_mat_vec_kernel<TYPE, NUM_TOKENS>, dim3(static_cast<unsigned>(grid)),
+                       dim3(kMmvqWarps * kWarpSize), 0, stream, pdl_enabled(), out, out_dtype,
+                       weight, xq, xds, num_tokens, output_size, input_size,
+                       weight_row_stride_bytes, out_stride, vec16);
 }
 
 }  // namespace pyorch::kernels::gguf

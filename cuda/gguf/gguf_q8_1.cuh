@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/reduce.cuh"
 
 namespace pyorch::kernels::gguf {
@@ -27,6 +28,8 @@ __global__ void quantize_q8_1_kernel(int8_t* __restrict__ xq, Q81Scale* __restri
   const int64_t num_blocks_per_row = input_size / 32;
   const int64_t block_idx = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
+  pdl_wait();               // x is the previous kernel's output
+  pdl_launch_dependents();  // the product may start streaming its weights now
   if (block_idx >= num_tokens * num_blocks_per_row) return;  // whole warps leave together
   const int64_t token = block_idx / num_blocks_per_row;
   const int64_t col = (block_idx % num_blocks_per_row) * 32 + lane;
@@ -34,7 +37,9 @@ __global__ void quantize_q8_1_kernel(int8_t* __restrict__ xq, Q81Scale* __restri
   const float amax = warp_reduce_max(fabsf(v));
   const float d = amax / 127.f;
   // d == 0 only for an all-zero block (or one of subnormal fp32s: those become 0, as in ggml).
-  const int q = d == 0.f ? 0 : __float2int_rn(v / d);
+  // x * (1 / d), not x / d: the CPU kernels and tests/reference/gguf.py round the same product.
+  const float inv_d = d == 0.f ? 0.f : 1.f / d;
+  const int q = __float2int_rn(v * inv_d);
   xq[token * input_size + col] = static_cast<int8_t>(q);
   float sum = static_cast<float>(q);  // exact: |sum| <= 16 * 127
 #pragma unroll
@@ -57,9 +62,8 @@ cudaError_t launch_quantize_q8_1(int8_t* xq, Q81Scale* xds, const T* x, int64_t 
   const int64_t num_warps = num_tokens * (input_size / 32);
   if (num_warps == 0) return cudaSuccess;
   const int64_t grid = (num_warps * kWarpSize + kThreads - 1) / kThreads;
-  quantize_q8_1_kernel<T>
-      <<<grid, kThreads, 0, stream>>>(xq, xds, x, num_tokens, input_size, x_stride);
-  return cudaGetLastError();
+  return launch_kernel(quantize_q8_1_kernel<T>, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
+                       0, stream, pdl_enabled(), xq, xds, x, num_tokens, input_size, x_stride);
 }
 
 }  // namespace pyorch::kernels::gguf

@@ -7,8 +7,8 @@
 // ggml's (ggml-common.h; the `gguf` package's gguf/quants.py decodes the same bytes).
 //
 // The products quantize the activation to q8_1 first: per 32 consecutive values x, d = max|x| /
-// 127, q = round-half-even(x / d) as int8 (d = 0 gives q = 0), stored as an fp32 d and the sums
-// d * sum(q) of each 16-value half. Weight block times activation block is then integer dot
+// 127, q = round-half-even(x * (1 / d)) as int8 (d = 0 gives q = 0), stored as an fp32 d and the
+// sums d * sum(q) of each 16-value half. Weight block times activation block is then integer dot
 // products (dp4a, or int8 tensor-core mma) scaled once per 16 values, accumulated in fp32:
 //   out[t, r] = sum over 16-value groups g of  scale_w(r, g) * d_x(t, g) * sum_i q_w * q_x
 //                                            + bias_w(r, g) * d_x(t, g) * sum_i q_x
