@@ -314,6 +314,13 @@ PYORCH_HD float sub_value(const Sub32& s, int i, bool q_signed) {
 template <int TYPE>
 constexpr bool kQSigned = TYPE == int(GgmlType::kQ8_0);
 
+// Whether the type's scale and bias are the same for both halves of a sub-block (one pair per 32
+// weights): all but Q2_K, Q3_K and Q6_K, which have one per 16. The products then fold each
+// 32-value integer sum into fp32 once instead of twice.
+template <int TYPE>
+constexpr bool kScalePer32 =
+    TYPE != int(GgmlType::kQ2_K) && TYPE != int(GgmlType::kQ3_K) && TYPE != int(GgmlType::kQ6_K);
+
 // Runs BODY with the compile-time constant TYPE bound to a quantized ggml type id.
 #define PYORCH_DISPATCH_GGUF_QUANT(TYPE_ID, TYPE, ...)                           \
   [&]() -> cudaError_t {                                                         \

@@ -1,8 +1,8 @@
 // gguf_mul_mat: many tokens. A thread block owns 64 weight rows x 32 tokens. For each 256-wide
 // slice of K it decodes the rows' blocks into int8 in shared memory (with a (scale, bias) pair
-// per 16 values), copies the tokens' q8_1 values beside them, and each of its four warps takes
-// int8 tensor-core products (mma m16n8k16, s8 x s8 -> s32) of 16 rows x 32 tokens, one 16-value
-// group at a time, folding each group's int32 sums into fp32 with the group's scales.
+// per scale group), copies the tokens' q8_1 values beside them, and each of its four warps takes
+// int8 tensor-core products (mma m16n8k16, s8 x s8 -> s32) of 16 rows x 32 tokens, one scale
+// group (16 or 32 values) at a time, folding each group's int32 sums into fp32 with its scales.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +20,7 @@ constexpr int kMmqTokens = 32;  // tokens per thread block
 constexpr int kMmqWarps = 4;    // each 16 rows x kMmqTokens
 constexpr int kMmqK = 256;      // K slice decoded per step: one K-quant block, eight 32-blocks
 constexpr int kMmqPad = 16;     // row padding (bytes): rows 68 words apart, conflict-free reads
-constexpr int kMmqGroups = kMmqK / kHalfSize;
+constexpr int kMmqGroups = kMmqK / kHalfSize;  // scale groups per slice, at most
 constexpr int kMmqSubs = kMmqK / kSubSize;
 static_assert(kMmqRows == 16 * kMmqWarps, "one m16 tile of rows per warp");
 static_assert(kMmqTokens % 8 == 0, "n8 tiles of tokens");
@@ -65,8 +65,12 @@ __device__ __forceinline__ void mmq_fill(MmqSmem& sm, const uint8_t* __restrict_
     uint4* dst = reinterpret_cast<uint4*>(&sm.w[r][j * kSubSize]);
     dst[0] = make_uint4(s.q[0], s.q[1], s.q[2], s.q[3]);
     dst[1] = make_uint4(s.q[4], s.q[5], s.q[6], s.q[7]);
-    sm.w_sb[r][2 * j] = make_float2(s.scale[0], s.bias[0]);
-    sm.w_sb[r][2 * j + 1] = make_float2(s.scale[1], s.bias[1]);
+    if constexpr (kScalePer32<TYPE>) {
+      sm.w_sb[r][j] = make_float2(s.scale[0], s.bias[0]);
+    } else {
+      sm.w_sb[r][2 * j] = make_float2(s.scale[0], s.bias[0]);
+      sm.w_sb[r][2 * j + 1] = make_float2(s.scale[1], s.bias[1]);
+    }
   }
   for (int job = threadIdx.x; job < kMmqTokens * kMmqSubs; job += kMmqWarps * kWarpSize) {
     const int t = job / kMmqSubs, j = job % kMmqSubs;
@@ -82,8 +86,12 @@ __device__ __forceinline__ void mmq_fill(MmqSmem& sm, const uint8_t* __restrict_
     int4* dst = reinterpret_cast<int4*>(&sm.x[t][j * kSubSize]);
     dst[0] = q0;
     dst[1] = q1;
-    sm.x_ds[t][2 * j] = make_float2(ds.d, ds.s[0]);
-    sm.x_ds[t][2 * j + 1] = make_float2(ds.d, ds.s[1]);
+    if constexpr (kScalePer32<TYPE>) {
+      sm.x_ds[t][j] = make_float2(ds.d, ds.s[0] + ds.s[1]);
+    } else {
+      sm.x_ds[t][2 * j] = make_float2(ds.d, ds.s[0]);
+      sm.x_ds[t][2 * j + 1] = make_float2(ds.d, ds.s[1]);
+    }
   }
 }
 
@@ -98,6 +106,8 @@ __global__ void __launch_bounds__(kMmqWarps* kWarpSize)
                    int64_t num_tokens, int64_t output_size, int64_t input_size,
                    int64_t weight_row_stride_bytes, int64_t out_stride) {
   constexpr int kTokenTiles = kMmqTokens / 8;
+  constexpr int kGroupSize = kScalePer32<TYPE> ? 32 : 16;  // weights per (scale, bias) pair
+  constexpr int kGroups = kMmqK / kGroupSize;
   __shared__ MmqSmem sm;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: groupID, thread in group
@@ -110,22 +120,29 @@ __global__ void __launch_bounds__(kMmqWarps* kWarpSize)
     mmq_fill<TYPE>(sm, weight, xq, xds, row0, tok0, k0, num_tokens, output_size, input_size,
                    weight_row_stride_bytes);
     __syncthreads();
-#pragma unroll 4
-    for (int kk = 0; kk < kMmqGroups; ++kk) {
-      const int col = kk * kHalfSize + 4 * tq;
-      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(&sm.w[wr][col]);
-      const uint32_t a1 = *reinterpret_cast<const uint32_t*>(&sm.w[wr + 8][col]);
-      const float2 sb0 = sm.w_sb[wr][kk], sb1 = sm.w_sb[wr + 8][kk];
+#pragma unroll 2
+    for (int kg = 0; kg < kGroups; ++kg) {
+      // The group's k16 steps accumulate in int32, then fold into fp32 with its scales.
+      int c[kTokenTiles][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kGroupSize / 16; ++ks) {
+        const int col = kg * kGroupSize + ks * 16 + 4 * tq;
+        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(&sm.w[wr][col]);
+        const uint32_t a1 = *reinterpret_cast<const uint32_t*>(&sm.w[wr + 8][col]);
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&sm.x[nt * 8 + g][col]);
+          mma_s8_16816(c[nt], a0, a1, b0);
+        }
+      }
+      const float2 sb0 = sm.w_sb[wr][kg], sb1 = sm.w_sb[wr + 8][kg];
 #pragma unroll
       for (int nt = 0; nt < kTokenTiles; ++nt) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&sm.x[nt * 8 + g][col]);
-        int c[4] = {0, 0, 0, 0};
-        mma_s8_16816(c, a0, a1, b0);
-        const float2 x0 = sm.x_ds[nt * 8 + 2 * tq][kk], x1 = sm.x_ds[nt * 8 + 2 * tq + 1][kk];
-        acc[nt][0] += sb0.x * x0.x * float(c[0]) + sb0.y * x0.y;
-        acc[nt][1] += sb0.x * x1.x * float(c[1]) + sb0.y * x1.y;
-        acc[nt][2] += sb1.x * x0.x * float(c[2]) + sb1.y * x0.y;
-        acc[nt][3] += sb1.x * x1.x * float(c[3]) + sb1.y * x1.y;
+        const float2 x0 = sm.x_ds[nt * 8 + 2 * tq][kg], x1 = sm.x_ds[nt * 8 + 2 * tq + 1][kg];
+        acc[nt][0] += sb0.x * x0.x * float(c[nt][0]) + sb0.y * x0.y;
+        acc[nt][1] += sb0.x * x1.x * float(c[nt][1]) + sb0.y * x1.y;
+        acc[nt][2] += sb1.x * x0.x * float(c[nt][2]) + sb1.y * x0.y;
+        acc[nt][3] += sb1.x * x1.x * float(c[nt][3]) + sb1.y * x1.y;
       }
     }
     __syncthreads();

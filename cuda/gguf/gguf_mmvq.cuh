@@ -56,8 +56,10 @@ __device__ __forceinline__ uint4 load_chunk(const uint8_t* row, int64_t off, int
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The dot product of one decoded sub-block with one token's q8_1 block.
+// The dot product of one decoded sub-block with one token's q8_1 block. PER32: w's two halves
+// share their scale and bias (kScalePer32).
 //   xq: [32] int8 (16-byte aligned)
+template <bool PER32>
 __device__ __forceinline__ float sub_dot_q8_1(const Sub32& w, const int8_t* __restrict__ xq,
                                               const Q81Scale& ds) {
   const int4 x0 = *reinterpret_cast<const int4*>(xq);
@@ -70,6 +72,7 @@ __device__ __forceinline__ float sub_dot_q8_1(const Sub32& w, const int8_t* __re
   hi = __dp4a(int(w.q[5]), x1.y, hi);
   hi = __dp4a(int(w.q[6]), x1.z, hi);
   hi = __dp4a(int(w.q[7]), x1.w, hi);
+  if constexpr (PER32) return w.scale[0] * ds.d * float(lo + hi) + w.bias[0] * (ds.s[0] + ds.s[1]);
   return w.scale[0] * ds.d * float(lo) + w.bias[0] * ds.s[0] + w.scale[1] * ds.d * float(hi) +
          w.bias[1] * ds.s[1];
 }
@@ -137,8 +140,8 @@ __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
 #pragma unroll
         for (int t = 0; t < NUM_TOKENS; ++t) {
           const int tok = t < num_tokens ? t : num_tokens - 1;
-          acc[t] += sub_dot_q8_1(w, xq + tok * input_size + sub_idx * kSubSize,
-                                 xds[tok * (input_size / kSubSize) + sub_idx]);
+          acc[t] += sub_dot_q8_1<kScalePer32<TYPE>>(w, xq + tok * input_size + sub_idx * kSubSize,
+                                                    xds[tok * (input_size / kSubSize) + sub_idx]);
         }
       }
     }
