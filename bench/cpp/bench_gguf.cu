@@ -12,9 +12,11 @@
 // Correctness (first copy): a simple reference, W dequantized to fp32 by gguf_dequantize, x by its
 // own q8_1 blocks, and a plain fp32 tiled GEMM; PASS when max |out - ref| <= 4e-3 * max |ref|
 // (fp16 output rounding plus fp32 summation order).
-// Rows: op=gguf_mul_mat_vec for M <= 16 (passes of 8 tokens past 8), op=gguf_mul_mat for M >= 4.
+// Rows: op=gguf_mul_mat_vec for M <= 16 (passes of 8 tokens past 8), op=gguf_mul_mat for M >= 4,
+// op=gguf_mmvq_sweep: the vector kernel at --sweep-tokens under each launch configuration
+// (tile size, PDL on / off; GgufMulMatVecConfig), to pick its defaults.
 // Flags: --types Q4_0,...,Q6_K --shapes qkv_proj,o_proj,gate_up,down --tokens 1,4,16,64,512
-//        --iters 20 --json FILE
+//        --sweep-tokens 1 --no-sweep --iters 20 --json FILE
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -128,8 +130,19 @@ double graph_ms(const std::function<void(cudaStream_t)>& body, cudaStream_t stre
   return us / 1e3;
 }
 
-using Product = cudaError_t (*)(void*, const void*, const void*, void*, int32_t, DType, int64_t,
-                                int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+// One call of either product: out = x @ W^T.
+using Product =
+    std::function<cudaError_t(void*, const void*, const void*, void*, int32_t, DType, int64_t,
+                              int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t)>;
+
+Product mul_mat_vec_with(pyorch::GgufMulMatVecConfig config) {
+  return [config](void* out, const void* x, const void* w, void* ws, int32_t type, DType dtype,
+                  int64_t m, int64_t n, int64_t k, int64_t row_bytes, int64_t x_stride,
+                  int64_t out_stride, cudaStream_t s) {
+    return pyorch::gguf_mul_mat_vec(out, x, w, ws, type, dtype, m, n, k, row_bytes, x_stride,
+                                    out_stride, s, &config);
+  };
+}
 
 struct Case {
   const TypeSpec* type;
@@ -140,8 +153,9 @@ struct Case {
 };
 
 // Checks one product against the reference and times it; adds one report row. Returns the check.
-bool run_product(Report& report, const Case& c, const std::string& op, Product product, int64_t m,
-                 double copy_gbs, int iters, cudaStream_t stream) {
+bool run_product(Report& report, const Case& c, const std::string& op, const Product& product,
+                 int64_t m, double copy_gbs, int iters, cudaStream_t stream,
+                 const std::string& config_name = "default") {
   const int64_t n = c.shape->n, k = c.shape->k;
   __half *x, *out;
   float *xf, *ref;
@@ -200,7 +214,8 @@ bool run_product(Report& report, const Case& c, const std::string& op, Product p
               {"pct_of_copy", Report::fmt(100.0 * gbs / copy_gbs, 1)},
               {"max_err", Report::fmt(max_err, 6)},
               {"max_ref", Report::fmt(max_ref, 4)},
-              {"check", pass ? "PASS" : "FAIL"}});
+              {"check", pass ? "PASS" : "FAIL"},
+              {"config", config_name}});
   BENCH_CHECK(cudaFree(x));
   BENCH_CHECK(cudaFree(out));
   BENCH_CHECK(cudaFree(xf));
@@ -218,6 +233,8 @@ int main(int argc, char** argv) {
   const auto shape_names = args.strs("shapes", {});
   const auto tokens = args.list("tokens", {1, 4, 16, 64, 512});
   const int iters = static_cast<int>(args.num("iters", 20));
+  const auto sweep_tokens =
+      args.has("no-sweep") ? std::vector<int64_t>{} : args.list("sweep-tokens", {1});
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreate(&stream));
   const double copy_gbs = pyorch::bench::copy_bandwidth_gbs(stream);
@@ -254,12 +271,25 @@ int main(int argc, char** argv) {
                                           shape.k, c.row_bytes, shape.k, stream));
       for (int64_t m : tokens) {
         if (m <= 16) {
-          failures += !run_product(report, c, "gguf_mul_mat_vec", pyorch::gguf_mul_mat_vec, m,
-                                   copy_gbs, iters, stream);
+          failures += !run_product(report, c, "gguf_mul_mat_vec", mul_mat_vec_with({}), m, copy_gbs,
+                                   iters, stream);
         }
         if (m >= 4) {
           failures += !run_product(report, c, "gguf_mul_mat", pyorch::gguf_mul_mat, m, copy_gbs,
                                    iters, stream);
+        }
+      }
+      // The vector kernel's launch choices, to pick its defaults (rows op=gguf_mmvq_sweep).
+      for (int64_t m : sweep_tokens) {
+        for (int subs : {2, 4}) {
+          for (int pdl : {0, 1}) {
+            pyorch::GgufMulMatVecConfig config;
+            config.subs_per_lane = subs;
+            config.pdl = pdl;
+            const std::string name = "subs" + std::to_string(subs) + "_pdl" + std::to_string(pdl);
+            failures += !run_product(report, c, "gguf_mmvq_sweep", mul_mat_vec_with(config), m,
+                                     copy_gbs, iters, stream, name);
+          }
         }
       }
       for (uint8_t* w : c.weights) BENCH_CHECK(cudaFree(w));

@@ -182,7 +182,16 @@ cudaError_t gguf_quantize_q8_1(void* workspace, const void* input, DType dtype, 
 cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, void* workspace,
                              int32_t type, DType dtype, int64_t num_tokens, int64_t output_size,
                              int64_t input_size, int64_t weight_row_stride_bytes,
-                             int64_t input_stride, int64_t out_stride, cudaStream_t stream) {
+                             int64_t input_stride, int64_t out_stride, cudaStream_t stream,
+                             const GgufMulMatVecConfig* config) {
+  // Defaults: see GgufMulMatVecConfig.
+  int subs_per_lane = 2;
+  bool pdl = pdl_enabled();
+  if (config != nullptr && config->subs_per_lane >= 0) subs_per_lane = config->subs_per_lane;
+  if (config != nullptr && config->pdl >= 0) pdl = config->pdl > 0 && pdl_enabled();
+  if (subs_per_lane != 2 && subs_per_lane != 4) {
+    PYORCH_INVALID("gguf_mul_mat_vec: subs_per_lane %d is not 2 or 4", subs_per_lane);
+  }
   PYORCH_RETURN_IF_ERROR(prepare_mul_mat("gguf_mul_mat_vec", input, weight, workspace, type, dtype,
                                          num_tokens, output_size, input_size,
                                          weight_row_stride_bytes, input_stride, stream));
@@ -204,19 +213,19 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
       if (n == 1) {
         err = kernels::gguf::launch_mul_mat_vec<TYPE, 1>(o, dtype, w, q, ds, n, output_size,
                                                          input_size, weight_row_stride_bytes,
-                                                         out_stride, stream);
+                                                         out_stride, subs_per_lane, pdl, stream);
       } else if (n == 2) {
         err = kernels::gguf::launch_mul_mat_vec<TYPE, 2>(o, dtype, w, q, ds, n, output_size,
                                                          input_size, weight_row_stride_bytes,
-                                                         out_stride, stream);
+                                                         out_stride, subs_per_lane, pdl, stream);
       } else if (n <= 4) {
         err = kernels::gguf::launch_mul_mat_vec<TYPE, 4>(o, dtype, w, q, ds, n, output_size,
                                                          input_size, weight_row_stride_bytes,
-                                                         out_stride, stream);
+                                                         out_stride, subs_per_lane, pdl, stream);
       } else {
         err = kernels::gguf::launch_mul_mat_vec<TYPE, 8>(o, dtype, w, q, ds, n, output_size,
                                                          input_size, weight_row_stride_bytes,
-                                                         out_stride, stream);
+                                                         out_stride, subs_per_lane, pdl, stream);
       }
       PYORCH_RETURN_IF_ERROR(err);
     }

@@ -18,12 +18,13 @@ namespace pyorch::kernels::gguf {
 
 constexpr int kMmvqWarps = 4;  // weight rows per thread block
 
-// A warp's tile: 64 sub-blocks (two per lane), a whole number of blocks and of 16-byte chunks.
-template <int TYPE>
+// A warp's tile: SUBS_PER_LANE sub-blocks per lane (2: 64 per tile, 2048 weights), a whole
+// number of blocks and of 16-byte chunks.
+template <int TYPE, int SUBS_PER_LANE>
 struct MmvqTile {
   using Traits = BlockTraits<TYPE>;
   static constexpr int kSubsPerBlock = Traits::kBlockSize / kSubSize;
-  static constexpr int kSubsPerLane = 2;
+  static constexpr int kSubsPerLane = SUBS_PER_LANE;
   static constexpr int kBlocks = kWarpSize * kSubsPerLane / kSubsPerBlock;
   static constexpr int kBytes = kBlocks * Traits::kBlockBytes;
   static constexpr int kChunks = kBytes / 16;
@@ -82,14 +83,14 @@ __device__ __forceinline__ float sub_dot_q8_1(const Sub32& w, const int8_t* __re
 //   out:    [num_tokens, output_size] (row stride out_stride), of out_dtype
 //   weight: [output_size, num_blocks blocks] (row stride weight_row_stride_bytes)
 //   xq:     [num_tokens, input_size] int8,  xds: [num_tokens, input_size / 32]
-template <int TYPE, int NUM_TOKENS>
+template <int TYPE, int NUM_TOKENS, int SUBS_PER_LANE>
 __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
     mul_mat_vec_kernel(void* __restrict__ out, DType out_dtype, const uint8_t* __restrict__ weight,
                        const int8_t* __restrict__ xq, const Q81Scale* __restrict__ xds,
                        int num_tokens, int64_t output_size, int64_t input_size,
                        int64_t weight_row_stride_bytes, int64_t out_stride, bool vec16) {
   using Traits = BlockTraits<TYPE>;
-  using Tile = MmvqTile<TYPE>;
+  using Tile = MmvqTile<TYPE, SUBS_PER_LANE>;
   __shared__ uint4 tile_smem[kMmvqWarps][Tile::kChunks];
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -155,18 +156,21 @@ __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
   }
 }
 
+// subs_per_lane: 2 or 4 (the tile size); pdl: launch with programmatic dependent launch.
 template <int TYPE, int NUM_TOKENS>
 cudaError_t launch_mul_mat_vec(void* out, DType out_dtype, const uint8_t* weight, const int8_t* xq,
                                const Q81Scale* xds, int num_tokens, int64_t output_size,
                                int64_t input_size, int64_t weight_row_stride_bytes,
-                               int64_t out_stride, cudaStream_t stream) {
+                               int64_t out_stride, int subs_per_lane, bool pdl,
+                               cudaStream_t stream) {
   const bool vec16 =
       reinterpret_cast<uintptr_t>(weight) % 16 == 0 && weight_row_stride_bytes % 16 == 0;
   const int64_t grid = (output_size + kMmvqWarps - 1) / kMmvqWarps;
-  return launch_kernel(mul_mat_vec_kernel<TYPE, NUM_TOKENS>, dim3(static_cast<unsigned>(grid)),
-                       dim3(kMmvqWarps * kWarpSize), 0, stream, pdl_enabled(), out, out_dtype,
-                       weight, xq, xds, num_tokens, output_size, input_size,
-                       weight_row_stride_bytes, out_stride, vec16);
+  auto* kernel = subs_per_lane == 4 ? mul_mat_vec_kernel<TYPE, NUM_TOKENS, 4>
+                                    : mul_mat_vec_kernel<TYPE, NUM_TOKENS, 2>;
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), dim3(kMmvqWarps * kWarpSize), 0,
+                       stream, pdl, out, out_dtype, weight, xq, xds, num_tokens, output_size,
+                       input_size, weight_row_stride_bytes, out_stride, vec16);
 }
 
 }  // namespace pyorch::kernels::gguf

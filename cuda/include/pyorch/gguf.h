@@ -77,11 +77,21 @@ size_t gguf_workspace_bytes(int64_t num_tokens, int64_t input_size);
 //   workspace: gguf_workspace_bytes(num_tokens, input_size) bytes, 16-byte aligned
 // dtype: fp32, fp16 or bf16. type: one of the ten quantized types, input_size a multiple of its
 // block size. Captures in a CUDA graph: no allocation, no synchronization.
+// How gguf_mul_mat_vec launches; a field < 0 means "the launcher picks". Exposed for the
+// benchmark's sweep (bench/cpp/bench_gguf.cu); callers normally pass nullptr. None of it changes
+// the result.
+struct GgufMulMatVecConfig {
+  int subs_per_lane = -1;  // 2 or 4: 32-value sub-blocks per lane per tile (the tile's size)
+  int pdl = -1;  // 1: programmatic dependent launch where pdl_enabled() (the first weight tile
+                 // is loaded while the q8_1 kernel finishes), 0: a plain launch
+};
+
 // gguf_mul_mat_vec: one warp streams each weight row with 16-byte loads and dp4a, for few tokens.
 cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, void* workspace,
                              int32_t type, DType dtype, int64_t num_tokens, int64_t output_size,
                              int64_t input_size, int64_t weight_row_stride_bytes,
-                             int64_t input_stride, int64_t out_stride, cudaStream_t stream);
+                             int64_t input_stride, int64_t out_stride, cudaStream_t stream,
+                             const GgufMulMatVecConfig* config = nullptr);
 // gguf_mul_mat: tiles of 64 weight rows x 32 tokens, unpacked to int8 in shared memory, int8
 // tensor-core mma (m16n8k16), for many tokens.
 cudaError_t gguf_mul_mat(void* out, const void* input, const void* weight, void* workspace,
