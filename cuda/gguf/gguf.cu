@@ -147,9 +147,13 @@ cudaError_t gguf_dequantize(void* out, const void* weight, int32_t type, DType d
       constexpr int kThreads = 128;
       const int64_t num_subs = rows * (cols / kernels::gguf::kSubSize);
       const int64_t grid = (num_subs + kThreads - 1) / kThreads;
-      kernels::gguf::dequantize_kernel<TYPE, T>
-          <<<grid, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const uint8_t*>(weight),
-                                          rows, cols, weight_row_stride_bytes, out_stride);
+      const bool vec =
+          reinterpret_cast<uintptr_t>(out) % 16 == 0 && (out_stride * sizeof(T)) % 16 == 0;
+      auto* kernel = vec ? kernels::gguf::dequantize_kernel<TYPE, T, true>
+                         : kernels::gguf::dequantize_kernel<TYPE, T, false>;
+      kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(out),
+                                            static_cast<const uint8_t*>(weight), rows, cols,
+                                            weight_row_stride_bytes, out_stride);
       return cudaGetLastError();
     });
   });

@@ -10,7 +10,8 @@ namespace pyorch::kernels::gguf {
 
 // out:    [rows, cols] (row stride out_stride)
 // weight: [rows, cols / kBlockSize blocks] (row stride weight_row_stride_bytes)
-template <int TYPE, typename T>
+// VEC: out and out_stride allow 16-byte stores of the 32 values.
+template <int TYPE, typename T, bool VEC>
 __global__ void dequantize_kernel(T* __restrict__ out, const uint8_t* __restrict__ weight,
                                   int64_t rows, int64_t cols, int64_t weight_row_stride_bytes,
                                   int64_t out_stride) {
@@ -26,8 +27,24 @@ __global__ void dequantize_kernel(T* __restrict__ out, const uint8_t* __restrict
   Sub32 s;
   Traits::unpack(block, static_cast<int>(sub_idx % kSubs), s);
   T* dst = out + row * out_stride + sub_idx * kSubSize;
+  if constexpr (VEC) {
+    constexpr int kPerVec = 16 / sizeof(T);
 #pragma unroll
-  for (int i = 0; i < kSubSize; ++i) dst[i] = from_float<T>(sub_value(s, i, kQSigned<TYPE>));
+    for (int v = 0; v < kSubSize / kPerVec; ++v) {
+      union {
+        uint4 u;
+        T t[kPerVec];
+      } pack;
+#pragma unroll
+      for (int i = 0; i < kPerVec; ++i) {
+        pack.t[i] = from_float<T>(sub_value(s, v * kPerVec + i, kQSigned<TYPE>));
+      }
+      reinterpret_cast<uint4*>(dst)[v] = pack.u;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kSubSize; ++i) dst[i] = from_float<T>(sub_value(s, i, kQSigned<TYPE>));
+  }
 }
 
 // The unquantized GGUF types (F32, F16, BF16), converted to T.
