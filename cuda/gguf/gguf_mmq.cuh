@@ -42,7 +42,9 @@ __device__ __forceinline__ void mma_s8_16816(int (&c)[4], uint32_t a0, uint32_t 
 }
 
 // Decodes the weight rows' and copies the tokens' sub-blocks k0 .. k0 + 256 into smem (zeros
-// past the matrix edges, which then add nothing).
+// past the matrix edges, which then add nothing). Every thread first issues all of its loads
+// (out-of-range jobs read a clamped, valid address and are zeroed after), then stores: one memory
+// round trip per slice rather than one per job.
 template <int TYPE>
 __device__ __forceinline__ void mmq_fill(MmqSmem& sm, const uint8_t* __restrict__ weight,
                                          const int8_t* __restrict__ xq,
@@ -51,46 +53,72 @@ __device__ __forceinline__ void mmq_fill(MmqSmem& sm, const uint8_t* __restrict_
                                          int64_t output_size, int64_t input_size,
                                          int64_t weight_row_stride_bytes) {
   using Traits = BlockTraits<TYPE>;
+  constexpr int kThreads = kMmqWarps * kWarpSize;
   constexpr int kSubsPerBlock = Traits::kBlockSize / kSubSize;
+  constexpr int kWJobs = kMmqRows * kMmqSubs / kThreads;
+  constexpr int kXJobs = kMmqTokens * kMmqSubs / kThreads;
+  static_assert(kWJobs * kThreads == kMmqRows * kMmqSubs, "whole jobs per thread");
+  static_assert(kXJobs * kThreads == kMmqTokens * kMmqSubs, "whole jobs per thread");
   const int64_t num_subs = input_size / kSubSize;
-  for (int job = threadIdx.x; job < kMmqRows * kMmqSubs; job += kMmqWarps * kWarpSize) {
+
+  Sub32 w[kWJobs];
+  bool w_valid[kWJobs];
+#pragma unroll
+  for (int i = 0; i < kWJobs; ++i) {
+    const int job = threadIdx.x + i * kThreads;
+    const int64_t row = row0 + job / kMmqSubs, sub_idx = k0 / kSubSize + job % kMmqSubs;
+    w_valid[i] = row < output_size && sub_idx < num_subs;
+    const int64_t r = row < output_size ? row : output_size - 1;
+    const int64_t u = sub_idx < num_subs ? sub_idx : num_subs - 1;
+    Traits::unpack(weight + r * weight_row_stride_bytes + (u / kSubsPerBlock) * Traits::kBlockBytes,
+                   static_cast<int>(u % kSubsPerBlock), w[i]);
+  }
+  int4 xv[kXJobs][2];
+  Q81Scale ds[kXJobs];
+  bool x_valid[kXJobs];
+#pragma unroll
+  for (int i = 0; i < kXJobs; ++i) {
+    const int job = threadIdx.x + i * kThreads;
+    const int64_t tok = tok0 + job / kMmqSubs, sub_idx = k0 / kSubSize + job % kMmqSubs;
+    x_valid[i] = tok < num_tokens && sub_idx < num_subs;
+    const int64_t t = tok < num_tokens ? tok : num_tokens - 1;
+    const int64_t u = sub_idx < num_subs ? sub_idx : num_subs - 1;
+    const int4* src = reinterpret_cast<const int4*>(xq + t * input_size + u * kSubSize);
+    xv[i][0] = src[0];
+    xv[i][1] = src[1];
+    ds[i] = xds[t * num_subs + u];
+  }
+
+#pragma unroll
+  for (int i = 0; i < kWJobs; ++i) {
+    const int job = threadIdx.x + i * kThreads;
     const int r = job / kMmqSubs, j = job % kMmqSubs;
-    const int64_t row = row0 + r, sub_idx = k0 / kSubSize + j;
-    Sub32 s{};
-    if (row < output_size && sub_idx < num_subs) {
-      const uint8_t* block =
-          weight + row * weight_row_stride_bytes + (sub_idx / kSubsPerBlock) * Traits::kBlockBytes;
-      Traits::unpack(block, static_cast<int>(sub_idx % kSubsPerBlock), s);
-    }
+    const uint32_t keep = w_valid[i] ? 0xffffffffu : 0u;
+    const float f = w_valid[i] ? 1.f : 0.f;
     uint4* dst = reinterpret_cast<uint4*>(&sm.w[r][j * kSubSize]);
-    dst[0] = make_uint4(s.q[0], s.q[1], s.q[2], s.q[3]);
-    dst[1] = make_uint4(s.q[4], s.q[5], s.q[6], s.q[7]);
+    dst[0] = make_uint4(w[i].q[0] & keep, w[i].q[1] & keep, w[i].q[2] & keep, w[i].q[3] & keep);
+    dst[1] = make_uint4(w[i].q[4] & keep, w[i].q[5] & keep, w[i].q[6] & keep, w[i].q[7] & keep);
     if constexpr (kScalePer32<TYPE>) {
-      sm.w_sb[r][j] = make_float2(s.scale[0], s.bias[0]);
+      sm.w_sb[r][j] = make_float2(f * w[i].scale[0], f * w[i].bias[0]);
     } else {
-      sm.w_sb[r][2 * j] = make_float2(s.scale[0], s.bias[0]);
-      sm.w_sb[r][2 * j + 1] = make_float2(s.scale[1], s.bias[1]);
+      sm.w_sb[r][2 * j] = make_float2(f * w[i].scale[0], f * w[i].bias[0]);
+      sm.w_sb[r][2 * j + 1] = make_float2(f * w[i].scale[1], f * w[i].bias[1]);
     }
   }
-  for (int job = threadIdx.x; job < kMmqTokens * kMmqSubs; job += kMmqWarps * kWarpSize) {
+#pragma unroll
+  for (int i = 0; i < kXJobs; ++i) {
+    const int job = threadIdx.x + i * kThreads;
     const int t = job / kMmqSubs, j = job % kMmqSubs;
-    const int64_t tok = tok0 + t, sub_idx = k0 / kSubSize + j;
-    int4 q0 = make_int4(0, 0, 0, 0), q1 = q0;
-    Q81Scale ds{};
-    if (tok < num_tokens && sub_idx < num_subs) {
-      const int4* src = reinterpret_cast<const int4*>(xq + tok * input_size + sub_idx * kSubSize);
-      q0 = src[0];
-      q1 = src[1];
-      ds = xds[tok * num_subs + sub_idx];
-    }
+    const int4 zero = make_int4(0, 0, 0, 0);
     int4* dst = reinterpret_cast<int4*>(&sm.x[t][j * kSubSize]);
-    dst[0] = q0;
-    dst[1] = q1;
+    dst[0] = x_valid[i] ? xv[i][0] : zero;
+    dst[1] = x_valid[i] ? xv[i][1] : zero;
+    const float f = x_valid[i] ? 1.f : 0.f;
     if constexpr (kScalePer32<TYPE>) {
-      sm.x_ds[t][j] = make_float2(ds.d, ds.s[0] + ds.s[1]);
+      sm.x_ds[t][j] = make_float2(f * ds[i].d, f * (ds[i].s[0] + ds[i].s[1]));
     } else {
-      sm.x_ds[t][2 * j] = make_float2(ds.d, ds.s[0]);
-      sm.x_ds[t][2 * j + 1] = make_float2(ds.d, ds.s[1]);
+      sm.x_ds[t][2 * j] = make_float2(f * ds[i].d, f * ds[i].s[0]);
+      sm.x_ds[t][2 * j + 1] = make_float2(f * ds[i].d, f * ds[i].s[1]);
     }
   }
 }
