@@ -256,6 +256,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCUDA, &fused_moe_gemm);
   m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
+  m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
+  m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
+  m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
