@@ -126,7 +126,7 @@ __device__ __forceinline__ void mmq_fill(MmqSmem& sm, const uint8_t* __restrict_
 //   out:    [num_tokens, output_size] (row stride out_stride), of out_dtype
 //   weight: [output_size, input_size / kBlockSize blocks] (row stride weight_row_stride_bytes)
 //   xq:     [num_tokens, input_size] int8,  xds: [num_tokens, input_size / 32]
-// grid: (ceil(output_size / 64), ceil(num_tokens / 32))
+// grid: (ceil(num_tokens / 32), ceil(output_size / 64))
 template <int TYPE>
 __global__ void __launch_bounds__(kMmqWarps* kWarpSize)
     mul_mat_kernel(void* __restrict__ out, DType out_dtype, const uint8_t* __restrict__ weight,
@@ -139,8 +139,10 @@ __global__ void __launch_bounds__(kMmqWarps* kWarpSize)
   __shared__ MmqSmem sm;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: groupID, thread in group
-  const int64_t row0 = int64_t(blockIdx.x) * kMmqRows;
-  const int64_t tok0 = int64_t(blockIdx.y) * kMmqTokens;
+  // Token tiles vary fastest: the blocks that share a row tile run together and read its weight
+  // blocks from DRAM about once (the activation is small enough to stay in L2).
+  const int64_t tok0 = int64_t(blockIdx.x) * kMmqTokens;
+  const int64_t row0 = int64_t(blockIdx.y) * kMmqRows;
   const int wr = warp * 16 + g;  // this thread's rows wr and wr + 8 within the tile
 
   float acc[kTokenTiles][4] = {};
@@ -194,11 +196,13 @@ cudaError_t launch_mul_mat(void* out, DType out_dtype, const uint8_t* weight, co
                            int64_t input_size, int64_t weight_row_stride_bytes, int64_t out_stride,
                            cudaStream_t stream) {
   static_assert(sizeof(MmqSmem) <= 48 * 1024, "static shared memory limit");
-  const int64_t token_tiles = (num_tokens + kMmqTokens - 1) / kMmqTokens;
-  if (token_tiles > 65535)
-    PYORCH_INVALID("gguf_mul_mat: %lld tokens is too many", (long long)num_tokens);
-  const dim3 grid(static_cast<unsigned>((output_size + kMmqRows - 1) / kMmqRows),
-                  static_cast<unsigned>(token_tiles));
+  const int64_t row_tiles = (output_size + kMmqRows - 1) / kMmqRows;
+  if (row_tiles > 65535) {
+    PYORCH_INVALID("gguf_mul_mat: %lld weight rows are too many (at most %d)",
+                   static_cast<long long>(output_size), 65535 * kMmqRows);
+  }
+  const dim3 grid(static_cast<unsigned>((num_tokens + kMmqTokens - 1) / kMmqTokens),
+                  static_cast<unsigned>(row_tiles));
   mul_mat_kernel<TYPE><<<grid, kMmqWarps * kWarpSize, 0, stream>>>(
       out, out_dtype, weight, xq, xds, num_tokens, output_size, input_size, weight_row_stride_bytes,
       out_stride);
