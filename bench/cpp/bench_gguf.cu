@@ -14,9 +14,10 @@
 // (fp16 output rounding plus fp32 summation order).
 // Rows: op=gguf_mul_mat_vec for M <= 16 (passes of 8 tokens past 8), op=gguf_mul_mat for M >= 4,
 // op=gguf_mmvq_sweep: the vector kernel at --sweep-tokens under each launch configuration
-// (tile size, PDL on / off; GgufMulMatVecConfig), to pick its defaults.
+// (tile size, PDL on / off; GgufMulMatVecConfig), to pick its defaults; op=gguf_dequantize: the
+// whole weight to fp16 (time only: tests/cuda/gguf checks it bit for bit).
 // Flags: --types Q4_0,...,Q6_K --shapes qkv_proj,o_proj,gate_up,down --tokens 1,4,16,64,512
-//        --sweep-tokens 1 --no-sweep --iters 20 --json FILE
+//        --sweep-tokens 1 --no-sweep --no-dequantize --iters 20 --json FILE
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -153,6 +154,36 @@ struct Case {
 };
 
 // Checks one product against the reference and times it; adds one report row. Returns the check.
+// Times gguf_dequantize of the whole weight to fp16 (checked bit-exact against gguf's own
+// dequantization by tests/cuda/gguf, not here); adds one report row.
+void run_dequantize(Report& report, const Case& c, double copy_gbs, int iters,
+                    cudaStream_t stream) {
+  const int64_t n = c.shape->n, k = c.shape->k;
+  __half* out;
+  BENCH_CHECK(cudaMalloc(&out, n * k * sizeof(__half)));
+  const int copies = static_cast<int>(c.weights.size());
+  const double ms = graph_ms(
+      [&](cudaStream_t s) {
+        for (int i = 0; i < copies; ++i) {
+          BENCH_CHECK(pyorch::gguf_dequantize(out, c.weights[i], c.type->id, DType::kFloat16, n, k,
+                                              c.row_bytes, k, s));
+        }
+      },
+      stream, iters);
+  const double us = 1e3 * ms / copies;
+  const double bytes = double(n) * c.row_bytes + 2.0 * n * k;
+  const double gbs = bytes / (us * 1e3);
+  report.add({{"op", "gguf_dequantize"},
+              {"type", c.type->name},
+              {"shape", c.shape->name},
+              {"n", std::to_string(n)},
+              {"k", std::to_string(k)},
+              {"time_us", Report::fmt(us, 2)},
+              {"GB/s", Report::fmt(gbs, 1)},
+              {"pct_of_copy", Report::fmt(100.0 * gbs / copy_gbs, 1)}});
+  BENCH_CHECK(cudaFree(out));
+}
+
 bool run_product(Report& report, const Case& c, const std::string& op, const Product& product,
                  int64_t m, double copy_gbs, int iters, cudaStream_t stream,
                  const std::string& config_name = "default") {
@@ -269,6 +300,7 @@ int main(int argc, char** argv) {
       BENCH_CHECK(cudaMalloc(&c.wf, size_t(shape.n) * shape.k * sizeof(float)));
       BENCH_CHECK(pyorch::gguf_dequantize(c.wf, c.weights[0], type.id, DType::kFloat32, shape.n,
                                           shape.k, c.row_bytes, shape.k, stream));
+      if (!args.has("no-dequantize")) run_dequantize(report, c, copy_gbs, iters, stream);
       for (int64_t m : tokens) {
         if (m <= 16) {
           failures += !run_product(report, c, "gguf_mul_mat_vec", mul_mat_vec_with({}), m, copy_gbs,
