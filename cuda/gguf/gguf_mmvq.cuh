@@ -28,7 +28,7 @@ struct MmvqTile {
   static constexpr int kBlocks = kWarpSize * kSubsPerLane / kSubsPerBlock;
   static constexpr int kBytes = kBlocks * Traits::kBlockBytes;
   static constexpr int kChunks = kBytes / 16;
-  static constexpr int kChunksPerLane = (kChunks + kWarpSize - 1) / kWarpSize;
+  static constexpr int kChunksPerLane = (kChunks + 1 + kWarpSize - 1) / kWarpSize;  // + 1: misalign
   static_assert(kBytes % 16 == 0, "a tile must be whole 16-byte chunks");
 };
 
@@ -41,20 +41,28 @@ __device__ __forceinline__ void store_as(void* out, DType dtype, int64_t idx, fl
   }
 }
 
-// 16 bytes of a row at byte `off`, of which only those below row_bytes exist (zeros past them).
-// vec16: the row start is 16-byte aligned.
-__device__ __forceinline__ uint4 load_chunk(const uint8_t* row, int64_t off, int64_t row_bytes,
-                                            bool vec16) {
-  if (vec16 && off + 16 <= row_bytes) return __ldg(reinterpret_cast<const uint4*>(row + off));
+// load_chunk's edge case, out of line: it runs only at the tensor's two ends, and inlined it
+// made the compiler hold registers for it in the streaming loop.
+__device__ __noinline__ uint4 load_chunk_edge(const uint8_t* p, const uint8_t* lo,
+                                              const uint8_t* hi) {
   uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {  // rows are an even number of bytes: 2-byte steps
-    if (off + 2 * i < row_bytes) {
-      const uint32_t h = __ldg(reinterpret_cast<const uint16_t*>(row + off + 2 * i));
-      w[i / 2] |= h << (16 * (i % 2));
+  for (int i = 0; i < 8; ++i) {
+    const uint8_t* q = p + 2 * i;
+    if (q >= lo && q + 2 <= hi) {
+      w[i / 2] |= uint32_t(__ldg(reinterpret_cast<const uint16_t*>(q))) << (16 * (i % 2));
     }
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The 16 bytes at p (16-byte aligned), of which only those inside the weight [lo, hi) are read
+// (zeros for the rest): one 16-byte load inside, 2-byte loads (blocks are an even number of bytes)
+// at the tensor's two ends.
+__device__ __forceinline__ uint4 load_chunk(const uint8_t* p, const uint8_t* lo,
+                                            const uint8_t* hi) {
+  if (p >= lo && p + 16 <= hi) return __ldg(reinterpret_cast<const uint4*>(p));
+  return load_chunk_edge(p, lo, hi);
 }
 
 // The dot product of one decoded sub-block with one token's q8_1 block. PER32: w's two halves
@@ -88,10 +96,12 @@ __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
     mul_mat_vec_kernel(void* __restrict__ out, DType out_dtype, const uint8_t* __restrict__ weight,
                        const int8_t* __restrict__ xq, const Q81Scale* __restrict__ xds,
                        int num_tokens, int64_t output_size, int64_t input_size,
-                       int64_t weight_row_stride_bytes, int64_t out_stride, bool vec16) {
+                       int64_t weight_row_stride_bytes, int64_t out_stride) {
   using Traits = BlockTraits<TYPE>;
   using Tile = MmvqTile<TYPE, SUBS_PER_LANE>;
-  __shared__ uint4 tile_smem[kMmvqWarps][Tile::kChunks];
+  // One chunk more than a tile: a row need not start on 16 bytes (blocks are 18-210 bytes), so
+  // the tile is loaded from the 16-byte boundary below it and read `misalign` bytes in.
+  __shared__ uint4 tile_smem[kMmvqWarps][Tile::kChunks + 1];
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = int64_t(blockIdx.x) * kMmvqWarps + warp;
@@ -100,15 +110,21 @@ __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
   const int64_t row_bytes = num_blocks * Traits::kBlockBytes;
   const int64_t num_subs = input_size / kSubSize;
   const uint8_t* row_ptr = weight + row * weight_row_stride_bytes;
-  const uint8_t* tile_bytes = reinterpret_cast<const uint8_t*>(tile_smem[warp]);
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(row_ptr) % 16);
+  const uint8_t* aligned_row = row_ptr - misalign;
+  const uint8_t* weight_end = weight + (output_size - 1) * weight_row_stride_bytes + row_bytes;
+  const int num_chunks = Tile::kChunks + (misalign != 0);  // uniform across the warp
+  // Where the decoders read: misalign keeps 4-byte fields 4-byte aligned (the API checks rows of
+  // such types are).
+  const uint8_t* tile_bytes = reinterpret_cast<const uint8_t*>(tile_smem[warp]) + misalign;
 
   uint4 next[Tile::kChunksPerLane];
   auto load_tile = [&](int64_t tile_off) {
 #pragma unroll
     for (int c = 0; c < Tile::kChunksPerLane; ++c) {
       const int chunk = lane + c * kWarpSize;
-      if (chunk < Tile::kChunks) {
-        next[c] = load_chunk(row_ptr, tile_off + 16 * int64_t(chunk), row_bytes, vec16);
+      if (chunk < num_chunks) {
+        next[c] = load_chunk(aligned_row + tile_off + 16 * int64_t(chunk), weight, weight_end);
       }
     }
   };
@@ -123,7 +139,7 @@ __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
 #pragma unroll
     for (int c = 0; c < Tile::kChunksPerLane; ++c) {
       const int chunk = lane + c * kWarpSize;
-      if (chunk < Tile::kChunks) tile_smem[warp][chunk] = next[c];
+      if (chunk < num_chunks) tile_smem[warp][chunk] = next[c];
     }
     __syncwarp();
     // The next tile's loads are in flight while this one is decoded.
@@ -163,14 +179,12 @@ cudaError_t launch_mul_mat_vec(void* out, DType out_dtype, const uint8_t* weight
                                int64_t input_size, int64_t weight_row_stride_bytes,
                                int64_t out_stride, int subs_per_lane, bool pdl,
                                cudaStream_t stream) {
-  const bool vec16 =
-      reinterpret_cast<uintptr_t>(weight) % 16 == 0 && weight_row_stride_bytes % 16 == 0;
   const int64_t grid = (output_size + kMmvqWarps - 1) / kMmvqWarps;
   auto* kernel = subs_per_lane == 4 ? mul_mat_vec_kernel<TYPE, NUM_TOKENS, 4>
                                     : mul_mat_vec_kernel<TYPE, NUM_TOKENS, 2>;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), dim3(kMmvqWarps * kWarpSize), 0,
                        stream, pdl, out, out_dtype, weight, xq, xds, num_tokens, output_size,
-                       input_size, weight_row_stride_bytes, out_stride, vec16);
+                       input_size, weight_row_stride_bytes, out_stride);
 }
 
 }  // namespace pyorch::kernels::gguf

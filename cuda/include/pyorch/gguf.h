@@ -73,7 +73,8 @@ size_t gguf_workspace_bytes(int64_t num_tokens, int64_t input_size);
 //   input:     [num_tokens, input_size]   (row stride input_stride elements, of dtype)
 //   weight:    [output_size, input_size] of `type` blocks (row stride weight_row_stride_bytes;
 //              rows 4-byte aligned where the block size is a multiple of 4 bytes, else 2-byte
-//              aligned; streamed with 16-byte loads where rows are 16-byte aligned)
+//              aligned; the vector kernel streams rows with 16-byte loads from the 16-byte
+//              boundary at or below each row's start)
 //   workspace: gguf_workspace_bytes(num_tokens, input_size) bytes, 16-byte aligned
 // dtype: fp32, fp16 or bf16. type: one of the ten quantized types, input_size a multiple of its
 // block size. Captures in a CUDA graph: no allocation, no synchronization.
