@@ -62,14 +62,18 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {
   return z ^ (z >> 32);
 }
 
-// Random blocks: random bytes, then each fp16 scale field set to uniform +-0.01.
-__global__ void fill_blocks_kernel(uint8_t* data, size_t num_blocks, int block_bytes, int off0,
-                                   int off1, uint64_t seed) {
+// Random blocks: random bytes (fill_bytes_kernel), then each fp16 scale field set to uniform
+// +-0.01 (fill_scales_kernel; a second kernel, so no byte write can land after a field's).
+__global__ void fill_bytes_kernel(uint8_t* data, size_t n, uint64_t seed) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
-  const size_t n = num_blocks * block_bytes;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
     data[i] = static_cast<uint8_t>(mix(i * 0x9e3779b97f4a7c15ull + seed) >> 24);
   }
+}
+
+__global__ void fill_scales_kernel(uint8_t* data, size_t num_blocks, int block_bytes, int off0,
+                                   int off1, uint64_t seed) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
   for (size_t b = blockIdx.x * size_t(blockDim.x) + threadIdx.x; b < num_blocks; b += stride) {
     for (int off : {off0, off1}) {
       if (off < 0) continue;
@@ -291,7 +295,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < copies; ++i) {
         uint8_t* w;
         BENCH_CHECK(cudaMalloc(&w, bytes));
-        fill_blocks_kernel<<<2048, 256, 0, stream>>>(
+        fill_bytes_kernel<<<2048, 256, 0, stream>>>(w, bytes, 77 + i * 1000003ull);
+        fill_scales_kernel<<<2048, 256, 0, stream>>>(
             w, bytes / block_bytes, static_cast<int>(block_bytes), type.half_offsets[0],
             type.half_offsets.size() > 1 ? type.half_offsets[1] : -1, 77 + i * 1000003ull);
         BENCH_CHECK(cudaGetLastError());
