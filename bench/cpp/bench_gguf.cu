@@ -14,8 +14,8 @@
 // (fp16 output rounding plus fp32 summation order).
 // Rows: op=gguf_mul_mat_vec for M <= 16 (passes of 8 tokens past 8), op=gguf_mul_mat for M >= 4,
 // op=gguf_mmvq_sweep: the vector kernel at --sweep-tokens under each launch configuration
-// (tile size, PDL on / off; GgufMulMatVecConfig), to pick its defaults; op=gguf_dequantize: the
-// whole weight to fp16 (time only: tests/cuda/gguf checks it bit for bit).
+// (tile size, ring stages, L2 hint, PDL; GgufMulMatVecConfig), to pick its defaults;
+// op=gguf_dequantize: the whole weight to fp16 (time only: tests/cuda/gguf checks it bit for bit).
 // Flags: --types Q4_0,...,Q6_K --shapes qkv_proj,o_proj,gate_up,down --tokens 1,4,16,64,512
 //        --sweep-tokens 1 --no-sweep --no-dequantize --iters 20 --json FILE
 #include <algorithm>
@@ -316,17 +316,22 @@ int main(int argc, char** argv) {
                                    iters, stream);
         }
       }
-      // The vector kernel's launch choices, to pick its defaults (rows op=gguf_mmvq_sweep).
+      // The vector kernel's launch choices, to pick its defaults (rows op=gguf_mmvq_sweep):
+      // {sub-blocks per lane, stages, L2::256B hint, PDL}.
+      const int sweep[][4] = {{2, 2, 0, 1}, {2, 2, 1, 1}, {2, 3, 0, 1}, {2, 3, 1, 1},
+                              {2, 4, 1, 1}, {2, 3, 1, 0}, {4, 2, 1, 1}};
       for (int64_t m : sweep_tokens) {
-        for (int subs : {2, 4}) {
-          for (int pdl : {0, 1}) {
-            pyorch::GgufMulMatVecConfig config;
-            config.subs_per_lane = subs;
-            config.pdl = pdl;
-            const std::string name = "subs" + std::to_string(subs) + "_pdl" + std::to_string(pdl);
-            failures += !run_product(report, c, "gguf_mmvq_sweep", mul_mat_vec_with(config), m,
-                                     copy_gbs, iters, stream, name);
-          }
+        for (const auto& v : sweep) {
+          pyorch::GgufMulMatVecConfig config;
+          config.subs_per_lane = v[0];
+          config.num_stages = v[1];
+          config.l2_prefetch = v[2];
+          config.pdl = v[3];
+          const std::string name = "subs" + std::to_string(v[0]) + "_stages" +
+                                   std::to_string(v[1]) + "_l2" + std::to_string(v[2]) + "_pdl" +
+                                   std::to_string(v[3]);
+          failures += !run_product(report, c, "gguf_mmvq_sweep", mul_mat_vec_with(config), m,
+                                   copy_gbs, iters, stream, name);
         }
       }
       for (uint8_t* w : c.weights) BENCH_CHECK(cudaFree(w));

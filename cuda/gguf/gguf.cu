@@ -188,13 +188,25 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
                              int64_t input_size, int64_t weight_row_stride_bytes,
                              int64_t input_stride, int64_t out_stride, cudaStream_t stream,
                              const GgufMulMatVecConfig* config) {
-  // Defaults: see GgufMulMatVecConfig.
+  // Defaults: see GgufMulMatVecConfig. NOTE(gguf): first H100 run (commit ad53a07, register
+  // double-buffering, no L2 hint): two sub-blocks per lane beat four on every Q4_K / Q8_0 8B
+  // shape at M = 1 (four: more registers, fewer resident warps, and a second wave for the
+  // 4096-row shapes), PDL gained 1-15%.
   int subs_per_lane = 2;
+  int num_stages = 3;
+  bool l2_256 = true;
   bool pdl = pdl_enabled();
-  if (config != nullptr && config->subs_per_lane >= 0) subs_per_lane = config->subs_per_lane;
-  if (config != nullptr && config->pdl >= 0) pdl = config->pdl > 0 && pdl_enabled();
+  if (config != nullptr) {  // the caller's non-default fields win
+    if (config->subs_per_lane >= 0) subs_per_lane = config->subs_per_lane;
+    if (config->num_stages >= 0) num_stages = config->num_stages;
+    if (config->l2_prefetch >= 0) l2_256 = config->l2_prefetch > 0;
+    if (config->pdl >= 0) pdl = config->pdl > 0 && pdl_enabled();
+  }
   if (subs_per_lane != 2 && subs_per_lane != 4) {
     PYORCH_INVALID("gguf_mul_mat_vec: subs_per_lane %d is not 2 or 4", subs_per_lane);
+  }
+  if (num_stages < 2 || num_stages > 4) {
+    PYORCH_INVALID("gguf_mul_mat_vec: num_stages %d is not 2, 3 or 4", num_stages);
   }
   PYORCH_RETURN_IF_ERROR(prepare_mul_mat("gguf_mul_mat_vec", input, weight, workspace, type, dtype,
                                          num_tokens, output_size, input_size,
@@ -215,21 +227,21 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
       const Q81Scale* ds = xds + t0 * subs;
       cudaError_t err;
       if (n == 1) {
-        err = kernels::gguf::launch_mul_mat_vec<TYPE, 1>(o, dtype, w, q, ds, n, output_size,
-                                                         input_size, weight_row_stride_bytes,
-                                                         out_stride, subs_per_lane, pdl, stream);
+        err = kernels::gguf::launch_mul_mat_vec<TYPE, 1>(
+            o, dtype, w, q, ds, n, output_size, input_size, weight_row_stride_bytes, out_stride,
+            subs_per_lane, num_stages, l2_256, pdl, stream);
       } else if (n == 2) {
-        err = kernels::gguf::launch_mul_mat_vec<TYPE, 2>(o, dtype, w, q, ds, n, output_size,
-                                                         input_size, weight_row_stride_bytes,
-                                                         out_stride, subs_per_lane, pdl, stream);
+        err = kernels::gguf::launch_mul_mat_vec<TYPE, 2>(
+            o, dtype, w, q, ds, n, output_size, input_size, weight_row_stride_bytes, out_stride,
+            subs_per_lane, num_stages, l2_256, pdl, stream);
       } else if (n <= 4) {
-        err = kernels::gguf::launch_mul_mat_vec<TYPE, 4>(o, dtype, w, q, ds, n, output_size,
-                                                         input_size, weight_row_stride_bytes,
-                                                         out_stride, subs_per_lane, pdl, stream);
+        err = kernels::gguf::launch_mul_mat_vec<TYPE, 4>(
+            o, dtype, w, q, ds, n, output_size, input_size, weight_row_stride_bytes, out_stride,
+            subs_per_lane, num_stages, l2_256, pdl, stream);
       } else {
-        err = kernels::gguf::launch_mul_mat_vec<TYPE, 8>(o, dtype, w, q, ds, n, output_size,
-                                                         input_size, weight_row_stride_bytes,
-                                                         out_stride, subs_per_lane, pdl, stream);
+        err = kernels::gguf::launch_mul_mat_vec<TYPE, 8>(
+            o, dtype, w, q, ds, n, output_size, input_size, weight_row_stride_bytes, out_stride,
+            subs_per_lane, num_stages, l2_256, pdl, stream);
       }
       PYORCH_RETURN_IF_ERROR(err);
     }

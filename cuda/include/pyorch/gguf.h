@@ -83,8 +83,10 @@ size_t gguf_workspace_bytes(int64_t num_tokens, int64_t input_size);
 // the result.
 struct GgufMulMatVecConfig {
   int subs_per_lane = -1;  // 2 or 4: 32-value sub-blocks per lane per tile (the tile's size)
-  int pdl = -1;  // 1: programmatic dependent launch where pdl_enabled() (the first weight tile
-                 // is loaded while the q8_1 kernel finishes), 0: a plain launch
+  int num_stages = -1;     // 2..4: the shared-memory ring of tiles per warp (stages - 1 in flight)
+  int l2_prefetch = -1;    // 1: the weight copies carry the L2::256B prefetch hint, 0: they do not
+  int pdl = -1;  // 1: programmatic dependent launch where pdl_enabled() (the first weight tiles
+                 // are requested while the q8_1 kernel finishes), 0: a plain launch
 };
 
 // gguf_mul_mat_vec: one warp streams each weight row with 16-byte loads and dp4a, for few tokens.
