@@ -176,7 +176,10 @@ __global__ void __launch_bounds__(kMmvqWarps* kWarpSize)
     const uint8_t* tile_bytes =
         reinterpret_cast<const uint8_t*>(ring + (t % num_stages) * Tile::kStageChunks) + misalign;
     const int64_t block0 = int64_t(t) * Tile::kBlocks;
-#pragma unroll
+    // With several tokens, one sub-block at a time: unrolled, the decoded sub-blocks and the
+    // tokens' accumulators outgrew the registers (up to 188 at 8 tokens).
+    constexpr int kUnrollSubs = NUM_TOKENS > 2 ? 1 : Tile::kSubsPerLane;
+#pragma unroll kUnrollSubs
     for (int s = 0; s < Tile::kSubsPerLane; ++s) {
       const int u = lane + s * kWarpSize;  // sub-block within the tile
       const int b = u / Tile::kSubsPerBlock;
