@@ -1,7 +1,7 @@
-// gguf_mul_mat: many tokens. A thread block owns 64 weight rows x 32 tokens. For each 256-wide
-// slice of K it decodes the rows' blocks into int8 in shared memory (with a (scale, bias) pair
-// per scale group), copies the tokens' q8_1 values beside them, and each of its four warps takes
-// int8 tensor-core products (mma m16n8k16, s8 x s8 -> s32) of 16 rows x 32 tokens, one scale
+// gguf_mul_mat: many tokens. A thread block owns 64 (small grids: 32) weight rows x 32 tokens.
+// For each 256-wide slice of K it decodes the rows' blocks into int8 in shared memory (with a
+// (scale, bias) pair per scale group), copies the tokens' q8_1 values beside them, and each warp
+// takes int8 tensor-core products (mma m16n8k16, s8 x s8 -> s32) of 16 rows x 32 tokens, one scale
 // group (16 or 32 values) at a time, folding each group's int32 sums into fp32 with its scales.
 #pragma once
 
@@ -15,19 +15,19 @@
 
 namespace pyorch::kernels::gguf {
 
-constexpr int kMmqRows = 64;    // weight rows per thread block
 constexpr int kMmqTokens = 32;  // tokens per thread block
-constexpr int kMmqWarps = 4;    // each 16 rows x kMmqTokens
 constexpr int kMmqK = 256;      // K slice decoded per step: one K-quant block, eight 32-blocks
 constexpr int kMmqPad = 16;     // row padding (bytes): rows 68 words apart, conflict-free reads
 constexpr int kMmqGroups = kMmqK / kHalfSize;  // scale groups per slice, at most
 constexpr int kMmqSubs = kMmqK / kSubSize;
-static_assert(kMmqRows == 16 * kMmqWarps, "one m16 tile of rows per warp");
 static_assert(kMmqTokens % 8 == 0, "n8 tiles of tokens");
 
+// A thread block of WARPS warps owns 16 * WARPS weight rows (one m16 tile per warp) x kMmqTokens.
+template <int WARPS>
 struct MmqSmem {
-  alignas(16) int8_t w[kMmqRows][kMmqK + kMmqPad];    // decoded weights q_w
-  float2 w_sb[kMmqRows][kMmqGroups];                  // (scale_w, bias_w) per group
+  static constexpr int kRows = 16 * WARPS;
+  alignas(16) int8_t w[kRows][kMmqK + kMmqPad];       // decoded weights q_w
+  float2 w_sb[kRows][kMmqGroups];                     // (scale_w, bias_w) per group
   alignas(16) int8_t x[kMmqTokens][kMmqK + kMmqPad];  // q8_1 values q_x
   float2 x_ds[kMmqTokens][kMmqGroups];                // (d_x, d_x * sum q_x) per group
 };
@@ -45,15 +45,16 @@ __device__ __forceinline__ void mma_s8_16816(int (&c)[4], uint32_t a0, uint32_t 
 // past the matrix edges, which then add nothing). Every thread first issues all of its loads
 // (out-of-range jobs read a clamped, valid address and are zeroed after), then stores: one memory
 // round trip per slice rather than one per job.
-template <int TYPE>
-__device__ __forceinline__ void mmq_fill(MmqSmem& sm, const uint8_t* __restrict__ weight,
+template <int TYPE, int WARPS>
+__device__ __forceinline__ void mmq_fill(MmqSmem<WARPS>& sm, const uint8_t* __restrict__ weight,
                                          const int8_t* __restrict__ xq,
                                          const Q81Scale* __restrict__ xds, int64_t row0,
                                          int64_t tok0, int64_t k0, int64_t num_tokens,
                                          int64_t output_size, int64_t input_size,
                                          int64_t weight_row_stride_bytes) {
   using Traits = BlockTraits<TYPE>;
-  constexpr int kThreads = kMmqWarps * kWarpSize;
+  constexpr int kThreads = WARPS * kWarpSize;
+  constexpr int kMmqRows = MmqSmem<WARPS>::kRows;
   constexpr int kSubsPerBlock = Traits::kBlockSize / kSubSize;
   constexpr int kWJobs = kMmqRows * kMmqSubs / kThreads;
   constexpr int kXJobs = kMmqTokens * kMmqSubs / kThreads;
@@ -127,8 +128,8 @@ __device__ __forceinline__ void mmq_fill(MmqSmem& sm, const uint8_t* __restrict_
 //   weight: [output_size, input_size / kBlockSize blocks] (row stride weight_row_stride_bytes)
 //   xq:     [num_tokens, input_size] int8,  xds: [num_tokens, input_size / 32]
 // grid: (ceil(num_tokens / 32), ceil(output_size / 64))
-template <int TYPE>
-__global__ void __launch_bounds__(kMmqWarps* kWarpSize)
+template <int TYPE, int WARPS>
+__global__ void __launch_bounds__(WARPS* kWarpSize)
     mul_mat_kernel(void* __restrict__ out, DType out_dtype, const uint8_t* __restrict__ weight,
                    const int8_t* __restrict__ xq, const Q81Scale* __restrict__ xds,
                    int64_t num_tokens, int64_t output_size, int64_t input_size,
@@ -136,7 +137,8 @@ __global__ void __launch_bounds__(kMmqWarps* kWarpSize)
   constexpr int kTokenTiles = kMmqTokens / 8;
   constexpr int kGroupSize = kScalePer32<TYPE> ? 32 : 16;  // weights per (scale, bias) pair
   constexpr int kGroups = kMmqK / kGroupSize;
-  __shared__ MmqSmem sm;
+  constexpr int kMmqRows = MmqSmem<WARPS>::kRows;
+  __shared__ MmqSmem<WARPS> sm;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: groupID, thread in group
   // Token tiles vary fastest: the blocks that share a row tile run together and read its weight
@@ -147,8 +149,8 @@ __global__ void __launch_bounds__(kMmqWarps* kWarpSize)
 
   float acc[kTokenTiles][4] = {};
   for (int64_t k0 = 0; k0 < input_size; k0 += kMmqK) {
-    mmq_fill<TYPE>(sm, weight, xq, xds, row0, tok0, k0, num_tokens, output_size, input_size,
-                   weight_row_stride_bytes);
+    mmq_fill<TYPE, WARPS>(sm, weight, xq, xds, row0, tok0, k0, num_tokens, output_size, input_size,
+                          weight_row_stride_bytes);
     __syncthreads();
 #pragma unroll 2
     for (int kg = 0; kg < kGroups; ++kg) {
@@ -190,22 +192,34 @@ __global__ void __launch_bounds__(kMmqWarps* kWarpSize)
   }
 }
 
+// 64-row tiles (4 warps), or 32-row tiles (2 warps) where that leaves fewer than 256 thread
+// blocks: with few tokens the 64-row grid of a 4096-row weight is 64 blocks, half the H100's
+// SMs, each walking all of K alone.
 template <int TYPE>
 cudaError_t launch_mul_mat(void* out, DType out_dtype, const uint8_t* weight, const int8_t* xq,
                            const Q81Scale* xds, int64_t num_tokens, int64_t output_size,
                            int64_t input_size, int64_t weight_row_stride_bytes, int64_t out_stride,
                            cudaStream_t stream) {
-  static_assert(sizeof(MmqSmem) <= 48 * 1024, "static shared memory limit");
-  const int64_t row_tiles = (output_size + kMmqRows - 1) / kMmqRows;
+  static_assert(sizeof(MmqSmem<4>) <= 48 * 1024, "static shared memory limit");
+  const int64_t token_tiles = (num_tokens + kMmqTokens - 1) / kMmqTokens;
+  const int64_t big_tiles = (output_size + 63) / 64;
+  const bool small = big_tiles * token_tiles < 256;
+  const int rows_per_tile = small ? 32 : 64;
+  const int64_t row_tiles = (output_size + rows_per_tile - 1) / rows_per_tile;
   if (row_tiles > 65535) {
     PYORCH_INVALID("gguf_mul_mat: %lld weight rows are too many (at most %d)",
-                   static_cast<long long>(output_size), 65535 * kMmqRows);
+                   static_cast<long long>(output_size), 65535 * rows_per_tile);
   }
-  const dim3 grid(static_cast<unsigned>((num_tokens + kMmqTokens - 1) / kMmqTokens),
-                  static_cast<unsigned>(row_tiles));
-  mul_mat_kernel<TYPE><<<grid, kMmqWarps * kWarpSize, 0, stream>>>(
-      out, out_dtype, weight, xq, xds, num_tokens, output_size, input_size, weight_row_stride_bytes,
-      out_stride);
+  const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(row_tiles));
+  if (small) {
+    mul_mat_kernel<TYPE, 2><<<grid, 2 * kWarpSize, 0, stream>>>(
+        out, out_dtype, weight, xq, xds, num_tokens, output_size, input_size,
+        weight_row_stride_bytes, out_stride);
+  } else {
+    mul_mat_kernel<TYPE, 4><<<grid, 4 * kWarpSize, 0, stream>>>(
+        out, out_dtype, weight, xq, xds, num_tokens, output_size, input_size,
+        weight_row_stride_bytes, out_stride);
+  }
   return cudaGetLastError();
 }
 

@@ -95,8 +95,9 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
                              int64_t input_size, int64_t weight_row_stride_bytes,
                              int64_t input_stride, int64_t out_stride, cudaStream_t stream,
                              const GgufMulMatVecConfig* config = nullptr);
-// gguf_mul_mat: tiles of 64 weight rows x 32 tokens, unpacked to int8 in shared memory, int8
-// tensor-core mma (m16n8k16), for many tokens; output_size at most 65535 * 64.
+// gguf_mul_mat: tiles of 64 weight rows (32 where the grid would be small) x 32 tokens, unpacked
+// to int8 in shared memory, int8 tensor-core mma (m16n8k16), for many tokens; output_size at
+// most 65535 * 32 for grids under 256 tiles of 64 rows, 65535 * 64 otherwise.
 cudaError_t gguf_mul_mat(void* out, const void* input, const void* weight, void* workspace,
                          int32_t type, DType dtype, int64_t num_tokens, int64_t output_size,
                          int64_t input_size, int64_t weight_row_stride_bytes, int64_t input_stride,
