@@ -127,7 +127,7 @@ __device__ __forceinline__ void mmq_fill(MmqSmem<WARPS>& sm, const uint8_t* __re
 //   out:    [num_tokens, output_size] (row stride out_stride), of out_dtype
 //   weight: [output_size, input_size / kBlockSize blocks] (row stride weight_row_stride_bytes)
 //   xq:     [num_tokens, input_size] int8,  xds: [num_tokens, input_size / 32]
-// grid: (ceil(num_tokens / 32), ceil(output_size / 64))
+// grid: (ceil(num_tokens / 32), ceil(output_size / (16 * WARPS)))
 template <int TYPE, int WARPS>
 __global__ void __launch_bounds__(WARPS* kWarpSize)
     mul_mat_kernel(void* __restrict__ out, DType out_dtype, const uint8_t* __restrict__ weight,
