@@ -263,6 +263,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
   m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
   m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
+  m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
+  m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
+  m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
