@@ -156,11 +156,19 @@ def test_quant_ops_reject_bad_input(device: str):
 
 
 # ---- GEMMs ------------------------------------------------------------------------------------
-def _skip_without_gemm_kernel(device: str, op: str = "cutlass_scaled_mm") -> None:
+def _skip_without_gemm_kernel(device: str, op: str = "cutlass_scaled_mm",
+                              out_dtype: torch.dtype = torch.bfloat16, n: int = 16,
+                              k: int = 16) -> None:
     # The CUTLASS kernels come with their own adapters (wt-fp8gemm); until a build has them,
-    # the CUDA cases of the GEMM tests say so instead of failing on a missing kernel.
-    if device == "cuda" and not _ops.has_cuda_kernel(op):
+    # the CUDA cases of the GEMM tests say so instead of failing on a missing kernel. On CUDA
+    # they take bf16/fp16 out and K, N multiples of 16 (16-byte aligned rows, as vLLM's); the
+    # CPU kernels take any size and fp32 out too (the CPU engine runs fp32 models).
+    if device != "cuda":
+        return
+    if not _ops.has_cuda_kernel(op):
         pytest.skip(f"{op} has no CUDA kernel in this build")
+    if out_dtype == torch.float32 or n % 16 or k % 16:
+        pytest.skip("the CUDA GEMMs take bf16/fp16 out and K, N multiples of 16 (CPU only)")
 
 
 def _fp8_operands(m: int, n: int, k: int, device: str):
@@ -175,7 +183,9 @@ def _int8_operands(m: int, n: int, k: int, device: str):
     return a, w
 
 
-MM_SHAPES = [(1, 16, 32), (7, 83, 129), (83, 256, 769), (33, 5125, 256)]
+# Awkward sizes (CPU), and sizes in the CUDA kernels' 16-element alignment.
+MM_SHAPES = [(1, 16, 32), (7, 83, 129), (83, 256, 769), (33, 5125, 256), (7, 96, 128),
+             (83, 272, 784), (33, 5120, 256)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -187,7 +197,7 @@ MM_SHAPES = [(1, 16, 32), (7, 83, 129), (83, 256, 769), (33, 5125, 256)]
 @pytest.mark.parametrize("bias", [False, True])
 def test_cutlass_scaled_mm(device: str, kind: str, out_dtype: torch.dtype, m: int, n: int,
                            k: int, per_token: bool, per_channel: bool, bias: bool):
-    _skip_without_gemm_kernel(device)
+    _skip_without_gemm_kernel(device, out_dtype=out_dtype, n=n, k=k)
     a, w = (_fp8_operands if kind == "fp8" else _int8_operands)(m, n, k, device)
     # Scales that make the outputs O(1): |a @ b| grows like sqrt(k) * (8 or 74)^2.
     unit = 1.0 / ((64.0 if kind == "fp8" else 5500.0) * k**0.5)
@@ -204,7 +214,7 @@ def test_cutlass_scaled_mm(device: str, kind: str, out_dtype: torch.dtype, m: in
 @pytest.mark.parametrize("out_dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k", [(1, 128, 128), (7, 256, 384), (83, 200, 300), (16, 384, 1024)])
 def test_cutlass_scaled_mm_block(device: str, out_dtype: torch.dtype, m: int, n: int, k: int):
-    _skip_without_gemm_kernel(device)
+    _skip_without_gemm_kernel(device, out_dtype=out_dtype, n=n, k=k)
     a, w = _fp8_operands(m, n, k, device)
     kb, nb = -(-k // 128), -(-n // 128)
     sa = (torch.rand(kb, m, device=device) + 0.5).t() / (8 * k**0.5)  # column-major, as vLLM
@@ -221,7 +231,7 @@ def test_cutlass_scaled_mm_block(device: str, out_dtype: torch.dtype, m: int, n:
 @pytest.mark.parametrize("per_token_azp", [False, True])
 def test_cutlass_scaled_mm_azp(device: str, out_dtype: torch.dtype, m: int, n: int, k: int,
                                per_token_azp: bool):
-    _skip_without_gemm_kernel(device, 'cutlass_scaled_mm_azp')
+    _skip_without_gemm_kernel(device, "cutlass_scaled_mm_azp", out_dtype, n, k)
     a, w = _int8_operands(m, n, k, device)
     colsum = w.t().int().sum(dim=0, dtype=torch.int32)  # [N]
     unit = 1.0 / (5500.0 * k**0.5)
