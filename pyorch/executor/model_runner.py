@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pyorch.config import EngineConfig
+from pyorch.config import EngineConfig, kv_cache_torch_dtype
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.core_types import LogprobsLists
 from pyorch.executor.cuda_graph import (
@@ -112,6 +112,8 @@ class ModelRunner:
         self.model = get_model(self.model_config)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.attn_layers.sort(key=lambda layer: layer.layer_idx)
+        for layer in self.attn_layers:  # the cache's storage format (fp8: e4m3 bytes)
+            layer.set_kv_cache_dtype(self.cache_config.cache_dtype)
         logger.info(
             "Loaded %s (%s, %s) in %.2f s",
             self.model_config.model, self.model_config.dtype, self.device,
@@ -128,7 +130,7 @@ class ModelRunner:
         # This rank's KV heads (the attention layers hold the tensor-parallel share).
         num_kv_heads = self.attn_layers[0].num_kv_heads if self.attn_layers else mc.num_kv_heads
         return KVCacheSpec(len(self.attn_layers), self.block_size, num_kv_heads, mc.head_size,
-                           mc.dtype)
+                           kv_cache_torch_dtype(self.cache_config.cache_dtype, mc.dtype))
 
     def initialize_kv_cache(self) -> int:
         """Sizes the KV cache by measurement (GPU) or by byte budget (CPU), allocates and binds

@@ -328,8 +328,9 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add(cache, "--kv-cache-memory-bytes", type=_positive("--kv-cache-memory-bytes"),
          default=None, help="explicit KV-cache size, e.g. 2GiB (the knob on CPU; default 4 GiB "
                             "there)")
-    _add(cache, "--kv-cache-dtype", default="auto", choices=["auto"],
-         help="KV-cache dtype (default: the model's)")
+    _add(cache, "--kv-cache-dtype", default="auto",
+         help="KV-cache dtype: auto (the model's), fp8 or fp8_e4m3 (e4m3 bytes with the "
+              "checkpoint's per-layer k/v scales, 1.0 where it has none); others are refused")
     _add(cache, "--num-gpu-blocks-override", type=_positive("--num-gpu-blocks-override"),
          default=None, help="use this many KV blocks instead of the measured number (testing)")
     _add(cache, "--enable-prefix-caching", "bool", action=argparse.BooleanOptionalAction,
