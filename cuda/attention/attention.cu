@@ -116,6 +116,8 @@ bool all_decode_rows(const PagedAttentionParams& p) {
 // SMs idle (too few CTAs to saturate HBM: 8 splits at 1x32k reach only 55%). fp8 caches aim at
 // two CTAs per SM instead: unpacking to bf16 makes each warp issue-bound, so a second CTA's warps
 // are worth its merge work (1x32k: 32 splits 47%, 16 splits 36%; 16x1k: 2 splits 44%, none 37%).
+// NOTE(fp8kv): those fp8 numbers predate the fragment loads (paged_decode_fp8.cuh), which took
+// the unpacking out of the loop; the fp8 policy (two CTAs per SM, 4-warp CTAs) was not re-swept.
 // NOTE(decode): measured with the 4-warp CTA and merge_split_kv_kernel; a one-CTA-per-SM grid now
 // runs the 8-warp whole-SM shape and merges in the same launch (launch_paged_decode), and these
 // counts were not re-swept for it.
