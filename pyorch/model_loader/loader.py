@@ -16,8 +16,8 @@ from torch import nn
 
 from pyorch.layers.quantization import QuantizeMethodBase
 from pyorch.model_loader.config import is_gguf
-from pyorch.model_loader.quant_config import get_quant_config
 from pyorch.model_loader.gguf_loader import iterate_gguf_weights
+from pyorch.model_loader.quant_config import get_quant_config
 from pyorch.model_loader.weight_utils import (
     initialize_dummy_weights,
     iterate_pt_weights,

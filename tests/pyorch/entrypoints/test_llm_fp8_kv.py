@@ -268,3 +268,26 @@ def test_bad_kv_cache_dtype_is_refused(tiny_model, bad):
     path, _ = tiny_model
     with pytest.raises(ValueError, match=f"kv_cache_dtype '{bad}' is not supported"):
         _make_llm(path, kv_cache_dtype=bad)
+
+
+def test_fp8_tensor_parallel_equals_one_rank(tmp_path_factory, tmp_path):
+    """TP=2 on the CPU (two worker processes, one KV head each): every rank allocates its fp8
+    cache and loads the checkpoint's scales itself; the tokens equal one rank's."""
+    from tests.pyorch.executor.test_multiproc_executor import (
+        _call_with_deadline,
+        _greedy_tokens,
+        _llm,
+        _tiny_model,
+    )
+
+    path, vocab = _tiny_model("llama", tmp_path_factory)
+    ckpt = _with_kv_scales(path, tmp_path, "vllm")
+    prompts = _prompts(vocab, [1, 7, 17, 40])
+    one = _llm(ckpt, kv_cache_dtype="fp8")
+    expected = _greedy_tokens(one, prompts)
+    one.llm_engine.shutdown()
+    two = _llm(ckpt, kv_cache_dtype="fp8", tensor_parallel_size=2)
+    try:
+        assert _call_with_deadline(_greedy_tokens, two, prompts) == expected
+    finally:
+        two.llm_engine.shutdown()

@@ -196,7 +196,8 @@ def test_load_kv_scales_sets_buffers_in_place_and_passes_the_rest():
     before = [a.k_scale.data_ptr() for a in attn]
     weights = [("layers.0.self_attn.k_scale", torch.tensor(0.5)),
                ("layers.0.self_attn.o_proj.weight", torch.ones(2, 2)),
-               ("layers.1.self_attn.v_proj.output_scale", torch.tensor([0.25], dtype=torch.bfloat16)),
+               ("layers.1.self_attn.v_proj.output_scale",
+                torch.tensor([0.25], dtype=torch.bfloat16)),
                ("layers.1.self_attn.q_proj.output_scale", torch.tensor([3.0])),
                ("layers.1.self_attn.kv_scale", torch.tensor(0.125))]
     rest = list(load_kv_scales(model, iter(weights)))
