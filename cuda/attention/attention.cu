@@ -210,6 +210,9 @@ unsigned long long next_decode_tag() {
   return counter.fetch_add(1, std::memory_order_relaxed) % kTags + 1;
 }
 
+// set_decode_fp8_l2_prefetch (attention.h).
+std::atomic<bool> decode_fp8_l2_prefetch{true};
+
 template <class Tile, typename Kernel>
 cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
                                const kernels::DecodeMergeArgs& merge, cudaStream_t stream) {
@@ -230,7 +233,8 @@ cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
 // the 2-CTA shape: choose_decode_splits gives them two CTAs per SM.
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
-  kernels::DecodeMergeArgs merge{nullptr, 0, kDecodeSingleSplitKeys};
+  kernels::DecodeMergeArgs merge{nullptr, 0, kDecodeSingleSplitKeys,
+                                 decode_fp8_l2_prefetch.load(std::memory_order_relaxed)};
   if (decode_merges_in_kernel(args.p, args.num_splits)) {
     merge.arrivals = reinterpret_cast<unsigned long long*>(
         reinterpret_cast<char*>(args.o_partial) + decode_arrivals_offset(args.p, args.num_splits));
@@ -412,6 +416,10 @@ cudaError_t merge_attn_states(void* output, float* output_lse, const void* prefi
         suffix_token_stride, suffix_head_stride, lse_head_stride);
     return cudaGetLastError();
   });
+}
+
+void set_decode_fp8_l2_prefetch(bool enabled) {
+  decode_fp8_l2_prefetch.store(enabled, std::memory_order_relaxed);
 }
 
 }  // namespace pyorch

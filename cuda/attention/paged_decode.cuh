@@ -58,6 +58,7 @@ struct DecodeMergeArgs {
   unsigned long long tag;        // this call's tag, 1 .. 2^48 - 1 (see decode_arrive)
   int single_split_keys = 0;     // with the in-launch merge: a sequence with at most this many
                                  // keys runs in one split and writes `out` itself
+  bool fp8_l2_prefetch = false;  // fp8 K/V copies with an L2 prefetch of 256 bytes (attention.h)
 };
 
 // Shared-memory pieces of a decode CTA; no checks, so that the host can size shapes that do not
@@ -223,13 +224,25 @@ __device__ void load_decode_q(const AttnArgs& a, const WorkTile& w, int kv_head,
 // aligned key range), so the block table is read once per tile.
 template <class Tr, typename CacheT>
 __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile& w, int kv_head,
-                                               int key0, bool one_block, char* k_dst, char* v_dst) {
+                                               int key0, bool one_block, char* k_dst, char* v_dst,
+                                               bool l2_prefetch = false) {
   constexpr int kCopy = Tr::kCopyBytes;
   constexpr int kChunksPerRow = Tr::kTileHead * static_cast<int>(sizeof(CacheT)) / kCopy;
   constexpr int kChunks = kDecodeWarpKeys * kChunksPerRow;
   constexpr int kElemsPerCopy = kCopy / static_cast<int>(sizeof(CacheT));
   auto col_valid = [](int col) {
     return Tr::kTileHead == Tr::kHeadSize || col * kCopy < Tr::kCacheRowBytes;
+  };
+  // fp8 rows are short (128 bytes at head 128): optionally have L2 fetch 256 bytes around each
+  // (the neighbouring kv heads' rows, which other CTAs are about to read; attention.h).
+  auto copy = [l2_prefetch](char* dst, const char* src, bool valid) {
+    if constexpr (Tr::kFp8 && kCopy == 16) {
+      if (l2_prefetch) {
+        attn::cp_async_16_l2_256(dst, src, valid);
+        return;
+      }
+    }
+    attn::cp_async<kCopy>(dst, src, valid);
   };
   const PagedAttentionParams& p = a.p;
   const char* k_cache = static_cast<const char*>(p.key_cache);
@@ -262,10 +275,8 @@ __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile
       for (int it = 0; it < kDecodeWarpKeys / kRowsPerStep; ++it) {
         const int n = it * kRowsPerStep + n0;
         const bool valid = in_row && key0 + n < w.kv_hi;
-        attn::cp_async<kCopy>(k_dst + n * Tr::kKDstPitch + col * kCopy, valid ? k_src : k_cache,
-                              valid);
-        attn::cp_async<kCopy>(v_dst + n * Tr::kVDstPitch + col * kCopy, valid ? v_src : v_cache,
-                              valid);
+        copy(k_dst + n * Tr::kKDstPitch + col * kCopy, valid ? k_src : k_cache, valid);
+        copy(v_dst + n * Tr::kVDstPitch + col * kCopy, valid ? v_src : v_cache, valid);
         k_src += k_step;
         v_src += v_step;
       }
@@ -291,8 +302,8 @@ __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile
       v_src += sizeof(CacheT) * (block * p.v_block_stride + offset * p.v_token_stride +
                                  kv_head * p.v_head_stride + elem);
     }
-    attn::cp_async<kCopy>(k_dst + n * Tr::kKDstPitch + col * kCopy, k_src, valid);
-    attn::cp_async<kCopy>(v_dst + n * Tr::kVDstPitch + col * kCopy, v_src, valid);
+    copy(k_dst + n * Tr::kKDstPitch + col * kCopy, k_src, valid);
+    copy(v_dst + n * Tr::kVDstPitch + col * kCopy, v_src, valid);
   }
 }
 
@@ -522,7 +533,7 @@ __global__ void __launch_bounds__(WARPS* kWarpSize)
   auto load = [&](int i) {  // the warp's i-th tile into ring slot i % kStages
     const int key0 = w.kv_lo + (first_tile + i * WARPS) * kDecodeWarpKeys;
     load_decode_kv<Tr, CacheT>(a, w, kv_head, key0, one_block, k_stage(i % kStages),
-                               v_stage(i % kStages));
+                               v_stage(i % kStages), mg.fp8_l2_prefetch);
   };
 
   load_decode_q<Tr>(a, w, kv_head, q_smem);  // joins the first commit group

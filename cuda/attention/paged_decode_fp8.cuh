@@ -125,13 +125,17 @@ __device__ __forceinline__ void compute_scores_fp8frag(const uint32_t (&qf)[D / 
   for (int jn = 0; jn < 2; ++jn) {
     uint32_t w[D / 16];
     fp8frag::load_bytes<D / 4>(k_tile + (g + 8 * jn) * kPitch + c * (D / 4), w);
-    s[jn][0] = s[jn][1] = s[jn][2] = s[jn][3] = 0.f;
+    // Two independent accumulator chains (even and odd k-steps), added at the end: half the
+    // dependent mma latency per tile, which the decode warps wait on.
+    float acc[2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t b0 = fp8frag::e4m3x2_to_f16x2(w[kk]);
       const uint32_t b1 = fp8frag::e4m3x2_to_f16x2(w[kk] >> 16);
-      attn::mma_16816<__half>(s[jn], qf[kk], b0, b1);
+      attn::mma_16816<__half>(acc[kk % 2], qf[kk], b0, b1);
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[jn][e] = acc[0][e] + acc[1][e];
   }
 }
 
