@@ -37,9 +37,10 @@ MAX_TOKENS = 16
 # that are auto's argmax, and that are within 2% of the logit range of it. Measured on the CPU
 # (float32): argmax 0.945 (Llama) and 0.898 (Qwen3), within 2% 1.0 for both; random tiny models
 # have many near-ties. A wrong scale or a dropped key falls far below.
-# On CUDA (bf16 against the float32 model) not measured yet: looser bounds.
-MIN_ARGMAX_AGREEMENT = 0.85 if DTYPE == torch.float32 else 0.6
-MIN_NEAR_AGREEMENT = 0.98 if DTYPE == torch.float32 else 0.9
+# On an H100 (bf16, CUDA graphs, against the float32 model): argmax 0.883 (Llama) and 0.852
+# (Qwen3), within 2% 0.977 and 0.984.
+MIN_ARGMAX_AGREEMENT = 0.85 if DTYPE == torch.float32 else 0.75
+MIN_NEAR_AGREEMENT = 0.98 if DTYPE == torch.float32 else 0.95
 # Per-layer (k_scale, v_scale) written into the checkpoint of the scales tests.
 CKPT_SCALES = {0: (0.021, 0.034), 1: (0.0125, 0.047)}
 
