@@ -183,8 +183,8 @@ __global__ void reference_kernel(float* ref, const int32_t* rows, int num_rows, 
   }
   if (c.mode != Mode::kBlock) {
     value *= p.a_scales[c.a_per_token ? i : 0] * p.b_scales[c.b_per_channel ? j : 0];
-    if (c.with_bias) value += load_out(p.bias, j, c.out_dtype == DType::kBFloat16);
   }
+  if (c.with_bias) value += load_out(p.bias, j, c.out_dtype == DType::kBFloat16);
   ref[r * p.n + j] = value;
 }
 
@@ -255,7 +255,7 @@ cudaError_t run_ours(const Problem& p, const Case& c, cudaStream_t stream) {
                                            p.m, p.n, p.k, p.n, p.k, p.k, c.a_per_token,
                                            c.b_per_channel, stream, c.tile);
     case Mode::kBlock:
-      return pyorch::cutlass_scaled_mm_blockwise(p.out, p.a, p.b, p.a_scales, p.b_scales,
+      return pyorch::cutlass_scaled_mm_blockwise(p.out, p.a, p.b, p.a_scales, p.b_scales, bias,
                                                  c.out_dtype, p.m, p.n, p.k, p.n, p.k, p.k,
                                                  p.a_scales_stride, stream);
   }
@@ -321,8 +321,9 @@ std::string case_name(const Case& c) {
   s += std::string("_") + pyorch::dtype_name(c.ab_dtype) + "_" + pyorch::dtype_name(c.out_dtype);
   if (c.mode != Mode::kBlock) {
     s += std::string("_a") + (c.a_per_token ? "token" : "tensor") + "_b" +
-         (c.b_per_channel ? "channel" : "tensor") + (c.with_bias ? "_bias" : "");
+         (c.b_per_channel ? "channel" : "tensor");
   }
+  s += c.with_bias ? "_bias" : "";
   return s;
 }
 
@@ -397,7 +398,9 @@ int run_checks(Report& report, cudaStream_t stream) {
         one({Mode::kAzp, ab, out, ScaledMmTile::kAuto, true, false, true, true}, 3, k);
       } else {
         for (int64_t m : {1, 13, 130, 333}) {
-          one({Mode::kBlock, ab, out, ScaledMmTile::kAuto, true, true, false, false}, m, 384);
+          for (bool bias : {false, true}) {
+            one({Mode::kBlock, ab, out, ScaledMmTile::kAuto, true, true, bias, false}, m, 384);
+          }
         }
       }
     }

@@ -160,12 +160,13 @@ cudaError_t cutlass_scaled_mm_azp(void* out, const void* a, const void* b, const
 
 cudaError_t cutlass_scaled_mm_blockwise(void* out, const void* a, const void* b,
                                         const float* a_scales, const float* b_scales,
-                                        DType out_dtype, int64_t m, int64_t n, int64_t k,
-                                        int64_t out_stride, int64_t a_stride, int64_t b_stride,
-                                        int64_t a_scales_stride, cudaStream_t stream) {
+                                        const void* bias, DType out_dtype, int64_t m, int64_t n,
+                                        int64_t k, int64_t out_stride, int64_t a_stride,
+                                        int64_t b_stride, int64_t a_scales_stride,
+                                        cudaStream_t stream) {
   kernels::ScaledMmParams p =
-      make_params("cutlass_scaled_mm_blockwise", out, a, b, a_scales, b_scales, nullptr, out_dtype,
-                  m, n, k, out_stride, a_stride, b_stride, true, true);
+      make_params("cutlass_scaled_mm_blockwise", out, a, b, a_scales, b_scales, bias, out_dtype, m,
+                  n, k, out_stride, a_stride, b_stride, true, true);
   p.a_scales_stride = a_scales_stride;
 #ifdef PYORCH_WITH_CUTLASS
   PYORCH_RETURN_IF_ERROR(check_common(p));

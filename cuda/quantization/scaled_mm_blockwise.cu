@@ -1,6 +1,6 @@
 // Block-scaled fp8 (1 x 128 activation groups, 128 x 128 weight blocks) -> bf16 / fp16 on
 // CUTLASS's sm90 blockwise mainloop, which applies each k block's scales to the wgmma partial
-// sums in registers before adding them to the fp32 accumulator (2 kernels).
+// sums in registers before adding them to the fp32 accumulator; bias in the epilogue (2 kernels).
 #ifdef PYORCH_WITH_CUTLASS
 
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -22,15 +22,23 @@ using ScaleConfig =
 using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
 using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
+// out = acc + bias (the scales are already in acc), rounded once to OutT; bias nullptr reads 0.
+template <typename OutT>
+struct BlockwiseBiasEpilogue {
+  using EVT = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, OutT, float, kRound>,
+                              fusion::Sm90AccFetch, RowVec<OutT, TileShape>>;
+};
+
 template <typename OutT>
 struct BlockwiseGemm {
+  using BiasEpilogue = BlockwiseBiasEpilogue<OutT>;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<OutT>::value;
   using LayoutD = cutlass::layout::RowMajor;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, OutT,
       LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      fusion::LinearCombination<OutT, float, void, float>>::CollectiveOp;
+      typename BiasEpilogue::EVT>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Fp8,
       cute::tuple<cutlass::layout::RowMajor, LayoutSFA>, 16, Fp8,
@@ -66,9 +74,11 @@ cudaError_t launch(const ScaledMmParams& p, cudaStream_t stream) {
       {m, n, k, 1},
       {static_cast<const Fp8*>(p.a), stride_a, static_cast<const Fp8*>(p.b), stride_b, p.a_scales,
        layout_sfa, p.b_scales, layout_sfb},
-      {{}, nullptr, stride_d, static_cast<OutT*>(p.out), stride_d}};
-  args.epilogue.thread.alpha = 1.f;
-  args.epilogue.thread.beta = 0.f;
+      {{{}, {static_cast<const OutT*>(p.bias), OutT(0), {}}, {}},
+       nullptr,
+       stride_d,
+       static_cast<OutT*>(p.out),
+       stride_d}};
   return run_cutlass_gemm<Gemm>(args, p.op, stream);
 }
 

@@ -82,11 +82,13 @@ constexpr int64_t kScaledMmBlockN = 128;
 //             the checkpoint's weight_scale_inv [ceil(n / 128), k / 128] row-major (vLLM passes
 //             its transpose)
 //   out:      [m, n] bf16 or fp16, row stride out_stride (a multiple of 8)
-// k a multiple of 128, n a multiple of 16. No bias (vLLM's block-scaled GEMM has none).
+//   bias:     [n] out_dtype, added after the sum, or nullptr
+// k a multiple of 128, n a multiple of 16.
 cudaError_t cutlass_scaled_mm_blockwise(void* out, const void* a, const void* b,
                                         const float* a_scales, const float* b_scales,
-                                        DType out_dtype, int64_t m, int64_t n, int64_t k,
-                                        int64_t out_stride, int64_t a_stride, int64_t b_stride,
-                                        int64_t a_scales_stride, cudaStream_t stream);
+                                        const void* bias, DType out_dtype, int64_t m, int64_t n,
+                                        int64_t k, int64_t out_stride, int64_t a_stride,
+                                        int64_t b_stride, int64_t a_scales_stride,
+                                        cudaStream_t stream);
 
 }  // namespace pyorch
