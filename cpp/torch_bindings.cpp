@@ -249,6 +249,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
   m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
   m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
+  // the W8A8 CUTLASS GEMMs (cpp/ops/scaled_mm.cpp)
+  m.impl("cutlass_scaled_mm", c10::kCUDA, &cutlass_scaled_mm);
+  m.impl("cutlass_scaled_mm_azp", c10::kCUDA, &cutlass_scaled_mm_azp);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
