@@ -6,6 +6,7 @@
 
 #include "ops.h"
 #include "pyorch/launch.h"
+#include "pyorch/scaled_mm.h"
 #include "quantization_ops.h"
 
 namespace py = pybind11;
@@ -292,5 +293,11 @@ PYBIND11_MODULE(_C, m) {
 #endif
   m.def("gguf_cpu_isa", &pyorch::cpu::gguf_cpu_isa, py::arg("name") = "",
         "The instruction set of the CPU GGUF products (sets it first unless name is empty).");
+#ifdef PYORCH_WITH_CUDA
+  // Whether cuda/ was compiled with the CUTLASS headers: without them the CUDA cutlass_scaled_mm
+  // ops are registered but raise "built without CUTLASS" (cuda/include/pyorch/scaled_mm.h).
+  m.def("cutlass_scaled_mm_available", &pyorch::cutlass_scaled_mm_available,
+        "Whether the CUTLASS W8A8 GEMMs (cutlass_scaled_mm, cutlass_scaled_mm_azp) were built.");
+#endif
   // @pybind (keep this marker)
 }

@@ -18,8 +18,10 @@ from tests.conftest import CUDA_AVAILABLE, capture_graph, tol
 from tests.reference import quantization as ref
 
 pytestmark = pytest.mark.skipif(
-    not CUDA_AVAILABLE or not _ops.has_cuda_kernel("cutlass_scaled_mm"),
-    reason="no CUDA device, or pyorch built without the CUDA scaled GEMMs",
+    not CUDA_AVAILABLE
+    or not _ops.has_cuda_kernel("cutlass_scaled_mm")
+    or not _ops._C.cutlass_scaled_mm_available(),
+    reason="no CUDA device, or pyorch built without the CUTLASS scaled GEMMs",
 )
 
 OUT_DTYPES = [torch.bfloat16, torch.float16]
