@@ -56,8 +56,7 @@ using pyorch::bench::Report;
 
 enum class Mode { kScaled, kAzp, kBlock };
 
-// ---- random data
-// ---------------------------------------------------------------------------------
+// ---- random data -----------------------------------------------------------------------------
 
 __device__ float hash_uniform(size_t i, uint64_t seed) {  // [0, 1)
   uint64_t z = (i + seed * 0x632be59bd9b4e019ull) * 0x9e3779b97f4a7c15ull;
@@ -111,8 +110,7 @@ T* device_alloc(size_t n) {
   return ptr;
 }
 
-// ---- the reference
-// -------------------------------------------------------------------------------
+// ---- the reference ---------------------------------------------------------------------------
 
 __device__ float fp8_to_float(uint8_t bits) {
   __nv_fp8_e4m3 v;
@@ -338,8 +336,7 @@ std::vector<int32_t> sample_rows(int64_t m, int64_t max_rows) {
   return rows;
 }
 
-// ---- correctness over every configuration
-// --------------------------------------------------------
+// ---- correctness over every configuration -------------------------------------------------
 
 // The m each tile is checked at: inside its range, not a multiple of the tile.
 int64_t check_m(ScaledMmTile tile) {
@@ -408,8 +405,7 @@ int run_checks(Report& report, cudaStream_t stream) {
   return failures;
 }
 
-// ---- timing
-// ---------------------------------------------------------------------------------------
+// ---- timing ----------------------------------------------------------------------------------
 
 struct Shape {
   std::string model, name;
