@@ -6,8 +6,10 @@
 
 #include "ops.h"
 #include "pyorch/launch.h"
-#include "pyorch/scaled_mm.h"
 #include "quantization_ops.h"
+#ifdef PYORCH_WITH_CUDA
+#include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
+#endif
 
 namespace py = pybind11;
 
