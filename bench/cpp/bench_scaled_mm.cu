@@ -544,9 +544,21 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
                       false, false};
     const Case token{mode,  ab_dtype, DType::kBFloat16, ScaledMmTile::kAuto, true, true,
                      false, false};
-    // Correctness on this shape first (sampled rows), with the engine's scale granularity.
-    BENCH_CHECK(run_ours(pm, token, t.stream));
+    // Correctness on this shape first (sampled rows), with the engine's scale granularity. A
+    // refused call is a FAIL row, and the other shapes still run.
+    cudaError_t err = run_ours(pm, token, t.stream);
+    if (err == cudaSuccess && !block) err = run_ours(pm, tensor, t.stream);
     BENCH_CHECK(cudaStreamSynchronize(t.stream));
+    if (err != cudaSuccess) {
+      ++failures;
+      report.add({{"op", "bench_error"},
+                  {"shape", s.model + "_" + s.name},
+                  {"M", std::to_string(m)},
+                  {"status", cudaGetErrorString(err)},
+                  {"result", "FAIL"}});
+      continue;
+    }
+    if (!block) BENCH_CHECK(run_ours(pm, token, t.stream));  // out from the checked case again
     const CheckResult check = check_rows(pm, token, sample_rows(m, 16), t.stream);
     failures += check.pass ? 0 : 1;
     // Few launches per graph for large m (each is milliseconds), 24 for decode sizes.
