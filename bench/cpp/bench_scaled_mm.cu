@@ -6,8 +6,8 @@
 // fp8 GEMM, on awkward sizes and fresh random data, against a simple reference kernel (one
 // thread per output, fp32 accumulation for fp8, exact int64 for int8, the scales and bias applied
 // in fp32). A result passes when every element is within tol * (|ref| + mean |ref|) of the
-// reference (tol 2^-7 for bf16 out, 2^-9 for fp16: a few roundings of the output type); the
-// same check also runs on sampled rows of every timed shape.
+// reference (tol 2^-7 for bf16 out, 2^-9 for fp16: two roundings of the output type; 4x that for
+// fp8's fast accumulation); the same check also runs on sampled rows of every timed shape.
 //
 // Timing (op=fp8 / int8 / fp8_block rows): Llama-3-8B and 70B projection shapes (N, K of qkv, o,
 // gate_up, down) x --tokens M. Ours with per-tensor scales (time_us) and with per-token and
@@ -236,7 +236,11 @@ CheckResult check_rows(const Problem& p, const Case& c, const std::vector<int32_
       max_err = std::max(max_err, err);
     }
   }
-  const double tol = bf16 ? 1.0 / 128 : 1.0 / 512;
+  // fp8 runs with fast accumulation (cuBLASLt's fast-accum mode: the wgmma accumulator is not
+  // promoted to full fp32 between k steps): up to ~1% at k = 4096 on an H100, against 0.4% for
+  // bf16's own rounding. Layout or scale bugs are O(1).
+  const bool fast_accum = c.ab_dtype == DType::kFp8E4M3 && c.mode == Mode::kScaled;
+  const double tol = (bf16 ? 1.0 / 128 : 1.0 / 512) * (fast_accum ? 4 : 1);
   return {max_err, max_err <= tol && mean_abs > 0};
 }
 
@@ -292,6 +296,8 @@ Problem make_problem(int64_t m, int64_t n, int64_t k, DType ab_dtype, size_t b_b
   fill_int32_kernel<<<64, 256>>>(p.azp_adj, n, 1 << 12, seed + 5);
   p.out = device_alloc<uint16_t>(size_t(m) * n);
   BENCH_CHECK(cudaGetLastError());
+  // The fills ran on the legacy stream, which the non-blocking timing stream does not wait for.
+  BENCH_CHECK(cudaDeviceSynchronize());
   return p;
 }
 
@@ -302,6 +308,7 @@ void fill_bias(const Problem& p, DType out_dtype, float range, uint64_t seed) {
     fill_out_kernel<<<64, 256>>>(static_cast<__half*>(p.bias), p.n, range, seed);
   }
   BENCH_CHECK(cudaGetLastError());
+  BENCH_CHECK(cudaDeviceSynchronize());  // (see make_problem)
 }
 
 void free_problem(Problem& p) {
@@ -591,21 +598,23 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
     }
 #endif
     const std::string op = block ? "fp8_block" : pyorch::dtype_name(ab_dtype);
-    report.add({{"op", op == "fp8_e4m3" ? "fp8" : op},
-                {"model", s.model},
-                {"shape", s.name},
-                {"M", std::to_string(m)},
-                {"N", std::to_string(s.n)},
-                {"K", std::to_string(s.k)},
-                {"tile", pyorch::scaled_mm_tile_name(pyorch::default_scaled_mm_tile(m))},
-                {"time_us", Report::fmt(tensor_us)},
-                {"token_channel_us", Report::fmt(token_us)},
-                {"cublaslt_us", Report::fmt(cublas_us)},
-                {"ratio", Report::fmt(cublas_us / tensor_us, 3)},
-                {"ratio_token_channel", Report::fmt(cublas_us / token_us, 3)},
-                {"TFLOPS", Report::fmt(flops / (tensor_us * 1e6), 1)},
-                {"max_err", Report::fmt(check.max_err, 6)},
-                {"result", check.pass ? "PASS" : "FAIL"}});
+    report.add(
+        {{"op", op == "fp8_e4m3" ? "fp8" : op},
+         {"model", s.model},
+         {"shape", s.name},
+         {"M", std::to_string(m)},
+         {"N", std::to_string(s.n)},
+         {"K", std::to_string(s.k)},
+         {"tile", block ? "block_128x128x128_c1x2"
+                        : pyorch::scaled_mm_tile_name(pyorch::default_scaled_mm_tile(m, s.n))},
+         {"time_us", Report::fmt(tensor_us)},
+         {"token_channel_us", Report::fmt(token_us)},
+         {"cublaslt_us", Report::fmt(cublas_us)},
+         {"ratio", Report::fmt(cublas_us / tensor_us, 3)},
+         {"ratio_token_channel", Report::fmt(cublas_us / token_us, 3)},
+         {"TFLOPS", Report::fmt(flops / (tensor_us * 1e6), 1)},
+         {"max_err", Report::fmt(check.max_err, 6)},
+         {"result", check.pass ? "PASS" : "FAIL"}});
   }
   BENCH_CHECK(cudaFree(cublas_out));
   free_problem(p);

@@ -94,16 +94,43 @@ const char* scaled_mm_tile_name(ScaledMmTile tile) {
   return "unknown";
 }
 
+namespace {
+
+// The SM count of the current device, asked once per device (the tile choice below).
+int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static int counts[kMaxDevices] = {};  // 0: not asked yet (a benign race: same value)
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 132;
+  if (counts[device] == 0) {
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 132;
+    }
+    counts[device] = count;
+  }
+  return counts[device];
+}
+
+}  // namespace
+
 // The decode tiles put the weight's n on the 64-row side of wgmma, so m <= 16 tokens fill a
-// 16-wide tile instead of a 64-row one padded with zeros, and m <= 64 one 64-wide tile. Up to 256
-// rows a 64-row tile keeps more CTAs busy than a 128-row one (a 4096-wide layer has only 32
-// columns of 128-wide tiles); past that the 128 x 128 tile has the better ratio of wgmma to
-// loads. Thresholds as vLLM's sm90 dispatch.
-ScaledMmTile default_scaled_mm_tile(int64_t m) {
+// 16-wide tile instead of a 64-row one padded with zeros, and m <= 64 one 64-wide tile (as vLLM's
+// sm90 dispatch). Between 64 and 256 rows, 64 x 128 or 128 x 128 tiles by wave count. First H100
+// run (bench_scaled_mm, Llama-3-8B qkv_proj, fp8, 64 x 128 up to 256): M = 128 (96 tiles, one
+// wave) 12.9 us, 0.91x cuBLASLt; M = 256 (192 tiles, two waves) 17.8 us, 0.74x; M = 512 on 128 x
+// 128 (192 tiles) 24.3 us. Taking a 128 x 128 tile as about 1.8 of a 64 x 128 one, the larger
+// tile is chosen when it saves a wave (qkv_proj at M = 256), not when both fit in one (o_proj, n =
+// 4096, at M = 256: 128 tiles of 64 x 128). Not yet measured with this rule.
+ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n) {
   if (m <= 16) return ScaledMmTile::kSwapM16;
   if (m <= 64) return ScaledMmTile::kSwapM64;
-  if (m <= 256) return ScaledMmTile::kM256;
-  return ScaledMmTile::kLarge;
+  if (m > 256) return ScaledMmTile::kLarge;
+  const int64_t sms = sm_count();
+  const int64_t n_tiles = (n + 127) / 128;
+  const int64_t waves64 = ((m + 63) / 64 * n_tiles + sms - 1) / sms;
+  const int64_t waves128 = ((m + 127) / 128 * n_tiles + sms - 1) / sms;
+  return 10 * waves64 <= 18 * waves128 ? ScaledMmTile::kM256 : ScaledMmTile::kLarge;
 }
 
 cudaError_t cutlass_scaled_mm(void* out, const void* a, const void* b, const float* a_scales,
@@ -116,7 +143,7 @@ cudaError_t cutlass_scaled_mm(void* out, const void* a, const void* b, const flo
                   out_stride, a_stride, b_stride, a_per_token, b_per_channel);
 #ifdef PYORCH_WITH_CUTLASS
   PYORCH_RETURN_IF_ERROR(check_common(p));
-  if (tile == ScaledMmTile::kAuto) tile = default_scaled_mm_tile(m);
+  if (tile == ScaledMmTile::kAuto) tile = default_scaled_mm_tile(m, n);
   switch (ab_dtype) {
     case DType::kFp8E4M3: return kernels::launch_scaled_mm_fp8(p, tile, stream);
     case DType::kInt8: return kernels::launch_scaled_mm_int8(p, tile, stream);

@@ -63,9 +63,14 @@ cudaError_t launch(const ScaledMmParams& p, cudaStream_t stream) {
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const int k_groups = static_cast<int>(p.k / kScaledMmBlockK);
   const int sfa_stride = static_cast<int>(p.a_scales_stride);
-  // ((1, m), (128, k / 128), batch): scale (i, g) at g * a_scales_stride + i.
+  // ((1, m4), (128, k / 128), batch): scale (i, g) at g * a_scales_stride + i. The TMA that loads
+  // the scales needs the m extent a multiple of 4 (16 bytes; CUTLASS's can_implement refuses it
+  // otherwise), so it is rounded up: a_scales_stride >= m4 (a multiple of 4 >= m), and the extra
+  // scales only meet rows past m, whose A rows TMA fills with zeros and whose outputs are never
+  // stored.
+  const int m4 = (m + 3) / 4 * 4;
   const LayoutSFA layout_sfa = make_layout(
-      make_shape(make_shape(_1{}, m), make_shape(Int<kScaledMmBlockK>{}, k_groups), 1),
+      make_shape(make_shape(_1{}, m4), make_shape(Int<kScaledMmBlockK>{}, k_groups), 1),
       make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, sfa_stride), sfa_stride * k_groups));
   // ((128, ceil(n / 128)), (128, k / 128), batch): scale (g, jb) at jb * (k / 128) + g.
   const LayoutSFB layout_sfb = ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
