@@ -90,6 +90,7 @@ const char* scaled_mm_tile_name(ScaledMmTile tile) {
     case ScaledMmTile::kSwapM64: return "swap_64x64x256";
     case ScaledMmTile::kM256: return "64x128x128_c2x1";
     case ScaledMmTile::kLarge: return "128x128x128_c2x1";
+    case ScaledMmTile::kHuge: return "128x256x128_c2x1";
   }
   return "unknown";
 }
@@ -121,10 +122,14 @@ int sm_count() {
 // wave) 12.9 us, 0.91x cuBLASLt; M = 256 (192 tiles, two waves) 17.8 us, 0.74x; M = 512 on 128 x
 // 128 (192 tiles) 24.3 us. Taking a 128 x 128 tile as about 1.8 of a 64 x 128 one, the larger
 // tile is chosen when it saves a wave (qkv_proj at M = 256), not when both fit in one (o_proj, n =
-// 4096, at M = 256: 128 tiles of 64 x 128). Not yet measured with this rule.
-ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n) {
+// 4096, at M = 256: 128 tiles of 64 x 128). Not yet measured with this rule. int8 from 2048 rows
+// takes 128 x 256 tiles: on 128 x 128 cooperative it ran 0.82-0.91x of cuBLASLt's int8 (1,205
+// against 1,470 TOPS at M = 4096) where fp8 on 128 x 128 ping-pong matched cuBLASLt; the wider
+// tile halves the A reloads per wgmma (not yet measured).
+ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n, DType ab_dtype) {
   if (m <= 16) return ScaledMmTile::kSwapM16;
   if (m <= 64) return ScaledMmTile::kSwapM64;
+  if (m >= 2048 && ab_dtype == DType::kInt8) return ScaledMmTile::kHuge;
   if (m > 256) return ScaledMmTile::kLarge;
   const int64_t sms = sm_count();
   const int64_t n_tiles = (n + 127) / 128;
@@ -143,7 +148,11 @@ cudaError_t cutlass_scaled_mm(void* out, const void* a, const void* b, const flo
                   out_stride, a_stride, b_stride, a_per_token, b_per_channel);
 #ifdef PYORCH_WITH_CUTLASS
   PYORCH_RETURN_IF_ERROR(check_common(p));
-  if (tile == ScaledMmTile::kAuto) tile = default_scaled_mm_tile(m, n);
+  if (tile == ScaledMmTile::kAuto) tile = default_scaled_mm_tile(m, n, ab_dtype);
+  if (tile == ScaledMmTile::kHuge && ab_dtype != DType::kInt8) {
+    PYORCH_INVALID("cutlass_scaled_mm: tile %s is instantiated for int8 only",
+                   scaled_mm_tile_name(tile));
+  }
   switch (ab_dtype) {
     case DType::kFp8E4M3: return kernels::launch_scaled_mm_fp8(p, tile, stream);
     case DType::kInt8: return kernels::launch_scaled_mm_int8(p, tile, stream);

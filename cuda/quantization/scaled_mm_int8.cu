@@ -1,5 +1,5 @@
-// int8 x int8 (int32 accumulate) -> bf16 / fp16: the scaled GEMM in the four tile configurations
-// of ScaledMmTile (8 kernels) and the zero-point (azp) variant in the two unswapped ones (4).
+// int8 x int8 (int32 accumulate) -> bf16 / fp16: the scaled GEMM in the five tile configurations
+// of ScaledMmTile (10 kernels) and the zero-point (azp) variant in two unswapped ones (4).
 #ifdef PYORCH_WITH_CUTLASS
 
 #include "quantization/scaled_mm_sm90.cuh"
@@ -26,6 +26,10 @@ using TileLarge =
     Sm90Tile<Shape<_128, _128, _128>, Shape<_2, _1, _1>, KernelTmaWarpSpecializedCooperative,
              TmaWarpSpecializedCooperative, false>;
 
+using TileHuge =
+    Sm90Tile<Shape<_128, _256, _128>, Shape<_2, _1, _1>, KernelTmaWarpSpecializedCooperative,
+             TmaWarpSpecializedCooperative, false>;
+
 template <typename OutT>
 cudaError_t dispatch_tile(const ScaledMmParams& p, ScaledMmTile tile, cudaStream_t stream) {
   switch (tile) {
@@ -37,6 +41,8 @@ cudaError_t dispatch_tile(const ScaledMmParams& p, ScaledMmTile tile, cudaStream
       return launch_scaled_mm_sm90<int8_t, OutT, TileM256, ScaledEpilogue>(p, stream);
     case ScaledMmTile::kLarge:
       return launch_scaled_mm_sm90<int8_t, OutT, TileLarge, ScaledEpilogue>(p, stream);
+    case ScaledMmTile::kHuge:
+      return launch_scaled_mm_sm90<int8_t, OutT, TileHuge, ScaledEpilogue>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -27,11 +27,13 @@ enum class ScaledMmTile : int {
   kSwapM64 = 1,  // m <= 64: out^T = B^T A^T, 64 (n) x 64 (m) x 256 tiles
   kM256 = 2,     // m <= 256: 64 x 128 x 128 tiles, clusters of 2 along m (if it saves no wave)
   kLarge = 3,    // larger m: 128 x 128 x 128 tiles, clusters of 2 along m
+  kHuge = 4,     // int8 only, m >= 2048: 128 x 256 x 128 tiles, clusters of 2 along m
 };
-constexpr int kNumScaledMmTiles = 4;
+constexpr int kNumScaledMmTiles = 5;
 const char* scaled_mm_tile_name(ScaledMmTile tile);
-// The tile the launcher uses for an m x n output when given kAuto (for the current device).
-ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n);
+// The tile the launcher uses for an m x n output of ab_dtype operands when given kAuto (for the
+// current device).
+ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n, DType ab_dtype);
 
 // out[m, n] = a_scales ⊙ (A @ B) ⊙ b_scales (+ bias[n]), accumulated in fp32 (fp8) or int32
 // (int8), scaled in fp32 and rounded once to out_dtype; no extra pass over out.
