@@ -25,9 +25,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 OUT_DTYPES = [torch.bfloat16, torch.float16]
-# m in each tile's range and off its edges: swap 64x16 (1, 13), swap 64x64 (17, 64), 64x128
-# (65, 200), 128x128 (333, 1031).
-MS = [1, 13, 17, 64, 65, 200, 333, 1031]
+# m in each tile's range and off its edges: swap 64x16 (1, 13), swap 64x64 (17, 64), 64x128 or
+# 128x128 by wave count (65, 200), 128x128 (333, 1031), int8's 128x256 from 2048 rows (2053).
+MS = [1, 13, 17, 64, 65, 200, 333, 1031, 2053]
 # (n, k): the smallest legal problem, n and k off every tile edge (multiples of 16 as required),
 # and a Llama-3-8B-sized layer (o_proj) with a k tail.
 NKS = [(16, 16), (272, 336), (4096, 1040)]
