@@ -262,6 +262,9 @@ TORCH_LIBRARY(pyorch, m) {
   // the W8A8 CUTLASS GEMMs (cpp/ops/scaled_mm.cpp)
   m.impl("cutlass_scaled_mm", c10::kCUDA, &cutlass_scaled_mm);
   m.impl("cutlass_scaled_mm_azp", c10::kCUDA, &cutlass_scaled_mm_azp);
+  m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
+  m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
+  m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
