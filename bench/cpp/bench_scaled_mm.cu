@@ -7,7 +7,8 @@
 // thread per output, fp32 accumulation for fp8, exact int64 for int8, the scales and bias applied
 // in fp32). A result passes when every element is within tol * (|ref| + mean |ref|) of the
 // reference (tol 2^-7 for bf16 out, 2^-9 for fp16: two roundings of the output type; 4x that for
-// fp8's fast accumulation); the same check also runs on sampled rows of every timed shape.
+// fp8's fast accumulation); the same check also runs on sampled rows of every timed shape, where
+// fp8 passes within 1.5x of cuBLASLt's own fast-accumulation error (cublaslt_max_err) if larger.
 //
 // Timing (op=fp8 / int8 / fp8_block rows): Llama-3-8B and 70B projection shapes (N, K of qkv, o,
 // gate_up, down) x --tokens M. Ours with per-tensor scales (time_us) and with per-token and
@@ -192,8 +193,9 @@ struct CheckResult {
   bool pass;
 };
 
+// tol < 0: the default for the case (below).
 CheckResult check_rows(const Problem& p, const Case& c, const std::vector<int32_t>& rows,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, double tol = -1) {
   int32_t* d_rows = device_alloc<int32_t>(rows.size());
   float* d_ref = device_alloc<float>(rows.size() * p.n);
   BENCH_CHECK(
@@ -240,7 +242,7 @@ CheckResult check_rows(const Problem& p, const Case& c, const std::vector<int32_
   // promoted to full fp32 between k steps): up to ~1% at k = 4096 on an H100, against 0.4% for
   // bf16's own rounding. Layout or scale bugs are O(1).
   const bool fast_accum = c.ab_dtype == DType::kFp8E4M3 && c.mode == Mode::kScaled;
-  const double tol = (bf16 ? 1.0 / 128 : 1.0 / 512) * (fast_accum ? 4 : 1);
+  if (tol < 0) tol = (bf16 ? 1.0 / 128 : 1.0 / 512) * (fast_accum ? 4 : 1);
   return {max_err, max_err <= tol && mean_abs > 0};
 }
 
@@ -567,8 +569,7 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
       continue;
     }
     if (!block) BENCH_CHECK(run_ours(pm, token, t.stream));  // out from the checked case again
-    const CheckResult check = check_rows(pm, token, sample_rows(m, 16), t.stream);
-    failures += check.pass ? 0 : 1;
+    CheckResult check = check_rows(pm, token, sample_rows(m, 16), t.stream);
     // Few launches per graph for large m (each is milliseconds), 24 for decode sizes.
     const double flops = 2.0 * m * s.n * s.k;
     const int launches = static_cast<int>(std::clamp(2e12 / std::max(flops, 1.0), 2.0, 24.0));
@@ -583,7 +584,7 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
     };
     const double token_us = ours(token);
     const double tensor_us = block ? token_us : ours(tensor);
-    double cublas_us = NAN;
+    double cublas_us = NAN, cublas_err = NAN;
 #ifdef PYORCH_BENCH_CUBLASLT
     {
       const CublasLtGemm g(t.handle, ab_dtype == DType::kInt8, m, s.n, s.k, p.a_scales, p.b_scales,
@@ -595,9 +596,22 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
                     t.workspace, t.workspace_bytes, st);
             },
             launches, t.iters, t.stream);
+        // fp8 fast accumulation loses precision as k grows (3-4% of the output scale at k =
+        // 28672 on an H100): with cuBLASLt in the same mode, ours passes when within 1.5x of
+        // cuBLASLt's own error on the same data (per-tensor scales, the same sampled rows).
+        if (ab_dtype == DType::kFp8E4M3 && !block && t.fast_accum) {
+          g.run(t.handle, p.b, p.a, cublas_out, t.workspace, t.workspace_bytes, t.stream);
+          BENCH_CHECK(cudaStreamSynchronize(t.stream));
+          Problem pc = pm;
+          pc.out = cublas_out;
+          cublas_err = check_rows(pc, tensor, sample_rows(m, 16), t.stream).max_err;
+          const double tol = std::max(4.0 / 128, 1.5 * cublas_err);
+          check.pass = check.max_err <= tol;
+        }
       }
     }
 #endif
+    failures += check.pass ? 0 : 1;
     const std::string op = block ? "fp8_block" : pyorch::dtype_name(ab_dtype);
     report.add({{"op", op == "fp8_e4m3" ? "fp8" : op},
                 {"model", s.model},
@@ -615,6 +629,7 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
                 {"ratio_token_channel", Report::fmt(cublas_us / token_us, 3)},
                 {"TFLOPS", Report::fmt(flops / (tensor_us * 1e6), 1)},
                 {"max_err", Report::fmt(check.max_err, 6)},
+                {"cublaslt_max_err", Report::fmt(cublas_err, 6)},
                 {"result", check.pass ? "PASS" : "FAIL"}});
   }
   BENCH_CHECK(cudaFree(cublas_out));
