@@ -145,6 +145,21 @@ TORCH_LIBRARY(pyorch, m) {
   // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
   m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
 
+  // ---- W4A16: 4-bit weights x 16-bit activations (GPTQ, AWQ; pyorch/_ops.py says how)
+  // ------------ GPTQ qweight [size_k / 8, size_n] int32 (perm: act-order, [size_k] int32 or None)
+  // / AWQ qweight [size_k, size_n / 8] -> pyorch's w4 tiles [size_n / 16, size_k * 2] int32.
+  m.def(
+      "gptq_marlin_repack(Tensor b_q_weight, Tensor? perm, SymInt size_k, SymInt size_n, "
+      "int num_bits) -> Tensor");
+  m.def(
+      "awq_marlin_repack(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits) -> Tensor");
+  // a [size_m, size_k] @ dequant(b_q_weight) -> [size_m, size_n] (into c when given); b_scales
+  // [num_groups, size_n], b_zeros [num_groups, size_n / 8] (uint4), b_q_type a vLLM ScalarType id.
+  m.def(
+      "gptq_marlin_gemm(Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor b_scales, "
+      "Tensor? b_zeros_or_none, Tensor? perm_or_none, Tensor workspace, int b_q_type, "
+      "SymInt size_m, SymInt size_n, SymInt size_k) -> Tensor");
+
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
@@ -168,6 +183,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_align_block_size", c10::kCPU, &pyorch::cpu::moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCPU, &pyorch::cpu::fused_moe_gemm);
   m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
+  m.impl("gptq_marlin_repack", c10::kCPU, &pyorch::cpu::gptq_marlin_repack);
+  m.impl("awq_marlin_repack", c10::kCPU, &pyorch::cpu::awq_marlin_repack);
+  m.impl("gptq_marlin_gemm", c10::kCPU, &pyorch::cpu::gptq_marlin_gemm);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -196,6 +214,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCUDA, &fused_moe_gemm);
   m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
+  m.impl("gptq_marlin_repack", c10::kCUDA, &gptq_marlin_repack);
+  m.impl("awq_marlin_repack", c10::kCUDA, &awq_marlin_repack);
+  m.impl("gptq_marlin_gemm", c10::kCUDA, &gptq_marlin_gemm);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
