@@ -88,17 +88,17 @@
                       bool silu_and_mul);
 
 // W4A16: 4-bit weights x 16-bit activations (cpp/cpu/w4a16.cpp, cpp/ops/w4a16.cpp).
-#define PYORCH_DECLARE_W4A16_OPS                                                                   \
-  at::Tensor gptq_marlin_repack(const at::Tensor& b_q_weight,                                      \
-                                const std::optional<at::Tensor>& perm, int64_t size_k,             \
-                                int64_t size_n, int64_t num_bits);                                 \
-  at::Tensor awq_marlin_repack(const at::Tensor& b_q_weight, int64_t size_k, int64_t size_n,       \
-                               int64_t num_bits);                                                  \
-  at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>& c_or_none,     \
-                              const at::Tensor& b_q_weight, const at::Tensor& b_scales,            \
-                              const std::optional<at::Tensor>& b_zeros_or_none,                    \
-                              const std::optional<at::Tensor>& perm_or_none,                       \
-                              const at::Tensor& workspace, int64_t b_q_type, int64_t size_m,       \
+#define PYORCH_DECLARE_W4A16_OPS                                                               \
+  at::Tensor gptq_marlin_repack(const at::Tensor& b_q_weight,                                  \
+                                const std::optional<at::Tensor>& perm, int64_t size_k,         \
+                                int64_t size_n, int64_t num_bits);                             \
+  at::Tensor awq_marlin_repack(const at::Tensor& b_q_weight, int64_t size_k, int64_t size_n,   \
+                               int64_t num_bits);                                              \
+  at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>& c_or_none, \
+                              const at::Tensor& b_q_weight, const at::Tensor& b_scales,        \
+                              const std::optional<at::Tensor>& b_zeros_or_none,                \
+                              const std::optional<at::Tensor>& perm_or_none,                   \
+                              const at::Tensor& workspace, int64_t b_q_type, int64_t size_m,   \
                               int64_t size_n, int64_t size_k);
 
 // CUDA adapters (cpp/ops/*.cpp).
