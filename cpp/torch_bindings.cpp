@@ -6,6 +6,7 @@
 
 #include "ops.h"
 #include "pyorch/launch.h"
+#include "quantization_ops.h"
 
 namespace py = pybind11;
 
@@ -145,9 +146,9 @@ TORCH_LIBRARY(pyorch, m) {
   // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
   m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
 
-  // ---- W4A16: 4-bit weights x 16-bit activations (GPTQ, AWQ; pyorch/_ops.py says how)
-  // ------------ GPTQ qweight [size_k / 8, size_n] int32 (perm: act-order, [size_k] int32 or None)
-  // / AWQ qweight [size_k, size_n / 8] -> pyorch's w4 tiles [size_n / 16, size_k * 2] int32.
+  // ---- W4A16: 4-bit weights x 16-bit activations (GPTQ, AWQ; pyorch/_ops.py says how) --------
+  // GPTQ qweight [size_k / 8, size_n] int32 (perm: act-order, [size_k] int32 or None) / AWQ
+  // qweight [size_k, size_n / 8] -> pyorch's w4 tiles [size_n / 16, size_k * 2] int32.
   m.def(
       "gptq_marlin_repack(Tensor b_q_weight, Tensor? perm, SymInt size_k, SymInt size_n, "
       "int num_bits) -> Tensor");
@@ -159,6 +160,41 @@ TORCH_LIBRARY(pyorch, m) {
       "gptq_marlin_gemm(Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor b_scales, "
       "Tensor? b_zeros_or_none, Tensor? perm_or_none, Tensor workspace, int b_q_type, "
       "SymInt size_m, SymInt size_n, SymInt size_k) -> Tensor");
+
+  // ---- quantization (vLLM's schemas; shapes and checks in cpp/quantization_checks.h) ---------
+  // fp8 e4m3: out = saturate(round_to_nearest_even(input / scale)); input [..., hidden]
+  // fp32/fp16/bf16, out float8_e4m3fn (a 2-D out may have extra rows, left unwritten).
+  // static: scale [1] given; dynamic: scale [1] = max(absmax(input) / 448, 1 / (448 * 512));
+  // per token: scale [num_tokens, 1] = max(min(absmax(row), scale_ub) / 448, 1 / (448 * 512)).
+  m.def("static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale) -> ()");
+  m.def("dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()");
+  m.def(
+      "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale, "
+      "Tensor? scale_ub) -> ()");
+  // int8: out = saturate(round(input / scale) + azp). static: scale [1] (and azp [1] int32 when
+  // asymmetric); dynamic, per token: scale [num_tokens, 1] = absmax / 127, or with azp
+  // [num_tokens, 1] int32 the row's [min, max] mapped onto [-128, 127].
+  m.def("static_scaled_int8_quant(Tensor! result, Tensor input, Tensor scale, Tensor? azp) -> ()");
+  m.def(
+      "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor!? azp) -> "
+      "()");
+  // Groups of group_size along K: output_s [M, K / group_size] (any strides) = max(absmax, eps)
+  // / fp8_max (rounded up to a power of two when scale_ue8m0); output_q = clamp(x / s).
+  m.def(
+      "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, int group_size, "
+      "float eps, float fp8_min, float fp8_max, bool scale_ue8m0) -> ()");
+  // out [M, N] = (a [M, K] @ b [K, N]) * a_scales * b_scales (+ bias [N]); a row-major, b
+  // column-major (weight.t()); fp8 or int8 in, bf16/fp16/fp32 out. Scales: a [1] or [M], b [1]
+  // or [N]; or block-wise a [M, ceil(K/128)], b [ceil(K/128), ceil(N/128)] (fp8).
+  m.def(
+      "cutlass_scaled_mm(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, "
+      "Tensor? bias) -> ()");
+  // int8 with asymmetric activations: out = a_scales * b_scales * (a @ b - azp_adj) with a
+  // per-tensor azp folded into azp_adj [N] (= azp * colsum(b)), or (a @ b - azp[m] * azp_adj[n])
+  // with a per-token azp [M] int32 (azp_adj = colsum(b)).
+  m.def(
+      "cutlass_scaled_mm_azp(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, "
+      "Tensor azp_adj, Tensor? azp, Tensor? bias) -> ()");
 
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
@@ -186,6 +222,16 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("gptq_marlin_repack", c10::kCPU, &pyorch::cpu::gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCPU, &pyorch::cpu::awq_marlin_repack);
   m.impl("gptq_marlin_gemm", c10::kCPU, &pyorch::cpu::gptq_marlin_gemm);
+  // quantization
+  m.impl("static_scaled_fp8_quant", c10::kCPU, &pyorch::cpu::static_scaled_fp8_quant);
+  m.impl("dynamic_scaled_fp8_quant", c10::kCPU, &pyorch::cpu::dynamic_scaled_fp8_quant);
+  m.impl("dynamic_per_token_scaled_fp8_quant", c10::kCPU,
+         &pyorch::cpu::dynamic_per_token_scaled_fp8_quant);
+  m.impl("static_scaled_int8_quant", c10::kCPU, &pyorch::cpu::static_scaled_int8_quant);
+  m.impl("dynamic_scaled_int8_quant", c10::kCPU, &pyorch::cpu::dynamic_scaled_int8_quant);
+  m.impl("per_token_group_fp8_quant", c10::kCPU, &pyorch::cpu::per_token_group_fp8_quant);
+  m.impl("cutlass_scaled_mm", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm);
+  m.impl("cutlass_scaled_mm_azp", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm_azp);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -217,6 +263,13 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("gptq_marlin_repack", c10::kCUDA, &gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCUDA, &awq_marlin_repack);
   m.impl("gptq_marlin_gemm", c10::kCUDA, &gptq_marlin_gemm);
+  // quantization (the scaled GEMMs' CUTLASS adapters add theirs below)
+  m.impl("static_scaled_fp8_quant", c10::kCUDA, &static_scaled_fp8_quant);
+  m.impl("dynamic_scaled_fp8_quant", c10::kCUDA, &dynamic_scaled_fp8_quant);
+  m.impl("dynamic_per_token_scaled_fp8_quant", c10::kCUDA, &dynamic_per_token_scaled_fp8_quant);
+  m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
+  m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
+  m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
