@@ -2,6 +2,7 @@
 // dequantizes 64 output columns at a time into an fp32 buffer (each weight rounded to a's dtype
 // first, as the CUDA kernel's registers hold it) and multiplies it with at::mm, the column chunks
 // spread over the threads. Same contracts as the CUDA ops (cuda/include/pyorch/w4a16.h).
+#include <algorithm>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -76,7 +77,7 @@ void dequantize_columns(float* w, const uint32_t* b_q, const T* scales, const ui
 }
 
 template <typename T>
-void gemm(at::Tensor& out, const at::Tensor& a_float, const at::Tensor& b_q_weight,
+void gemm(float* out, const at::Tensor& a_float, const at::Tensor& b_q_weight,
           const at::Tensor& b_scales, const std::optional<at::Tensor>& b_zeros,
           const W4A16GemmShape& s) {
   const auto* b_q = reinterpret_cast<const uint32_t*>(b_q_weight.const_data_ptr<int32_t>());
@@ -92,8 +93,13 @@ void gemm(at::Tensor& out, const at::Tensor& a_float, const at::Tensor& b_q_weig
       dequantize_columns<T>(buffer.data(), b_q, scales, zeros, s.size_n, s.size_k, s.group_size, n0,
                             columns);
       const at::Tensor w = at::from_blob(buffer.data(), {columns, s.size_k}, at::kFloat);
-      const at::Tensor part = at::mm(a_float, w.t());  // [size_m, columns] fp32
-      out.narrow(1, n0, columns).copy_(part);
+      // [size_m, columns] fp32. Written through a raw pointer: parallel_for's threads do not
+      // carry the caller's InferenceMode, and an in-place op on its tensors would be refused.
+      const at::Tensor part = at::mm(a_float, w.t()).contiguous();
+      const float* src = part.const_data_ptr<float>();
+      for (int64_t m = 0; m < s.size_m; ++m) {
+        std::copy(src + m * columns, src + (m + 1) * columns, out + m * s.size_n + n0);
+      }
     }
   });
 }
@@ -134,12 +140,16 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
   at::Tensor out_float = at::empty({size_m, size_n}, a.options().dtype(at::kFloat));
   switch (a.scalar_type()) {
     case at::kBFloat16:
-      gemm<at::BFloat16>(out_float, a_float, b_q_weight, b_scales, b_zeros_or_none, s);
+      gemm<at::BFloat16>(out_float.data_ptr<float>(), a_float, b_q_weight, b_scales,
+                         b_zeros_or_none, s);
       break;
     case at::kHalf:
-      gemm<at::Half>(out_float, a_float, b_q_weight, b_scales, b_zeros_or_none, s);
+      gemm<at::Half>(out_float.data_ptr<float>(), a_float, b_q_weight, b_scales, b_zeros_or_none,
+                     s);
       break;
-    default: gemm<float>(out_float, a_float, b_q_weight, b_scales, b_zeros_or_none, s); break;
+    default:
+      gemm<float>(out_float.data_ptr<float>(), a_float, b_q_weight, b_scales, b_zeros_or_none, s);
+      break;
   }
   out.copy_(out_float);
   return out;

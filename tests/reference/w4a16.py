@@ -83,15 +83,17 @@ def quantize(
     sym: bool,
     act_order: bool = False,
     generator: torch.Generator | None = None,
+    order: torch.Tensor | None = None,
 ) -> Quantized:
     """Round-to-nearest 4-bit quantization with groups of group_size rows of K (-1: one group).
     act_order: groups are formed over a random permutation of K (as GPTQ's desc_act forms them
-    over the Hessian order), so g_idx is not monotonic. Scales are rounded to float16 first, as
-    checkpoints store them."""
+    over the Hessian order), so g_idx is not monotonic; `order` gives that permutation. Scales
+    are rounded to float16 first, as checkpoints store them."""
     w = weight.double().t().contiguous()  # [K, N]
     k, n = w.shape
     gs = k if group_size == -1 else group_size
-    order = torch.randperm(k, generator=generator) if act_order else torch.arange(k)
+    if order is None:
+        order = torch.randperm(k, generator=generator) if act_order else torch.arange(k)
     g_idx = torch.empty(k, dtype=torch.int32)
     g_idx[order] = (torch.arange(k) // gs).to(torch.int32)
     num_groups = k // gs

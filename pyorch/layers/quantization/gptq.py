@@ -160,7 +160,7 @@ class GPTQLinearMethod(LinearMethodBase):
             torch.empty(k // 8, n, dtype=torch.int32), output_dim=1, input_dim=0, packed_dim=0,
             packed_factor=8, weight_loader=loader)
         g_idx = RowvLLMParameter(torch.empty(k, dtype=torch.int32), input_dim=0,
-                                 weight_loader=loader)
+                                 weight_loader=_same_g_idx_loader(loader, name))
         if groups_whole:
             scales: BasevLLMParameter = ChannelQuantScaleParameter(
                 torch.empty(1, n, dtype=params_dtype), output_dim=1, weight_loader=loader)
@@ -178,8 +178,10 @@ class GPTQLinearMethod(LinearMethodBase):
         for pname, param in (("qweight", qweight), ("g_idx", g_idx), ("qzeros", qzeros),
                              ("scales", scales)):
             layer.register_parameter(pname, param)
-        layer.gptq_group_size = k if cfg.group_size == -1 else cfg.group_size
-        layer.gptq_row_offset = (cast(int, getattr(layer, "tp_rank", 0)) * k) if row_split else 0
+        group_size = k if cfg.group_size == -1 else cfg.group_size
+        row_offset = cast(int, getattr(layer, "tp_rank", 0)) * k if row_split else 0
+        layer.gptq_group_size = group_size  # type: ignore[assignment]
+        layer.gptq_row_offset = row_offset  # type: ignore[assignment]
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         cfg = self.config
@@ -217,3 +219,18 @@ class GPTQLinearMethod(LinearMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         return apply_w4a16(layer, x, bias)
+
+
+def _same_g_idx_loader(loader: Any, name: str) -> Any:
+    """A merged layer (qkv, gate_up) has one g_idx for its shards, as in vLLM: every shard's
+    must be the same (GPTQ's act-order comes from the shared input), else the load fails."""
+
+    def load(param: nn.Parameter, loaded_weight: torch.Tensor, *shard: Any) -> None:
+        previous = param.data.clone() if getattr(param, "w4_loaded", False) else None
+        loader(param, loaded_weight, *shard)
+        if previous is not None and not torch.equal(previous, param.data):
+            raise ValueError(f"{name}: the merged shards have different g_idx (act-order); "
+                             "pyorch's kernel needs one order per merged layer")
+        param.w4_loaded = True  # type: ignore[attr-defined]
+
+    return load

@@ -73,17 +73,19 @@ def set_w4a16_weights(
 ) -> None:
     """Stores the kernel's tensors on the layer (see the module docstring)."""
     n = scales.shape[1]
+    # (type: ignore: nn.Module's attribute typing knows only tensors and modules)
     layer.w4_qweight = nn.Parameter(qweight, requires_grad=False)
     layer.w4_scales = nn.Parameter(scales.to(params_dtype).contiguous(), requires_grad=False)
-    layer.w4_zeros = (nn.Parameter(zeros.contiguous(), requires_grad=False)
-                      if zeros is not None else None)
-    layer.w4_perm = (nn.Parameter(perm.to(torch.int32).contiguous(), requires_grad=False)
-                     if perm is not None else None)
+    w4_zeros = nn.Parameter(zeros.contiguous(), requires_grad=False) if zeros is not None else None
+    w4_perm = (nn.Parameter(perm.to(torch.int32).contiguous(), requires_grad=False)
+               if perm is not None else None)
+    layer.w4_zeros = w4_zeros  # type: ignore[assignment]
+    layer.w4_perm = w4_perm  # type: ignore[assignment]
     layer.register_buffer("w4_workspace", _ops.w4a16_make_workspace(n, qweight.device),
                           persistent=False)
-    layer.w4_type = quant_type
-    layer.w4_size_n = n
-    layer.w4_size_k = qweight.shape[1] // 2
+    layer.w4_type = quant_type  # type: ignore[assignment]
+    layer.w4_size_n = n  # type: ignore[assignment]
+    layer.w4_size_k = qweight.shape[1] // 2  # type: ignore[assignment]
 
 
 def apply_w4a16(
