@@ -101,10 +101,20 @@
                               const at::Tensor& workspace, int64_t b_q_type, int64_t size_m,   \
                               int64_t size_n, int64_t size_k);
 
+// GGUF (cpp/cpu/gguf.cpp, cpp/ops/gguf.cpp): vLLM's ggml ops; they return their result.
+#define PYORCH_DECLARE_GGUF_OPS                                                                \
+  at::Tensor ggml_dequantize(const at::Tensor& W, int64_t quant_type, int64_t m, int64_t n,    \
+                             std::optional<at::ScalarType> dtype);                             \
+  at::Tensor ggml_mul_mat_vec_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type, \
+                                 int64_t row);                                                 \
+  at::Tensor ggml_mul_mat_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,     \
+                             int64_t row);
+
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
 PYORCH_DECLARE_W4A16_OPS
+PYORCH_DECLARE_GGUF_OPS
 
 // CUDA-only: the custom all-reduce of tensor parallelism (cpp/ops/custom_all_reduce.cpp). The
 // tensor ops are schemas; the IPC helpers map memory into the process (state, not tensor ops) and
@@ -125,4 +135,8 @@ namespace pyorch::cpu {
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
 PYORCH_DECLARE_W4A16_OPS
+PYORCH_DECLARE_GGUF_OPS
+// The instruction set of the CPU GGUF products: sets it ("best", "avx512_vnni", "avx2",
+// "portable") unless name is empty, and returns the one in use.
+std::string gguf_cpu_isa(const std::string& name);
 }  // namespace pyorch::cpu

@@ -195,6 +195,17 @@ TORCH_LIBRARY(pyorch, m) {
   m.def(
       "cutlass_scaled_mm_azp(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, "
       "Tensor azp_adj, Tensor? azp, Tensor? bias) -> ()");
+  // ---- GGUF (vLLM's ggml ops) -----------------------------------------------------------------
+  // W: a GGUF tensor's raw blocks (any dtype, read as bytes, contiguous; usually uint8
+  // [rows, cols / block_size * type_size]); quant_type: the GGML type id
+  // (gguf.GGMLQuantizationType). Returns W dequantized as [m, n] of dtype (default float16).
+  m.def(
+      "ggml_dequantize(Tensor W, int quant_type, SymInt m, SymInt n, ScalarType? dtype) -> Tensor");
+  // Returns X @ W^T: X [num_tokens, cols] fp32/fp16/bf16, W `row` rows of cols; out [num_tokens,
+  // row] of X's dtype. X is quantized to 8 bits per 32 values and dotted with the blocks in
+  // integer arithmetic. _vec_ is meant for few tokens (decode), mul_mat for more.
+  m.def("ggml_mul_mat_vec_a8(Tensor W, Tensor X, int quant_type, SymInt row) -> Tensor");
+  m.def("ggml_mul_mat_a8(Tensor W, Tensor X, int quant_type, SymInt row) -> Tensor");
 
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
@@ -232,6 +243,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("per_token_group_fp8_quant", c10::kCPU, &pyorch::cpu::per_token_group_fp8_quant);
   m.impl("cutlass_scaled_mm", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm);
   m.impl("cutlass_scaled_mm_azp", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm_azp);
+  m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
+  m.impl("ggml_mul_mat_vec_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_vec_a8);
+  m.impl("ggml_mul_mat_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_a8);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -263,13 +277,6 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("gptq_marlin_repack", c10::kCUDA, &gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCUDA, &awq_marlin_repack);
   m.impl("gptq_marlin_gemm", c10::kCUDA, &gptq_marlin_gemm);
-  // quantization (the scaled GEMMs' CUTLASS adapters add theirs below)
-  m.impl("static_scaled_fp8_quant", c10::kCUDA, &static_scaled_fp8_quant);
-  m.impl("dynamic_scaled_fp8_quant", c10::kCUDA, &dynamic_scaled_fp8_quant);
-  m.impl("dynamic_per_token_scaled_fp8_quant", c10::kCUDA, &dynamic_per_token_scaled_fp8_quant);
-  m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
-  m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
-  m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
@@ -301,5 +308,7 @@ PYBIND11_MODULE(_C, m) {
         "Maps a peer's CUDA IPC handle; returns the device address in this process.");
   m.def("ipc_close", &pyorch::ipc_close, py::arg("ptr"), "Unmaps an address from ipc_open.");
 #endif
+  m.def("gguf_cpu_isa", &pyorch::cpu::gguf_cpu_isa, py::arg("name") = "",
+        "The instruction set of the CPU GGUF products (sets it first unless name is empty).");
   // @pybind (keep this marker)
 }

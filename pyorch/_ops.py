@@ -697,3 +697,30 @@ def has_cuda_kernel(op_name: str) -> bool:
     """Whether torch.ops.pyorch.<op_name> has a CUDA kernel in this build (the CUTLASS GEMMs
     exist only where they were compiled)."""
     return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"pyorch::{op_name}", "CUDA"))
+
+# ---- GGUF (vLLM's ggml ops; unlike the ops above they return their result, as vLLM's do) -------
+def ggml_dequantize(
+    W: torch.Tensor, quant_type: int, m: int, n: int, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
+    """A GGUF tensor's blocks as floats: [m, n] of dtype (float16 when None, as vLLM).
+
+    W holds the tensor's raw bytes as stored in the file (uint8 [m, n / block_size * type_size]),
+    quant_type is its GGML type id (``gguf.GGMLQuantizationType``): F32, F16, BF16, Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K.
+    """
+    return _ops.ggml_dequantize(W, quant_type, m, n, dtype)
+
+
+def ggml_mul_mat_vec_a8(
+    W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int
+) -> torch.Tensor:
+    """X @ W^T for few tokens (decode), read from W's quantized blocks: X [num_tokens, cols]
+    fp32/fp16/bf16, W `row` rows of cols (as ggml_dequantize); returns [num_tokens, row] of X's
+    dtype. X is quantized to 8 bits per 32 values (scale max|x| / 127) for integer dot products.
+    Types: the quantized ones of ggml_dequantize (not F32/F16/BF16)."""
+    return _ops.ggml_mul_mat_vec_a8(W, X, quant_type, row)
+
+
+def ggml_mul_mat_a8(W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int) -> torch.Tensor:
+    """ggml_mul_mat_vec_a8 for many tokens (prefill): the same result, a kernel built for M > 8."""
+    return _ops.ggml_mul_mat_a8(W, X, quant_type, row)
