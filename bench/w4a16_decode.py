@@ -87,7 +87,7 @@ def time_pyorch(path: str, new_tokens: int, repeats: int) -> dict[str, Any]:
 
     t0 = time.time()
     llm = LLM(path, skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=1024,
-              gpu_memory_utilization=0.5, seed=0)
+              gpu_memory_utilization=0.5, seed=0, max_num_seqs=4)
     load_s = time.time() - t0
     prompt = [{"prompt_token_ids": list(range(10, 42))}]
 
@@ -110,7 +110,7 @@ import json, statistics, sys, time
 from vllm import LLM, SamplingParams
 path, n, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 llm = LLM(path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=1024,
-          gpu_memory_utilization=0.5, seed=0)
+          gpu_memory_utilization=0.4, seed=0, max_num_seqs=4)
 prompt = [{"prompt_token_ids": list(range(10, 42))}]
 def run(k):
     t = time.perf_counter()

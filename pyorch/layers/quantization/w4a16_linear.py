@@ -95,8 +95,8 @@ def apply_w4a16(
 ) -> torch.Tensor:  # [..., N]
     n, k = cast(int, layer.w4_size_n), cast(int, layer.w4_size_k)
     x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) % 8):
-        x2 = x2.contiguous()
+    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) % 8) or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # the CUDA kernel's 16-byte loads
     scales = cast(torch.Tensor, layer.w4_scales)
     if x2.dtype != scales.dtype:
         raise TypeError(f"{type(layer).__name__}: 4-bit layer built for {scales.dtype} "

@@ -18,6 +18,7 @@ from pyorch.layers.quantization import get_quantization_config
 from pyorch.layers.quantization.awq import AWQConfig, AWQLinearMethod
 from pyorch.layers.quantization.gptq import GPTQConfig, GPTQLinearMethod
 from pyorch.model_loader.loader import process_weights_after_loading
+from tests.conftest import CUDA_AVAILABLE, DEVICES, tol
 from tests.pyorch.layers.quantization.w4a16_checkpoints import (
     FORMATS,
     quantization_config,
@@ -50,21 +51,24 @@ def _load(layer: torch.nn.Module, parts: dict[str, torch.Tensor], *shard) -> Non
         params[name].weight_loader(params[name], tensor, *shard)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
-def test_merged_layers_match_dequantized_weights(fmt: str, group_size: int):
+def test_merged_layers_match_dequantized_weights(device: str, fmt: str, group_size: int):
+    """float32 on the CPU; bfloat16 on CUDA (its kernel takes 16-bit activations only)."""
     torch.manual_seed(0)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
     order = torch.randperm(256) if fmt == "gptq_act_order" else None  # q/k/v share an input
-    qkv = QKVParallelLinear(256, 64, 4, 2, bias=False, params_dtype=torch.float32,
-                            quant_method=_method(fmt, group_size))
+    with torch.device(device):
+        qkv = QKVParallelLinear(256, 64, 4, 2, bias=False, params_dtype=dtype,
+                                quant_method=_method(fmt, group_size))
+        gate_up = MergedColumnParallelLinear(256, [192, 192], bias=False, params_dtype=dtype,
+                                             quant_method=_method(fmt, group_size))
     dense = []
     for shard, rows in (("q", 256), ("k", 128), ("v", 128)):
         parts, w = _quantize(torch.randn(rows, 256) * 0.05, fmt, group_size, order)
         _load(qkv, parts, shard)
         dense.append(w)
-    gate_up = MergedColumnParallelLinear(256, [192, 192], bias=False,
-                                         params_dtype=torch.float32,
-                                         quant_method=_method(fmt, group_size))
     dense_gu = []
     for shard in (0, 1):
         parts, w = _quantize(torch.randn(192, 256) * 0.05, fmt, group_size, order)
@@ -72,9 +76,11 @@ def test_merged_layers_match_dequantized_weights(fmt: str, group_size: int):
         dense_gu.append(w)
     for layer in (qkv, gate_up):
         layer.quant_method.process_weights_after_loading(layer)
-    x = torch.randn(5, 256)
+    x = torch.randn(5, 256, dtype=dtype, device=device)
     for layer, w in ((qkv, torch.cat(dense)), (gate_up, torch.cat(dense_gu))):
-        torch.testing.assert_close(layer(x).double(), x.double() @ w.T, atol=1e-4, rtol=1e-4)
+        # The kernel's contract: each weight rounded to the activations' dtype.
+        expected = (x.double().cpu() @ w.T.to(dtype).double()).to(dtype)
+        torch.testing.assert_close(layer(x).cpu(), expected, **tol(dtype))
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "awq"])
@@ -203,3 +209,23 @@ def test_process_weights_after_loading_is_the_loaders():
     process_weights_after_loading(holder)
     x = torch.randn(2, 128)
     torch.testing.assert_close(layer(x).double(), x.double() @ w.T, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
+@pytest.mark.parametrize("fmt", ["gptq_act_order", "awq"])
+def test_cuda_engine_matches_the_dequantized_bf16_checkpoint(fmt: str, tmp_path):
+    """On CUDA in bf16: the 4-bit checkpoint against the same engine on its dequantized weights
+    saved in bf16 (the very weights the kernel forms in registers), token for token."""
+    path = str(tmp_path / "quantized")
+    reference = write_w4a16_checkpoint(path, MODELS["llama"](), fmt, 128)
+    dense = str(tmp_path / "dense")
+    reference.to(torch.bfloat16).save_pretrained(dense)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    tokens = []
+    for model in (path, dense):
+        llm = LLM(model, skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=128,
+                  seed=0, gpu_memory_utilization=0.2)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        tokens.append([list(o.outputs[0].token_ids) for o in outs])
+        del llm
+    assert tokens[0] == tokens[1]
