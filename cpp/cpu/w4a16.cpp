@@ -52,26 +52,41 @@ at::Tensor repack(const at::Tensor& b_q_weight, const std::optional<at::Tensor>&
 }
 
 // w [columns, size_k] (fp32) = W^T of the tile columns n0 .. n0 + columns, each value (q - z) * s
-// rounded to T (exact for float).
+// rounded to T (exact for float). Walks the tiles in storage order (w4a16_layout.h): a lane's 16
+// codes of a k-block share one group, so its two columns' scales and zeros are read once.
 template <typename T>
 void dequantize_columns(float* w, const uint32_t* b_q, const T* scales, const uint32_t* zeros,
                         int64_t size_n, int64_t size_k, int64_t group_size, int64_t n0,
                         int64_t columns) {
-  const int64_t first_word = n0 / kW4A16TileN * size_k * 2;
-  const int64_t num_words = columns * size_k / 8;
-  for (int64_t word = first_word; word < first_word + num_words; ++word) {
-    const uint32_t packed = b_q[word];
-    for (int c = 0; c < 8; ++c) {
-      int64_t n, k;
-      w4a16_code_coord(word, c, size_k, &n, &k);
-      const int64_t group = k / group_size;
-      const int z =
-          zeros != nullptr
-              ? static_cast<int>((zeros[group * (size_n / 8) + n / 8] >> (4 * (n % 8))) & 0xF)
-              : 8;
-      const int q = static_cast<int>((packed >> (4 * c)) & 0xF);
-      const float s = static_cast<float>(scales[group * size_n + n]);
-      w[(n - n0) * size_k + k] = static_cast<float>(static_cast<T>(static_cast<float>(q - z) * s));
+  const int64_t kblocks = size_k / kW4A16BlockK;
+  for (int64_t nt = n0 / kW4A16TileN; nt < (n0 + columns) / kW4A16TileN; ++nt) {
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      const uint32_t* block = b_q + (nt * kblocks + kb) * kW4A16WordsPerBlock;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        const int64_t group = (kb * kW4A16BlockK + 16 * t) / group_size;
+        float scale[2];
+        int zero[2];
+        for (int half = 0; half < 2; ++half) {
+          const int64_t n = nt * kW4A16TileN + g + 8 * half;
+          scale[half] = static_cast<float>(scales[group * size_n + n]);
+          zero[half] =
+              zeros != nullptr
+                  ? static_cast<int>((zeros[group * (size_n / 8) + n / 8] >> (4 * (n % 8))) & 0xF)
+                  : 8;
+        }
+        for (int kt = 0; kt < 4; ++kt) {
+          const uint32_t packed = block[lane * 4 + kt];
+          for (int c = 0; c < 8; ++c) {
+            const int r = c % 4, h = c / 4, half = r % 2;
+            const int64_t n = nt * kW4A16TileN + g + 8 * half;
+            const int64_t k = kb * kW4A16BlockK + 16 * t + 4 * kt + h + 2 * (r / 2);
+            const int q = static_cast<int>((packed >> (4 * c)) & 0xF);
+            w[(n - n0) * size_k + k] = static_cast<float>(
+                static_cast<T>(static_cast<float>(q - zero[half]) * scale[half]));
+          }
+        }
+      }
     }
   }
 }
