@@ -217,7 +217,7 @@ def test_cuda_engine_matches_the_dequantized_bf16_checkpoint(fmt: str, tmp_path)
     """On CUDA in bf16: the 4-bit checkpoint against the same engine on its dequantized weights
     saved in bf16 (the very weights the kernel forms in registers), token for token."""
     path = str(tmp_path / "quantized")
-    reference = write_w4a16_checkpoint(path, MODELS["llama"](), fmt, 128)
+    reference = write_w4a16_checkpoint(path, MODELS["llama"](), fmt, 128, bf16_scales=True)
     dense = str(tmp_path / "dense")
     reference.to(torch.bfloat16).save_pretrained(dense)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)

@@ -32,9 +32,12 @@ def quantization_config(fmt: str, group_size: int) -> dict[str, Any]:
 
 
 def write_w4a16_checkpoint(
-    path: str, config: PretrainedConfig, fmt: str, group_size: int, seed: int = 0
+    path: str, config: PretrainedConfig, fmt: str, group_size: int, seed: int = 0,
+    bf16_scales: bool = False,
 ) -> torch.nn.Module:
-    """Writes the checkpoint to `path`; returns the dequantized float32 reference model."""
+    """Writes the checkpoint to `path`; returns the dequantized float32 reference model.
+    bf16_scales: scales that bf16 holds exactly (stored as float16 still), so that a bf16 engine
+    forms exactly the reference's weights rounded to bf16."""
     torch.manual_seed(seed)
     config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
@@ -62,6 +65,8 @@ def write_w4a16_checkpoint(
             k = tensor.shape[1]
             order = orders.setdefault((shared_input, k), torch.randperm(k, generator=gen))
         q = ref.quantize(tensor, group_size, sym=fmt != "awq", order=order)
+        if bf16_scales:
+            q.scales = q.scales.to(torch.bfloat16).to(torch.float16)
         parts = ref.awq_tensors(q) if fmt == "awq" else ref.gptq_tensors(
             q, act_order=fmt == "gptq_act_order")
         for key, value in parts.items():
