@@ -229,3 +229,30 @@ def test_cuda_engine_matches_the_dequantized_bf16_checkpoint(fmt: str, tmp_path)
         tokens.append([list(o.outputs[0].token_ids) for o in outs])
         del llm
     assert tokens[0] == tokens[1]
+
+
+def test_awq_modules_to_not_convert_stay_unquantized():
+    cfg = AWQConfig.from_config({**quantization_config("awq", 128),
+                                 "modules_to_not_convert": ["mlp"]})
+    layer = ReplicatedLinear(128, 64, bias=False)
+    assert cfg.get_quant_method(layer, "model.layers.0.mlp.gate_up_proj") is None
+    assert isinstance(cfg.get_quant_method(layer, "model.layers.0.self_attn.qkv_proj"),
+                      AWQLinearMethod)
+
+
+def test_gptq_v2_format_has_no_off_by_one():
+    """checkpoint_format gptq_v2 stores the zero point itself (8), v1 stores 7."""
+    torch.manual_seed(3)
+    parts, w = _quantize(torch.randn(64, 128) * 0.05, "gptq", 64)
+    v2 = GPTQLinearMethod(GPTQConfig.from_config({**quantization_config("gptq", 64),
+                                                  "checkpoint_format": "gptq_v2"}))
+    layer = ReplicatedLinear(128, 64, bias=False, params_dtype=torch.float32, quant_method=v2)
+    _load(layer, {**parts, "qzeros": ref.pack_cols(torch.full((2, 64), 8))})
+    layer.quant_method.process_weights_after_loading(layer)
+    x = torch.randn(2, 128)
+    torch.testing.assert_close(layer(x).double(), x.double() @ w.T, atol=1e-4, rtol=1e-4)
+    v1_zeros_in_v2 = ReplicatedLinear(128, 64, bias=False, params_dtype=torch.float32,
+                                      quant_method=v2)
+    _load(v1_zeros_in_v2, parts)  # 7s: a v1 checkpoint mislabelled v2
+    with pytest.raises(ValueError, match="symmetric"):
+        v1_zeros_in_v2.quant_method.process_weights_after_loading(v1_zeros_in_v2)
