@@ -10,8 +10,10 @@
 // Timing: a CUDA graph of --launches back-to-back launches, rotating over enough copies of the
 // weight that no launch finds its weight in L2 (>= 200 MB between two reads of one copy); the
 // median replay over --iters replays, divided by the launch count.
+// The decode chain: the 128 GEMMs of a Llama-3-8B decode step (32 layers, own weights each), one
+// graph, ours against cuBLAS bf16 (--chain-tokens; --no-chain skips it).
 // Flags: --models 8b,70b --tokens 1,2,4,8,16,32,64,128,512,2048 --launches 20 --iters 20
-//        --json FILE
+//        --chain-tokens 1,8,16 --no-chain --json FILE
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -303,6 +305,92 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
   }
 }
 
+// The GEMMs of one Llama-3-8B decode step: 32 layers x (qkv_proj, o_proj, gate_up, down), each
+// with its own weights (4-bit: 3.5 GB; bf16 for cuBLAS: 13 GB), one graph. The 4-bit decode's
+// GEMM time per token against the bf16 one (the LM head stays bf16 in both and is left out).
+void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
+  constexpr int kLayers = 32;
+  std::vector<Shape> layer_shapes;
+  for (const Shape& s : kShapes) {
+    if (s.model == "8b") layer_shapes.push_back(s);
+  }
+  int64_t max_m = 1, max_n = 0, max_k = 0;
+  for (int64_t m : tokens) max_m = std::max(max_m, m);
+  for (const Shape& s : layer_shapes) {
+    max_n = std::max(max_n, s.n);
+    max_k = std::max(max_k, s.k);
+  }
+  struct Layer {
+    const Shape* shape;
+    uint32_t* codes;
+    bf16* dense;
+    bf16* scales;
+    int32_t* workspace;
+  };
+  std::vector<Layer> chain;
+  double q_bytes = 0;
+  for (int l = 0; l < kLayers; ++l) {
+    for (const Shape& s : layer_shapes) {
+      Layer layer{&s, device_alloc<uint32_t>(size_t(s.n) * s.k / 8),
+                  device_alloc<bf16>(size_t(s.n) * s.k),
+                  device_alloc<bf16>(size_t(s.k / kGroupSize) * s.n),
+                  device_alloc<int32_t>(size_t(s.n / pyorch::kW4A16BlockN + 1))};
+      fill_words_kernel<<<2048, 256>>>(layer.codes, size_t(s.n) * s.k / 8, 1000 + chain.size());
+      const float w_scale = 1.f / std::sqrt(float(s.k));
+      fill_bf16_kernel<<<2048, 256>>>(layer.dense, size_t(s.n) * s.k, -w_scale, w_scale, 3);
+      fill_bf16_kernel<<<2048, 256>>>(layer.scales, size_t(s.k / kGroupSize) * s.n, 0.05f * w_scale,
+                                      0.3f * w_scale, 4);
+      BENCH_CHECK(cudaMemset(layer.workspace, 0, (s.n / pyorch::kW4A16BlockN + 1) * 4));
+      q_bytes += s.n * s.k / 2.0 + 2.0 * s.n * (s.k / kGroupSize);
+      chain.push_back(layer);
+    }
+  }
+  bf16* a = device_alloc<bf16>(size_t(max_m) * max_k);
+  fill_bf16_kernel<<<2048, 256>>>(a, size_t(max_m) * max_k, -1.f, 1.f, 5);
+  bf16* out = device_alloc<bf16>(size_t(max_m) * max_n);
+  int64_t max_partials = 1;
+  for (const Shape& s : layer_shapes) {
+    max_partials =
+        std::max(max_partials, pyorch::w4a16_partials_size(pyorch::kW4A16MaxMmaRows, s.n, s.k));
+  }
+  float* partials = device_alloc<float>(size_t(max_partials));
+  BENCH_CHECK(cudaDeviceSynchronize());
+  for (int64_t m : tokens) {
+    if (m > pyorch::kW4A16MaxMmaRows) continue;
+    const double ours_ms = graph_ms(
+        [&](cudaStream_t st) {
+          for (const Layer& l : chain) {
+            BENCH_CHECK(pyorch::gptq_marlin_gemm(
+                out, a, reinterpret_cast<const int32_t*>(l.codes), l.scales, nullptr, nullptr,
+                nullptr, l.workspace, partials, pyorch::W4A16Type::kUint4b8,
+                pyorch::DType::kBFloat16, m, l.shape->n, l.shape->k, kGroupSize, l.shape->k,
+                l.shape->n, st));
+          }
+        },
+        b.stream, std::max(5, b.iters / 2));
+    const double cublas_ms = graph_ms(
+        [&](cudaStream_t st) {
+          for (const Layer& l : chain) {
+            run_cublas(b.handle, l.dense, a, out, m, l.shape->n, l.shape->k, st);
+          }
+        },
+        b.stream, std::max(5, b.iters / 2));
+    b.report->add({{"op", "w4a16_decode_chain"},
+                   {"model", "8b"},
+                   {"M", std::to_string(m)},
+                   {"num_gemms", std::to_string(chain.size())},
+                   {"weight_GB", Report::fmt(q_bytes / 1e9, 2)},
+                   {"time_ms", Report::fmt(ours_ms, 3)},
+                   {"cublas_bf16_ms", Report::fmt(cublas_ms, 3)},
+                   {"speedup_vs_cublas", Report::fmt(cublas_ms / ours_ms, 3)},
+                   {"weight_GB/s", Report::fmt(q_bytes / (ours_ms * 1e6), 1)}});
+  }
+  for (const Layer& l : chain) {
+    for (void* p : std::vector<void*>{l.codes, l.dense, l.scales, l.workspace}) cudaFree(p);
+  }
+  for (void* p : std::vector<void*>{a, out, partials}) cudaFree(p);
+}
+
 cublasHandle_t create_cublas(void** workspace) {
 #ifdef PYORCH_BENCH_CUBLAS
   cublasHandle_t handle;
@@ -339,6 +427,7 @@ int main(int argc, char** argv) {
       bench_shape(b, s, tokens);
     }
   }
+  if (!args.has("no-chain")) bench_chain(b, args.list("chain-tokens", {1, 8, 16}));
 #ifdef PYORCH_BENCH_CUBLAS
   CUBLAS_CHECK(cublasDestroy(b.handle));
 #endif
