@@ -277,6 +277,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("gptq_marlin_repack", c10::kCUDA, &gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCUDA, &awq_marlin_repack);
   m.impl("gptq_marlin_gemm", c10::kCUDA, &gptq_marlin_gemm);
+  m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
+  m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
+  m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
