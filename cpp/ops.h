@@ -87,6 +87,20 @@
                       const at::Tensor& num_tokens_post_padded, int64_t top_k, int64_t block_size, \
                       bool silu_and_mul);
 
+// W4A16: 4-bit weights x 16-bit activations (cpp/cpu/w4a16.cpp, cpp/ops/w4a16.cpp).
+#define PYORCH_DECLARE_W4A16_OPS                                                               \
+  at::Tensor gptq_marlin_repack(const at::Tensor& b_q_weight,                                  \
+                                const std::optional<at::Tensor>& perm, int64_t size_k,         \
+                                int64_t size_n, int64_t num_bits);                             \
+  at::Tensor awq_marlin_repack(const at::Tensor& b_q_weight, int64_t size_k, int64_t size_n,   \
+                               int64_t num_bits);                                              \
+  at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>& c_or_none, \
+                              const at::Tensor& b_q_weight, const at::Tensor& b_scales,        \
+                              const std::optional<at::Tensor>& b_zeros_or_none,                \
+                              const std::optional<at::Tensor>& perm_or_none,                   \
+                              const at::Tensor& workspace, int64_t b_q_type, int64_t size_m,   \
+                              int64_t size_n, int64_t size_k);
+
 // GGUF (cpp/cpu/gguf.cpp, cpp/ops/gguf.cpp): vLLM's ggml ops; they return their result.
 #define PYORCH_DECLARE_GGUF_OPS                                                                \
   at::Tensor ggml_dequantize(const at::Tensor& W, int64_t quant_type, int64_t m, int64_t n,    \
@@ -99,6 +113,7 @@
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
+PYORCH_DECLARE_W4A16_OPS
 PYORCH_DECLARE_GGUF_OPS
 
 // CUDA-only: the custom all-reduce of tensor parallelism (cpp/ops/custom_all_reduce.cpp). The
@@ -119,6 +134,7 @@ void ipc_close(int64_t ptr);
 namespace pyorch::cpu {
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
+PYORCH_DECLARE_W4A16_OPS
 PYORCH_DECLARE_GGUF_OPS
 // The instruction set of the CPU GGUF products: sets it ("best", "avx512_vnni", "avx2",
 // "portable") unless name is empty, and returns the one in use.

@@ -7,6 +7,9 @@
 #include "ops.h"
 #include "pyorch/launch.h"
 #include "quantization_ops.h"
+#ifdef PYORCH_WITH_CUDA
+#include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
+#endif
 
 namespace py = pybind11;
 
@@ -146,6 +149,21 @@ TORCH_LIBRARY(pyorch, m) {
   // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
   m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
 
+  // ---- W4A16: 4-bit weights x 16-bit activations (GPTQ, AWQ; pyorch/_ops.py says how) --------
+  // GPTQ qweight [size_k / 8, size_n] int32 (perm: act-order, [size_k] int32 or None) / AWQ
+  // qweight [size_k, size_n / 8] -> pyorch's w4 tiles [size_n / 16, size_k * 2] int32.
+  m.def(
+      "gptq_marlin_repack(Tensor b_q_weight, Tensor? perm, SymInt size_k, SymInt size_n, "
+      "int num_bits) -> Tensor");
+  m.def(
+      "awq_marlin_repack(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits) -> Tensor");
+  // a [size_m, size_k] @ dequant(b_q_weight) -> [size_m, size_n] (into c when given); b_scales
+  // [num_groups, size_n], b_zeros [num_groups, size_n / 8] (uint4), b_q_type a vLLM ScalarType id.
+  m.def(
+      "gptq_marlin_gemm(Tensor a, Tensor? c_or_none, Tensor b_q_weight, Tensor b_scales, "
+      "Tensor? b_zeros_or_none, Tensor? perm_or_none, Tensor workspace, int b_q_type, "
+      "SymInt size_m, SymInt size_n, SymInt size_k) -> Tensor");
+
   // ---- quantization (vLLM's schemas; shapes and checks in cpp/quantization_checks.h) ---------
   // fp8 e4m3: out = saturate(round_to_nearest_even(input / scale)); input [..., hidden]
   // fp32/fp16/bf16, out float8_e4m3fn (a 2-D out may have extra rows, left unwritten).
@@ -215,6 +233,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_align_block_size", c10::kCPU, &pyorch::cpu::moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCPU, &pyorch::cpu::fused_moe_gemm);
   m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
+  m.impl("gptq_marlin_repack", c10::kCPU, &pyorch::cpu::gptq_marlin_repack);
+  m.impl("awq_marlin_repack", c10::kCPU, &pyorch::cpu::awq_marlin_repack);
+  m.impl("gptq_marlin_gemm", c10::kCPU, &pyorch::cpu::gptq_marlin_gemm);
   // quantization
   m.impl("static_scaled_fp8_quant", c10::kCPU, &pyorch::cpu::static_scaled_fp8_quant);
   m.impl("dynamic_scaled_fp8_quant", c10::kCPU, &pyorch::cpu::dynamic_scaled_fp8_quant);
@@ -263,6 +284,12 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
   m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
   m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
+  m.impl("gptq_marlin_repack", c10::kCUDA, &gptq_marlin_repack);
+  m.impl("awq_marlin_repack", c10::kCUDA, &awq_marlin_repack);
+  m.impl("gptq_marlin_gemm", c10::kCUDA, &gptq_marlin_gemm);
+  // the W8A8 CUTLASS GEMMs (cpp/ops/scaled_mm.cpp)
+  m.impl("cutlass_scaled_mm", c10::kCUDA, &cutlass_scaled_mm);
+  m.impl("cutlass_scaled_mm_azp", c10::kCUDA, &cutlass_scaled_mm_azp);
   m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
@@ -299,5 +326,11 @@ PYBIND11_MODULE(_C, m) {
 #endif
   m.def("gguf_cpu_isa", &pyorch::cpu::gguf_cpu_isa, py::arg("name") = "",
         "The instruction set of the CPU GGUF products (sets it first unless name is empty).");
+#ifdef PYORCH_WITH_CUDA
+  // Whether cuda/ was compiled with the CUTLASS headers: without them the CUDA cutlass_scaled_mm
+  // ops are registered but raise "built without CUTLASS" (cuda/include/pyorch/scaled_mm.h).
+  m.def("cutlass_scaled_mm_available", &pyorch::cutlass_scaled_mm_available,
+        "Whether the CUTLASS W8A8 GEMMs (cutlass_scaled_mm, cutlass_scaled_mm_azp) were built.");
+#endif
   // @pybind (keep this marker)
 }

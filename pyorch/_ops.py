@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from pyorch import _C, envs  # _C registers the ops
+from pyorch.scalar_type import ScalarType
 
 if _C.with_cuda:  # the kernels' PDL switch is process state of the C API (pyorch/launch.h)
     _C.set_pdl_enabled(envs.PYORCH_PDL)
@@ -458,6 +459,95 @@ def fused_moe_gemm(
         out, input, weight, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
         top_k, block_size, silu_and_mul,
     )
+
+
+# ---- W4A16: 4-bit weights x 16-bit activations (GPTQ, AWQ, compressed-tensors) ----------------
+def gptq_marlin_repack(
+    b_q_weight: torch.Tensor, perm: Optional[torch.Tensor], size_k: int, size_n: int,
+    num_bits: int,
+) -> torch.Tensor:
+    """GPTQ's qweight [size_k / 8, size_n] int32 (row k's code in bits 4 (k % 8) of word
+    [k // 8, n]) -> pyorch's w4 tiles [size_n / 16, size_k * 2] int32 (the layout is in
+    cuda/include/pyorch/w4a16.h; not Marlin's). perm [size_k] int32 (act-order): row perm[j]
+    becomes row j, as vLLM's. num_bits must be 4. size_k a multiple of 64, size_n of 16.
+    """
+    return _ops.gptq_marlin_repack(b_q_weight, perm, size_k, size_n, num_bits)
+
+
+def awq_marlin_repack(
+    b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int
+) -> torch.Tensor:
+    """AWQ's qweight [size_k, size_n / 8] int32 (AutoAWQ's [0, 2, 4, 6, 1, 3, 5, 7] column
+    interleave) -> pyorch's w4 tiles [size_n / 16, size_k * 2] int32. num_bits must be 4."""
+    return _ops.awq_marlin_repack(b_q_weight, size_k, size_n, num_bits)
+
+
+def gptq_marlin_gemm(
+    a: torch.Tensor,
+    c: Optional[torch.Tensor],
+    b_q_weight: torch.Tensor,
+    b_scales: torch.Tensor,
+    b_zeros: Optional[torch.Tensor],
+    perm: Optional[torch.Tensor],
+    workspace: torch.Tensor,
+    b_q_type: ScalarType,
+    size_m: int,
+    size_n: int,
+    size_k: int,
+) -> torch.Tensor:
+    """out [size_m, size_n] = a [size_m, size_k] @ W (into c when given), W [size_k, size_n]
+    dequantized from the repacked codes: W[k, n] = (q - z) * b_scales[k // group_size, n],
+    rounded to a's dtype, fp32 accumulation rounded once.
+
+    vLLM's gptq_marlin_gemm, simplified (same name and meaning of what is kept):
+    - b_q_type: scalar_types.uint4b8 (z = 8, GPTQ symmetric, no b_zeros) or scalar_types.uint4
+      (b_zeros required: [num_groups, size_n / 8] int32, column n in bits 4 (n % 8) of word
+      n // 8, plain order, not Marlin's permuted one). Other types are refused.
+    - b_scales: [num_groups, size_n] in a's dtype, plain layout (no marlin_permute_scales);
+      group_size = size_k / num_groups, a multiple of 16 (32, 64, 128, or size_k: per-channel).
+    - perm: act-order (a[:, perm] first). vLLM's g_idx argument is dropped: pyorch requires the
+      sorted g_idx to be k // group_size (equal groups, as GPTQ writes them; the GPTQ layer
+      checks it at load), so perm says everything.
+    - No b_bias, global_scale, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float: the
+      k-split always reduces in fp32, deterministically.
+    - workspace: int32, >= ceil(size_n / 64) zeros (w4a16_make_workspace); calls leave it zero.
+    - a: fp16/bf16 on CUDA (rows 16-byte aligned); the CPU kernel also takes float32 (scales
+      then float32). On CUDA, size_m <= 64 runs pyorch's tensor-core kernel, larger size_m
+      dequantizes in column chunks and calls cuBLAS.
+    """
+    return _ops.gptq_marlin_gemm(
+        a, c, b_q_weight, b_scales, b_zeros, perm, workspace, b_q_type.id, size_m, size_n,
+        size_k,
+    )
+
+
+def w4a16_make_workspace(size_n: int, device: torch.device) -> torch.Tensor:
+    """The zeroed int32 workspace gptq_marlin_gemm needs for outputs of size_n columns."""
+    return torch.zeros((size_n + 63) // 64, dtype=torch.int32, device=device)
+
+
+@torch.library.register_fake("pyorch::gptq_marlin_repack")
+def _gptq_marlin_repack_fake(
+    b_q_weight: torch.Tensor, perm: Optional[torch.Tensor], size_k: int, size_n: int,
+    num_bits: int,
+) -> torch.Tensor:
+    return b_q_weight.new_empty((size_n // 16, size_k * 2))
+
+
+@torch.library.register_fake("pyorch::awq_marlin_repack")
+def _awq_marlin_repack_fake(
+    b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int
+) -> torch.Tensor:
+    return b_q_weight.new_empty((size_n // 16, size_k * 2))
+
+
+@torch.library.register_fake("pyorch::gptq_marlin_gemm")
+def _gptq_marlin_gemm_fake(
+    a: torch.Tensor, c: Optional[torch.Tensor], b_q_weight: torch.Tensor,
+    b_scales: torch.Tensor, b_zeros: Optional[torch.Tensor], perm: Optional[torch.Tensor],
+    workspace: torch.Tensor, b_q_type: int, size_m: int, size_n: int, size_k: int,
+) -> torch.Tensor:
+    return a.new_empty((size_m, size_n))
 
 
 # ---- sampling -----------------------------------------------------------------------------------

@@ -1,0 +1,190 @@
+"""pyorch's gptq_marlin_gemm against vLLM's (Marlin) on the same GPU, the same random GPTQ weights
+(uint4b8, group 128, bf16) and the same timing: Llama-3-8B / 70B projections, M = 1..64.
+
+    PYTHONPATH=/tmp/site:$PWD python bench/w4a16_vs_vllm.py --json OUT.json
+
+Each side runs a CUDA graph of --launches back-to-back GEMMs over enough weight copies that no
+launch finds its weight in L2; the median replay over --iters, per launch. vLLM's op is called
+through its registered schema with arguments matched by name (its signature changes between
+releases); use_fp32_reduce and use_atomic_add as vLLM's own linear method picks them. Both
+outputs are checked against the dequantized weight (cuBLAS on the bf16 copy) before timing.
+Without vLLM importable, only pyorch's rows are printed (and the reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any, Callable
+
+import torch
+
+from pyorch import _ops
+from pyorch.scalar_type import scalar_types
+
+SHAPES = [  # (model, name, N, K)
+    ("8b", "qkv_proj", 6144, 4096), ("8b", "o_proj", 4096, 4096),
+    ("8b", "gate_up", 28672, 4096), ("8b", "down", 4096, 14336),
+    ("70b", "qkv_proj", 10240, 8192), ("70b", "o_proj", 8192, 8192),
+    ("70b", "gate_up", 57344, 8192), ("70b", "down", 8192, 28672),
+]
+GROUP = 128
+
+
+def _time_us(fn: Callable[[int], None], copies: int, launches: int, iters: int) -> float:
+    fn(0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for i in range(launches):  # warm-up on the capture stream
+            fn(i % copies)
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(launches):
+                fn(i % copies)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return statistics.median(times)
+
+
+def _vllm() -> tuple[Any, str]:
+    try:
+        from vllm import _custom_ops  # noqa: F401  (registers torch.ops._C)
+        from vllm.model_executor.layers.quantization.utils import marlin_utils
+        return marlin_utils, ""
+    except Exception as e:  # noqa: BLE001 - report why and go on with pyorch alone
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _vllm_gemm(mu: Any, n: int, k: int) -> tuple[Callable[..., torch.Tensor], Any, Any]:
+    """(gemm(a, qweight_marlin, scales_marlin) -> out, repack(qweight) , permute_scales)."""
+    op = torch.ops._C.gptq_marlin_gemm.default
+    names = [a.name for a in op._schema.arguments]
+    workspace = (mu.marlin_make_workspace_new(torch.device("cuda"))
+                 if hasattr(mu, "marlin_make_workspace_new")
+                 else mu.marlin_make_workspace(n, torch.device("cuda")))
+    qtype = scalar_types.uint4b8
+
+    def gemm(a: torch.Tensor, qw: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        m = a.shape[0]
+        atomic = False
+        if hasattr(mu, "should_use_atomic_add_reduce"):
+            atomic = mu.should_use_atomic_add_reduce(m=m, n=n, k=k, device=a.device,
+                                                     dtype=a.dtype)
+        values = dict(a=a, b_q_weight=qw, b_scales=scales, workspace=workspace,
+                      b_q_type=qtype.id, b_q_type_id=qtype.id, size_m=m, size_n=n, size_k=k,
+                      is_k_full=True, use_atomic_add=atomic, use_fp32_reduce=True,
+                      is_zp_float=False)
+        args = []
+        for arg in op._schema.arguments:
+            if arg.name in values:
+                args.append(values[arg.name])
+            elif "Optional" in str(arg.type) or "?" in str(arg.type):
+                args.append(None)
+            else:
+                raise RuntimeError(f"vLLM gptq_marlin_gemm argument {arg.name} ({arg.type})")
+        return op(*args)
+
+    def repack(qweight: torch.Tensor) -> torch.Tensor:
+        perm = torch.empty(0, dtype=torch.int32, device="cuda")
+        return torch.ops._C.gptq_marlin_repack(qweight, perm, k, n, 4)
+
+    def permute_scales(scales: torch.Tensor) -> torch.Tensor:
+        return mu.marlin_permute_scales(scales, size_k=k, size_n=n, group_size=GROUP)
+
+    print(f"vLLM gptq_marlin_gemm arguments: {names}", flush=True)
+    return gemm, repack, permute_scales
+
+
+def _bench_shape(mu: Any, model: str, name: str, n: int, k: int, tokens: list[int],
+                 launches: int, iters: int) -> list[dict[str, Any]]:
+    copies = max(2, int(200e6 // (n * k // 2)) + 1)
+    gptq = [torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, device="cuda")
+            for _ in range(copies)]
+    scales = (torch.rand(k // GROUP, n, device="cuda") * 0.02 + 0.005).to(torch.bfloat16)
+    ours_w = [_ops.gptq_marlin_repack(q, None, k, n, 4) for q in gptq]
+    ws = _ops.w4a16_make_workspace(n, torch.device("cuda"))
+    vllm_gemm: Callable[..., torch.Tensor] | None = None
+    vllm_w: list[torch.Tensor] = []
+    vllm_s = scales
+    if mu is not None:
+        try:
+            vllm_gemm, repack, permute = _vllm_gemm(mu, n, k)
+            vllm_w = [repack(q) for q in gptq]
+            vllm_s = permute(scales)
+        except Exception as e:  # noqa: BLE001
+            print(f"vLLM setup failed on {model} {name}: {type(e).__name__}: {e}", flush=True)
+            vllm_gemm = None
+    # The reference weight from GPTQ's definition: W[k, n] = (q - 8) * s, rounded to bf16.
+    q0 = gptq[0].to(torch.int64) & 0xFFFFFFFF
+    codes = torch.stack([(q0 >> (4 * i)) & 0xF for i in range(8)], 1).reshape(k, n)
+    w_ref = ((codes - 8).to(torch.float32) * scales.float().repeat_interleave(GROUP, 0))
+    w_ref = w_ref.to(torch.bfloat16).float()
+    del q0, codes
+    rows = []
+    qtype = scalar_types.uint4b8
+    for m in tokens:
+        a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        expected = a.float() @ w_ref
+        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+
+        def ours(i: int, a: torch.Tensor = a, out: torch.Tensor = out, m: int = m) -> None:
+            _ops.gptq_marlin_gemm(a, out, ours_w[i], scales, None, None, ws, qtype, m, n, k)
+
+        ours(0)
+        err = float((out.float() - expected).abs().max() / expected.abs().max())
+        row: dict[str, Any] = dict(model=model, shape=name, M=m, N=n, K=k,
+                                   pyorch_us=_time_us(ours, copies, launches, iters),
+                                   pyorch_rel_err=err)
+        if vllm_gemm is not None:
+            gemm = vllm_gemm
+            got = gemm(a, vllm_w[0], vllm_s)
+            row["vllm_rel_err"] = float((got.float() - expected).abs().max()
+                                        / expected.abs().max())
+
+            def theirs(i: int, a: torch.Tensor = a,
+                       gemm: Callable[..., torch.Tensor] = gemm) -> None:
+                gemm(a, vllm_w[i], vllm_s)
+
+            row["vllm_us"] = _time_us(theirs, copies, launches, iters)
+            row["speedup_vs_vllm"] = row["vllm_us"] / row["pyorch_us"]
+        row["weight_GB/s"] = (n * k / 2 + 2 * n * k / GROUP) / (row["pyorch_us"] * 1e3)
+        rows.append(row)
+        print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}"
+                       for key, val in row.items()), flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", default="8b,70b")
+    p.add_argument("--tokens", default="1,2,4,8,16,32,64")
+    p.add_argument("--launches", type=int, default=20)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    mu, why = _vllm()
+    if mu is None:
+        print(f"vLLM not importable ({why}): pyorch only", flush=True)
+    rows: list[dict[str, Any]] = []
+    torch.manual_seed(0)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    for model, name, n, k in SHAPES:
+        if model in args.models.split(","):
+            rows += _bench_shape(mu, model, name, n, k, tokens, args.launches, args.iters)
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+// W4A16: 4-bit integer weights (GPTQ, AWQ, compressed-tensors pack-quantized) times 16-bit
+// activations. The weights are repacked once at load into pyorch's tile layout (below), then
+// gptq_marlin_gemm streams them and dequantizes in registers.
+//
+// The tile layout ("w4 tiles"). For a weight W [size_k, size_n] (K rows = input features, N
+// columns = output features) of 4-bit codes, the packed tensor is int32 [size_n / 16,
+// size_k * 2]: for each 16-column n-tile nt and each 64-row k-block kb, 32 lanes x 4 words
+// (one uint4 per lane, 512 bytes per block). Word kt (0..3) of lane L = (g = L / 4, t = L % 4)
+// holds 8 codes; code p (bits 4p..4p+3), with r = p % 4 and h = p / 4, is the one of
+//   n = 16 nt + g + 8 (r % 2),  k = 64 kb + 16 t + 4 kt + h + 2 (r / 2).
+// That is the A-fragment of mma.m16n8k16 (rows = n, columns = k) with the k order inside each
+// 64-row block permuted so that lane t's activations are 16 consecutive elements (one 32-byte
+// load); the product sums over k, so any permutation applied to both sides gives the same
+// result. Codes p and p + 4 sit 16 bits apart, so one lop3 turns a pair into a 16-bit pair.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "pyorch/dtype.h"
+#include "pyorch/w4a16_layout.h"
+
+namespace pyorch {
+
+// How the 4-bit codes become numbers: w = (q - 8) * s (GPTQ's uint4b8, no zero points) or
+// w = (q - z) * s with 4-bit zero points z (AWQ's uint4).
+enum class W4A16Type : int { kUint4b8 = 0, kUint4 = 1 };
+
+// gptq_marlin_repack: GPTQ's qweight int32 [size_k / 8, size_n] (code of row k in bits
+// 4 (k % 8) of word [k / 8, n]) -> w4 tiles [size_n / 16, size_k * 2]. perm: [size_k] int32 or
+// nullptr (act-order: row perm[j] of the checkpoint becomes row j).
+cudaError_t gptq_marlin_repack(int32_t* out, const int32_t* b_q_weight, const int32_t* perm,
+                               int64_t size_k, int64_t size_n, cudaStream_t stream);
+
+// awq_marlin_repack: AWQ's qweight int32 [size_k, size_n / 8] (column 8 c + j in the nibble
+// kAwqOrder[j] of word [k, c], AutoAWQ's interleave) -> w4 tiles [size_n / 16, size_k * 2].
+cudaError_t awq_marlin_repack(int32_t* out, const int32_t* b_q_weight, int64_t size_k,
+                              int64_t size_n, cudaStream_t stream);
+
+// out [size_m, size_n] = a [size_m, size_k] @ W, W dequantized from the w4 tiles:
+//   W[k, n] = (q[k, n] - z[k / group, n]) * scales[k / group, n], rounded to dtype (z = 8 for
+//   kUint4b8), products accumulated in fp32 and rounded once.
+//   a:         [size_m, size_k], row stride a_stride, 16-byte aligned rows (dtype fp16/bf16)
+//   b_q:       w4 tiles [size_n / 16, size_k * 2] int32
+//   scales:    [size_k / group_size, size_n] in dtype (one row when group_size = size_k)
+//   zeros:     [size_k / group_size, size_n / 8] int32, column n in bits 4 (n % 8) of word n / 8
+//              (kUint4 only; nullptr for kUint4b8)
+//   perm:      [size_k] int32 or nullptr: act-order, a's columns are permuted first
+//              (a'[:, j] = a[:, perm[j]]) into a_perm_buffer [size_m, size_k] (dtype)
+//   workspace: >= ceil(size_n / kW4A16BlockN) ints, zero before the first call; every call
+//              leaves it zero (the k-split's arrival counters). Calls sharing one must be ordered.
+//   partials:  >= w4a16_partials_size(size_m, size_n, size_k) floats (unused when that is 0)
+// size_m <= kW4A16MaxMmaRows; size_k a multiple of kW4A16BlockK and of group_size; size_n of
+// kW4A16TileN; group_size a multiple of 16 dividing size_k. Captures in a CUDA graph.
+cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const void* scales,
+                             const int32_t* zeros, const int32_t* perm, void* a_perm_buffer,
+                             int32_t* workspace, float* partials, W4A16Type type, DType dtype,
+                             int64_t size_m, int64_t size_n, int64_t size_k, int64_t group_size,
+                             int64_t a_stride, int64_t out_stride, cudaStream_t stream);
+
+// Process-wide: how many 512-byte k-blocks each warp of gptq_marlin_gemm asks L2 for ahead of
+// the blocks it is loading (one bulk prefetch per step; 0 turns it off). For the benchmark's
+// A/B (bench_w4a16 --prefetch N); the default is in w4a16.cu.
+void set_w4a16_l2_prefetch(int blocks);
+int w4a16_l2_prefetch();
+
+// The k-split gptq_marlin_gemm uses for a shape on the current device (1 = none) and the fp32
+// partial sums it needs (0 without a split).
+int64_t w4a16_num_splits(int64_t size_n, int64_t size_k);
+int64_t w4a16_partials_size(int64_t size_m, int64_t size_n, int64_t size_k);
+
+// The large-M path: out [n_count, size_k] (row-major, nn.Linear's layout, dtype) = W^T for the
+// columns n_begin .. n_begin + n_count (multiples of kW4A16TileN), same arguments as the GEMM.
+cudaError_t w4a16_dequantize(void* out, const int32_t* b_q, const void* scales,
+                             const int32_t* zeros, W4A16Type type, DType dtype, int64_t size_n,
+                             int64_t size_k, int64_t group_size, int64_t n_begin, int64_t n_count,
+                             cudaStream_t stream);
+
+// a_out [size_m, size_k] (contiguous) = a[:, perm]: act-order's column permutation.
+cudaError_t w4a16_permute_cols(void* a_out, const void* a, const int32_t* perm, DType dtype,
+                               int64_t size_m, int64_t size_k, int64_t a_stride,
+                               cudaStream_t stream);
+
+}  // namespace pyorch

@@ -1,0 +1,185 @@
+// The W4A16 C API (pyorch/w4a16.h): argument checks, the k-split choice and the dtype switch.
+#include <algorithm>
+#include <atomic>
+
+#include "pyorch/w4a16.h"
+#include "w4a16/w4a16_gemm.cuh"
+#include "w4a16/w4a16_repack.cuh"
+
+namespace pyorch {
+
+namespace {
+
+// Thread blocks the k-split aims for per SM: 4 x 4 warps keep ~32 KiB of codes in flight per SM.
+constexpr int64_t kW4BlocksPerSm = 4;
+// Fewest k-blocks (64 rows each) one split streams: shorter ones spend more on the partials.
+constexpr int64_t kW4MinBlocksPerSplit = 2;
+// k-blocks each warp keeps requested from L2 ahead of its register stages (set_w4a16_l2_prefetch).
+// The first H100 run without it streamed 1.0-1.45 TB/s of codes (35-48% of copy): latency-bound,
+// the warps had too few bytes in flight.
+std::atomic<int> g_prefetch_blocks{8};
+
+int w4_num_sms() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (device < kMaxDevices) {
+    const int cached = cache[device].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
+  int num_sms = 0;
+  if (cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      num_sms <= 0) {
+    return 132;
+  }
+  if (device < kMaxDevices) cache[device].store(num_sms, std::memory_order_relaxed);
+  return num_sms;
+}
+
+int64_t w4_blocks_per_split(int64_t size_n, int64_t size_k) {
+  const int64_t kblocks = size_k / kW4A16BlockK;
+  const int64_t column_groups = (size_n + kW4A16BlockN - 1) / kW4A16BlockN;
+  const int64_t target = kW4BlocksPerSm * w4_num_sms();
+  const int64_t splits = std::max<int64_t>(1, (target + column_groups - 1) / column_groups);
+  const int64_t per_split = std::max((kblocks + splits - 1) / splits, kW4MinBlocksPerSplit);
+  return std::max<int64_t>(1, std::min(kblocks, per_split));
+}
+
+bool w4_shape_ok(int64_t size_n, int64_t size_k) {
+  return size_n > 0 && size_k > 0 && size_n % kW4A16TileN == 0 && size_k % kW4A16BlockK == 0;
+}
+
+}  // namespace
+
+void set_w4a16_l2_prefetch(int blocks) { g_prefetch_blocks.store(blocks < 0 ? 0 : blocks); }
+
+int w4a16_l2_prefetch() { return g_prefetch_blocks.load(); }
+
+int64_t w4a16_num_splits(int64_t size_n, int64_t size_k) {
+  if (!w4_shape_ok(size_n, size_k)) return 1;
+  const int64_t per_split = w4_blocks_per_split(size_n, size_k);
+  return (size_k / kW4A16BlockK + per_split - 1) / per_split;
+}
+
+int64_t w4a16_partials_size(int64_t size_m, int64_t size_n, int64_t size_k) {
+  const int64_t splits = w4a16_num_splits(size_n, size_k);
+  return splits > 1 ? splits * size_m * size_n : 0;
+}
+
+cudaError_t gptq_marlin_repack(int32_t* out, const int32_t* b_q_weight, const int32_t* perm,
+                               int64_t size_k, int64_t size_n, cudaStream_t stream) {
+  if (!w4_shape_ok(size_n, size_k)) {
+    PYORCH_INVALID("gptq_marlin_repack: size_k %lld must be a multiple of 64, size_n %lld of 16",
+                   static_cast<long long>(size_k), static_cast<long long>(size_n));
+  }
+  kernels::w4a16_repack_kernel<false>
+      <<<kernels::w4_helper_blocks(size_k * size_n / 8), kernels::kW4HelperThreads, 0, stream>>>(
+          reinterpret_cast<uint32_t*>(out), reinterpret_cast<const uint32_t*>(b_q_weight), perm,
+          size_k, size_n);
+  return cudaGetLastError();
+}
+
+cudaError_t awq_marlin_repack(int32_t* out, const int32_t* b_q_weight, int64_t size_k,
+                              int64_t size_n, cudaStream_t stream) {
+  if (!w4_shape_ok(size_n, size_k)) {
+    PYORCH_INVALID("awq_marlin_repack: size_k %lld must be a multiple of 64, size_n %lld of 16",
+                   static_cast<long long>(size_k), static_cast<long long>(size_n));
+  }
+  kernels::w4a16_repack_kernel<true>
+      <<<kernels::w4_helper_blocks(size_k * size_n / 8), kernels::kW4HelperThreads, 0, stream>>>(
+          reinterpret_cast<uint32_t*>(out), reinterpret_cast<const uint32_t*>(b_q_weight), nullptr,
+          size_k, size_n);
+  return cudaGetLastError();
+}
+
+cudaError_t w4a16_permute_cols(void* a_out, const void* a, const int32_t* perm, DType dtype,
+                               int64_t size_m, int64_t size_k, int64_t a_stride,
+                               cudaStream_t stream) {
+  if (size_m * size_k == 0) return cudaSuccess;
+  return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
+    kernels::w4a16_permute_cols_kernel<T>
+        <<<kernels::w4_helper_blocks(size_m * size_k), kernels::kW4HelperThreads, 0, stream>>>(
+            static_cast<T*>(a_out), static_cast<const T*>(a), perm, size_m, size_k, a_stride);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t w4a16_dequantize(void* out, const int32_t* b_q, const void* scales,
+                             const int32_t* zeros, W4A16Type type, DType dtype, int64_t size_n,
+                             int64_t size_k, int64_t group_size, int64_t n_begin, int64_t n_count,
+                             cudaStream_t stream) {
+  if (!w4_shape_ok(size_n, size_k) || group_size <= 0 || size_k % group_size != 0 ||
+      n_begin % kW4A16TileN != 0 || n_count % kW4A16TileN != 0 || n_begin + n_count > size_n) {
+    PYORCH_INVALID("w4a16_dequantize: bad shape");
+  }
+  if ((type == W4A16Type::kUint4) != (zeros != nullptr)) {
+    PYORCH_INVALID("w4a16_dequantize: zero points go with uint4 and only with it");
+  }
+  if (n_count == 0) return cudaSuccess;
+  const unsigned blocks = kernels::w4_helper_blocks(n_count * size_k / 8);
+  return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
+    const auto* q = reinterpret_cast<const uint32_t*>(b_q);
+    const auto* z = reinterpret_cast<const uint32_t*>(zeros);
+    if (zeros != nullptr) {
+      kernels::w4a16_dequantize_kernel<T, true><<<blocks, kernels::kW4HelperThreads, 0, stream>>>(
+          static_cast<T*>(out), q, static_cast<const T*>(scales), z, size_n, size_k, group_size,
+          n_begin, n_count);
+    } else {
+      kernels::w4a16_dequantize_kernel<T, false><<<blocks, kernels::kW4HelperThreads, 0, stream>>>(
+          static_cast<T*>(out), q, static_cast<const T*>(scales), z, size_n, size_k, group_size,
+          n_begin, n_count);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const void* scales,
+                             const int32_t* zeros, const int32_t* perm, void* a_perm_buffer,
+                             int32_t* workspace, float* partials, W4A16Type type, DType dtype,
+                             int64_t size_m, int64_t size_n, int64_t size_k, int64_t group_size,
+                             int64_t a_stride, int64_t out_stride, cudaStream_t stream) {
+  if (!w4_shape_ok(size_n, size_k) || group_size <= 0 || group_size % 16 != 0 ||
+      size_k % group_size != 0) {
+    PYORCH_INVALID(
+        "gptq_marlin_gemm: size_k %lld (a multiple of 64 and of group_size %lld, itself"
+        " a multiple of 16), size_n %lld (a multiple of 16)",
+        static_cast<long long>(size_k), static_cast<long long>(group_size),
+        static_cast<long long>(size_n));
+  }
+  if (size_m < 0 || size_m > kW4A16MaxMmaRows) {
+    PYORCH_INVALID("gptq_marlin_gemm: size_m %lld > %lld: dequantize and use cuBLAS",
+                   static_cast<long long>(size_m), static_cast<long long>(kW4A16MaxMmaRows));
+  }
+  if ((type == W4A16Type::kUint4) != (zeros != nullptr)) {
+    PYORCH_INVALID("gptq_marlin_gemm: zero points go with uint4 and only with it");
+  }
+  if (size_m == 0) return cudaSuccess;
+  if (perm != nullptr) {
+    PYORCH_RETURN_IF_ERROR(
+        w4a16_permute_cols(a_perm_buffer, a, perm, dtype, size_m, size_k, a_stride, stream));
+    a = a_perm_buffer;
+    a_stride = size_k;
+  }
+  kernels::W4A16GemmArgs p;
+  p.out = out;
+  p.a = a;
+  p.b_q = reinterpret_cast<const uint4*>(b_q);
+  p.scales = scales;
+  p.zeros = reinterpret_cast<const uint32_t*>(zeros);
+  p.counters = workspace;
+  p.partials = partials;
+  p.m = static_cast<int>(size_m);
+  p.n = static_cast<int>(size_n);
+  p.k = static_cast<int>(size_k);
+  p.group_size = static_cast<int>(group_size);
+  p.a_stride = a_stride;
+  p.out_stride = out_stride;
+  p.blocks_per_split = static_cast<int>(w4_blocks_per_split(size_n, size_k));
+  p.num_splits = static_cast<int>(w4a16_num_splits(size_n, size_k));
+  p.prefetch_blocks = g_prefetch_blocks.load(std::memory_order_relaxed);
+  return PYORCH_DISPATCH_HALF_TYPES(
+      dtype, T, [&] { return kernels::launch_w4a16_gemm<T>(p, zeros != nullptr, stream); });
+}
+
+}  // namespace pyorch

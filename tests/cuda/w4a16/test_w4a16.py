@@ -1,0 +1,238 @@
+"""The W4A16 ops (gptq_marlin_repack, awq_marlin_repack, gptq_marlin_gemm) on CPU and CUDA
+against the float64 dequantized reference, on fresh random codes, zero points, scales and inputs.
+
+The reference applies the op's contract: W = (q - z) * s rounded once to a's dtype (the kernels
+hold the dequantized weight in that dtype), products summed in float64, the output rounded
+once. Outputs are O(1) (scales ~ 1/sqrt(K)), so the per-dtype tolerance table applies as is.
+"""
+
+import pytest
+import torch
+
+from pyorch import _ops
+from pyorch.scalar_type import scalar_types
+from tests.conftest import CUDA_AVAILABLE, DEVICES, tol
+from tests.reference import w4a16 as ref
+
+DTYPES = [torch.float16, torch.bfloat16]
+GROUP_SIZES = [32, 64, 128, -1]
+# (K, N): one k-block and one n-tile; a partial thread block of columns (N = 80, 272: not a
+# multiple of 64); several k-blocks.
+SHAPES = [(64, 16), (256, 80), (640, 272)]
+ROWS = [1, 7, 16, 33, 64, 83]
+FORMATS = ["gptq", "gptq_act_order", "awq"]
+
+
+def _layer(k: int, n: int, group_size: int, fmt: str, dtype: torch.dtype, device: str,
+           seed: int = 0):
+    """(op arguments, reference W [K, N] float64 on device) for one random quantized layer,
+    generated on the device (a CUDA generator for CUDA: Llama-sized layers)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    act_order = fmt == "gptq_act_order"
+    q = ref.random_quantized(k, n, group_size, zero_points=fmt == "awq", act_order=act_order,
+                             generator=gen, device=device)
+    if fmt == "awq":
+        t = ref.awq_tensors(q)
+        b_q = _ops.awq_marlin_repack(t["qweight"].to(device), k, n, 4)
+        zeros = ref.pack_cols(q.zeros).to(device)  # plain order, the op's zero layout
+        perm = None
+        qtype = scalar_types.uint4
+    else:
+        t = ref.gptq_tensors(q, act_order)
+        perm = torch.argsort(t["g_idx"], stable=True).to(torch.int32) if act_order else None
+        b_q = _ops.gptq_marlin_repack(
+            t["qweight"].to(device), perm.to(device) if perm is not None else None, k, n, 4)
+        perm = perm.to(device) if perm is not None else None
+        zeros = None
+        qtype = scalar_types.uint4b8
+    scales = q.scales.to(dtype).to(device)
+    q.scales = scales.double()  # the scales as the op gets them (a bf16 copy rounds fp16's)
+    # The contract's rounding: each weight (q - z) * s rounded to dtype.
+    w_ref = q.dequantize().to(dtype).double()
+    workspace = _ops.w4a16_make_workspace(n, torch.device(device))
+    return (b_q, scales, zeros, perm, workspace, qtype), w_ref
+
+
+def _gemm(a: torch.Tensor, args, n: int, c: torch.Tensor | None = None) -> torch.Tensor:
+    b_q, scales, zeros, perm, workspace, qtype = args
+    return _ops.gptq_marlin_gemm(a, c, b_q, scales, zeros, perm, workspace, qtype,
+                                 a.shape[0], n, a.shape[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_gemm_matches_dequantized_reference(device: str, dtype: torch.dtype, fmt: str,
+                                            group_size: int, k: int, n: int):
+    if group_size != -1 and k % group_size:
+        pytest.skip("K is not a multiple of the group size (tested to raise below)")
+    args, w_ref = _layer(k, n, group_size, fmt, dtype, device)
+    for m in ROWS:
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        out = _gemm(a, args, n)
+        expected = (a.double() @ w_ref).to(dtype)
+        torch.testing.assert_close(out, expected, **tol(dtype), msg=f"M={m}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu_float32(fmt: str):
+    """The CPU kernel also serves float32 models (scales in float32, no rounding of W)."""
+    k, n = 256, 80
+    args, _ = _layer(k, n, 64, fmt, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(0)  # the same layer as _layer's
+    q = ref.random_quantized(k, n, 64, zero_points=fmt == "awq",
+                             act_order=fmt == "gptq_act_order", generator=gen)
+    a = torch.randn(5, k)
+    expected = (a.double() @ q.dequantize()).float()
+    torch.testing.assert_close(_gemm(a, args, n), expected, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_input_and_output_buffer(device: str):
+    dtype = torch.bfloat16
+    k, n = 256, 80
+    args, w_ref = _layer(k, n, 128, "awq", dtype, device)
+    base = torch.randn(9, k + 64, dtype=dtype, device=device)
+    a = base[:, 32:32 + k]  # row stride k + 64, 16-byte aligned rows
+    c = torch.full((9, n), float("nan"), dtype=dtype, device=device)
+    out = _gemm(a, args, n, c)
+    assert out.data_ptr() == c.data_ptr()
+    torch.testing.assert_close(c, (a.double() @ w_ref).to(dtype), **tol(dtype))
+
+
+def test_layout_is_the_documented_one():
+    """Decodes repacked codes with the formula of cuda/include/pyorch/w4a16.h."""
+    k, n = 128, 32
+    codes = torch.randint(0, 16, (k, n))
+    tiles = _ops.gptq_marlin_repack(ref.pack_rows(codes), None, k, n, 4)
+    assert tiles.shape == (n // 16, k * 2)
+    words = tiles.flatten().to(torch.int64) & 0xFFFFFFFF
+    decoded = torch.full((k, n), -1, dtype=torch.int64)
+    kblocks = k // 64
+    for word in range(words.numel()):
+        kt, lane, block = word % 4, (word // 4) % 32, word // 128
+        kb, nt = block % kblocks, block // kblocks
+        g, t = lane // 4, lane % 4
+        for p in range(8):
+            r, h = p % 4, p // 4
+            row = kb * 64 + 16 * t + 4 * kt + h + 2 * (r // 2)
+            col = nt * 16 + g + 8 * (r % 2)
+            decoded[row, col] = (words[word] >> (4 * p)) & 0xF
+    assert torch.equal(decoded, codes)
+
+
+def test_awq_repack_equals_gptq_repack_of_the_same_codes():
+    k, n = 192, 48
+    codes = torch.randint(0, 16, (k, n))
+    gptq = _ops.gptq_marlin_repack(ref.pack_rows(codes), None, k, n, 4)
+    awq = _ops.awq_marlin_repack(ref.pack_cols(codes, ref.AWQ_ORDER), k, n, 4)
+    assert torch.equal(gptq, awq)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_arguments_raise(device: str):
+    dtype = torch.float16
+    k, n = 256, 80
+    args, _ = _layer(k, n, 64, "gptq", dtype, device)
+    b_q, scales, zeros, perm, workspace, qtype = args
+    a = torch.randn(3, k, dtype=dtype, device=device)
+
+    def gemm(**kw):  # type: ignore[no-untyped-def]
+        call = dict(a=a, c=None, b_q_weight=b_q, b_scales=scales, b_zeros=None, perm=None,
+                    workspace=workspace, b_q_type=qtype, size_m=3, size_n=n, size_k=k)
+        call.update(kw)
+        return _ops.gptq_marlin_gemm(**call)
+
+    with pytest.raises(RuntimeError, match="scale groups"):  # K not a multiple of the groups
+        gemm(b_scales=torch.ones(3, n, dtype=dtype, device=device))
+    with pytest.raises(RuntimeError, match="multiple of 16"):  # group size 8
+        gemm(b_scales=torch.ones(32, n, dtype=dtype, device=device))
+    with pytest.raises(RuntimeError, match="8-bit"):
+        gemm(b_q_type=scalar_types.uint8b128)
+    with pytest.raises(RuntimeError, match="need b_zeros"):
+        gemm(b_q_type=scalar_types.uint4)
+    with pytest.raises(RuntimeError, match="take no b_zeros"):
+        gemm(b_zeros=torch.zeros(4, n // 8, dtype=torch.int32, device=device))
+    with pytest.raises(RuntimeError, match="dtype"):
+        gemm(b_scales=scales.to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="workspace"):
+        gemm(workspace=torch.zeros(1, dtype=torch.int32, device=device))
+    with pytest.raises(RuntimeError, match="perm"):
+        gemm(perm=torch.arange(k - 1, dtype=torch.int32, device=device))
+    with pytest.raises(RuntimeError, match="a must be"):
+        gemm(size_k=k + 64)
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        _ops.gptq_marlin_repack(torch.zeros(12, n, dtype=torch.int32, device=device), None,
+                                96, n, 4)
+    with pytest.raises(RuntimeError, match="num_bits=4"):
+        _ops.gptq_marlin_repack(torch.zeros(k // 4, n, dtype=torch.int32, device=device), None,
+                                k, n, 8)
+    with pytest.raises(RuntimeError, match=r"\[size_k, size_n / 8\]"):
+        _ops.awq_marlin_repack(torch.zeros(k // 8, n, dtype=torch.int32, device=device), k, n, 4)
+
+
+def test_opcheck():
+    args, _ = _layer(128, 32, 64, "awq", torch.bfloat16, "cpu")
+    b_q, scales, zeros, perm, workspace, qtype = args
+    a = torch.randn(2, 128, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.pyorch.gptq_marlin_gemm,
+                          (a, None, b_q, scales, zeros, perm, workspace, qtype.id, 2, 32, 128))
+    torch.library.opcheck(torch.ops.pyorch.awq_marlin_repack,
+                          (ref.pack_cols(torch.randint(0, 16, (128, 32))), 128, 32, 4))
+
+
+# ---- CUDA only ----------------------------------------------------------------------------------
+cuda_only = pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
+# Llama-3-8B (qkv, o, gate_up, down) and 70B (qkv, down) projections, as [K, N].
+LLAMA_SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (28672, 8192)]
+
+
+@cuda_only
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k,n", LLAMA_SHAPES)
+def test_llama_shapes_cuda(fmt: str, k: int, n: int):
+    dtype = torch.bfloat16
+    args, w_ref = _layer(k, n, 128, fmt, dtype, "cuda")
+    for m in [1, 4, 8, 9, 16, 33, 64, 65, 300]:  # the k-split, each m-tile count, the cuBLAS path
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        out = _gemm(a, args, n)
+        expected = (a.double() @ w_ref).to(dtype)
+        torch.testing.assert_close(out, expected, **tol(dtype), msg=f"M={m}")
+        if m <= 64:  # the k-split reduces in a fixed order: same bits every time
+            assert torch.equal(out, _gemm(a, args, n))
+    assert int(args[4].abs().sum()) == 0  # the workspace's counters are back to zero
+
+
+@cuda_only
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cuda_repack_matches_cpu(fmt: str):
+    k, n = 1024, 336
+    q = ref.random_quantized(k, n, 128, zero_points=fmt == "awq", act_order=fmt != "gptq")
+    if fmt == "awq":
+        qweight = ref.awq_tensors(q)["qweight"]
+        cpu = _ops.awq_marlin_repack(qweight, k, n, 4)
+        cuda = _ops.awq_marlin_repack(qweight.cuda(), k, n, 4)
+    else:
+        qweight = ref.gptq_tensors(q, act_order=True)["qweight"]
+        perm = torch.argsort(q.g_idx, stable=True).to(torch.int32) if fmt != "gptq" else None
+        cpu = _ops.gptq_marlin_repack(qweight, perm, k, n, 4)
+        cuda = _ops.gptq_marlin_repack(qweight.cuda(), perm.cuda() if perm is not None else None,
+                                       k, n, 4)
+    assert torch.equal(cpu, cuda.cpu())
+
+
+@cuda_only
+def test_cuda_graph_capture():
+    from tests.conftest import capture_graph
+
+    dtype, k, n = torch.bfloat16, 4096, 4096
+    args, w_ref = _layer(k, n, 128, "gptq_act_order", dtype, "cuda")
+    a = torch.randn(4, k, dtype=dtype, device="cuda")
+    c = torch.empty(4, n, dtype=dtype, device="cuda")
+    graph = capture_graph(lambda: _gemm(a, args, n, c))
+    a.copy_(torch.randn_like(a))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c, (a.double() @ w_ref).to(dtype), **tol(dtype))
