@@ -204,7 +204,17 @@ def main() -> int:
                 first_tokens[(r.name, b)] = out[0][:16]
                 print(f"repeat {rep} {r.name:12s} batch {b:2d}: "
                       f"{times[(r.name, b)][-1] * 1e3:7.2f} ms/step", flush=True)
+                # written after every measurement: a run cut short keeps what it measured
+                report(args, model, times, first_tokens, skipped, final=False)
+    report(args, model, times, first_tokens, skipped, final=True)
+    print(f"wrote {args.output_json}")
+    return 0
 
+
+def report(args: argparse.Namespace, model: str, times: dict[tuple[str, int], list[float]],
+           first_tokens: dict[tuple[str, int], list[int]], skipped: dict[str, str],
+           final: bool) -> None:
+    """Prints the table and ratios so far and writes the JSON ("complete": final) and plot."""
     rows = []
     for (name, b), ts in times.items():
         step = statistics.median(ts)
@@ -246,10 +256,9 @@ def main() -> int:
                                            for k, v in first_tokens.items()},
         "pyorch_equals_llama_cpp_first_tokens": same,
     }
+    doc["complete"] = final
     write_json(args.output_json, doc)
     plot(os.path.splitext(args.output_json)[0] + ".png", rows, ratios)
-    print(f"wrote {args.output_json}")
-    return 0
 
 
 def plot(path: str, rows: list[dict[str, Any]], ratios: dict[str, float]) -> None:
