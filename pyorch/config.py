@@ -242,13 +242,33 @@ def derive_max_model_len(hf_config: Any) -> Optional[int]:
     return None
 
 
+# kv_cache_dtype values pyorch runs (vLLM's names; "fp8" is e4m3 on NVIDIA, as in vLLM). The
+# kernels store e4m3 only: fp8_e5m2 and vLLM's other kinds are refused by name.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        hint = (" (the fp8 KV cache stores e4m3 only: use fp8 or fp8_e4m3)"
+                if str(kv_cache_dtype).startswith("fp8") else "")
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; expected one of "
+                         f"{', '.join(KV_CACHE_DTYPES)}{hint}")
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the KV cache is allocated in: the model's for "auto", else uint8 holding e4m3
+    bytes (what the cache and attention ops take, as vLLM allocates its fp8 caches)."""
+    check_kv_cache_dtype(kv_cache_dtype)
+    return model_dtype if kv_cache_dtype == "auto" else torch.uint8
+
+
 @dataclass
 class CacheConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9  # fraction of the GPU the engine may use, KV cache included
     kv_cache_memory_bytes: Optional[int] = None  # explicit KV budget (the way to size it on CPU)
     enable_prefix_caching: bool = True
-    cache_dtype: str = "auto"
+    cache_dtype: str = "auto"  # vLLM's kv_cache_dtype: "auto" (the model's) | "fp8" | "fp8_e4m3"
     num_blocks: Optional[int] = None  # decided by the model runner from measurement
 
     def validate(self) -> None:
@@ -260,8 +280,7 @@ class CacheConfig:
             )
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
-        if self.cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype {self.cache_dtype!r} is not supported yet (auto)")
+        check_kv_cache_dtype(self.cache_dtype)
 
 
 @dataclass

@@ -11,7 +11,8 @@
 //   prefill: --mode prefill --batch 1 --context 4096,8192: causal self-attention of whole prompts;
 //            rows give TFLOP/s counting 4 * q * k * d / 2 per head (the causal half).
 // Other flags: --num-heads 32 --num-kv-heads 8 --head-size 128 --block-size 16 --dtype bf16|fp16
-//              --kv-dtype auto|fp8 --json FILE.
+//              --kv-dtype auto|fp8 --fp8-l2-prefetch 1|0 (fp8 decode: L2 fetches 256 bytes around
+//              each row, pyorch::set_decode_fp8_l2_prefetch) --json FILE.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -229,6 +230,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--batch and --context must have the same length (or one context)\n");
     return 1;
   }
+  pyorch::set_decode_fp8_l2_prefetch(args.num("fp8-l2-prefetch", 1) != 0);
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreate(&stream));
   const double copy_gbs = pyorch::bench::copy_bandwidth_gbs(stream);

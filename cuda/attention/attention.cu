@@ -116,6 +116,8 @@ bool all_decode_rows(const PagedAttentionParams& p) {
 // SMs idle (too few CTAs to saturate HBM: 8 splits at 1x32k reach only 55%). fp8 caches aim at
 // two CTAs per SM instead: unpacking to bf16 makes each warp issue-bound, so a second CTA's warps
 // are worth its merge work (1x32k: 32 splits 47%, 16 splits 36%; 16x1k: 2 splits 44%, none 37%).
+// NOTE(fp8kv): those fp8 numbers predate the fragment loads (paged_decode_fp8.cuh), which took
+// the unpacking out of the loop; the fp8 policy (two CTAs per SM, 4-warp CTAs) was not re-swept.
 // NOTE(decode): measured with the 4-warp CTA and merge_split_kv_kernel; a one-CTA-per-SM grid now
 // runs the 8-warp whole-SM shape and merges in the same launch (launch_paged_decode), and these
 // counts were not re-swept for it.
@@ -208,6 +210,9 @@ unsigned long long next_decode_tag() {
   return counter.fetch_add(1, std::memory_order_relaxed) % kTags + 1;
 }
 
+// set_decode_fp8_l2_prefetch (attention.h).
+std::atomic<bool> decode_fp8_l2_prefetch{true};
+
 template <class Tile, typename Kernel>
 cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
                                const kernels::DecodeMergeArgs& merge, cudaStream_t stream) {
@@ -228,7 +233,8 @@ cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
 // the 2-CTA shape: choose_decode_splits gives them two CTAs per SM.
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
-  kernels::DecodeMergeArgs merge{nullptr, 0, kDecodeSingleSplitKeys};
+  kernels::DecodeMergeArgs merge{nullptr, 0, kDecodeSingleSplitKeys,
+                                 decode_fp8_l2_prefetch.load(std::memory_order_relaxed)};
   if (decode_merges_in_kernel(args.p, args.num_splits)) {
     merge.arrivals = reinterpret_cast<unsigned long long*>(
         reinterpret_cast<char*>(args.o_partial) + decode_arrivals_offset(args.p, args.num_splits));
@@ -410,6 +416,10 @@ cudaError_t merge_attn_states(void* output, float* output_lse, const void* prefi
         suffix_token_stride, suffix_head_stride, lse_head_stride);
     return cudaGetLastError();
   });
+}
+
+void set_decode_fp8_l2_prefetch(bool enabled) {
+  decode_fp8_l2_prefetch.store(enabled, std::memory_order_relaxed);
 }
 
 }  // namespace pyorch

@@ -23,6 +23,17 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                : "memory");
 }
 
+// cp_async_16 that also has L2 fetch the 256-byte-aligned span around the source (.L2::256B),
+// for short rows whose neighbours another CTA reads at about the same time.
+__device__ __forceinline__ void cp_async_16_l2_256(void* smem_dst, const void* gmem_src,
+                                                   bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile(
+      "cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)),
+      "l"(gmem_src), "r"(src_bytes)
+      : "memory");
+}
+
 // The same in BYTES = 16 or 8 (through L1: .cg takes only 16), for rows that are no whole number
 // of 16-byte chunks (an fp8 cache row of 120 bytes); src and dst aligned to BYTES.
 template <int BYTES>

@@ -18,8 +18,10 @@
 //
 // Pipelines. Each warp streams its own tiles through its own kStages-deep cp.async ring and only
 // synchronizes with itself (__syncwarp), never with the other warps, so no warp waits on another
-// warp's loads and every warp keeps kStages - 1 tiles in flight. fp8 tiles land raw and each warp
-// unpacks its own tile into a private fp16/bf16 tile before the mma.
+// warp's loads and every warp keeps kStages - 1 tiles in flight. fp8 tiles land raw; at tile
+// heads 64 and 128 each lane reads its bytes straight into f16 mma fragments
+// (paged_decode_fp8.cuh), at other heads each warp unpacks its own tile into a private
+// fp16/bf16 tile before the mma.
 //
 // Epilogue. The warps' (max, sum, output) of the same rows are merged through shared memory; the
 // CTA writes `out`, or with num_splits > 1 its normalized partial and log-sum-exp. The split
@@ -35,6 +37,7 @@
 #include <type_traits>
 
 #include "attention/paged_attention.cuh"
+#include "attention/paged_decode_fp8.cuh"
 #include "common/launch.cuh"
 
 namespace pyorch::kernels {
@@ -55,6 +58,7 @@ struct DecodeMergeArgs {
   unsigned long long tag;        // this call's tag, 1 .. 2^48 - 1 (see decode_arrive)
   int single_split_keys = 0;     // with the in-launch merge: a sequence with at most this many
                                  // keys runs in one split and writes `out` itself
+  bool fp8_l2_prefetch = false;  // fp8 K/V copies with an L2 prefetch of 256 bytes (attention.h)
 };
 
 // Shared-memory pieces of a decode CTA; no checks, so that the host can size shapes that do not
@@ -70,11 +74,22 @@ struct DecodeBytes {
   static constexpr int kCacheRowBytes = HEAD_SIZE * static_cast<int>(sizeof(CacheT));  // global
   static constexpr int kCopyBytes = static_cast<int>(paged_attention_copy_bytes(kCacheRowBytes));
   static constexpr int kRawRowBytes = kTileHead * static_cast<int>(sizeof(CacheT));  // fp8 tile
+  // fp8 read straight into mma fragments (tile heads 64, 128): no unpacked tiles, raw rows at
+  // the padded pitches of Fp8FragRows; else raw rows of kRawRowBytes, unpacked per warp.
+  static constexpr bool kFp8Frag = kFp8 && (kTileHead == 64 || kTileHead == 128);
+  static constexpr int kKRawPitch =
+      kFp8Frag ? Fp8FragRows < kFp8Frag ? kTileHead : 64 > ::kK : kRawRowBytes;
+  static constexpr int kVRawPitch =
+      kFp8Frag ? Fp8FragRows < kFp8Frag ? kTileHead : 64 > ::kV : kRawRowBytes;
+  // Destination row pitches (bytes) of the K and V tiles in a ring slot.
+  static constexpr int kKDstPitch = kFp8 ? kKRawPitch : kRowStride * static_cast<int>(sizeof(T));
+  static constexpr int kVDstPitch = kFp8 ? kVRawPitch : kRowStride * static_cast<int>(sizeof(T));
   static constexpr size_t kTTileBytes = sizeof(T) * kDecodeWarpKeys * kRowStride;
-  static constexpr size_t kRawTileBytes = static_cast<size_t>(kDecodeWarpKeys) * kRawRowBytes;
-  // One ring slot of a warp: K then V, padded T tiles, or raw byte tiles for fp8.
-  static constexpr size_t kStageBytes = kFp8 ? 2 * kRawTileBytes : 2 * kTTileBytes;
-  static constexpr size_t kUnpackBytes = kFp8 ? 2 * kTTileBytes : 0;  // per warp, fp8 only
+  // One ring slot of a warp: the K tile, then the V tile at kVStageOffset.
+  static constexpr size_t kVStageOffset = static_cast<size_t>(kDecodeWarpKeys) * kKDstPitch;
+  static constexpr size_t kStageBytes =
+      kVStageOffset + static_cast<size_t>(kDecodeWarpKeys) * kVDstPitch;
+  static constexpr size_t kUnpackBytes = kFp8 && !kFp8Frag ? 2 * kTTileBytes : 0;  // per warp
   static constexpr size_t kQBytes = sizeof(T) * kDecodeMaxRows * kRowStride;
   // Ring depth that fills the CTA's share of the SM (may be < 2: the shape does not fit).
   static constexpr int stages_for(int warps, int ctas_per_sm) {
@@ -91,6 +106,10 @@ template <typename T, typename CacheT, int HEAD_SIZE, int WARPS = 4, int CTAS_PE
 struct DecodeTile : DecodeBytes<T, CacheT, HEAD_SIZE> {
   using B = DecodeBytes<T, CacheT, HEAD_SIZE>;
   static constexpr bool kFp8 = B::kFp8;
+  static constexpr bool kFp8Frag = B::kFp8Frag;
+  static constexpr int kKDstPitch = B::kKDstPitch;
+  static constexpr int kVDstPitch = B::kVDstPitch;
+  static constexpr size_t kVStageOffset = B::kVStageOffset;
   static constexpr int kWarps = WARPS;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kHeadSize = B::kHeadSize;
@@ -123,7 +142,8 @@ struct DecodeTile : DecodeBytes<T, CacheT, HEAD_SIZE> {
   static_assert(HEAD_SIZE % 8 == 0 && kCacheRowBytes % kCopyBytes == 0,
                 "whole 16-byte chunks per query row, whole copies per cache row");
   static_assert(kRawRowBytes % 16 == 0, "whole 16-byte chunks per raw fp8 tile row");
-  static_assert(kStageBytes % 16 == 0 && kWarpBytes % 16 == 0 && kQBytes % 16 == 0,
+  static_assert(kStageBytes % 16 == 0 && kWarpBytes % 16 == 0 && kQBytes % 16 == 0 &&
+                    kVStageOffset % 16 == 0 && kKDstPitch % 16 == 0 && kVDstPitch % 16 == 0,
                 "16-byte aligned shared-memory tiles");
   static_assert(CTAS_PER_SM == 1 || CTAS_PER_SM == 2, "one or two CTAs per SM");
   static_assert(kStages >= 2 && kStages <= kDecodeMaxStages, "ring depth");
@@ -204,14 +224,25 @@ __device__ void load_decode_q(const AttnArgs& a, const WorkTile& w, int kv_head,
 // aligned key range), so the block table is read once per tile.
 template <class Tr, typename CacheT>
 __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile& w, int kv_head,
-                                               int key0, bool one_block, char* k_dst, char* v_dst) {
+                                               int key0, bool one_block, char* k_dst, char* v_dst,
+                                               bool l2_prefetch = false) {
   constexpr int kCopy = Tr::kCopyBytes;
   constexpr int kChunksPerRow = Tr::kTileHead * static_cast<int>(sizeof(CacheT)) / kCopy;
   constexpr int kChunks = kDecodeWarpKeys * kChunksPerRow;
-  constexpr int kDstRowBytes = Tr::kFp8 ? Tr::kRawRowBytes : Tr::kRowStride * 2;
   constexpr int kElemsPerCopy = kCopy / static_cast<int>(sizeof(CacheT));
   auto col_valid = [](int col) {
     return Tr::kTileHead == Tr::kHeadSize || col * kCopy < Tr::kCacheRowBytes;
+  };
+  // fp8 rows are short (128 bytes at head 128): optionally have L2 fetch 256 bytes around each
+  // (the neighbouring kv heads' rows, which other CTAs are about to read; attention.h).
+  auto copy = [l2_prefetch](char* dst, const char* src, bool valid) {
+    if constexpr (Tr::kFp8 && kCopy == 16) {
+      if (l2_prefetch) {
+        attn::cp_async_16_l2_256(dst, src, valid);
+        return;
+      }
+    }
+    attn::cp_async<kCopy>(dst, src, valid);
   };
   const PagedAttentionParams& p = a.p;
   const char* k_cache = static_cast<const char*>(p.key_cache);
@@ -244,9 +275,8 @@ __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile
       for (int it = 0; it < kDecodeWarpKeys / kRowsPerStep; ++it) {
         const int n = it * kRowsPerStep + n0;
         const bool valid = in_row && key0 + n < w.kv_hi;
-        const int dst = n * kDstRowBytes + col * kCopy;
-        attn::cp_async<kCopy>(k_dst + dst, valid ? k_src : k_cache, valid);
-        attn::cp_async<kCopy>(v_dst + dst, valid ? v_src : v_cache, valid);
+        copy(k_dst + n * Tr::kKDstPitch + col * kCopy, valid ? k_src : k_cache, valid);
+        copy(v_dst + n * Tr::kVDstPitch + col * kCopy, valid ? v_src : v_cache, valid);
         k_src += k_step;
         v_src += v_step;
       }
@@ -272,9 +302,8 @@ __device__ __forceinline__ void load_decode_kv(const AttnArgs& a, const WorkTile
       v_src += sizeof(CacheT) * (block * p.v_block_stride + offset * p.v_token_stride +
                                  kv_head * p.v_head_stride + elem);
     }
-    const int dst = n * kDstRowBytes + col * kCopy;
-    attn::cp_async<kCopy>(k_dst + dst, k_src, valid);
-    attn::cp_async<kCopy>(v_dst + dst, v_src, valid);
+    copy(k_dst + n * Tr::kKDstPitch + col * kCopy, k_src, valid);
+    copy(v_dst + n * Tr::kVDstPitch + col * kCopy, v_src, valid);
   }
 }
 
@@ -318,10 +347,19 @@ __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int r = lane / 4 + 8 * i;
     if (r >= w.num_rows) continue;
-    float* dst = red_o + (warp * kRows + r) * kTile + (lane % 4) * 2;
+    if constexpr (Tr::kFp8Frag) {  // o[j][2i + e] is head dim fp8frag_out_dim(j, lane % 4, e)
+      float* dst = red_o + (warp * kRows + r) * kTile;
 #pragma unroll
-    for (int j = 0; j < Tr::kOTiles; ++j) {
-      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      for (int j = 0; j < Tr::kOTiles; ++j) {
+        dst[fp8frag_out_dim<kTile>(j, lane % 4, 0)] = o[j][2 * i];
+        dst[fp8frag_out_dim<kTile>(j, lane % 4, 1)] = o[j][2 * i + 1];
+      }
+    } else {
+      float* dst = red_o + (warp * kRows + r) * kTile + (lane % 4) * 2;
+#pragma unroll
+      for (int j = 0; j < Tr::kOTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      }
     }
     if (lane % 4 == 0) {
       red_m[warp * kRows + r] = m[i];
@@ -487,7 +525,7 @@ __global__ void __launch_bounds__(WARPS* kWarpSize)
   // [warps][kStages][K, V] rings, then (fp8) each warp's unpacked K and V tiles.
   char* ring = reinterpret_cast<char*>(smem) + Tr::kQBytes + warp * Tr::kWarpBytes;
   auto k_stage = [&](int s) { return ring + s * Tr::kStageBytes; };
-  auto v_stage = [&](int s) { return ring + s * Tr::kStageBytes + Tr::kStageBytes / 2; };
+  auto v_stage = [&](int s) { return ring + s * Tr::kStageBytes + Tr::kVStageOffset; };
   const int first_tile = w.tile_begin + warp;
   const int num_my_tiles =
       first_tile < w.tile_end ? (w.tile_end - first_tile + WARPS - 1) / WARPS : 0;
@@ -495,7 +533,7 @@ __global__ void __launch_bounds__(WARPS* kWarpSize)
   auto load = [&](int i) {  // the warp's i-th tile into ring slot i % kStages
     const int key0 = w.kv_lo + (first_tile + i * WARPS) * kDecodeWarpKeys;
     load_decode_kv<Tr, CacheT>(a, w, kv_head, key0, one_block, k_stage(i % kStages),
-                               v_stage(i % kStages));
+                               v_stage(i % kStages), mg.fp8_l2_prefetch);
   };
 
   load_decode_q<Tr>(a, w, kv_head, q_smem);  // joins the first commit group
@@ -513,12 +551,37 @@ __global__ void __launch_bounds__(WARPS* kWarpSize)
   float o[Tr::kOTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
+  // fp8 fragments: the query as f16 fragments in registers, rows scaled by 2^e (q_row_inv: 2^-e).
+  uint32_t qf[Tr::kTileHead / 16][4];
+  float q_row_inv[2] = {1.f, 1.f};
+  if constexpr (Tr::kFp8Frag) {
+    load_q_fp8frag<Tr::kTileHead, Tr::kRowStride>(q_smem, qf, q_row_inv);
+  }
   for (int i = 0; i < num_my_tiles; ++i) {
     // Refill the slot consumed in the previous iteration (the __syncwarp below ended its reads).
     if (i + kStages - 1 < num_my_tiles) load(i + kStages - 1);
     attn::cp_async_commit();
     attn::cp_async_wait<kStages - 1>();  // tile i has landed (for this lane)
     __syncwarp();                        // ... and for the whole warp
+    const int k0 = w.kv_lo + (first_tile + i * WARPS) * kDecodeWarpKeys;
+    const bool need_mask = k0 + kDecodeWarpKeys > w.min_row_hi || k0 < w.max_row_lo;
+    float s[kDecodeWarpKeys / 8][4];
+    if constexpr (Tr::kFp8Frag) {
+      const auto* k_raw = reinterpret_cast<const uint8_t*>(k_stage(i % kStages));
+      compute_scores_fp8frag<Tr::kTileHead>(qf, k_raw, s);
+#pragma unroll
+      for (int j = 0; j < kDecodeWarpKeys / 8; ++j) {  // undo the rows' 2^e (exact)
+        s[j][0] *= q_row_inv[0];
+        s[j][1] *= q_row_inv[0];
+        s[j][2] *= q_row_inv[1];
+        s[j][3] *= q_row_inv[1];
+      }
+      online_softmax<Tr, kDecodeWarpKeys>(s, o, m, l, rb, k0, need_mask, sm, upper_rows);
+      const auto* v_raw = reinterpret_cast<const uint8_t*>(v_stage(i % kStages));
+      accumulate_pv_fp8frag<Tr::kTileHead>(s, v_raw, o);
+      __syncwarp();  // every lane is done with slot i % kStages before it is refilled
+      continue;
+    }
     const T* k_tile = reinterpret_cast<const T*>(k_stage(i % kStages));
     const T* v_tile = reinterpret_cast<const T*>(v_stage(i % kStages));
     if constexpr (Tr::kFp8) {
@@ -530,9 +593,6 @@ __global__ void __launch_bounds__(WARPS* kWarpSize)
       k_tile = k_unpacked;
       v_tile = v_unpacked;
     }
-    const int k0 = w.kv_lo + (first_tile + i * WARPS) * kDecodeWarpKeys;
-    const bool need_mask = k0 + kDecodeWarpKeys > w.min_row_hi || k0 < w.max_row_lo;
-    float s[kDecodeWarpKeys / 8][4];
     compute_scores<Tr, kDecodeWarpKeys>(q_smem, k_tile, s);
     online_softmax<Tr, kDecodeWarpKeys>(s, o, m, l, rb, k0, need_mask, sm, upper_rows);
     accumulate_pv<Tr, kDecodeWarpKeys>(s, v_tile, o);

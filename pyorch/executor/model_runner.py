@@ -6,6 +6,7 @@ One code path serves CPU and CUDA: the ops dispatch by device.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any, Optional, Protocol, cast
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pyorch.config import EngineConfig
+from pyorch.config import EngineConfig, kv_cache_torch_dtype
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.core_types import LogprobsLists
 from pyorch.executor.cuda_graph import (
@@ -94,6 +95,21 @@ class ModelRunner:
         self.timings = StepTimings()
         self._trace_last_end: Optional[torch.cuda.Event] = None
 
+    def release(self) -> None:
+        """Drops the model, the KV cache and the CUDA graphs (shutdown), returning their device
+        memory to the allocator's pool and the pool to the device; the runner cannot step again."""
+        for layer in self.attn_layers:
+            layer.kv_cache = None
+        self.cuda_graphs = None
+        self.kv_caches = []
+        self.attn_layers = []
+        self.model = None
+        self._last_step = None
+        self.requests.clear()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     @property
     def loaded_model(self) -> CausalLM:
         """self.model, once load_model() has run."""
@@ -108,10 +124,18 @@ class ModelRunner:
         from pyorch.model_loader import get_model
 
         start = time.perf_counter()
+        if self.device.type == "cuda":
+            # An engine dropped without shutdown() (a reference cycle keeps it until the next
+            # collection) still holds its weights and KV cache: collect it before this engine
+            # loads and sizes its cache from free memory.
+            gc.collect()
+            torch.cuda.empty_cache()
         torch.manual_seed(self.model_config.seed)
         self.model = get_model(self.model_config)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.attn_layers.sort(key=lambda layer: layer.layer_idx)
+        for layer in self.attn_layers:  # the cache's storage format (fp8: e4m3 bytes)
+            layer.set_kv_cache_dtype(self.cache_config.cache_dtype)
         logger.info(
             "Loaded %s (%s, %s) in %.2f s",
             self.model_config.model, self.model_config.dtype, self.device,
@@ -128,7 +152,7 @@ class ModelRunner:
         # This rank's KV heads (the attention layers hold the tensor-parallel share).
         num_kv_heads = self.attn_layers[0].num_kv_heads if self.attn_layers else mc.num_kv_heads
         return KVCacheSpec(len(self.attn_layers), self.block_size, num_kv_heads, mc.head_size,
-                           mc.dtype)
+                           kv_cache_torch_dtype(self.cache_config.cache_dtype, mc.dtype))
 
     def initialize_kv_cache(self) -> int:
         """Sizes the KV cache by measurement (GPU) or by byte budget (CPU), allocates and binds

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from pyorch import _ops
+from pyorch.config import check_kv_cache_dtype
 from pyorch.forward_context import get_forward_context
 
 if TYPE_CHECKING:
@@ -25,8 +26,12 @@ class Attention(nn.Module):
     """Causal multi-head / grouped-query attention over a paged KV cache.
 
     `kv_cache` is bound by the model runner: (key_cache, value_cache), each
-    [num_blocks, block_size, num_kv_heads, head_size]. `k_scale`/`v_scale` are per-tensor scales
-    (1.0 today, used once an fp8 kv_cache_dtype is supported).
+    [num_blocks, block_size, num_kv_heads, head_size], in the model's dtype for kv_cache_dtype
+    "auto" or uint8 e4m3 bytes for "fp8"/"fp8_e4m3" (the runner sets the layers' kv_cache_dtype
+    from CacheConfig before it binds the cache, see set_kv_cache_dtype). `k_scale`/`v_scale` are
+    the per-tensor fp8 scales (stored = x / scale, read = fp8 * scale): 1.0 unless the
+    checkpoint has them (pyorch.model_loader.weight_utils.load_kv_scales). They are float32
+    device tensors the ops read on the device, so CUDA graphs see a scale set after capture.
     """
 
     k_scale: torch.Tensor  # non-persistent buffers, registered in __init__
@@ -48,8 +53,7 @@ class Attention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
                              f"{num_kv_heads}")
-        if kv_cache_dtype != "auto":
-            raise NotImplementedError(f"kv_cache_dtype {kv_cache_dtype!r}: only 'auto' for now")
+        check_kv_cache_dtype(kv_cache_dtype)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -61,6 +65,11 @@ class Attention(nn.Module):
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.register_buffer("k_scale", torch.tensor(1.0, dtype=torch.float32), persistent=False)
         self.register_buffer("v_scale", torch.tensor(1.0, dtype=torch.float32), persistent=False)
+
+    def set_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
+        """How this layer's cache stores K and V (set before a cache is bound)."""
+        check_kv_cache_dtype(kv_cache_dtype)
+        self.kv_cache_dtype = kv_cache_dtype
 
     def forward(
         self,
@@ -122,6 +131,6 @@ class Attention(nn.Module):
         return (
             f"layer_idx={self.layer_idx}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
-            f"scale={self.scale:.4g}, "
+            f"scale={self.scale:.4g}, kv_cache_dtype={self.kv_cache_dtype}, "
             f"sliding_window={self.sliding_window}, logits_soft_cap={self.logits_soft_cap}"
         )

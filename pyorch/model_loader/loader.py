@@ -16,12 +16,13 @@ from torch import nn
 
 from pyorch.layers.quantization import QuantizeMethodBase
 from pyorch.model_loader.config import is_gguf
-from pyorch.model_loader.quant_config import get_quant_config
 from pyorch.model_loader.gguf_loader import iterate_gguf_weights
+from pyorch.model_loader.quant_config import get_quant_config
 from pyorch.model_loader.weight_utils import (
     initialize_dummy_weights,
     iterate_pt_weights,
     iterate_safetensors_weights,
+    load_kv_scales,  # fp8 KV-cache scales
     pt_files,
     safetensors_files,
 )
@@ -200,7 +201,8 @@ def get_model(model_config: Any) -> nn.Module:
             model_config.model, load_format, getattr(model_config, "revision", None)
         )
         with torch.no_grad():
-            model.load_weights(weights)
+            # KV-cache scales go to the Attention layers, the rest to the model's loader.
+            model.load_weights(load_kv_scales(model, weights))
     with torch.no_grad():
         process_weights_after_loading(model)
     return model.eval()

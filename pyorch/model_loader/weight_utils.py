@@ -152,3 +152,67 @@ def initialize_dummy_weights(
             param.copy_(tmp.uniform_(low, high, generator=gen))
         else:
             param.uniform_(low, high, generator=gen)
+
+
+# ---- fp8 KV-cache scales ------------------------------------------------------------------------
+# Checkpoint names of per-layer KV-cache scales (vLLM's set): the attention's own `k_scale` /
+# `v_scale` (`<attn>.k_scale`, with or without vLLM's inner `.attn`), ModelOpt's
+# `k_proj.k_scale` / `v_proj.v_scale`, compressed-tensors' `kv_cache_scheme` outputs
+# `k_proj.output_scale` / `v_proj.output_scale`, and the deprecated single `kv_scale` (both).
+_KV_SCALE_SUFFIXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (".k_proj.output_scale", ("k_scale",)),
+    (".v_proj.output_scale", ("v_scale",)),
+    (".k_proj.k_scale", ("k_scale",)),
+    (".v_proj.v_scale", ("v_scale",)),
+    (".kv_scale", ("k_scale", "v_scale")),
+    (".k_scale", ("k_scale",)),
+    (".v_scale", ("v_scale",)),
+)
+# Scales of things pyorch does not quantize (the query, the probabilities): the attention runs
+# them in the model dtype, as vLLM's backends without fp8 attention do.
+_UNUSED_ATTN_SCALE_SUFFIXES = (".q_proj.output_scale", ".q_scale", ".prob_scale")
+
+
+def maybe_remap_kv_scale_name(name: str, attn_names: set[str]) -> list[str] | None:
+    """The Attention buffers (``"<module>.k_scale"``/``"<module>.v_scale"``) that checkpoint
+    tensor ``name`` sets, or None when ``name`` is no KV-cache scale. ``attn_names``: the
+    model's Attention module names (``model.layers.0.self_attn.attn``). A scale for a layer the
+    model has no Attention module for raises KeyError naming it."""
+    for suffix, buffers in _KV_SCALE_SUFFIXES:
+        if not name.endswith(suffix):
+            continue
+        owner = name[: -len(suffix)]  # "model.layers.0.self_attn" (or "...self_attn.attn")
+        module = next((m for m in (owner + ".attn", owner) if m in attn_names), None)
+        if module is None:
+            raise KeyError(f"KV-cache scale {name!r} in the checkpoint: the model has no "
+                           f"attention layer at {owner!r}")
+        return [f"{module}.{b}" for b in buffers]
+    return None
+
+
+def load_kv_scales(
+    model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Passes ``weights`` through to the model's loader, less the KV-cache scales, which it
+    writes into the Attention layers' ``k_scale``/``v_scale`` (in place: the device tensors the
+    ops and any CUDA graph read). A scale must be one positive finite number (per-tensor, as
+    the cache ops take); anything else raises ValueError naming it."""
+    from pyorch.layers.attention import Attention
+
+    attn_names = {n for n, m in model.named_modules() if isinstance(m, Attention)}
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    for name, tensor in weights:
+        if name.endswith(_UNUSED_ATTN_SCALE_SUFFIXES):
+            continue
+        targets = maybe_remap_kv_scale_name(name, attn_names)
+        if targets is None:
+            yield name, tensor
+            continue
+        if tensor.numel() != 1:
+            raise ValueError(f"KV-cache scale {name!r} has shape {tuple(tensor.shape)}: only "
+                             "per-tensor scales (one number per layer) are supported")
+        value = float(tensor.reshape(()).float())
+        if not math.isfinite(value) or value <= 0.0:
+            raise ValueError(f"KV-cache scale {name!r} is {value}: it must be positive")
+        for target in targets:
+            buffers[target].fill_(value)

@@ -128,3 +128,17 @@ def test_tokenizer_mode(tiny):
         get_tokenizer(default_model_path(), tokenizer_mode="slow")
     with pytest.raises(ValueError, match="tokenizer_mode 'mistral' is not supported"):
         ModelConfig(model=tiny, tokenizer_mode="mistral").resolve()
+
+
+def test_cache_config_kv_cache_dtype():
+    from pyorch.config import CacheConfig, kv_cache_torch_dtype
+
+    for value in ("auto", "fp8", "fp8_e4m3"):
+        CacheConfig(cache_dtype=value).validate()
+    assert kv_cache_torch_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert kv_cache_torch_dtype("fp8", torch.bfloat16) == torch.uint8  # e4m3 bytes
+    assert kv_cache_torch_dtype("fp8_e4m3", torch.float16) == torch.uint8
+    with pytest.raises(ValueError, match=r"'fp8_e5m2' is not supported.*e4m3 only"):
+        CacheConfig(cache_dtype="fp8_e5m2").validate()
+    with pytest.raises(ValueError, match="'float16' is not supported; expected one of auto"):
+        CacheConfig(cache_dtype="float16").validate()

@@ -72,6 +72,13 @@ size_t paged_attention_workspace_size(const PagedAttentionParams& params);
 cudaError_t paged_attention(const PagedAttentionParams& params, void* workspace,
                             size_t workspace_bytes, cudaStream_t stream);
 
+// fp8-cache decode: its K/V copies ask L2 to fetch 256 bytes around each row (cp.async
+// .L2::256B), so that one DRAM access serves the rows of neighbouring kv heads, which the CTAs
+// launched beside this one read at about the same time (an fp8 row of head 128 is 128 bytes).
+// On by default; a process-wide switch for A/B timing (bench_paged_attention --fp8-l2-prefetch).
+// Set it before any graph is captured. Safe to call from any thread.
+void set_decode_fp8_l2_prefetch(bool enabled);
+
 // output = (e^{lp-m} * prefix_output + e^{ls-m} * suffix_output) / (e^{lp-m} + e^{ls-m}),
 // m = max(lp, ls), per (token, head). output/prefix_output/suffix_output:
 // [num_tokens, num_heads, head_size] in dtype (fp32, fp16 or bf16; strides in elements, last dim

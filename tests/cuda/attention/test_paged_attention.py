@@ -519,3 +519,27 @@ def test_cuda_graph_capture_mixed(device: str) -> None:
     graph.replay()
     torch.cuda.synchronize()
     check(b, out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_size", [64, 120, 128])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (16, 4), (32, 2)])
+def test_fp8_decode_query_range(device: str, head_size: int, num_heads: int,
+                                num_kv_heads: int) -> None:  # fmt: skip
+    """fp8 decode at the tile heads whose CUDA kernel reads the fp8 bytes straight into f16 mma
+    fragments and runs the query as f16 scaled per row by a power of two: bf16 query rows from
+    1e-6 to 1e6 in magnitude (past f16's range) over the whole e4m3 range (bytes up to +-448),
+    1 to 16 rows per CTA (GQA 1, 4 and 16 with 1 or 2 query tokens), short and split sequences."""
+    spec = [(1, 1), (1, 37), (2, 300), (1, 2500), (1, 16)]
+    b = make_batch(spec, num_heads, num_kv_heads, head_size, 16, torch.bfloat16, device, "fp8")
+    g = torch.Generator().manual_seed(7)
+    for cache in (b["key_cache"], b["value_cache"]):  # every finite e4m3 byte (0x7f/0xff: NaN)
+        raw = torch.randint(0, 256, cache.shape, generator=g, dtype=torch.int32)
+        raw[(raw & 0x7F) == 0x7F] = 0x7E
+        cache.copy_(raw.to(torch.uint8).to(cache.device))
+    b["k_scale"].fill_(1e-3)
+    b["v_scale"].fill_(2e-3)
+    q = b["query"]
+    row_mag = 10.0 ** torch.linspace(-6, 6, q.shape[0] * q.shape[1], device=q.device)
+    q.copy_(q.float() * row_mag.view(q.shape[0], q.shape[1], 1))
+    check(b, run_op(b))

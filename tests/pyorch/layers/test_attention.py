@@ -117,8 +117,12 @@ def test_forward_context_nesting_and_errors():
 def test_attention_rejects_bad_heads_and_dtype():
     with pytest.raises(ValueError, match="multiple"):
         Attention(6, 64, 1.0, 4)
-    with pytest.raises(NotImplementedError, match="fp8"):
-        Attention(4, 64, 1.0, 4, kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported"):
+        Attention(4, 64, 1.0, 4, kv_cache_dtype="fp8_e5m2")
+    layer = Attention(4, 64, 1.0, 4)
+    with pytest.raises(ValueError, match="kv_cache_dtype 'int8'"):
+        layer.set_kv_cache_dtype("int8")
+    assert layer.kv_cache_dtype == "auto"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -162,3 +166,65 @@ def test_attention_with_rotary(device: str, dtype: torch.dtype, fuse: bool, monk
         assert torch.equal(got, want), name
     with set_forward_context(meta), pytest.raises(ValueError, match="needs positions"):
         layer(q, k, v, rotary_emb=rope)
+
+
+def _fp8_round_trip(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return ((x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3"])
+def test_attention_fp8_cache(device: str, dtype: torch.dtype, kv_cache_dtype: str):
+    """kv_cache_dtype fp8: the layer writes e4m3 bytes of k / k_scale and v / v_scale into uint8
+    caches (the prefix written by an earlier step, the new tokens by this one) and attends over
+    them as SDPA does over the fp8 round trip of the keys and values."""
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("the CUDA paged_attention kernel takes fp16/bf16 only")
+    num_heads, num_kv_heads, head_size = 8, 2, 64
+    ctx_lens, q_lens = [c for c, _ in BATCH], [q for _, q in BATCH]
+    tables, num_blocks = allocate_blocks([c + q for c, q in BATCH], BLOCK_SIZE, shuffle=True)
+    prefix_meta, _ = build_metadata([0] * len(BATCH), ctx_lens, tables, BLOCK_SIZE, device)
+    meta, _ = build_metadata(ctx_lens, q_lens, tables, BLOCK_SIZE, device, num_padding_tokens=2)
+    scale = head_size**-0.5
+    layer = Attention(num_heads, head_size, scale, num_kv_heads, kv_cache_dtype=kv_cache_dtype)
+    layer = layer.to(device)
+    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
+    layer.kv_cache = (torch.zeros(cache_shape, dtype=torch.uint8, device=device),
+                      torch.zeros(cache_shape, dtype=torch.uint8, device=device))
+    layer.k_scale.fill_(0.02)
+    layer.v_scale.fill_(0.005)
+    full_k = [torch.randn(c + q, num_kv_heads, head_size, dtype=dtype, device=device) * 3
+              for c, q in BATCH]
+    full_v = [torch.randn_like(k) for k in full_k]
+
+    def run(meta_, lo, hi) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        n = meta_.slot_mapping.shape[0]
+        k = torch.zeros(n, num_kv_heads * head_size, dtype=dtype, device=device)
+        v = torch.zeros_like(k)
+        real = sum(h - lo_ for lo_, h in zip(lo, hi, strict=True))
+        k[:real] = torch.cat([fk[a:b] for fk, a, b in zip(full_k, lo, hi, strict=True)]).flatten(1)
+        v[:real] = torch.cat([fv[a:b] for fv, a, b in zip(full_v, lo, hi, strict=True)]).flatten(1)
+        q = torch.randn(n, num_heads * head_size, dtype=dtype, device=device)
+        with set_forward_context(meta_):
+            return q, layer(q, k, v)
+
+    run(prefix_meta, [0] * len(BATCH), ctx_lens)  # writes the prefixes, scales 0.02 / 0.005
+    q, out = run(meta, ctx_lens, [c + q for c, q in BATCH])
+    start = 0
+    for i, (ctx, q_len) in enumerate(BATCH):
+        rows = q[start:start + q_len].view(q_len, num_heads, head_size)
+        k_ref = _fp8_round_trip(full_k[i], 0.02)
+        v_ref = _fp8_round_trip(full_v[i], 0.005)
+        want = _reference(rows, k_ref, v_ref, ctx, q_len, scale, None, None)
+        got = out[start:start + q_len].view(q_len, num_heads, head_size)
+        torch.testing.assert_close(got.float(), want, **TOLS[dtype], msg=f"sequence {i}")
+        start += q_len
+    # The cache holds e4m3 bytes of the scaled keys (clamped to +-448: |k| / 0.02 reaches it).
+    key_cache = layer.kv_cache[0]
+    for i, (ctx, q_len) in enumerate(BATCH):
+        pos = ctx + q_len - 1
+        block, offset = tables[i][pos // BLOCK_SIZE], pos % BLOCK_SIZE
+        want_bytes = (full_k[i][pos].float() / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(key_cache[block, offset].view(torch.float8_e4m3fn).float(),
+                           want_bytes.float())

@@ -12,6 +12,8 @@ from pyorch.model_loader.weight_utils import (
     initialize_dummy_weights,
     iterate_pt_weights,
     iterate_safetensors_weights,
+    load_kv_scales,
+    maybe_remap_kv_scale_name,
 )
 from tests.conftest import DEVICES
 
@@ -147,3 +149,70 @@ def test_safetensors_bad_offsets_name_the_file(tmp_path: Path) -> None:
     bad.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     with pytest.raises(ValueError, match="unreadable safetensors file.*KeyError"):
         list(iterate_safetensors_weights(str(tmp_path)))
+
+
+# ---- fp8 KV-cache scales ------------------------------------------------------------------------
+ATTN = {"model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"}
+
+
+@pytest.mark.parametrize("name,want", [
+    ("model.layers.0.self_attn.k_scale", ["model.layers.0.self_attn.attn.k_scale"]),
+    ("model.layers.1.self_attn.v_scale", ["model.layers.1.self_attn.attn.v_scale"]),
+    ("model.layers.0.self_attn.attn.k_scale", ["model.layers.0.self_attn.attn.k_scale"]),
+    ("model.layers.1.self_attn.k_proj.output_scale", ["model.layers.1.self_attn.attn.k_scale"]),
+    ("model.layers.1.self_attn.v_proj.output_scale", ["model.layers.1.self_attn.attn.v_scale"]),
+    ("model.layers.0.self_attn.k_proj.k_scale", ["model.layers.0.self_attn.attn.k_scale"]),
+    ("model.layers.0.self_attn.v_proj.v_scale", ["model.layers.0.self_attn.attn.v_scale"]),
+    ("model.layers.0.self_attn.kv_scale",
+     ["model.layers.0.self_attn.attn.k_scale", "model.layers.0.self_attn.attn.v_scale"]),
+    ("model.layers.0.self_attn.k_proj.weight", None),
+    ("model.layers.0.self_attn.k_proj.weight_scale", None),
+    ("model.layers.0.mlp.down_proj.input_scale", None),
+])  # fmt: skip
+def test_maybe_remap_kv_scale_name(name, want):
+    assert maybe_remap_kv_scale_name(name, ATTN) == want
+
+
+def test_maybe_remap_kv_scale_name_unknown_layer():
+    with pytest.raises(KeyError, match="model.layers.7.self_attn"):
+        maybe_remap_kv_scale_name("model.layers.7.self_attn.k_scale", ATTN)
+
+
+class _TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from pyorch.layers.attention import Attention
+
+        self.layers = nn.ModuleList(nn.Module() for _ in range(2))
+        for i, layer in enumerate(self.layers):
+            layer.self_attn = nn.Module()
+            layer.self_attn.attn = Attention(4, 64, 0.125, 2, layer_idx=i)
+            layer.self_attn.o_proj = nn.Linear(2, 2)
+
+
+def test_load_kv_scales_sets_buffers_in_place_and_passes_the_rest():
+    model = _TwoLayers()
+    attn = [layer.self_attn.attn for layer in model.layers]
+    before = [a.k_scale.data_ptr() for a in attn]
+    weights = [("layers.0.self_attn.k_scale", torch.tensor(0.5)),
+               ("layers.0.self_attn.o_proj.weight", torch.ones(2, 2)),
+               ("layers.1.self_attn.v_proj.output_scale",
+                torch.tensor([0.25], dtype=torch.bfloat16)),
+               ("layers.1.self_attn.q_proj.output_scale", torch.tensor([3.0])),
+               ("layers.1.self_attn.kv_scale", torch.tensor(0.125))]
+    rest = list(load_kv_scales(model, iter(weights)))
+    assert [n for n, _ in rest] == ["layers.0.self_attn.o_proj.weight"]
+    assert (attn[0].k_scale.item(), attn[0].v_scale.item()) == (0.5, 1.0)
+    assert (attn[1].k_scale.item(), attn[1].v_scale.item()) == (0.125, 0.125)  # kv_scale last
+    assert [a.k_scale.data_ptr() for a in attn] == before  # the same tensors (CUDA graphs)
+
+
+@pytest.mark.parametrize("value,match", [
+    (torch.tensor([0.1, 0.2]), "only per-tensor scales"),
+    (torch.tensor(0.0), "must be positive"),
+    (torch.tensor(float("nan")), "must be positive"),
+])  # fmt: skip
+def test_load_kv_scales_rejects_bad_scales(value, match):
+    weights = iter([("layers.0.self_attn.k_scale", value)])
+    with pytest.raises(ValueError, match=match):
+        list(load_kv_scales(_TwoLayers(), weights))

@@ -200,6 +200,7 @@ def test_vllm_flags_map_to_engine_args():
     (["--override-generation-config", "[1]"], "expected a JSON object"),
     (["--tokenizer-mode", "mistral"], "invalid choice"),
     (["--metrics-prefix", "sglang"], "invalid choice"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "argument --kv-cache-dtype: invalid choice: 'fp8_e5m2'"),
 ])
 def test_bad_vllm_flag_values(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -245,3 +246,12 @@ def test_refused_flag_exits_before_loading_through_the_dispatcher():
     assert "unrecognized arguments" not in refused.stderr
     help_text = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=60)
     assert "not supported:" in help_text.stdout and "--speculative-config" in help_text.stdout
+
+
+def test_kv_cache_dtype_flag():
+    from pyorch.config import KV_CACHE_DTYPES
+
+    for value in KV_CACHE_DTYPES:  # the flag's choices are the engine's
+        assert cli_args.engine_args_from(parse(["--kv-cache-dtype", value])).kv_cache_dtype == value
+    e = cli_args.engine_args_from(parse(["--kv-cache-dtype", "fp8"]))
+    assert e.create_engine_config().cache_config.cache_dtype == "fp8"
