@@ -152,6 +152,15 @@ class ModelConfig:
         """vLLM's _verify_quantization: the method from the checkpoint or the argument (which
         must agree); an unknown name raises listing the known ones. The quantization registry
         (pyorch.layers.quantization) is imported only for a quantized model."""
+        from pyorch.model_loader.config import is_gguf
+
+        if is_gguf(self.model) and self.load_format in ("auto", "gguf"):
+            # vLLM: a GGUF file runs with the "gguf" method, which keeps its blocks
+            if self.quantization not in (None, "gguf"):
+                raise ValueError(f"a GGUF file runs with quantization 'gguf', not "
+                                 f"{self.quantization!r}")
+            self.quantization = "gguf"
+            return
         if self.quantization is None and getattr(self.hf_config, "quantization_config",
                                                  None) is None:
             return

@@ -59,9 +59,9 @@ constexpr int64_t gd_type_size() {
 struct QuantizedActivation {
   int64_t num_tokens;
   int64_t cols;
-  const int8_t* qx;       // [num_tokens, cols]
-  const float* dx;        // [num_tokens, cols / 32]
-  const int32_t* xsum16;  // [num_tokens, cols / 16]: the sum of qx over each 16 values
+  const int8_t* qx;    // [num_tokens, cols]
+  const float* dx;     // [num_tokens, cols / 32]
+  const float* dxsum;  // [num_tokens, cols / 16]: dx times the sum of qx over each 16 values
 };
 
 namespace portable {
@@ -120,7 +120,7 @@ const char* isa_name(Isa isa) {
 // x [num_tokens, cols] (row stride x_stride) -> 8-bit blocks of 32.
 template <typename T>
 void quantize_activation(const T* x, int64_t x_stride, int64_t num_tokens, int64_t cols, int8_t* qx,
-                         float* dx, int32_t* xsum16) {
+                         float* dx, float* dxsum) {
   const int64_t chunks = cols / 32;
   at::parallel_for(0, num_tokens * chunks, 256, [&](int64_t begin, int64_t end) {
     float v[32];
@@ -138,8 +138,8 @@ void quantize_activation(const T* x, int64_t x_stride, int64_t num_tokens, int64
         (j < 16 ? s0 : s1) += q[j];
       }
       dx[t * chunks + c] = d;
-      xsum16[t * (cols / 16) + 2 * c] = s0;
-      xsum16[t * (cols / 16) + 2 * c + 1] = s1;
+      dxsum[t * (cols / 16) + 2 * c] = d * static_cast<float>(s0);
+      dxsum[t * (cols / 16) + 2 * c + 1] = d * static_cast<float>(s1);
     }
   });
 }
@@ -155,12 +155,12 @@ at::Tensor ggml_mul_mat_impl(const at::Tensor& W, const at::Tensor& X, int64_t t
   const int64_t x_stride = num_tokens <= 1 ? cols : X.stride(0);
   std::vector<int8_t> qx(num_tokens * cols);
   std::vector<float> dx(num_tokens * cols / 32);
-  std::vector<int32_t> xsum16(num_tokens * cols / 16);
+  std::vector<float> dxsum(num_tokens * cols / 16);
   PYORCH_CPU_DISPATCH_FLOATS(X.scalar_type(), "ggml_mul_mat", [&] {
     quantize_activation(X.const_data_ptr<scalar_t>(), x_stride, num_tokens, cols, qx.data(),
-                        dx.data(), xsum16.data());
+                        dx.data(), dxsum.data());
   });
-  const QuantizedActivation a{num_tokens, cols, qx.data(), dx.data(), xsum16.data()};
+  const QuantizedActivation a{num_tokens, cols, qx.data(), dx.data(), dxsum.data()};
   const bool f32_out = X.scalar_type() == at::kFloat;
   std::vector<float> staging(f32_out ? 0 : num_tokens * row);
   float* out_f = f32_out ? out.mutable_data_ptr<float>() : staging.data();

@@ -13,6 +13,9 @@
 #include <cstring>
 
 #include <c10/util/Half.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "gguf_checks.h"
 
@@ -23,7 +26,11 @@ using pyorch::gguf::GgmlType;
 inline float half_bits_to_float(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);  // one instruction; c10's conversion is bit arithmetic
+#else
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
 }
 
 // Group size (elements sharing a scale and bias) of a quantized type.

@@ -1,9 +1,10 @@
 """GGUF files: the Hugging Face config from the metadata, and the weights under HF names.
 
-Supported architectures are llama, qwen2 and qwen3 (``general.architecture``). Tensors are
-decoded by :mod:`pyorch.model_loader.gguf_dequant`; names are mapped to the Hugging Face
-checkpoint names the models' ``load_weights`` expects, GGML's dims order (fastest first) is
-reversed to torch's, and llama.cpp's rotary row permutation of q/k is undone for llama files.
+Supported architectures are llama, qwen2 and qwen3 (``general.architecture``). Linear and
+embedding weights keep their GGUF blocks (see :func:`gguf_tensor`); names are mapped to the
+Hugging Face checkpoint names the models' ``load_weights`` expects, GGML's dims order (fastest
+first) is reversed to torch's, and llama.cpp's rotary row permutation of q/k is undone for llama
+files (on rows of blocks as on float rows).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
-from pyorch.model_loader.gguf_dequant import dequantize
+from pyorch import _ops
 
 # general.architecture -> (HF model_type, HF architecture class name)
 GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
@@ -139,7 +141,7 @@ def _rope_scaling(reader: Any, arch: str, theta: float, head_dim: int) -> dict[s
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         orig = int(_field(reader, f"{arch}.rope.scaling.original_context_length", 8192))
-        factors = dequantize(freqs.data, freqs.tensor_type, int(freqs.n_elements))
+        factors = gguf_tensor(freqs).numpy()
         return _llama3_rope_from_factors(factors, theta, head_dim, orig)
     kind = _field(reader, f"{arch}.rope.scaling.type", "none")
     if kind in ("none", ""):
@@ -161,8 +163,8 @@ def _rope_scaling(reader: Any, arch: str, theta: float, head_dim: int) -> dict[s
 def gguf_to_hf_config(path: str) -> PretrainedConfig:
     """Build the Hugging Face config of a llama / qwen2 / qwen3 GGUF file from its metadata.
 
-    The config's dtype is float32: GGUF weights are dequantized to float32, and ``resolve_dtype``
-    then keeps float32 on the CPU and picks a 16-bit type on a GPU.
+    The config's dtype is float32 (the activations; the weights keep their GGUF types), and
+    ``resolve_dtype`` then keeps float32 on the CPU and picks a 16-bit type on a GPU.
     """
     reader = open_gguf(path)
     try:
@@ -235,8 +237,39 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(weight.shape)
 
 
+def gguf_tensor(tensor: Any) -> torch.Tensor:
+    """One GGUF tensor as the model takes it. A matrix (linear or embedding weight) stays as in
+    the file and is tagged with its GGML type (pyorch.layers.quantization.gguf.ggml_tensor):
+    uint8 blocks [rows, row_bytes] for a quantized type, the float values for F32/F16/BF16.
+    Anything else (norms, biases) becomes float32 in torch's shape."""
+    from pyorch.layers.quantization.gguf import ggml_tensor
+
+    shape = _tensor_shape(tensor)
+    ggml_type = int(tensor.tensor_type)
+    data = np.asarray(tensor.data)
+    if ggml_type == GGMLQuantizationType.BF16:  # gguf-py hands bf16 over as raw bytes
+        values = torch.from_numpy(data.view(np.uint16).copy()).view(torch.bfloat16)
+        values = values.reshape(shape)
+    elif ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        values = torch.from_numpy(data.copy()).reshape(shape)
+    else:
+        rows = math.prod(shape[:-1])  # 1 for a vector
+        blocks = torch.from_numpy(data.copy()).reshape(rows, -1)
+        if len(shape) >= 2:
+            return ggml_tensor(blocks, ggml_type)
+        values = _ops.ggml_dequantize(blocks, ggml_type, blocks.shape[0], shape[-1], torch.float32)
+        return values.reshape(shape)
+    if len(shape) >= 2:
+        return ggml_tensor(values, ggml_type)
+    return values.float()
+
+
 def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 CPU tensor in torch's shape) for every weight, one at a time."""
+    """Yield (HF name, CPU tensor) for every weight, one at a time, as gguf_tensor makes them:
+    linear and embedding weights keep their GGUF blocks (the "gguf" quantization method,
+    pyorch/layers/quantization/gguf.py, computes from them)."""
+    from pyorch.layers.quantization.gguf import ggml_tensor
+
     reader = open_gguf(path)
     arch = _field(reader, "general.architecture", None)
     if arch not in GGUF_ARCHITECTURES:
@@ -248,15 +281,18 @@ def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         if hf_name is None:
             continue
         try:
-            values = dequantize(tensor.data, tensor.tensor_type, int(tensor.n_elements))
-        except (ValueError, NotImplementedError) as e:
-            raise type(e)(f"{path}: tensor {tensor.name}: {e}") from e
-        weight = torch.from_numpy(values).reshape(_tensor_shape(tensor))
+            weight = gguf_tensor(tensor)
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"{path}: tensor {tensor.name}: {e}") from e
         if arch in _PERMUTED_QK_ARCHITECTURES:
-            if ".attn_q." in tensor.name:
-                weight = unpermute_qk(weight, num_heads)
-            elif ".attn_k." in tensor.name:
-                weight = unpermute_qk(weight, num_kv_heads)
+            # a permutation of rows: the same on float rows and on rows of blocks
+            heads = {".attn_q.": num_heads, ".attn_k.": num_kv_heads}
+            for part, n in heads.items():
+                if part in tensor.name:
+                    ggml_type = getattr(weight, "ggml_type", None)
+                    weight = unpermute_qk(weight, n)
+                    if ggml_type is not None:
+                        weight = ggml_tensor(weight, ggml_type)
         yield hf_name, weight
 
 

@@ -208,7 +208,10 @@ class LlamaModel(nn.Module):
         quant_config: QuantizationConfig | None = None, prefix: str = "model",
     ):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, quant_config=quant_config,
+            prefix=f"{prefix}.embed_tokens",
+        )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, options, make_mlp, quant_config, f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)
@@ -264,7 +267,9 @@ class LlamaForCausalLM(nn.Module):
             config, self.attention_options(config), self.make_mlp, quant_config,
             prefix=f"{prefix}.model" if prefix else "model",
         )
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.lm_head = ParallelLMHead(
+            config.vocab_size, config.hidden_size, quant_config=quant_config, prefix="lm_head"
+        )
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie_weights(self.model.embed_tokens)
 

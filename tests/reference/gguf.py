@@ -47,3 +47,20 @@ def quantize_activation(x: torch.Tensor) -> torch.Tensor:
     inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
     q = torch.round(xf * inv)
     return (q.double() * d.double()).reshape(x.shape)
+
+
+def dequantized_weights(path: str):
+    """(HF name, float32 tensor) of a GGUF file, the blocks that the GGUF loader keeps decoded by
+    the gguf package: the float reference model's weights."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from pyorch.model_loader.gguf_loader import iterate_gguf_weights
+
+    for name, weight in iterate_gguf_weights(path):
+        ggml_type = getattr(weight, "ggml_type", None)
+        if weight.dtype == torch.uint8 and ggml_type is not None:
+            cols = weight.shape[1] // GGML_QUANT_SIZES[ggml_type][1] * block_size(ggml_type)
+            values = dequantize(weight.numpy(), GGMLQuantizationType(ggml_type))
+            weight = torch.from_numpy(np.ascontiguousarray(values)).reshape(-1, cols)
+        yield name, weight.float()

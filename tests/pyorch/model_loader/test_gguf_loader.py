@@ -12,8 +12,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter, RopeScalingType
+from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize
 
+from pyorch.layers.quantization.gguf import FLOAT_TYPES, ggml_type_of
 from pyorch.model_loader import default_model_path, get_rope_params, load_hf_config
 from pyorch.model_loader.gguf_loader import (
     _llama3_rope_from_factors,
@@ -32,6 +34,16 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
         .swapaxes(1, 2)
         .reshape(w.shape)
     )
+
+
+def dequantized(weight: torch.Tensor, cols: int) -> torch.Tensor:
+    """A loaded GGUF weight as float32 values: blocks through gguf's own dequantization."""
+    if weight.dtype != torch.uint8:
+        return weight.float()
+    ggml_type = ggml_type_of(weight)
+    assert ggml_type not in FLOAT_TYPES
+    values = gguf_dequantize(weight.numpy(), Q(ggml_type))
+    return torch.from_numpy(np.ascontiguousarray(values)).reshape(weight.shape[0], cols)
 
 
 def llama3_factors(theta: float, head_dim: int, factor: float, low: float, high: float, orig: int):
@@ -172,12 +184,13 @@ def test_tiny_gguf_config_and_weights(tmp_path: Path, arch: str) -> None:
     assert loaded.keys() == weights.keys()
     for name, expected in weights.items():
         got = loaded[name]
+        if name in q8:  # quantized: the file's blocks, tagged Q8_0, rows un-permuted
+            assert got.dtype == torch.uint8 and ggml_type_of(got) == Q.Q8_0, name
+            expected = gguf_dequantize(quantize(expected, Q.Q8_0), Q.Q8_0)
+            got = dequantized(got, expected.shape[-1])
+        elif expected.ndim == 2:  # a float matrix stays float, tagged F32
+            assert ggml_type_of(got) == Q.F32, name
         assert got.dtype == torch.float32 and tuple(got.shape) == expected.shape, name
-        if name in q8:  # quantized: compare with gguf-py's dequantization of the same bytes
-            expected = quantize(expected, Q.Q8_0)
-            from gguf.quants import dequantize as gguf_dequantize
-
-            expected = gguf_dequantize(expected, Q.Q8_0)
         np.testing.assert_array_equal(got.numpy(), expected, err_msg=name)
 
 
@@ -305,8 +318,8 @@ def test_smollm2_config(smollm2_path: str) -> None:
 
 
 def test_smollm2_weights_match_transformers(smollm2_path: str) -> None:
-    """Our dequantization + names + un-permutation == transformers' GGUF loading, per tensor."""
-    from gguf.quants import dequantize as gguf_dequantize
+    """Our blocks (through gguf's dequantization) + names + un-permutation == transformers' GGUF
+    loading, per tensor."""
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (
         LlamaTensorProcessor,
@@ -334,6 +347,9 @@ def test_smollm2_weights_match_transformers(smollm2_path: str) -> None:
             parsed_parameters={},
         )
         assert name == name_map[ref.name], tensor.name
-        assert torch.equal(got, torch.from_numpy(np.array(ref.weights))), name
+        expected = torch.from_numpy(np.array(ref.weights))
+        if tensor.tensor_type != Q.F32:
+            assert got.dtype == torch.uint8 and ggml_type_of(got) == tensor.tensor_type, name
+        assert torch.equal(dequantized(got, expected.shape[-1]), expected), name
     assert next(ours, None) is None
     assert set(hf_model.state_dict()) - set(name_map.values()) <= {"lm_head.weight"}

@@ -195,15 +195,17 @@ def test_default_model_path_missing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_get_model_smollm2_with_registry() -> None:
-    """The real model class loads the default model's GGUF weights."""
+    """The real model class loads the default model's GGUF weights: blocks for the matrices
+    ("gguf" quantization, which ModelConfig sets for a .gguf file), float32 for the norms."""
     try:
         path = default_model_path()
         from pyorch.models.registry import resolve_model_class  # noqa: F401
     except (FileNotFoundError, ImportError) as e:
         pytest.skip(str(e))
-    config = model_config(path, dtype=F32)
+    config = model_config(path, dtype=F32, quantization="gguf")
     model = get_model(config)
     assert not model.training
+    assert model.model.embed_tokens.weight.dtype == torch.uint8  # no float copy
     state = model.state_dict()
     from pyorch.model_loader.gguf_loader import iterate_gguf_weights
 
@@ -214,7 +216,8 @@ def test_get_model_smollm2_with_registry() -> None:
         "model.layers.29.input_layernorm.weight",
     ):
         assert torch.equal(state[name], expected[name]), name
-    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(torch.isfinite(p).all() for p in model.parameters() if p.is_floating_point())
+    assert not any(p.is_floating_point() and p.dim() == 2 for p in model.parameters())
     assert np.isclose(
         float(state["model.norm.weight"].sum()), float(expected["model.norm.weight"].sum())
     )

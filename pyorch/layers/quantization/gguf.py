@@ -1,0 +1,359 @@
+"""GGUF weights that stay quantized: vLLM's "gguf" quantization method.
+
+A GGUF file's linear and embedding weights are kept as the file's blocks (uint8
+[rows, cols / block_size * type_size]) with their GGML type, and computed from through the ggml
+ops (pyorch/_ops.py):
+
+- linear layers: `ggml_mul_mat_vec_a8` for up to MMVQ_MAX_TOKENS tokens (decode),
+  `ggml_mul_mat_a8` above; a quantized type without a product kernel would be dequantized and
+  multiplied (`DEQUANT_ONLY_TYPES`, empty today: every type we load has one). Float tensors (F32,
+  F16, BF16) stay float, in the model's dtype, and use a plain matmul.
+- merged layers (qkv_proj, gate_up_proj) are built from separate GGUF tensors that may have
+  different types: each shard keeps its own blocks and runs its own product, as vLLM does; when
+  every shard has the same type they are joined into one tensor (one product).
+- tensor parallelism splits blocks along rows (the output features); a row-parallel layer's input
+  split must fall on block boundaries.
+- the token embedding gathers the looked-up rows' blocks and dequantizes only those
+  (`ggml_dequantize`); a tied LM head computes the logits from the same blocks.
+
+The loader (pyorch/model_loader/gguf_loader.py) hands each weight over as `ggml_tensor(...)`:
+a tensor tagged with its GGML type.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pyorch import _ops
+from pyorch.layers.linear import LinearBase, LinearMethodBase
+from pyorch.layers.quantization import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+    register_quantization_config,
+)
+
+# GGML type ids (gguf.GGMLQuantizationType); kept here so the engine needs no gguf import.
+GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
+FLOAT_TYPES = {GGML_F32: torch.float32, GGML_F16: torch.float16, GGML_BF16: torch.bfloat16}
+# name, (block_size, type_size) of the quantized types with a product kernel.
+PRODUCT_TYPES: dict[int, tuple[str, int, int]] = {
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+}
+# Quantized types that are dequantized and multiplied (none today; see the module docstring).
+DEQUANT_ONLY_TYPES: dict[int, tuple[str, int, int]] = {}
+# Up to this many tokens a product uses ggml_mul_mat_vec_a8 (vLLM's switch point).
+MMVQ_MAX_TOKENS = 8
+
+_GGML_TYPE_ATTR = "ggml_type"
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    if ggml_type in FLOAT_TYPES:
+        return {GGML_F32: "F32", GGML_F16: "F16", GGML_BF16: "BF16"}[ggml_type]
+    info = PRODUCT_TYPES.get(ggml_type) or DEQUANT_ONLY_TYPES.get(ggml_type)
+    return info[0] if info else f"GGML type {ggml_type}"
+
+
+def ggml_tensor(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """Tags a loaded GGUF tensor with its GGML type: uint8 blocks [rows, row_bytes] for a
+    quantized type, or the float values in torch's shape for F32/F16/BF16."""
+    if ggml_type not in FLOAT_TYPES and ggml_type not in PRODUCT_TYPES and (
+        ggml_type not in DEQUANT_ONLY_TYPES
+    ):
+        raise ValueError(f"{ggml_type_name(ggml_type)} is not supported by pyorch's GGUF kernels")
+    if ggml_type not in FLOAT_TYPES and data.dtype != torch.uint8:
+        raise ValueError(f"{ggml_type_name(ggml_type)} blocks must be uint8, got {data.dtype}")
+    setattr(data, _GGML_TYPE_ATTR, ggml_type)
+    return data
+
+
+def ggml_type_of(tensor: torch.Tensor) -> int:
+    """The GGML type of a tensor tagged by ggml_tensor; ValueError for an untagged one."""
+    ggml_type = getattr(tensor, _GGML_TYPE_ATTR, None)
+    if ggml_type is None:
+        raise ValueError(
+            "a GGUF-quantized layer was given an untagged tensor: GGUF weights come from the "
+            "GGUF loader (pyorch.model_loader.gguf_loader)"
+        )
+    return int(ggml_type)
+
+
+def _bytes_per_row(ggml_type: int, cols: int) -> int:
+    _, block_size, type_size = PRODUCT_TYPES.get(ggml_type) or DEQUANT_ONLY_TYPES[ggml_type]
+    if cols % block_size:
+        raise ValueError(f"{cols} columns are not whole {ggml_type_name(ggml_type)} blocks")
+    return cols // block_size * type_size
+
+
+class GGUFShard:
+    """One GGUF tensor's part of a layer: rows of blocks of one type (or float values)."""
+
+    def __init__(self, data: torch.Tensor, ggml_type: int, rows: int, cols: int):
+        self.data = data  # uint8 [rows, row_bytes], or float [rows, cols]
+        self.ggml_type = ggml_type
+        self.rows = rows
+        self.cols = cols
+
+    @property
+    def is_float(self) -> bool:
+        return self.ggml_type in FLOAT_TYPES
+
+
+def gguf_matmul(x: torch.Tensor, shard: GGUFShard) -> torch.Tensor:
+    """x [num_tokens, cols] @ shard^T -> [num_tokens, rows], in x's dtype."""
+    if shard.is_float:
+        return F.linear(x, shard.data)
+    if shard.ggml_type in DEQUANT_ONLY_TYPES:  # no product kernel: explicit dequantize + matmul
+        w = _ops.ggml_dequantize(shard.data, shard.ggml_type, shard.rows, shard.cols, x.dtype)
+        return F.linear(x, w)
+    if x.shape[0] <= MMVQ_MAX_TOKENS:
+        return _ops.ggml_mul_mat_vec_a8(shard.data, x, shard.ggml_type, shard.rows)
+    return _ops.ggml_mul_mat_a8(shard.data, x, shard.ggml_type, shard.rows)
+
+
+def _narrow_columns(data: torch.Tensor, ggml_type: int, start: int, size: int) -> torch.Tensor:
+    """Columns [start, start + size) of a float tensor or of a block tensor (whole blocks)."""
+    if ggml_type in FLOAT_TYPES:
+        return data.narrow(1, start, size)
+    _, block_size, type_size = PRODUCT_TYPES.get(ggml_type) or DEQUANT_ONLY_TYPES[ggml_type]
+    if start % block_size or size % block_size:
+        raise ValueError(
+            f"a row-parallel split at columns {start}..{start + size} cuts "
+            f"{ggml_type_name(ggml_type)} blocks of {block_size}"
+        )
+    return data.narrow(1, start // block_size * type_size, size // block_size * type_size)
+
+
+def _to_shard(
+    data: torch.Tensor, ggml_type: int, rows: int, cols: int, dtype: torch.dtype,
+    device: torch.device, what: str,
+) -> GGUFShard:
+    if ggml_type in FLOAT_TYPES:
+        expected: tuple[int, ...] = (rows, cols)
+        data = data.to(dtype)
+    else:
+        expected = (rows, _bytes_per_row(ggml_type, cols))
+    if tuple(data.shape) != expected:
+        raise ValueError(
+            f"{what}: a {ggml_type_name(ggml_type)} tensor of shape {tuple(data.shape)} where "
+            f"{expected} was expected ({rows} x {cols} values)"
+        )
+    return GGUFShard(data.to(device).contiguous().clone(), ggml_type, rows, cols)
+
+
+class GGUFLinearMethod(LinearMethodBase):
+    """A linear layer computed from GGUF blocks (see the module docstring).
+
+    create_weights registers an empty `weight` parameter whose loader collects the shards;
+    process_weights_after_loading joins them (one tensor when the types agree) into `weight`.
+    """
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        lay: Any = layer
+        lay.gguf_partition_sizes = list(output_partition_sizes)
+        lay.gguf_input_size = input_size_per_partition
+        lay.gguf_loaded = [None] * len(output_partition_sizes)
+        lay.gguf_shards = []
+        weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        weight.weight_loader = partial(self.load_weight, layer)  # type: ignore[attr-defined]
+        layer.register_parameter("weight", weight)
+
+    # ---- loading ---------------------------------------------------------------------------
+    def load_weight(
+        self, module: nn.Module, param: nn.Parameter, loaded: torch.Tensor,
+        shard_id: str | int | None = None,
+    ) -> None:
+        """Takes one GGUF tensor (tagged by ggml_tensor): a whole layer, or one shard of a
+        merged one (shard_id 'q'/'k'/'v' or the index in output_sizes), and keeps this rank's
+        rows (and columns, row-parallel) of it."""
+        layer: Any = module  # a LinearBase with the attributes create_weights set
+        ggml_type = ggml_type_of(loaded)
+        sizes: list[int] = layer.gguf_partition_sizes
+        tp_rank, tp_size = layer.tp_rank, layer.tp_size
+        if shard_id is None and len(sizes) > 1:
+            # An already-merged tensor: split it into its shards (whole rows of blocks).
+            totals = [s * tp_size for s in sizes]
+            if hasattr(layer, "num_kv_head_replicas"):  # QKV: kv heads may be replicated
+                totals = [layer.total_num_heads * layer.head_size] + [
+                    layer.total_num_kv_heads * layer.head_size
+                ] * 2
+            ids: list[str | int] = ["q", "k", "v"] if hasattr(layer, "num_kv_head_replicas") else (
+                list(range(len(sizes)))
+            )
+            offset = 0
+            for sid, total in zip(ids, totals, strict=True):
+                part = ggml_tensor(loaded.narrow(0, offset, total), ggml_type)
+                self.load_weight(module, param, part, sid)
+                offset += total
+            return
+        if isinstance(shard_id, str):
+            if shard_id not in ("q", "k", "v"):
+                raise ValueError(f"QKV shard id must be 'q', 'k' or 'v', not {shard_id!r}")
+            index = "qkv".index(shard_id)
+            replicas = getattr(layer, "num_kv_head_replicas", 1)
+            shard_rank = tp_rank if shard_id == "q" else tp_rank // replicas
+        else:
+            index = shard_id or 0
+            if not 0 <= index < len(sizes):
+                raise ValueError(f"shard id {shard_id} out of range for {len(sizes)} shards")
+            shard_rank = tp_rank
+        rows = sizes[index]
+        cols = layer.gguf_input_size
+        column_parallel = hasattr(layer, "output_sizes")
+        if column_parallel and loaded.shape[0] != rows:
+            loaded = loaded.narrow(0, shard_rank * rows, rows)
+        row_parallel = hasattr(layer, "input_size_per_partition") and tp_size > 1
+        if row_parallel:
+            loaded = _narrow_columns(loaded, ggml_type, tp_rank * cols, cols)
+        what = f"{getattr(layer, 'prefix', '') or type(layer).__name__} shard {index}"
+        layer.gguf_loaded[index] = _to_shard(
+            loaded, ggml_type, rows, cols, layer.params_dtype, param.device, what
+        )
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        lay: Any = layer  # the attributes create_weights set
+        shards: list[GGUFShard | None] = lay.gguf_loaded
+        missing = [i for i, s in enumerate(shards) if s is None]
+        if missing:
+            raise ValueError(f"{getattr(layer, 'prefix', '')}: GGUF shards {missing} were not "
+                             "loaded")
+        loaded = [s for s in shards if s is not None]
+        if len({s.ggml_type for s in loaded}) == 1:  # one type: one tensor, one product
+            data = torch.cat([s.data for s in loaded]) if len(loaded) > 1 else loaded[0].data
+            rows = sum(s.rows for s in loaded)
+            loaded = [GGUFShard(data, loaded[0].ggml_type, rows, loaded[0].cols)]
+        lay.gguf_shards = loaded
+        lay.gguf_loaded = [None] * len(shards)
+        # The parameter holds the layer's bytes (for memory accounting and .to()); with one
+        # shard it is the shard's tensor itself.
+        param: nn.Parameter = lay.weight
+        if len(loaded) == 1:
+            param.data = loaded[0].data
+        else:
+            param.data = torch.empty(0, dtype=torch.uint8)
+
+    # ---- compute ---------------------------------------------------------------------------
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        shards: list[GGUFShard] = layer.gguf_shards  # type: ignore[assignment]
+        if not shards:
+            raise RuntimeError(
+                f"{getattr(layer, 'prefix', '')}: GGUF weights used before "
+                "process_weights_after_loading"
+            )
+        x2 = x.reshape(-1, x.shape[-1])
+        if len(shards) == 1:
+            out = gguf_matmul(x2, shards[0])
+        else:
+            out = torch.cat([gguf_matmul(x2, s) for s in shards], dim=-1)
+        if bias is not None:
+            out += bias
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class GGUFEmbeddingMethod(QuantizeMethodBase):
+    """The token embedding (and a tied LM head) from GGUF blocks: `weight` holds this rank's
+    vocabulary rows as blocks, tagged with their GGML type; a lookup dequantizes only the rows
+    it gathers, the LM head multiplies through the product ops."""
+
+    def create_weights(
+        self, layer: nn.Module, num_embeddings_per_partition: int, embedding_dim: int,
+        params_dtype: torch.dtype, **extra: Any,
+    ) -> None:
+        weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        weight.weight_loader = partial(self.load_weight, layer)  # type: ignore[attr-defined]
+        weight.gguf_shard = None  # type: ignore[attr-defined]
+        layer.register_parameter("weight", weight)
+
+    def load_weight(self, module: nn.Module, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        layer: Any = module  # a VocabParallelEmbedding
+        ggml_type = ggml_type_of(loaded)
+        if loaded.shape[0] != layer.num_embeddings:
+            raise ValueError(
+                f"Vocab size mismatch: the GGUF tensor has {loaded.shape[0]} rows, the model "
+                f"expects {layer.num_embeddings}"
+            )
+        start, end = layer.vocab_start_index, layer.vocab_end_index
+        part = loaded[start:end]
+        pad = layer.num_embeddings_per_partition - (end - start)
+        if pad:  # the last shard's padding rows: zeros (all-zero blocks decode to 0)
+            part = torch.cat([part, part.new_zeros(pad, *part.shape[1:])])
+        shard = _to_shard(
+            part, ggml_type, layer.num_embeddings_per_partition, layer.embedding_dim,
+            layer.params_dtype, param.device, type(layer).__name__,
+        )
+        param.data = shard.data
+        param.gguf_shard = shard  # type: ignore[attr-defined]
+
+    def _shard(self, layer: nn.Module) -> GGUFShard:
+        shard: GGUFShard | None = getattr(layer.weight, "gguf_shard", None)
+        if shard is None:
+            raise RuntimeError(f"{type(layer).__name__}: GGUF embedding used before loading")
+        return shard
+
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] (local rows) -> [T, embedding_dim] in the model's dtype."""
+        shard = self._shard(layer)
+        if shard.is_float:
+            return F.embedding(ids, shard.data)
+        rows = shard.data.index_select(0, ids.reshape(-1))
+        dtype: torch.dtype = layer.params_dtype  # type: ignore[assignment]
+        out = _ops.ggml_dequantize(rows, shard.ggml_type, rows.shape[0], shard.cols, dtype)
+        return out.view(*ids.shape, shard.cols)
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The LM head: x [N, embedding_dim] -> [N, num_embeddings_per_partition]."""
+        out = gguf_matmul(x.reshape(-1, x.shape[-1]), self._shard(layer))
+        if bias is not None:
+            out += bias
+        return out
+
+
+@register_quantization_config("gguf")
+class GGUFConfig(QuantizationConfig):
+    """vLLM's "gguf": what a .gguf file runs with (ModelConfig sets it, as vLLM does): every
+    linear and embedding layer keeps the file's blocks; norms and other small tensors are float.
+    Mixture-of-experts layers are not covered (the GGUF loader has no MoE architecture)."""
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "gguf"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> GGUFConfig:
+        return cls()
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        from pyorch.layers.vocab_embedding import VocabParallelEmbedding
+
+        if isinstance(layer, LinearBase):
+            return GGUFLinearMethod()
+        if isinstance(layer, VocabParallelEmbedding):
+            return GGUFEmbeddingMethod()
+        return None

@@ -1,0 +1,211 @@
+"""The "gguf" quantization method on single layers: GGUF blocks loaded per shard (types may
+differ), split over tensor-parallel ranks, and computed from through the ggml ops.
+
+Weights are real GGUF tensors (tests/reference/gguf.make_weight); references dequantize them with
+the gguf package and quantize the activation as the kernels do (tests/reference/gguf.py).
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize as gguf_dequantize
+
+from pyorch import _ops
+from pyorch.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from pyorch.layers.quantization import gguf as gguf_method
+from pyorch.layers.quantization.gguf import (
+    MMVQ_MAX_TOKENS,
+    GGUFConfig,
+    GGUFLinearMethod,
+    ggml_tensor,
+)
+from pyorch.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from tests.reference import gguf as ref
+
+
+def tensor(qtype: Q, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tagged GGUF tensor as the loader yields it, its float64 values)."""
+    raw = ref.make_weight(qtype, rows, cols, np.random.default_rng(seed))
+    values = torch.from_numpy(gguf_dequantize(raw, qtype).astype(np.float64)).reshape(rows, cols)
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        return ggml_tensor(values.to(torch.float32), int(qtype)), values
+    return ggml_tensor(torch.from_numpy(raw.copy()), int(qtype)), values
+
+
+def expected(x: torch.Tensor, w: torch.Tensor, quantized: bool) -> torch.Tensor:
+    xs = ref.quantize_activation(x) if quantized else x.double()
+    return xs @ w.T
+
+
+def check(out: torch.Tensor, x: torch.Tensor, parts: list[tuple[torch.Tensor, bool]]) -> None:
+    """out [N, sum rows] against each part (values [rows, cols], quantized?) side by side."""
+    ref_out = torch.cat([expected(x, w, q) for w, q in parts], dim=-1)
+    bound = 1e-5 * torch.cat([x.double().abs() @ w.abs().T for w, _ in parts], dim=-1) + 1e-6
+    assert ((out.double() - ref_out).abs() <= bound).all()
+
+
+def gguf_layer(cls, *args, **kwargs):
+    return cls(*args, quant_method=GGUFLinearMethod(), **kwargs)
+
+
+@pytest.mark.parametrize("num_tokens", [1, MMVQ_MAX_TOKENS, MMVQ_MAX_TOKENS + 3])
+def test_qkv_shards_of_different_types(num_tokens: int) -> None:
+    # q Q4_1, k Q8_0, v F32 (float stays float): three products, side by side.
+    hidden, head, heads, kv_heads = 64, 32, 4, 2
+    layer = gguf_layer(QKVParallelLinear, hidden, head, heads, kv_heads, bias=False)
+    q, qv = tensor(Q.Q4_1, heads * head, hidden, 1)
+    k, kv = tensor(Q.Q8_0, kv_heads * head, hidden, 2)
+    v, vv = tensor(Q.F32, kv_heads * head, hidden, 3)
+    for shard_id, t in (("q", q), ("k", k), ("v", v)):
+        layer.weight.weight_loader(layer.weight, t, shard_id)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert [s.ggml_type for s in layer.gguf_shards] == [Q.Q4_1, Q.Q8_0, Q.F32]
+    x = torch.randn(num_tokens, hidden)
+    out = layer(x)
+    assert out.shape == (num_tokens, (heads + 2 * kv_heads) * head)
+    check(out, x, [(qv, True), (kv, True), (vv, False)])
+
+
+def test_same_type_shards_are_joined_and_the_kernel_follows_the_token_count(monkeypatch) -> None:
+    layer = gguf_layer(MergedColumnParallelLinear, 64, [96, 32], bias=True)
+    gate, gv = tensor(Q.Q5_0, 96, 64, 4)
+    up, uv = tensor(Q.Q5_0, 32, 64, 5)
+    layer.weight.weight_loader(layer.weight, gate, 0)
+    layer.weight.weight_loader(layer.weight, up, 1)
+    bias = torch.randn(128)
+    layer.weight_loader(layer.bias, bias)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert len(layer.gguf_shards) == 1 and layer.weight.shape == (128, 2 * 22)
+    calls: list[str] = []
+    for name in ("ggml_mul_mat_vec_a8", "ggml_mul_mat_a8"):
+        real = getattr(_ops, name)
+        monkeypatch.setattr(
+            _ops, name, lambda *a, _n=name, _r=real: (calls.append(_n), _r(*a))[1]
+        )
+    for n in (MMVQ_MAX_TOKENS, MMVQ_MAX_TOKENS + 1):
+        x = torch.randn(n, 64)
+        out = layer(x)
+        check(out - bias, x, [(gv, True), (uv, True)])
+    assert calls == ["ggml_mul_mat_vec_a8", "ggml_mul_mat_a8"]
+
+
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_tensor_parallel_shards_of_blocks(tp_size: int) -> None:
+    # Column-parallel: rank r's output is columns r of the whole; row-parallel: the ranks'
+    # partial products sum to the whole (block-aligned input split).
+    w, wv = tensor(Q.Q4_0, 48, 256, 6)
+    x = torch.randn(3, 256)
+    col_parts, row_sum = [], torch.zeros(3, 48, dtype=torch.float64)
+    for rank in range(tp_size):
+        col = gguf_layer(ColumnParallelLinear, 256, 48, bias=False, tp_rank=rank, tp_size=tp_size)
+        col.weight.weight_loader(col.weight, w)
+        col.quant_method.process_weights_after_loading(col)
+        col_parts.append(col(x))
+        row = gguf_layer(RowParallelLinear, 256, 48, bias=False, tp_rank=rank, tp_size=tp_size)
+        row.weight.weight_loader(row.weight, w)
+        row.quant_method.process_weights_after_loading(row)
+        size = 256 // tp_size
+        xs = x[:, rank * size : (rank + 1) * size]
+        part = row.quant_method.apply(row, xs)
+        check(part, xs, [(wv[:, rank * size : (rank + 1) * size], True)])
+        row_sum += part.double()
+    check(torch.cat(col_parts, dim=-1), x, [(wv, True)])
+    # The ranks' partial sums use per-rank activation scales: compare with the float product.
+    assert torch.allclose(row_sum, x.double() @ wv.T, atol=0.05)
+
+
+def test_kv_heads_replicated_over_ranks() -> None:
+    # 4 ranks, 2 kv heads: ranks 0-1 hold kv head 0, ranks 2-3 kv head 1.
+    hidden, head = 64, 32
+    k, kv = tensor(Q.Q8_0, 2 * head, hidden, 7)
+    x = torch.randn(2, hidden)
+    for rank in range(4):
+        layer = gguf_layer(QKVParallelLinear, hidden, head, 4, 2, bias=False, tp_rank=rank,
+                           tp_size=4)
+        q, qv = tensor(Q.Q4_1, 4 * head, hidden, 8)
+        layer.weight.weight_loader(layer.weight, q, "q")
+        layer.weight.weight_loader(layer.weight, k, "k")
+        layer.weight.weight_loader(layer.weight, k, "v")
+        layer.quant_method.process_weights_after_loading(layer)
+        kh = kv[(rank // 2) * head : (rank // 2 + 1) * head]
+        check(layer(x), x, [(qv[rank * head : (rank + 1) * head], True), (kh, True), (kh, True)])
+
+
+def test_loading_errors() -> None:
+    layer = gguf_layer(ReplicatedLinear, 64, 32, bias=False)
+    with pytest.raises(ValueError, match="untagged tensor"):
+        layer.weight.weight_loader(layer.weight, torch.zeros(32, 40, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="IQ2_XXS|GGML type 16 is not supported"):
+        ggml_tensor(torch.zeros(32, 66, dtype=torch.uint8), int(Q.IQ2_XXS))
+    w, _ = tensor(Q.Q4_1, 32, 96, 9)
+    with pytest.raises(ValueError, match=r"shape \(32, 60\) where \(32, 40\) was expected"):
+        layer.weight.weight_loader(layer.weight, w)
+    with pytest.raises(ValueError, match="shards \\[0\\] were not loaded"):
+        layer.quant_method.process_weights_after_loading(layer)
+    with pytest.raises(RuntimeError, match="before process_weights_after_loading"):
+        layer(torch.randn(1, 64))
+    row = gguf_layer(RowParallelLinear, 64, 32, bias=False, tp_rank=1, tp_size=4)
+    w, _ = tensor(Q.Q4_1, 32, 64, 10)
+    with pytest.raises(ValueError, match="cuts Q4_1 blocks of 32"):
+        row.weight.weight_loader(row.weight, w)
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_embedding_gathers_and_dequantizes_rows(tp_size: int) -> None:
+    vocab, dim = 37, 64  # 37 rows: the last rank's shard is padded
+    table, values = tensor(Q.Q8_0, vocab, dim, 11)
+    ids = torch.tensor([0, 36, 5, 5, 18])
+    total = torch.zeros(len(ids), dim)
+    for rank in range(tp_size):
+        emb = VocabParallelEmbedding(vocab, dim, tp_rank=rank, tp_size=tp_size,
+                                     quant_config=GGUFConfig())
+        emb.weight.weight_loader(emb.weight, table)
+        assert emb.weight.dtype == torch.uint8  # blocks, no float copy
+        in_range = (ids >= emb.vocab_start_index) & (ids < emb.vocab_end_index)
+        local = torch.where(in_range, ids - emb.vocab_start_index, 0)
+        rows = emb.quant_method.embedding(emb, local)
+        total += rows * in_range.unsqueeze(-1)
+    assert torch.equal(total, values[ids].float())
+
+
+def test_tied_lm_head_multiplies_the_embedding_blocks() -> None:
+    vocab, dim = 50, 64
+    table, values = tensor(Q.Q8_0, vocab, dim, 12)
+    emb = VocabParallelEmbedding(vocab, dim, quant_config=GGUFConfig())
+    emb.weight.weight_loader(emb.weight, table)
+    head = ParallelLMHead(vocab, dim, quant_config=GGUFConfig()).tie_weights(emb)
+    x = torch.randn(3, dim)
+    logits = head.compute_logits(x)
+    assert logits.shape == (3, vocab) and logits.dtype == torch.float32
+    check(logits, x, [(values, True)])
+    assert torch.equal(emb(torch.tensor([7, 3])), values[[7, 3]].float())
+
+
+def test_config_names_the_method() -> None:
+    config = GGUFConfig.from_config({})
+    assert config.get_name() == "gguf"
+    assert isinstance(config.get_quant_method(ReplicatedLinear(8, 8), "x"), GGUFLinearMethod)
+    assert config.get_quant_method(torch.nn.LayerNorm(4), "norm") is None
+    assert gguf_method.DEQUANT_ONLY_TYPES == {}  # every loadable type has a product kernel
+
+
+def test_a_gguf_file_runs_with_the_gguf_method() -> None:
+    from pyorch.config import ModelConfig
+    from pyorch.model_loader import default_model_path
+
+    try:
+        path = default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    config = ModelConfig(model=path)
+    config.resolve()
+    assert config.quantization == "gguf"
+    with pytest.raises(ValueError, match="a GGUF file runs with quantization 'gguf', not 'fp8'"):
+        ModelConfig(model=path, quantization="fp8").resolve()
