@@ -277,6 +277,13 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("gptq_marlin_repack", c10::kCUDA, &gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCUDA, &awq_marlin_repack);
   m.impl("gptq_marlin_gemm", c10::kCUDA, &gptq_marlin_gemm);
+  // quantization (the scaled GEMMs' CUTLASS adapters add theirs below)
+  m.impl("static_scaled_fp8_quant", c10::kCUDA, &static_scaled_fp8_quant);
+  m.impl("dynamic_scaled_fp8_quant", c10::kCUDA, &dynamic_scaled_fp8_quant);
+  m.impl("dynamic_per_token_scaled_fp8_quant", c10::kCUDA, &dynamic_per_token_scaled_fp8_quant);
+  m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
+  m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
+  m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
   m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);

@@ -42,7 +42,8 @@ class LLM:
         Engine arguments with vLLM's names (see `pyorch.engine.arg_utils.EngineArgs`):
         tokenizer, skip_tokenizer_init, dtype, seed, max_model_len, block_size,
         gpu_memory_utilization, kv_cache_memory_bytes, max_num_seqs, max_num_batched_tokens,
-        enable_prefix_caching, enable_chunked_prefill, load_format, enforce_eager, runner
+        enable_prefix_caching, enable_chunked_prefill, load_format, quantization ("fp8",
+        "compressed-tensors"; default: the checkpoint's), enforce_eager, runner
         ("pooling" for embed/encode/score), convert, pooler_config, ...
     """
 

@@ -194,14 +194,14 @@ class LinearBase(nn.Module):
         self.output_size = output_size
         self.params_dtype = params_dtype or torch.get_default_dtype()
         self.prefix = prefix
+        default_rank, default_size = get_tensor_model_parallel_rank_and_size()
+        self.tp_rank = default_rank if tp_rank is None else tp_rank
+        self.tp_size = default_size if tp_size is None else tp_size
         method = quant_config.get_quant_method(self, prefix) if quant_config is not None else None
         if method is not None and not isinstance(method, LinearMethodBase):
             raise TypeError(f"{prefix}: {quant_config.get_name() if quant_config else ''} gave "
                             f"a linear layer a {type(method).__name__}, not a LinearMethodBase")
         self.quant_method: LinearMethodBase = method or quant_method or UnquantizedLinearMethod()
-        default_rank, default_size = get_tensor_model_parallel_rank_and_size()
-        self.tp_rank = default_rank if tp_rank is None else tp_rank
-        self.tp_size = default_size if tp_size is None else tp_size
         self.bias: nn.Parameter | None = None
 
     def _create_bias(self, size: int, output_dim: int | None) -> None:

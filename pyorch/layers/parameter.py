@@ -6,7 +6,7 @@ onto this rank's shard, and the linear layers' weight loaders follow them
   a zero point, a group-scale grid). `GroupQuantScaleParameter` is the same for group scales.
 - `ChannelQuantScaleParameter(output_dim)`: one value per output channel ([N] or [N, 1]).
 - `PerTensorScaleParameter`: one value per merged shard ([num_shards]: q/k/v, gate/up), loaded
-  at the shard's index; the method requantizes to one scale after loading (vLLM's way).
+  at the shard's index; after loading the method folds them (e.g. into per-channel scales).
 - `BlockQuantScaleParameter(output_dim, input_dim, block_size)`: one value per [block_n, block_k]
   weight block; shard offsets along the output are in blocks.
 - `PackedvLLMParameter(..., packed_dim, packed_factor)`: packed_factor values per element along

@@ -16,8 +16,8 @@ from torch import nn
 
 from pyorch.layers.quantization import QuantizeMethodBase
 from pyorch.model_loader.config import is_gguf
-from pyorch.model_loader.quant_config import get_quant_config
 from pyorch.model_loader.gguf_loader import iterate_gguf_weights
+from pyorch.model_loader.quant_config import get_quant_config
 from pyorch.model_loader.weight_utils import (
     initialize_dummy_weights,
     iterate_pt_weights,
@@ -208,7 +208,7 @@ def get_model(model_config: Any) -> nn.Module:
 
 def process_weights_after_loading(model: nn.Module) -> None:
     """Lets every module's quantization method repack its weights once all are loaded
-    (quantize online, requantize merged per-tensor scales, transpose for a kernel, ...)."""
+    (quantize online, fold merged per-tensor scales, transpose for a kernel, ...)."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if isinstance(method, QuantizeMethodBase):

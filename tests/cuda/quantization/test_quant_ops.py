@@ -156,6 +156,13 @@ def test_quant_ops_reject_bad_input(device: str):
 
 
 # ---- GEMMs ------------------------------------------------------------------------------------
+def _skip_without_gemm_kernel(device: str, op: str = "cutlass_scaled_mm") -> None:
+    # The CUTLASS kernels come with their own adapters (wt-fp8gemm); until a build has them,
+    # the CUDA cases of the GEMM tests say so instead of failing on a missing kernel.
+    if device == "cuda" and not _ops.has_cuda_kernel(op):
+        pytest.skip(f"{op} has no CUDA kernel in this build")
+
+
 def _fp8_operands(m: int, n: int, k: int, device: str):
     a = (torch.randn(m, k, device=device) * 8).to(torch.float8_e4m3fn)
     w = (torch.randn(n, k, device=device) * 8).to(torch.float8_e4m3fn)
@@ -180,6 +187,7 @@ MM_SHAPES = [(1, 16, 32), (7, 83, 129), (83, 256, 769), (33, 5125, 256)]
 @pytest.mark.parametrize("bias", [False, True])
 def test_cutlass_scaled_mm(device: str, kind: str, out_dtype: torch.dtype, m: int, n: int,
                            k: int, per_token: bool, per_channel: bool, bias: bool):
+    _skip_without_gemm_kernel(device)
     a, w = (_fp8_operands if kind == "fp8" else _int8_operands)(m, n, k, device)
     # Scales that make the outputs O(1): |a @ b| grows like sqrt(k) * (8 or 74)^2.
     unit = 1.0 / ((64.0 if kind == "fp8" else 5500.0) * k**0.5)
@@ -196,6 +204,7 @@ def test_cutlass_scaled_mm(device: str, kind: str, out_dtype: torch.dtype, m: in
 @pytest.mark.parametrize("out_dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k", [(1, 128, 128), (7, 256, 384), (83, 200, 300), (16, 384, 1024)])
 def test_cutlass_scaled_mm_block(device: str, out_dtype: torch.dtype, m: int, n: int, k: int):
+    _skip_without_gemm_kernel(device)
     a, w = _fp8_operands(m, n, k, device)
     kb, nb = -(-k // 128), -(-n // 128)
     sa = (torch.rand(kb, m, device=device) + 0.5).t() / (8 * k**0.5)  # column-major, as vLLM
@@ -212,6 +221,7 @@ def test_cutlass_scaled_mm_block(device: str, out_dtype: torch.dtype, m: int, n:
 @pytest.mark.parametrize("per_token_azp", [False, True])
 def test_cutlass_scaled_mm_azp(device: str, out_dtype: torch.dtype, m: int, n: int, k: int,
                                per_token_azp: bool):
+    _skip_without_gemm_kernel(device, 'cutlass_scaled_mm_azp')
     a, w = _int8_operands(m, n, k, device)
     colsum = w.t().int().sum(dim=0, dtype=torch.int32)  # [N]
     unit = 1.0 / (5500.0 * k**0.5)
@@ -231,6 +241,7 @@ def test_cutlass_scaled_mm_azp(device: str, out_dtype: torch.dtype, m: int, n: i
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_cutlass_scaled_mm_rejects_bad_input(device: str):
+    _skip_without_gemm_kernel(device)
     a, w = _fp8_operands(8, 64, 128, device)
     one = torch.ones(1, device=device)
     with pytest.raises(RuntimeError, match="b must be column-major"):

@@ -44,6 +44,13 @@ def test_flags_map_to_engine_args():
     assert parse(["--max-model-len", "auto"]).max_model_len is None
 
 
+def test_quantization_flag_maps_to_engine_args():
+    assert cli_args.engine_args_from(parse([])).quantization is None  # the checkpoint's
+    assert cli_args.engine_args_from(parse(["-q", "fp8"])).quantization == "fp8"
+    e = cli_args.engine_args_from(parse(["--quantization", "compressed-tensors"]))
+    assert e.quantization == "compressed-tensors"
+
+
 def test_scheduling_flags_map_to_engine_args():
     from pyorch.engine.arg_utils import SERVE_TARGET_STEP_MS, EngineArgs
 

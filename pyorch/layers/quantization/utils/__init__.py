@@ -1,0 +1,1 @@
+"""Helpers shared by the quantization methods (no configs are registered here)."""
