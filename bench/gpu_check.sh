@@ -111,7 +111,9 @@ if [ "$RUN_BENCH" = 1 ]; then
 fi
 if [ -n "$ENGINE_MODEL" ]; then
   echo "== pyorch bench on $ENGINE_MODEL (dummy bf16): $ENGINE_SETS"
-  common=(--model "$ENGINE_MODEL" --load-format dummy --dtype bfloat16)
+  # ENGINE_EXTRA: more engine arguments for every set, e.g. "--quantization fp8 --kv-cache-dtype fp8".
+  # shellcheck disable=SC2206
+  common=(--model "$ENGINE_MODEL" --load-format dummy --dtype bfloat16 ${ENGINE_EXTRA:-})
   T=${ENGINE_BENCH_TIMEOUT:-300}
   want() { [[ ",$ENGINE_SETS," == *",$1,"* ]]; }
   # throughput NAME IN OUT MAX_MODEL_LEN TEMP HF_ARGS...: 1000 prompts at pyorch's own

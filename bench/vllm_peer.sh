@@ -17,6 +17,9 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 status=0
 want() { [[ ",$SETS," == *",$1,"* ]]; }
 VLLM=(python3 -m vllm.entrypoints.cli.main)
+# VLLM_EXTRA: more engine arguments for every set, e.g. "--quantization fp8 --kv-cache-dtype fp8".
+# shellcheck disable=SC2206
+EXTRA=(${VLLM_EXTRA:-})
 T=${VLLM_BENCH_TIMEOUT:-400}
 
 if want startup; then
@@ -42,7 +45,7 @@ fi
 throughput() {
   local name=$1 in=$2 out=$3 mml=$4
   timeout "$T" "${VLLM[@]}" bench throughput --model "$MODEL" --load-format dummy --dtype bfloat16 \
-    --dataset-name random --random-input-len "$in" --random-output-len "$out" \
+    "${EXTRA[@]}" --dataset-name random --random-input-len "$in" --random-output-len "$out" \
     --num-prompts 1000 --max-model-len "$mml" --output-json "$OUT_DIR/$name.json" \
     > "$OUT_DIR/$name.log" 2>&1 || status=1
   grep -E "^Throughput|Total num" "$OUT_DIR/$name.log"
@@ -50,7 +53,7 @@ throughput() {
 want t128 && throughput vllm_throughput_128_128 128 128 2048
 if want latency; then
   timeout "$T" "${VLLM[@]}" bench latency --model "$MODEL" --load-format dummy --dtype bfloat16 \
-    --input-len 128 --output-len 256 --batch-size 1 --max-model-len 2048 \
+    "${EXTRA[@]}" --input-len 128 --output-len 256 --batch-size 1 --max-model-len 2048 \
     --num-iters-warmup 3 --num-iters 10 --output-json "$OUT_DIR/vllm_latency.json" \
     > "$OUT_DIR/vllm_latency.log" 2>&1 || status=1
   grep -E "Avg latency|percentile" "$OUT_DIR/vllm_latency.log" | head -3

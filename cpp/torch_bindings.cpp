@@ -7,6 +7,9 @@
 #include "ops.h"
 #include "pyorch/launch.h"
 #include "quantization_ops.h"
+#ifdef PYORCH_WITH_CUDA
+#include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
+#endif
 
 namespace py = pybind11;
 
@@ -284,6 +287,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
   m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
   m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
+  // the W8A8 CUTLASS GEMMs (cpp/ops/scaled_mm.cpp)
+  m.impl("cutlass_scaled_mm", c10::kCUDA, &cutlass_scaled_mm);
+  m.impl("cutlass_scaled_mm_azp", c10::kCUDA, &cutlass_scaled_mm_azp);
   m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
@@ -320,5 +326,11 @@ PYBIND11_MODULE(_C, m) {
 #endif
   m.def("gguf_cpu_isa", &pyorch::cpu::gguf_cpu_isa, py::arg("name") = "",
         "The instruction set of the CPU GGUF products (sets it first unless name is empty).");
+#ifdef PYORCH_WITH_CUDA
+  // Whether cuda/ was compiled with the CUTLASS headers: without them the CUDA cutlass_scaled_mm
+  // ops are registered but raise "built without CUTLASS" (cuda/include/pyorch/scaled_mm.h).
+  m.def("cutlass_scaled_mm_available", &pyorch::cutlass_scaled_mm_available,
+        "Whether the CUTLASS W8A8 GEMMs (cutlass_scaled_mm, cutlass_scaled_mm_azp) were built.");
+#endif
   // @pybind (keep this marker)
 }

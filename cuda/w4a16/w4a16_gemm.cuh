@@ -48,6 +48,7 @@ struct W4A16GemmArgs {
   int m, n, k, group_size;
   int64_t a_stride, out_stride;
   int blocks_per_split, num_splits;
+  int prefetch_blocks;  // k-blocks a warp asks L2 for beyond its register stages (0: none)
 };
 
 // (w & 0x000F000F) | magic: the codes in bits 0-3 and 16-19 as (magic + q) 16-bit pairs.
@@ -88,6 +89,16 @@ __device__ __forceinline__ uint4 w4_load_stream(const uint4* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+
+// Asks L2 for blocks [from, to) of a warp's codes (512 bytes each) with one bulk prefetch (sm_90):
+// more bytes in flight per warp without holding registers.
+__device__ __forceinline__ void w4_prefetch_blocks(const uint4* warp_codes, int from, int to) {
+  if (from >= to) return;
+  const uint32_t bytes = static_cast<uint32_t>(to - from) * 32 * sizeof(uint4);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(warp_codes + from * 32),
+               "r"(bytes)
+               : "memory");
 }
 
 // One stage of a lane's weight stream: the codes of a k-block and the lane's two scales (rows g
@@ -210,6 +221,12 @@ __global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmA
   const int kb_end = min(kb_begin + p.blocks_per_split, kblocks);
   float acc[M_TILES][4] = {};
   if (nt < p.n / kW4A16TileN) {
+    const uint4* warp_codes = p.b_q + nt * kblocks * 32;  // block kb at warp_codes + 32 kb
+    const bool prefetch = p.prefetch_blocks > 0 && lane == 0;
+    if (prefetch) {
+      w4_prefetch_blocks(warp_codes, kb_begin + kW4Stages,
+                         min(kb_begin + kW4Stages + p.prefetch_blocks, kb_end));
+    }
     W4Stage cur[kW4Stages];
 #pragma unroll
     for (int s = 0; s < kW4Stages; ++s) {
@@ -217,6 +234,10 @@ __global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmA
         cur[s] = w4_load_stage<T, HAS_ZEROS>(p, nt, kb_begin + s, kblocks, lane);
     }
     for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kW4Stages) {
+      if (prefetch) {  // keep prefetch_blocks ahead of the register stages being loaded
+        const int from = kb0 + kW4Stages + p.prefetch_blocks;
+        w4_prefetch_blocks(warp_codes, from, min(from + kW4Stages, kb_end));
+      }
       W4Stage next[kW4Stages];
 #pragma unroll
       for (int s = 0; s < kW4Stages; ++s) {

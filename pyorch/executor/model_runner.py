@@ -6,6 +6,7 @@ One code path serves CPU and CUDA: the ops dispatch by device.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any, Optional, Protocol, cast
@@ -94,6 +95,21 @@ class ModelRunner:
         self.timings = StepTimings()
         self._trace_last_end: Optional[torch.cuda.Event] = None
 
+    def release(self) -> None:
+        """Drops the model, the KV cache and the CUDA graphs (shutdown), returning their device
+        memory to the allocator's pool and the pool to the device; the runner cannot step again."""
+        for layer in self.attn_layers:
+            layer.kv_cache = None
+        self.cuda_graphs = None
+        self.kv_caches = []
+        self.attn_layers = []
+        self.model = None
+        self._last_step = None
+        self.requests.clear()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     @property
     def loaded_model(self) -> CausalLM:
         """self.model, once load_model() has run."""
@@ -108,6 +124,12 @@ class ModelRunner:
         from pyorch.model_loader import get_model
 
         start = time.perf_counter()
+        if self.device.type == "cuda":
+            # An engine dropped without shutdown() (a reference cycle keeps it until the next
+            # collection) still holds its weights and KV cache: collect it before this engine
+            # loads and sizes its cache from free memory.
+            gc.collect()
+            torch.cuda.empty_cache()
         torch.manual_seed(self.model_config.seed)
         self.model = get_model(self.model_config)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]

@@ -33,3 +33,7 @@ class UniProcExecutor(Executor):
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return [getattr(self.model_runner, method)(*args)]
+
+    def shutdown(self) -> None:
+        """Frees the runner's model, KV cache and CUDA graphs (idempotent)."""
+        self.model_runner.release()

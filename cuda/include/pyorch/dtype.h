@@ -13,6 +13,7 @@ enum class DType : int32_t {
   kFp8E4M3 = 3,  // stored as uint8 bytes in KV caches
   kInt32 = 4,
   kInt64 = 5,
+  kInt8 = 6,  // W8A8 int8 GEMM operands (pyorch/scaled_mm.h)
 };
 
 // How the KV cache stores its elements: in the model dtype, or as fp8 e4m3 with a per-tensor scale
@@ -30,6 +31,7 @@ inline const char* dtype_name(DType dtype) {
     case DType::kFp8E4M3: return "fp8_e4m3";
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
+    case DType::kInt8: return "int8";
   }
   return "unknown";
 }

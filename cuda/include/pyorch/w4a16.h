@@ -59,6 +59,12 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
                              int64_t size_m, int64_t size_n, int64_t size_k, int64_t group_size,
                              int64_t a_stride, int64_t out_stride, cudaStream_t stream);
 
+// Process-wide: how many 512-byte k-blocks each warp of gptq_marlin_gemm asks L2 for ahead of
+// the blocks it is loading (one bulk prefetch per step; 0 turns it off). For the benchmark's
+// A/B (bench_w4a16 --prefetch N); the default is in w4a16.cu.
+void set_w4a16_l2_prefetch(int blocks);
+int w4a16_l2_prefetch();
+
 // The k-split gptq_marlin_gemm uses for a shape on the current device (1 = none) and the fp32
 // partial sums it needs (0 without a split).
 int64_t w4a16_num_splits(int64_t size_n, int64_t size_k);

@@ -3,6 +3,8 @@ layers (merged shards, tensor-parallel row shards) against the float64 dequantiz
 configs' refusals, and tiny Llama / Qwen3 checkpoints in the exact on-disk formats against
 transformers on the dequantized weights, token for token (CPU, float32)."""
 
+import gc
+
 import pytest
 import torch
 from transformers import LlamaConfig, Qwen3Config
@@ -223,11 +225,15 @@ def test_cuda_engine_matches_the_dequantized_bf16_checkpoint(fmt: str, tmp_path)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     tokens = []
     for model in (path, dense):
+        # A byte budget for the KV cache: two engines live in this process one after the other.
         llm = LLM(model, skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=128,
-                  seed=0, gpu_memory_utilization=0.2)
+                  seed=0, kv_cache_memory_bytes=64 << 20)
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
         tokens.append([list(o.outputs[0].token_ids) for o in outs])
+        llm.llm_engine.shutdown()
         del llm
+        gc.collect()
+        torch.cuda.empty_cache()
     assert tokens[0] == tokens[1]
 
 
