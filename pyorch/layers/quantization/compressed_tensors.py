@@ -60,7 +60,8 @@ def _w8a8(qtype: str) -> SchemePredicate:
 
 register_scheme("W8A8-FP8", _w8a8("float"), CompressedTensorsW8A8Fp8.from_args)
 register_scheme("W8A8-INT8", _w8a8("int"), CompressedTensorsW8A8Int8.from_args)
-# The W4A16 pack-quantized scheme registers itself here (register_scheme, in its own module).
+# The W4A16 pack-quantized scheme registers itself with register_scheme in its own module:
+from pyorch.layers.quantization import compressed_tensors_w4a16  # noqa: E402,F401
 
 
 def _describe(weights: Any, acts: Any, fmt: str) -> str:
