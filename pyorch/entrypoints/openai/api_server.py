@@ -133,6 +133,18 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     return await request.app.state.responses.create_response(body, request)
 
 
+@router.get("/v1/responses/{response_id}", responses=_ERRORS)
+async def retrieve_response(response_id: str, request: Request) -> Any:
+    """A stored response (PYORCH_ENABLE_RESPONSES_API_STORE=1), as vLLM's retrieve."""
+    return request.app.state.responses.retrieve(response_id)
+
+
+@router.post("/v1/responses/{response_id}/cancel", responses=_ERRORS)
+async def cancel_response(response_id: str, request: Request) -> Any:
+    """vLLM cancels only background responses, which this server refuses: a 400 or 404."""
+    request.app.state.responses.cancel(response_id)
+
+
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
 async def tokenize(body: Union[TokenizeCompletionRequest, TokenizeChatRequest],
                    request: Request) -> TokenizeResponse:
