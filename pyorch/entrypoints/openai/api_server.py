@@ -451,6 +451,8 @@ def make_server_context(args: argparse.Namespace, engine: Any, names: list[str],
         exclude_tools_when_tool_choice_none=getattr(
             args, "exclude_tools_when_tool_choice_none", False),
         reasoning_parser=getattr(args, "reasoning_parser", None),
+        structured_outputs_disable_any_whitespace=getattr(
+            args, "structured_outputs_disable_any_whitespace", False),
         scheduling_policy=args.scheduling_policy,
         enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
         content_format=resolve_content_format(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import typing
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -604,6 +605,38 @@ def _p_detok_tokens(c: Caller) -> None:
     assert c.ok(tokens=[504])["prompt"] == "The"
 
 
+_TAG_FORMAT = {"type": "tag", "begin": "<a>", "end": "</a>",
+               "content": {"type": "json_schema", "json_schema": {"enum": ["on", "off"]}}}
+
+
+def _p_response_format_format(c: Caller) -> None:
+    """vLLM's structural tag (xgrammar's `format`): here one tag is the whole output."""
+    fmt = {"type": "structural_tag", "format": _TAG_FORMAT}
+    assert c.text(response_format=fmt, max_tokens=16) in ('<a>"on"</a>', '<a>"off"</a>')
+    r = c.post(response_format={"type": "json_object", "format": _TAG_FORMAT})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.format"
+    r = c.post(response_format={"type": "structural_tag", "format": {"type": "nope"}})
+    assert r.status_code == 400 and "structural tag" in r.json()["error"]["message"]
+
+
+def _p_response_format_structures(c: Caller) -> None:
+    """The legacy structural tag: free text until a trigger, then begin + JSON + end. A logit
+    bias pushes the trigger (" zebra") at every free step; inside a structure the mask wins."""
+    zebra = {str(_tokens(c.http, " zebra")[0]): 100}
+    assert c.text(logit_bias=zebra, max_tokens=6).startswith(" zebra zebra")
+    fmt = {"type": "structural_tag", "triggers": [" zebra"],
+           "structures": [{"begin": " zebra", "schema": {"enum": ["on", "off"]}, "end": "."}]}
+    out = c.text(response_format=fmt, logit_bias=zebra, max_tokens=12)
+    # Every structure is begin + "on"/"off" + end (the last one may be cut by max_tokens).
+    first, *rest = out.split(" zebra")
+    assert first == "" and rest and all(re.match(r'"(on|off)"\.', part) for part in rest[:-1])
+    assert re.match(r'"(on|off)"\.', rest[-1]) or '"on"'.startswith(rest[-1]) \
+        or '"off"'.startswith(rest[-1]), out
+    assert rest[0].startswith(('"on".', '"off".')), out
+    r = c.post(response_format={"type": "structural_tag", "structures": fmt["structures"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.triggers"
+
+
 # ---- /v1/responses: the shared fields where a response differs from a chat completion --------
 # A response has one output, a status instead of finish reasons, and no token or logprob lists:
 # the probes that read those read the status and usage instead, and the fields that need them
@@ -805,6 +838,12 @@ _SHARED: dict[str, Callable[[Caller], None]] = {
     "response_format.json_schema.description": _p_response_format_json_schema_metadata,
     "response_format.json_schema.json_schema": _p_response_format_json_schema_json_schema,
     "response_format.json_schema.strict": _p_response_format_json_schema_metadata,
+    "response_format.format": _p_response_format_format,
+    "response_format.structures": _p_response_format_structures,
+    "response_format.structures.begin": _p_response_format_structures,
+    "response_format.structures.json_schema": _p_response_format_structures,
+    "response_format.structures.end": _p_response_format_structures,
+    "response_format.triggers": _p_response_format_structures,
 }
 PROBES: dict[str, Callable[[Caller], None]] = {
     "CompletionRequest.prompt": _p_completion_prompt,
