@@ -87,9 +87,19 @@
                       const at::Tensor& num_tokens_post_padded, int64_t top_k, int64_t block_size, \
                       bool silu_and_mul);
 
+// GGUF (cpp/cpu/gguf.cpp, cpp/ops/gguf.cpp): vLLM's ggml ops; they return their result.
+#define PYORCH_DECLARE_GGUF_OPS                                                                \
+  at::Tensor ggml_dequantize(const at::Tensor& W, int64_t quant_type, int64_t m, int64_t n,    \
+                             std::optional<at::ScalarType> dtype);                             \
+  at::Tensor ggml_mul_mat_vec_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type, \
+                                 int64_t row);                                                 \
+  at::Tensor ggml_mul_mat_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,     \
+                             int64_t row);
+
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
+PYORCH_DECLARE_GGUF_OPS
 
 // CUDA-only: the custom all-reduce of tensor parallelism (cpp/ops/custom_all_reduce.cpp). The
 // tensor ops are schemas; the IPC helpers map memory into the process (state, not tensor ops) and
@@ -109,4 +119,8 @@ void ipc_close(int64_t ptr);
 namespace pyorch::cpu {
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
+PYORCH_DECLARE_GGUF_OPS
+// The instruction set of the CPU GGUF products: sets it ("best", "avx512_vnni", "avx2",
+// "portable") unless name is empty, and returns the one in use.
+std::string gguf_cpu_isa(const std::string& name);
 }  // namespace pyorch::cpu

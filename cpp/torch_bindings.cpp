@@ -6,6 +6,7 @@
 
 #include "ops.h"
 #include "pyorch/launch.h"
+#include "quantization_ops.h"
 
 namespace py = pybind11;
 
@@ -145,6 +146,52 @@ TORCH_LIBRARY(pyorch, m) {
   // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
   m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
 
+  // ---- quantization (vLLM's schemas; shapes and checks in cpp/quantization_checks.h) ---------
+  // fp8 e4m3: out = saturate(round_to_nearest_even(input / scale)); input [..., hidden]
+  // fp32/fp16/bf16, out float8_e4m3fn (a 2-D out may have extra rows, left unwritten).
+  // static: scale [1] given; dynamic: scale [1] = max(absmax(input) / 448, 1 / (448 * 512));
+  // per token: scale [num_tokens, 1] = max(min(absmax(row), scale_ub) / 448, 1 / (448 * 512)).
+  m.def("static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale) -> ()");
+  m.def("dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()");
+  m.def(
+      "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale, "
+      "Tensor? scale_ub) -> ()");
+  // int8: out = saturate(round(input / scale) + azp). static: scale [1] (and azp [1] int32 when
+  // asymmetric); dynamic, per token: scale [num_tokens, 1] = absmax / 127, or with azp
+  // [num_tokens, 1] int32 the row's [min, max] mapped onto [-128, 127].
+  m.def("static_scaled_int8_quant(Tensor! result, Tensor input, Tensor scale, Tensor? azp) -> ()");
+  m.def(
+      "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor!? azp) -> "
+      "()");
+  // Groups of group_size along K: output_s [M, K / group_size] (any strides) = max(absmax, eps)
+  // / fp8_max (rounded up to a power of two when scale_ue8m0); output_q = clamp(x / s).
+  m.def(
+      "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, int group_size, "
+      "float eps, float fp8_min, float fp8_max, bool scale_ue8m0) -> ()");
+  // out [M, N] = (a [M, K] @ b [K, N]) * a_scales * b_scales (+ bias [N]); a row-major, b
+  // column-major (weight.t()); fp8 or int8 in, bf16/fp16/fp32 out. Scales: a [1] or [M], b [1]
+  // or [N]; or block-wise a [M, ceil(K/128)], b [ceil(K/128), ceil(N/128)] (fp8).
+  m.def(
+      "cutlass_scaled_mm(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, "
+      "Tensor? bias) -> ()");
+  // int8 with asymmetric activations: out = a_scales * b_scales * (a @ b - azp_adj) with a
+  // per-tensor azp folded into azp_adj [N] (= azp * colsum(b)), or (a @ b - azp[m] * azp_adj[n])
+  // with a per-token azp [M] int32 (azp_adj = colsum(b)).
+  m.def(
+      "cutlass_scaled_mm_azp(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, "
+      "Tensor azp_adj, Tensor? azp, Tensor? bias) -> ()");
+  // ---- GGUF (vLLM's ggml ops) -----------------------------------------------------------------
+  // W: a GGUF tensor's raw blocks (any dtype, read as bytes, contiguous; usually uint8
+  // [rows, cols / block_size * type_size]); quant_type: the GGML type id
+  // (gguf.GGMLQuantizationType). Returns W dequantized as [m, n] of dtype (default float16).
+  m.def(
+      "ggml_dequantize(Tensor W, int quant_type, SymInt m, SymInt n, ScalarType? dtype) -> Tensor");
+  // Returns X @ W^T: X [num_tokens, cols] fp32/fp16/bf16, W `row` rows of cols; out [num_tokens,
+  // row] of X's dtype. X is quantized to 8 bits per 32 values and dotted with the blocks in
+  // integer arithmetic. _vec_ is meant for few tokens (decode), mul_mat for more.
+  m.def("ggml_mul_mat_vec_a8(Tensor W, Tensor X, int quant_type, SymInt row) -> Tensor");
+  m.def("ggml_mul_mat_a8(Tensor W, Tensor X, int quant_type, SymInt row) -> Tensor");
+
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
@@ -168,6 +215,19 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_align_block_size", c10::kCPU, &pyorch::cpu::moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCPU, &pyorch::cpu::fused_moe_gemm);
   m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
+  // quantization
+  m.impl("static_scaled_fp8_quant", c10::kCPU, &pyorch::cpu::static_scaled_fp8_quant);
+  m.impl("dynamic_scaled_fp8_quant", c10::kCPU, &pyorch::cpu::dynamic_scaled_fp8_quant);
+  m.impl("dynamic_per_token_scaled_fp8_quant", c10::kCPU,
+         &pyorch::cpu::dynamic_per_token_scaled_fp8_quant);
+  m.impl("static_scaled_int8_quant", c10::kCPU, &pyorch::cpu::static_scaled_int8_quant);
+  m.impl("dynamic_scaled_int8_quant", c10::kCPU, &pyorch::cpu::dynamic_scaled_int8_quant);
+  m.impl("per_token_group_fp8_quant", c10::kCPU, &pyorch::cpu::per_token_group_fp8_quant);
+  m.impl("cutlass_scaled_mm", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm);
+  m.impl("cutlass_scaled_mm_azp", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm_azp);
+  m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
+  m.impl("ggml_mul_mat_vec_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_vec_a8);
+  m.impl("ggml_mul_mat_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_a8);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -227,5 +287,7 @@ PYBIND11_MODULE(_C, m) {
         "Maps a peer's CUDA IPC handle; returns the device address in this process.");
   m.def("ipc_close", &pyorch::ipc_close, py::arg("ptr"), "Unmaps an address from ipc_open.");
 #endif
+  m.def("gguf_cpu_isa", &pyorch::cpu::gguf_cpu_isa, py::arg("name") = "",
+        "The instruction set of the CPU GGUF products (sets it first unless name is empty).");
   // @pybind (keep this marker)
 }

@@ -472,3 +472,165 @@ def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor,
     indices : [k] int32 rows to mask (both tensors' row ids), or None for every row.
     """
     _ops.apply_token_bitmask_inplace(logits, bitmask, indices)
+
+
+# ---- quantization (vLLM's _custom_ops names and signatures) --------------------------------------
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+def scaled_fp8_quant(
+    input: torch.Tensor,
+    scale: Optional[torch.Tensor] = None,
+    num_token_padding: Optional[int] = None,
+    scale_ub: Optional[torch.Tensor] = None,
+    use_per_token_if_dynamic: bool = False,
+    output: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantizes input [num_tokens, hidden] (fp32/fp16/bf16) to float8_e4m3fn.
+
+    With `scale` ([1] float32) the quantization is static; without, the scale is computed:
+    one for the tensor, or with use_per_token_if_dynamic one per row ([num_tokens, 1], each
+    absmax capped at `scale_ub` when given). num_token_padding pads the output's rows (left
+    unwritten). Returns (output, scale).
+    """
+    if input.dim() != 2:
+        raise ValueError(f"scaled_fp8_quant: input must be 2-D, got {tuple(input.shape)}")
+    shape = (max(num_token_padding or 0, input.shape[0]), input.shape[1])
+    if output is None:
+        output = torch.empty(shape, device=input.device, dtype=FP8_DTYPE)
+    if scale is None:
+        if use_per_token_if_dynamic:
+            scale = torch.empty((input.shape[0], 1), device=input.device, dtype=torch.float32)
+            _ops.dynamic_per_token_scaled_fp8_quant(output, input, scale, scale_ub)
+        else:
+            scale = torch.empty(1, device=input.device, dtype=torch.float32)
+            _ops.dynamic_scaled_fp8_quant(output, input, scale)
+    else:
+        if scale.numel() != 1:
+            raise ValueError(f"scaled_fp8_quant: a static scale has one value, got "
+                             f"{tuple(scale.shape)}")
+        _ops.static_scaled_fp8_quant(output, input, scale)
+    return output, scale
+
+
+def scaled_int8_quant(
+    input: torch.Tensor,
+    scale: Optional[torch.Tensor] = None,
+    azp: Optional[torch.Tensor] = None,
+    symmetric: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Quantizes input [..., hidden] to int8: static with `scale` [1] (and `azp` [1] int32 when
+    asymmetric), else dynamic per token (scales [num_tokens, 1], azp [num_tokens, 1] int32 when
+    not symmetric). Returns (output, scales, azp)."""
+    output = torch.empty_like(input, dtype=torch.int8)
+    if scale is not None:
+        if symmetric != (azp is None):
+            raise ValueError("scaled_int8_quant: a static azp is given exactly when asymmetric")
+        _ops.static_scaled_int8_quant(output, input, scale, azp)
+        return output, scale, azp
+    num_tokens = input.numel() // input.shape[-1] if input.shape[-1] else 0
+    scales = torch.empty((num_tokens, 1), device=input.device, dtype=torch.float32)
+    input_azp = None if symmetric else torch.empty_like(scales, dtype=torch.int32)
+    _ops.dynamic_scaled_int8_quant(output, input.contiguous(), scales, input_azp)
+    return output, scales, input_azp
+
+
+def per_token_group_quant_fp8(
+    x: torch.Tensor,
+    group_size: int,
+    eps: float = 1e-10,
+    dtype: Optional[torch.dtype] = None,
+    column_major_scales: bool = False,
+    out_q: Optional[torch.Tensor] = None,
+    use_ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantizes x [..., K] to fp8 in groups of group_size along K (the activations of a
+    block-fp8 GEMM). Returns (x_q [..., K] float8_e4m3fn, x_s [..., K / group_size] float32);
+    column_major_scales lays x_s out transposed in memory ([K / group_size, M] contiguous, seen
+    as [M, K / group_size]), the layout the CUTLASS block GEMM reads."""
+    dtype = dtype or FP8_DTYPE
+    if dtype != FP8_DTYPE:
+        raise ValueError(f"per_token_group_quant_fp8: only {FP8_DTYPE} is supported, got {dtype}")
+    if x.shape[-1] % group_size:
+        raise ValueError(f"per_token_group_quant_fp8: the last dimension {x.shape[-1]} is not a "
+                         f"multiple of group_size {group_size}")
+    x2 = x.reshape(-1, x.shape[-1])
+    q = out_q if out_q is not None else torch.empty(x.shape, device=x.device, dtype=dtype)
+    num_groups = x.shape[-1] // group_size
+    if column_major_scales:
+        s = torch.empty((num_groups, x2.shape[0]), device=x.device, dtype=torch.float32).t()
+    else:
+        s = torch.empty((x2.shape[0], num_groups), device=x.device, dtype=torch.float32)
+    _ops.per_token_group_fp8_quant(x2, q.view(-1, x.shape[-1]), s, group_size, eps, -FP8_MAX,
+                                   FP8_MAX, use_ue8m0)
+    return q, (s if x.dim() == 2 else s.reshape(*x.shape[:-1], num_groups))
+
+
+def cutlass_scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """(a [M, K] @ b [K, N]) * scale_a * scale_b (+ bias [N]) in out_dtype; a row-major, b
+    column-major (a [N, K] weight's .t()), both float8_e4m3fn or both int8.
+
+    scale_a: [1] or [M, 1] (per token); scale_b: [1] or [N] / [1, N] (per channel); or
+    block-wise (fp8): scale_a [M, ceil(K/128)], scale_b [ceil(K/128), ceil(N/128)].
+    """
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    _ops.cutlass_scaled_mm(out, a, b, scale_a, scale_b, bias)
+    return out
+
+
+def cutlass_scaled_mm_azp(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+    azp_adj: torch.Tensor,
+    azp: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """cutlass_scaled_mm for int8 with asymmetric activations: azp_adj [N] int32 is
+    azp * colsum(b) for a per-tensor azp (azp None), or colsum(b) with a per-token azp [M]."""
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    _ops.cutlass_scaled_mm_azp(out, a, b, scale_a, scale_b, azp_adj, azp, bias)
+    return out
+
+
+def has_cuda_kernel(op_name: str) -> bool:
+    """Whether torch.ops.pyorch.<op_name> has a CUDA kernel in this build (the CUTLASS GEMMs
+    exist only where they were compiled)."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"pyorch::{op_name}", "CUDA"))
+
+# ---- GGUF (vLLM's ggml ops; unlike the ops above they return their result, as vLLM's do) -------
+def ggml_dequantize(
+    W: torch.Tensor, quant_type: int, m: int, n: int, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
+    """A GGUF tensor's blocks as floats: [m, n] of dtype (float16 when None, as vLLM).
+
+    W holds the tensor's raw bytes as stored in the file (uint8 [m, n / block_size * type_size]),
+    quant_type is its GGML type id (``gguf.GGMLQuantizationType``): F32, F16, BF16, Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K.
+    """
+    return _ops.ggml_dequantize(W, quant_type, m, n, dtype)
+
+
+def ggml_mul_mat_vec_a8(
+    W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int
+) -> torch.Tensor:
+    """X @ W^T for few tokens (decode), read from W's quantized blocks: X [num_tokens, cols]
+    fp32/fp16/bf16, W `row` rows of cols (as ggml_dequantize); returns [num_tokens, row] of X's
+    dtype. X is quantized to 8 bits per 32 values (scale max|x| / 127) for integer dot products.
+    Types: the quantized ones of ggml_dequantize (not F32/F16/BF16)."""
+    return _ops.ggml_mul_mat_vec_a8(W, X, quant_type, row)
+
+
+def ggml_mul_mat_a8(W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int) -> torch.Tensor:
+    """ggml_mul_mat_vec_a8 for many tokens (prefill): the same result, a kernel built for M > 8."""
+    return _ops.ggml_mul_mat_a8(W, X, quant_type, row)

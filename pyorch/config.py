@@ -46,6 +46,9 @@ class ModelConfig:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: Optional[PoolerConfig] = None  # pooling runner only; resolve() fills it
+    # vLLM's quantization: a method name ("fp8", "compressed-tensors", ...), or None to use the
+    # checkpoint's quantization_config if any; resolve() checks that the two agree.
+    quantization: Optional[str] = None
     hf_config: Any = None
 
     def resolve(self) -> None:
@@ -60,6 +63,7 @@ class ModelConfig:
         if self.hf_config is None:
             self.hf_config = load_hf_config(self.model, self.revision, self.trust_remote_code)
         self.dtype = resolve_dtype(self.hf_config, self.dtype, self.device)
+        self._resolve_quantization()
         self._resolve_runner()
         derived = derive_max_model_len(self.hf_config)
         if self.max_model_len is None:
@@ -143,6 +147,17 @@ class ModelConfig:
         if "max_new_tokens" in params:
             params["max_tokens"] = params.pop("max_new_tokens")
         return params
+
+    def _resolve_quantization(self) -> None:
+        """vLLM's _verify_quantization: the method from the checkpoint or the argument (which
+        must agree); an unknown name raises listing the known ones. The quantization registry
+        (pyorch.layers.quantization) is imported only for a quantized model."""
+        if self.quantization is None and getattr(self.hf_config, "quantization_config",
+                                                 None) is None:
+            return
+        from pyorch.model_loader.quant_config import resolve_quantization
+
+        self.quantization = resolve_quantization(self.hf_config, self.quantization)
 
     def _resolve_runner(self) -> None:
         """vLLM's runner/convert rules for the decoder (*ForCausalLM) models pyorch has: they

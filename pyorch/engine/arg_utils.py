@@ -75,6 +75,8 @@ class EngineArgs:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: Optional[Any] = None
+    # vLLM's quantization method ("fp8", "compressed-tensors", ...); None: the checkpoint's.
+    quantization: Optional[str] = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -108,6 +110,7 @@ class EngineArgs:
             override_generation_config=dict(self.override_generation_config or {}),
             runner=self.runner, convert=self.convert,
             pooler_config=PoolerConfig.from_value(self.pooler_config),
+            quantization=self.quantization,
         )
         model_config.resolve()
         model_config.verify_with_parallel_config(parallel)

@@ -26,7 +26,8 @@ from pyorch.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
-from pyorch.layers.quantization import QuantizeMethodBase
+from pyorch.layers.parameter import PerTensorScaleParameter
+from pyorch.layers.quantization import QuantizationConfig, QuantizeMethodBase
 
 # Up to this many rows, a CUDA linear layer runs pyorch's skinny GEMM (a weight stream at ~copy
 # bandwidth) instead of cuBLAS. bench/cpp/bench_gemm.cu on an H100, Llama-3-8B's layer GEMMs:
@@ -63,6 +64,21 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
             f"checkpoint {tuple(loaded_weight.shape)}"
         )
     param.data.copy_(loaded_weight)
+
+
+def load_per_tensor_scale(param: nn.Parameter, loaded_weight: torch.Tensor, index: int) -> None:
+    """Writes a checkpoint's one-value scale into entry `index` of a [num_shards] parameter."""
+    if loaded_weight.numel() != 1:
+        raise ValueError(f"a per-tensor scale has one value, the checkpoint's has shape "
+                         f"{tuple(loaded_weight.shape)}")
+    param.data[index].copy_(loaded_weight.reshape(()))
+
+
+def _stored_rows(param: nn.Parameter, offset: int, size: int) -> tuple[int, int]:
+    """(offset, size) along a parameter's output dim of logical output rows [offset, +size):
+    the same for a plain weight, fewer for packed or block-scale parameters (parameter.py)."""
+    output_shard = getattr(param, "output_shard", None)
+    return output_shard(offset, size) if output_shard is not None else (offset, size)
 
 
 def use_skinny_gemm(
@@ -168,12 +184,21 @@ class LinearBase(nn.Module):
         quant_method: LinearMethodBase | None = None,
         tp_rank: int | None = None,
         tp_size: int | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
+        """quant_config gives the layer named `prefix` its method (None: unquantized, as for a
+        layer the config skips); quant_method sets one directly (tests)."""
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
         self.params_dtype = params_dtype or torch.get_default_dtype()
-        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.prefix = prefix
+        method = quant_config.get_quant_method(self, prefix) if quant_config is not None else None
+        if method is not None and not isinstance(method, LinearMethodBase):
+            raise TypeError(f"{prefix}: {quant_config.get_name() if quant_config else ''} gave "
+                            f"a linear layer a {type(method).__name__}, not a LinearMethodBase")
+        self.quant_method: LinearMethodBase = method or quant_method or UnquantizedLinearMethod()
         default_rank, default_size = get_tensor_model_parallel_rank_and_size()
         self.tp_rank = default_rank if tp_rank is None else tp_rank
         self.tp_size = default_size if tp_size is None else tp_size
@@ -210,6 +235,9 @@ class ReplicatedLinear(LinearBase):
             self._create_bias(output_size, output_dim=None)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        if isinstance(param, PerTensorScaleParameter):
+            load_per_tensor_scale(param, loaded_weight, 0)
+            return
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., input_size] -> [..., output_size]
@@ -240,6 +268,9 @@ class ColumnParallelLinear(LinearBase):
             self._create_bias(self.output_size_per_partition, output_dim=0)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        if isinstance(param, PerTensorScaleParameter):
+            load_per_tensor_scale(param, loaded_weight, 0)
+            return
         output_dim = getattr(param, "output_dim", None)
         if output_dim is not None:
             size = param.shape[output_dim]
@@ -248,15 +279,32 @@ class ColumnParallelLinear(LinearBase):
 
     def _copy_shard(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, offset: int, size: int,
-        shard_rank: int,
+        shard_rank: int, shard_index: int,
     ) -> None:
-        """Copies this rank's `size` rows of one merged shard to rows [offset, offset + size)."""
+        """Copies this rank's `size` rows of merged shard `shard_index` to rows
+        [offset, offset + size) (in the parameter's own units: packed or block rows)."""
+        if isinstance(param, PerTensorScaleParameter):  # one scale per shard
+            load_per_tensor_scale(param, loaded_weight, shard_index)
+            return
         output_dim = getattr(param, "output_dim", None)
-        if output_dim is None:  # e.g. a per-tensor scale: the same for every shard
+        if output_dim is None:  # replicated (e.g. a shared input scale): the same for every shard
             default_weight_loader(param, loaded_weight)
             return
+        offset, size = _stored_rows(param, offset, size)  # packed or block-scale rows
         shard = loaded_weight.narrow(output_dim, shard_rank * size, size)
         default_weight_loader(param.data.narrow(output_dim, offset, size), shard)
+
+    def _load_fused(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> bool:
+        """Loads a checkpoint tensor that is not split by shard when its parameter is not split
+        along the output either; False when the caller must split it."""
+        if isinstance(param, PerTensorScaleParameter):  # one scale for every shard
+            for index in range(param.shape[0]):
+                load_per_tensor_scale(param, loaded_weight, index)
+            return True
+        if getattr(param, "output_dim", None) is None:
+            default_weight_loader(param, loaded_weight)
+            return True
+        return False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., input_size] -> [..., out / tp]
         out = self.quant_method.apply(self, x, self.bias)
@@ -276,13 +324,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int | None = None
     ) -> None:
         if loaded_shard_id is None:  # an already-merged checkpoint tensor: split and recurse
-            output_dim = getattr(param, "output_dim", None)
-            if output_dim is None:
-                default_weight_loader(param, loaded_weight)
+            if self._load_fused(param, loaded_weight):
                 return
+            output_dim = param.output_dim  # type: ignore[attr-defined]
             offset = 0
             for shard_id, size in enumerate(self.output_sizes):
-                shard = loaded_weight.narrow(output_dim, offset, size)
+                shard = loaded_weight.narrow(output_dim, *_stored_rows(param, offset, size))
                 self.weight_loader(param, shard, shard_id)
                 offset += size
             return
@@ -290,7 +337,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             raise ValueError(f"shard id {loaded_shard_id} out of range for {self.output_sizes}")
         offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
         size = self.output_sizes[loaded_shard_id] // self.tp_size
-        self._copy_shard(param, loaded_weight, offset, size, self.tp_rank)
+        self._copy_shard(param, loaded_weight, offset, size, self.tp_rank, loaded_shard_id)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -332,17 +379,16 @@ class QKVParallelLinear(ColumnParallelLinear):
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
         if loaded_shard_id is None:  # an already-fused qkv checkpoint tensor
-            output_dim = getattr(param, "output_dim", None)
-            if output_dim is None:
-                default_weight_loader(param, loaded_weight)
+            if self._load_fused(param, loaded_weight):
                 return
+            output_dim = param.output_dim  # type: ignore[attr-defined]
             total_q = self.total_num_heads * self.head_size
             total_kv = self.total_num_kv_heads * self.head_size
             for shard_id, offset, size in (
                 ("q", 0, total_q), ("k", total_q, total_kv), ("v", total_q + total_kv, total_kv)
             ):
-                self.weight_loader(param, loaded_weight.narrow(output_dim, offset, size),
-                                   shard_id)
+                shard = loaded_weight.narrow(output_dim, *_stored_rows(param, offset, size))
+                self.weight_loader(param, shard, shard_id)
             return
         layout = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
         if loaded_shard_id not in layout:
@@ -352,7 +398,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         shard_rank = (
             self.tp_rank if loaded_shard_id == "q" else self.tp_rank // self.num_kv_head_replicas
         )
-        self._copy_shard(param, loaded_weight, offset, size, shard_rank)
+        self._copy_shard(
+            param, loaded_weight, offset, size, shard_rank, "qkv".index(loaded_shard_id)
+        )
 
 
 class RowParallelLinear(LinearBase):
@@ -380,6 +428,9 @@ class RowParallelLinear(LinearBase):
             self._create_bias(output_size, output_dim=None)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        if isinstance(param, PerTensorScaleParameter):
+            load_per_tensor_scale(param, loaded_weight, 0)
+            return
         input_dim = getattr(param, "input_dim", None)
         if input_dim is not None:
             size = param.shape[input_dim]

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from pyorch.layers.quantization import QuantizeMethodBase
 from pyorch.model_loader.config import is_gguf
+from pyorch.model_loader.quant_config import get_quant_config
 from pyorch.model_loader.gguf_loader import iterate_gguf_weights
 from pyorch.model_loader.weight_utils import (
     initialize_dummy_weights,
@@ -186,8 +188,10 @@ def get_model(model_config: Any) -> nn.Module:
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; use one of {LOAD_FORMATS}")
     model_cls = _resolve_model_class(list(getattr(hf_config, "architectures", None) or []))
+    quant_config = get_quant_config(model_config)
     with _default_dtype(dtype), device:
-        model = model_cls(hf_config)
+        model = model_cls(hf_config, quant_config=quant_config) if quant_config else \
+            model_cls(hf_config)
     if load_format == "dummy":
         seed = getattr(model_config, "seed", None)
         initialize_dummy_weights(model, seed=0 if seed is None else seed)
@@ -197,4 +201,15 @@ def get_model(model_config: Any) -> nn.Module:
         )
         with torch.no_grad():
             model.load_weights(weights)
+    with torch.no_grad():
+        process_weights_after_loading(model)
     return model.eval()
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Lets every module's quantization method repack its weights once all are loaded
+    (quantize online, requantize merged per-tensor scales, transpose for a kernel, ...)."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, QuantizeMethodBase):
+            method.process_weights_after_loading(module)

@@ -21,6 +21,7 @@ from pyorch.layers.fused_linear import (
 )
 from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pyorch.layers.quantization import QuantizationConfig
 from pyorch.layers.rotary_embedding import get_rope, get_rope_params
 from pyorch.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
@@ -57,12 +58,19 @@ def get_layer_sliding_window(config: Any, layer_idx: int) -> int | None:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool):
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool,
+        quant_config: QuantizationConfig | None = None, prefix: str = "",
+    ):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size] * 2, bias=bias
+            hidden_size, [intermediate_size] * 2, bias=bias, quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
         )
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias=bias, quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
+        )
         self.act_fn = get_act_and_mul_fn(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
@@ -70,21 +78,25 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, options: AttentionOptions):
+    def __init__(
+        self, config: Any, layer_idx: int, options: AttentionOptions,
+        quant_config: QuantizationConfig | None = None, prefix: str = "",
+    ):
         super().__init__()
         hidden_size = config.hidden_size
         self.head_dim = get_head_dim(config)
         num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.qkv_proj = QKVParallelLinear(
             hidden_size, self.head_dim, config.num_attention_heads, num_kv_heads,
-            bias=options.qkv_bias,
+            bias=options.qkv_bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_dim, hidden_size, bias=options.o_bias
+            config.num_attention_heads * self.head_dim, hidden_size, bias=options.o_bias,
+            quant_config=quant_config, prefix=f"{prefix}.o_proj",
         )
         self.qk_norm = options.qk_norm
         if options.qk_norm:
@@ -125,25 +137,32 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attend(positions, self.qkv_proj(hidden_states)))
 
 
-# Builds a layer's MLP from (config, layer_idx); the MoE models pass their sparse blocks here.
-MlpFactory = Callable[[Any, int], nn.Module]
+# Builds a layer's MLP from (config, layer_idx, quant_config, prefix); the MoE models pass their
+# sparse blocks here.
+MlpFactory = Callable[[Any, int, QuantizationConfig | None, str], nn.Module]
 
 
-def dense_mlp(config: Any, layer_idx: int) -> nn.Module:
+def dense_mlp(
+    config: Any, layer_idx: int, quant_config: QuantizationConfig | None = None,
+    prefix: str = "",
+) -> nn.Module:
     return LlamaMLP(
         config.hidden_size, config.intermediate_size, config.hidden_act,
-        bias=getattr(config, "mlp_bias", False),
+        bias=getattr(config, "mlp_bias", False), quant_config=quant_config, prefix=prefix,
     )
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
         self, config: Any, layer_idx: int, options: AttentionOptions,
-        make_mlp: MlpFactory = dense_mlp,
+        make_mlp: MlpFactory = dense_mlp, quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, options)
-        self.mlp = make_mlp(config, layer_idx)
+        self.self_attn = LlamaAttention(
+            config, layer_idx, options, quant_config, prefix=f"{prefix}.self_attn"
+        )
+        self.mlp = make_mlp(config, layer_idx, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -184,11 +203,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: Any, options: AttentionOptions, make_mlp: MlpFactory = dense_mlp):
+    def __init__(
+        self, config: Any, options: AttentionOptions, make_mlp: MlpFactory = dense_mlp,
+        quant_config: QuantizationConfig | None = None, prefix: str = "model",
+    ):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, options, make_mlp)
+            LlamaDecoderLayer(config, i, options, make_mlp, quant_config, f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -203,11 +225,10 @@ class LlamaModel(nn.Module):
         layers = self._decoder_layers
         if not layers:
             return False
-        if not fused_decode_batch(hidden_states, layers[0].self_attn.qkv_proj):
-            return False
         if self._fusable is None:  # after the weights are loaded: the first forward
             self._fusable = all(layer.fusable() for layer in layers)
-        return self._fusable
+        # Quantized layers (whatever their parameters) are not fusable: checked first.
+        return self._fusable and fused_decode_batch(hidden_states, layers[0].self_attn.qkv_proj)
 
     def forward(
         self,
@@ -229,12 +250,20 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """`forward(input_ids, positions) -> hidden`, `compute_logits(hidden) -> logits` (float32),
-    `load_weights(HF-named tensors)`. Build it under the target default dtype and device."""
+    `load_weights(HF-named tensors)`. Build it under the target default dtype and device.
+    quant_config (None: unquantized) gives each linear layer its method by its HF-style name
+    (`model.layers.0.self_attn.qkv_proj`); the LM head and embeddings stay unquantized."""
 
-    def __init__(self, config: Any):
+    def __init__(
+        self, config: Any, quant_config: QuantizationConfig | None = None, prefix: str = ""
+    ):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, self.attention_options(config), self.make_mlp)
+        self.quant_config = quant_config
+        self.model = LlamaModel(
+            config, self.attention_options(config), self.make_mlp, quant_config,
+            prefix=f"{prefix}.model" if prefix else "model",
+        )
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie_weights(self.model.embed_tokens)
@@ -245,9 +274,12 @@ class LlamaForCausalLM(nn.Module):
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
 
     @classmethod
-    def make_mlp(cls, config: Any, layer_idx: int) -> nn.Module:
+    def make_mlp(
+        cls, config: Any, layer_idx: int, quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> nn.Module:
         """The MLP of decoder layer `layer_idx`: dense here, sparse in the MoE models."""
-        return dense_mlp(config, layer_idx)
+        return dense_mlp(config, layer_idx, quant_config, prefix)
 
     def forward(
         self,

@@ -6,16 +6,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from pyorch.layers.quantization import QuantizationConfig
 from pyorch.models.llama import LlamaForCausalLM
 from pyorch.models.moe import SparseMoeBlock, load_moe_weights
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
     @classmethod
-    def make_mlp(cls, config: Any, layer_idx: int) -> nn.Module:
+    def make_mlp(
+        cls, config: Any, layer_idx: int, quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> nn.Module:
         return SparseMoeBlock(
             config.hidden_size, config.num_local_experts, config.num_experts_per_tok,
             config.intermediate_size, renormalize=True, hidden_act=config.hidden_act,
+            quant_config=quant_config, prefix=prefix,
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -12,6 +12,7 @@ from torch import nn
 from pyorch.distributed.communication_op import tensor_model_parallel_all_reduce
 from pyorch.layers.fused_moe import FusedMoE
 from pyorch.layers.linear import ReplicatedLinear, get_tensor_model_parallel_rank_and_size
+from pyorch.layers.quantization import QuantizationConfig, check_moe_unquantized
 from pyorch.models.llama import LlamaMLP
 from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
 
@@ -38,11 +39,15 @@ class SparseMoeBlock(nn.Module):
         renormalize: bool,
         hidden_act: str = "silu",
         shared_expert_intermediate_size: int = 0,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"MoE experts support hidden_act='silu' only, got {hidden_act!r}")
-        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
+        check_moe_unquantized(quant_config, f"{prefix}.experts")
+        # The router stays unquantized, as in vLLM (quant_config=None for the gate).
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, prefix=f"{prefix}.gate")
         # Tensor parallelism shards every expert's intermediate dimension: each rank's expert
         # output is a partial sum, all-reduced before the (already reduced) shared expert adds.
         tp_rank, self.tp_size = get_tensor_model_parallel_rank_and_size()
@@ -52,9 +57,12 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate: ReplicatedLinear | None = None
         if shared_expert_intermediate_size > 0:
             self.shared_expert = LlamaMLP(
-                hidden_size, shared_expert_intermediate_size, hidden_act, bias=False
+                hidden_size, shared_expert_intermediate_size, hidden_act, bias=False,
+                quant_config=quant_config, prefix=f"{prefix}.shared_expert",
             )
-            self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False)
+            self.shared_expert_gate = ReplicatedLinear(
+                hidden_size, 1, bias=False, prefix=f"{prefix}.shared_expert_gate"
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         out = self.experts(x, self.gate(x))

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pyorch.layers.quantization import QuantizationConfig
 from pyorch.models.llama import AttentionOptions, LlamaForCausalLM, dense_mlp
 from pyorch.models.moe import SparseMoeBlock, is_sparse_layer, load_moe_weights
 
@@ -20,15 +21,19 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
         return AttentionOptions(qkv_bias=True)
 
     @classmethod
-    def make_mlp(cls, config: Any, layer_idx: int) -> nn.Module:
+    def make_mlp(
+        cls, config: Any, layer_idx: int, quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> nn.Module:
         if not is_sparse_layer(config, layer_idx):
-            return dense_mlp(config, layer_idx)
+            return dense_mlp(config, layer_idx, quant_config, prefix)
         return SparseMoeBlock(
             config.hidden_size, config.num_experts, config.num_experts_per_tok,
             config.moe_intermediate_size, renormalize=bool(config.norm_topk_prob),
             hidden_act=config.hidden_act,
             shared_expert_intermediate_size=(
                 config.shared_expert_intermediate_size if cls.shared_expert else 0),
+            quant_config=quant_config, prefix=prefix,
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

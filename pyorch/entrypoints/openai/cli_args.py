@@ -308,6 +308,10 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
               "checkpoint's on CPU)")
     _add(model, "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"],
          help="weights format; dummy = random weights (default: %(default)s)")
+    _add(model, "--quantization", short="-q", default=None,
+         help="quantization method of the weights (vLLM's names: fp8, compressed-tensors, ...); "
+              "default: the checkpoint's quantization_config, if any. fp8 on a float checkpoint "
+              "quantizes it online")
     _add(model, "--max-model-len", type=_max_model_len, default=None,
          help="context length, prompt + output; accepts 4096, 32k, 32K, auto (default: the "
               "model's)")
@@ -505,6 +509,7 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, load_format=args.load_format,
+        quantization=args.quantization,
         enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,

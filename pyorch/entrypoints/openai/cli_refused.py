@@ -57,9 +57,8 @@ _REFUSED: list[tuple[str, Optional[str], str, str, tuple[str, ...]]] = [
     ("--tool-server", None, "value", "built-in tool servers (MCP, demo tools)", ()),
     ("--reasoning-parser-plugin", None, "value", "reasoning-parser plugins (built in: qwen3, "
      "deepseek_r1)", ()),
-    ("--quantization", "-q", "value", "quantized weights (fp8, int8, 4-bit, GGUF kernels: "
-     "not yet)", ()),
-    ("--allow-deprecated-quantization", None, "flag", "quantized weights", ()),
+    ("--allow-deprecated-quantization", None, "flag", "deprecated quantization methods (pyorch "
+     "offers none)", ()),
     ("--calculate-kv-scales", None, "flag", "fp8 KV-cache scales", ()),
     ("--enable-sleep-mode", None, "flag", "sleep mode", ()),
     ("--model-impl", None, "value", "model implementations other than pyorch's own",

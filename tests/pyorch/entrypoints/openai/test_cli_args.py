@@ -215,7 +215,7 @@ def test_bad_vllm_flag_values(argv, message, capsys):
     (["--speculative-config", '{"method": "ngram"}'], "speculative decoding"),
     (["--logprobs-mode", "processed_logits"], "(or give --logprobs-mode 'raw_logprobs')"),
     (["--cpu-offload-gb", "4"], "weight offloading"),
-    (["-q", "fp8"], "--quantization fp8: quantized weights"),
+    (["--allow-deprecated-quantization"], "deprecated quantization methods"),
     (["--tool-parser-plugin", "p.py"], "tool-parser plugins"),
 ])
 def test_refused_flags_name_the_flag_and_feature(argv, message):

@@ -1,0 +1,296 @@
+// CPU GGUF ops: ggml_dequantize, ggml_mul_mat_vec_a8 and ggml_mul_mat_a8 (schemas in
+// cpp/torch_bindings.cpp). The products read the quantized blocks directly, llama.cpp-style: each
+// activation row is quantized to 8 bits with one fp32 scale per 32 values (qx = round(x / dx),
+// dx = max|x| / 127), and every block of the weight is decoded to small unsigned integers
+// (cpp/cpu/gguf_decode.h) and dotted with it in integer arithmetic. K-quants use the same
+// per-32 activation scales as the 32-element types (llama.cpp's q8_K uses one per 256: ours is
+// at least as precise and lets every type share the activation). The kernel is compiled three
+// times (cpp/cpu/gguf_kernel.inc): AVX-512 VNNI, AVX2 and portable C++, picked at run time from
+// the CPU's features (gguf_cpu_isa() to inspect or force one). Rows are split over threads with
+// at::parallel_for.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define PYORCH_GGUF_X86 1
+#else
+#define PYORCH_GGUF_X86 0
+#endif
+
+#include "cpu/cpu_utils.h"
+#include "cpu/gguf_decode.h"
+#include "gguf_checks.h"
+#include "ops.h"
+
+namespace pyorch::cpu {
+namespace {
+
+using pyorch::gguf::GgmlType;
+using pyorch::gguf::GgmlTypeInfo;
+
+// Tokens whose accumulators one pass over a weight row keeps (the row's blocks are decoded
+// once per pass).
+constexpr int kTokenTile = 8;
+
+template <int64_t TYPE>
+constexpr int64_t gd_type_size() {
+  switch (TYPE) {
+    case GgmlType::kQ4_0: return 18;
+    case GgmlType::kQ4_1: return 20;
+    case GgmlType::kQ5_0: return 22;
+    case GgmlType::kQ5_1: return 24;
+    case GgmlType::kQ8_0: return 34;
+    case GgmlType::kQ2_K: return 84;
+    case GgmlType::kQ3_K: return 110;
+    case GgmlType::kQ4_K: return 144;
+    case GgmlType::kQ5_K: return 176;
+    case GgmlType::kQ6_K: return 210;
+    default: return 0;
+  }
+}
+
+// The activation, 8-bit: x[t, 32 c + i] ~= dx[t, c] * qx[t, 32 c + i].
+struct QuantizedActivation {
+  int64_t num_tokens;
+  int64_t cols;
+  const int8_t* qx;       // [num_tokens, cols]
+  const float* dx;        // [num_tokens, cols / 32]
+  const int32_t* xsum16;  // [num_tokens, cols / 16]: the sum of qx over each 16 values
+};
+
+namespace portable {
+#define PYORCH_GGUF_ISA 0
+#include "cpu/gguf_kernel.inc"
+#undef PYORCH_GGUF_ISA
+}  // namespace portable
+
+#if PYORCH_GGUF_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+#define PYORCH_GGUF_ISA 1
+#include "cpu/gguf_kernel.inc"
+#undef PYORCH_GGUF_ISA
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+namespace avx512vnni {
+#define PYORCH_GGUF_ISA 2
+#include "cpu/gguf_kernel.inc"
+#undef PYORCH_GGUF_ISA
+}  // namespace avx512vnni
+#pragma GCC pop_options
+#endif
+
+enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512Vnni = 2 };
+
+Isa best_isa() {
+#if PYORCH_GGUF_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+    return Isa::kAvx512Vnni;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+  return Isa::kPortable;
+}
+
+Isa& current_isa() {
+  static Isa isa = best_isa();
+  return isa;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return "avx512_vnni";
+    case Isa::kAvx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+// x [num_tokens, cols] (row stride x_stride) -> 8-bit blocks of 32.
+template <typename T>
+void quantize_activation(const T* x, int64_t x_stride, int64_t num_tokens, int64_t cols, int8_t* qx,
+                         float* dx, int32_t* xsum16) {
+  const int64_t chunks = cols / 32;
+  at::parallel_for(0, num_tokens * chunks, 256, [&](int64_t begin, int64_t end) {
+    float v[32];
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / chunks, c = i % chunks;
+      to_float(x + t * x_stride + c * 32, v, 32);
+      float amax = 0.f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+      const float d = amax / 127.f;
+      const float id = d != 0.f ? 1.f / d : 0.f;
+      int8_t* q = qx + t * cols + c * 32;
+      int32_t s0 = 0, s1 = 0;
+      for (int j = 0; j < 32; ++j) {
+        q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
+        (j < 16 ? s0 : s1) += q[j];
+      }
+      dx[t * chunks + c] = d;
+      xsum16[t * (cols / 16) + 2 * c] = s0;
+      xsum16[t * (cols / 16) + 2 * c + 1] = s1;
+    }
+  });
+}
+
+at::Tensor ggml_mul_mat_impl(const at::Tensor& W, const at::Tensor& X, int64_t type, int64_t row,
+                             const char* op) {
+  const GgmlTypeInfo info = pyorch::gguf::check_ggml_mul_mat(W, X, type, row, op);
+  const int64_t num_tokens = X.size(0), cols = X.size(1);
+  at::Tensor out = at::empty({num_tokens, row}, X.options());
+  if (num_tokens == 0 || row == 0) return out;
+  if (cols == 0) return out.zero_();
+  TORCH_CHECK(cols % 32 == 0, op, ": cols ", cols, " must be a multiple of 32");
+  const int64_t x_stride = num_tokens <= 1 ? cols : X.stride(0);
+  std::vector<int8_t> qx(num_tokens * cols);
+  std::vector<float> dx(num_tokens * cols / 32);
+  std::vector<int32_t> xsum16(num_tokens * cols / 16);
+  PYORCH_CPU_DISPATCH_FLOATS(X.scalar_type(), "ggml_mul_mat", [&] {
+    quantize_activation(X.const_data_ptr<scalar_t>(), x_stride, num_tokens, cols, qx.data(),
+                        dx.data(), xsum16.data());
+  });
+  const QuantizedActivation a{num_tokens, cols, qx.data(), dx.data(), xsum16.data()};
+  const bool f32_out = X.scalar_type() == at::kFloat;
+  std::vector<float> staging(f32_out ? 0 : num_tokens * row);
+  float* out_f = f32_out ? out.mutable_data_ptr<float>() : staging.data();
+  const auto* w = static_cast<const uint8_t*>(W.const_data_ptr());
+  const int64_t row_bytes = cols / info.block_size * info.type_size;
+  const Isa isa = current_isa();
+  // Enough rows per task to amortize the dispatch, few enough to balance the threads.
+  const int64_t grain = std::max<int64_t>(4, row / (4 * at::get_num_threads()));
+  at::parallel_for(0, row, grain, [&](int64_t r0, int64_t r1) {
+    switch (isa) {
+#if PYORCH_GGUF_X86
+      case Isa::kAvx512Vnni: avx512vnni::mul_mat(type, w, row_bytes, r0, r1, a, out_f, row); break;
+      case Isa::kAvx2: avx2::mul_mat(type, w, row_bytes, r0, r1, a, out_f, row); break;
+#endif
+      default: portable::mul_mat(type, w, row_bytes, r0, r1, a, out_f, row);
+    }
+  });
+  if (!f32_out) {
+    PYORCH_CPU_DISPATCH_FLOATS(X.scalar_type(), "ggml_mul_mat", [&] {
+      from_float(staging.data(), out.mutable_data_ptr<scalar_t>(), num_tokens * row);
+    });
+  }
+  return out;
+}
+
+template <int64_t TYPE, typename T>
+void dequantize_rows(const uint8_t* W, int64_t m, int64_t n, T* out) {
+  namespace gd = gguf_decode;
+  constexpr int kBlock = TYPE >= GgmlType::kQ2_K ? 256 : 32;
+  constexpr int kGroup = gd::group_size(TYPE);
+  constexpr float kOffset = static_cast<float>(gd::value_offset(TYPE));
+  const int64_t blocks = n / kBlock;
+  at::parallel_for(0, m * blocks, 64, [&](int64_t begin, int64_t end) {
+    uint8_t u[kBlock];
+    float scale[kBlock / kGroup], bias[kBlock / kGroup];
+    for (int64_t i = begin; i < end; ++i) {
+      gd::decode_block<TYPE>(W + i * gd_type_size<TYPE>(), u, scale, bias);
+      T* o = out + i * kBlock;
+      for (int e = 0; e < kBlock; ++e) {
+        // the gguf package's rounding: (scale * q) rounded, then + bias
+        const float p = scale[e / kGroup] * (static_cast<float>(u[e]) - kOffset);
+        o[e] = static_cast<T>(p + bias[e / kGroup]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void dequantize_any(int64_t type, const void* W, int64_t m, int64_t n, T* out) {
+  const auto* w = static_cast<const uint8_t*>(W);
+  switch (type) {
+    case GgmlType::kF32: {
+      const auto* src = static_cast<const float*>(W);
+      at::parallel_for(0, m * n, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = static_cast<T>(src[i]);
+      });
+      return;
+    }
+    case GgmlType::kF16: {
+      const auto* src = static_cast<const c10::Half*>(W);
+      at::parallel_for(0, m * n, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = static_cast<T>(static_cast<float>(src[i]));
+      });
+      return;
+    }
+    case GgmlType::kBF16: {
+      const auto* src = static_cast<const c10::BFloat16*>(W);
+      at::parallel_for(0, m * n, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = static_cast<T>(static_cast<float>(src[i]));
+      });
+      return;
+    }
+    case GgmlType::kQ4_0: return dequantize_rows<GgmlType::kQ4_0>(w, m, n, out);
+    case GgmlType::kQ4_1: return dequantize_rows<GgmlType::kQ4_1>(w, m, n, out);
+    case GgmlType::kQ5_0: return dequantize_rows<GgmlType::kQ5_0>(w, m, n, out);
+    case GgmlType::kQ5_1: return dequantize_rows<GgmlType::kQ5_1>(w, m, n, out);
+    case GgmlType::kQ8_0: return dequantize_rows<GgmlType::kQ8_0>(w, m, n, out);
+    case GgmlType::kQ2_K: return dequantize_rows<GgmlType::kQ2_K>(w, m, n, out);
+    case GgmlType::kQ3_K: return dequantize_rows<GgmlType::kQ3_K>(w, m, n, out);
+    case GgmlType::kQ4_K: return dequantize_rows<GgmlType::kQ4_K>(w, m, n, out);
+    case GgmlType::kQ5_K: return dequantize_rows<GgmlType::kQ5_K>(w, m, n, out);
+    case GgmlType::kQ6_K: return dequantize_rows<GgmlType::kQ6_K>(w, m, n, out);
+    default: TORCH_CHECK(false, "ggml_dequantize: GGML type ", type, " is not supported");
+  }
+}
+
+}  // namespace
+
+at::Tensor ggml_dequantize(const at::Tensor& W, int64_t quant_type, int64_t m, int64_t n,
+                           std::optional<at::ScalarType> dtype) {
+  const at::ScalarType out_dtype = dtype.value_or(at::kHalf);
+  pyorch::gguf::check_ggml_dequantize(W, quant_type, m, n, out_dtype);
+  at::Tensor out = at::empty({m, n}, W.options().dtype(out_dtype));
+  if (m == 0 || n == 0) return out;
+  PYORCH_CPU_DISPATCH_FLOATS(out_dtype, "ggml_dequantize", [&] {
+    dequantize_any(quant_type, W.const_data_ptr(), m, n, out.mutable_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+at::Tensor ggml_mul_mat_vec_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,
+                               int64_t row) {
+  return ggml_mul_mat_impl(W, X, quant_type, row, "ggml_mul_mat_vec_a8");
+}
+
+at::Tensor ggml_mul_mat_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,
+                           int64_t row) {
+  return ggml_mul_mat_impl(W, X, quant_type, row, "ggml_mul_mat_a8");
+}
+
+std::string gguf_cpu_isa(const std::string& name) {
+  if (!name.empty()) {
+    const Isa best = best_isa();
+    Isa want;
+    if (name == "avx512_vnni") {
+      want = Isa::kAvx512Vnni;
+    } else if (name == "avx2") {
+      want = Isa::kAvx2;
+    } else if (name == "portable") {
+      want = Isa::kPortable;
+    } else if (name == "best") {
+      want = best;
+    } else {
+      TORCH_CHECK(false, "gguf_cpu_isa: unknown ", name, " (best, avx512_vnni, avx2 or portable)");
+    }
+    TORCH_CHECK(static_cast<int>(want) <= static_cast<int>(best), "gguf_cpu_isa: this CPU has no ",
+                name, " (best: ", isa_name(best), ")");
+    current_isa() = want;
+  }
+  return isa_name(current_isa());
+}
+
+}  // namespace pyorch::cpu

@@ -1,0 +1,111 @@
+// GGML block formats and the argument checks shared by the CPU kernels (cpp/cpu/gguf.cpp) and the
+// CUDA adapters of ggml_dequantize, ggml_mul_mat_vec_a8 and ggml_mul_mat_a8, so both backends
+// accept and reject the same inputs.
+//
+// A quantized weight of `rows` rows and `cols` columns (cols % block_size == 0) is the GGUF
+// tensor's bytes as stored in the file: row after row, each row cols / block_size blocks of
+// type_size bytes (torch.uint8 [rows, cols / block_size * type_size]). quant_type is the GGML type
+// id (gguf.GGMLQuantizationType).
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+namespace pyorch::gguf {
+
+// GGML type ids (ggml.h / gguf.GGMLQuantizationType) of the types these ops know.
+enum GgmlType : int64_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
+
+struct GgmlTypeInfo {
+  const char* name;
+  int64_t block_size;  // elements per block
+  int64_t type_size;   // bytes per block
+  bool quantized;      // has a product kernel (ggml_mul_mat_*_a8)
+};
+
+// The layout of a known type; false for any other id.
+inline bool ggml_type_info(int64_t type, GgmlTypeInfo* info) {
+  switch (type) {
+    case kF32: *info = {"F32", 1, 4, false}; return true;
+    case kF16: *info = {"F16", 1, 2, false}; return true;
+    case kBF16: *info = {"BF16", 1, 2, false}; return true;
+    case kQ4_0: *info = {"Q4_0", 32, 18, true}; return true;
+    case kQ4_1: *info = {"Q4_1", 32, 20, true}; return true;
+    case kQ5_0: *info = {"Q5_0", 32, 22, true}; return true;
+    case kQ5_1: *info = {"Q5_1", 32, 24, true}; return true;
+    case kQ8_0: *info = {"Q8_0", 32, 34, true}; return true;
+    case kQ2_K: *info = {"Q2_K", 256, 84, true}; return true;
+    case kQ3_K: *info = {"Q3_K", 256, 110, true}; return true;
+    case kQ4_K: *info = {"Q4_K", 256, 144, true}; return true;
+    case kQ5_K: *info = {"Q5_K", 256, 176, true}; return true;
+    case kQ6_K: *info = {"Q6_K", 256, 210, true}; return true;
+    default: return false;
+  }
+}
+
+inline GgmlTypeInfo check_ggml_type(int64_t type, const char* op, bool need_product) {
+  GgmlTypeInfo info{};
+  TORCH_CHECK(ggml_type_info(type, &info), op, ": GGML type ", type,
+              " is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+              "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+  TORCH_CHECK(!need_product || info.quantized, op, ": GGML type ", info.name,
+              " has no product kernel (dequantize it with ggml_dequantize and use a matmul)");
+  return info;
+}
+
+// The weight's bytes for rows x cols of `info`; W must hold exactly those, contiguously.
+inline void check_ggml_weight(const at::Tensor& W, const GgmlTypeInfo& info, int64_t rows,
+                              int64_t cols, const char* op) {
+  TORCH_CHECK(rows >= 0 && cols >= 0, op, ": negative size rows ", rows, ", cols ", cols);
+  TORCH_CHECK(cols % info.block_size == 0, op, ": ", cols, " columns are not a whole number of ",
+              info.name, " blocks of ", info.block_size);
+  TORCH_CHECK(W.is_contiguous(), op, ": W must be contiguous");
+  const int64_t row_bytes = cols / info.block_size * info.type_size;
+  TORCH_CHECK(W.nbytes() == static_cast<size_t>(rows * row_bytes), op, ": W has ", W.nbytes(),
+              " bytes, but ", rows, " rows of ", cols, " ", info.name, " columns take ",
+              rows * row_bytes, " (", row_bytes, " per row)");
+}
+
+// ggml_dequantize(W, quant_type, m, n, dtype): out [m, n] of dtype.
+inline GgmlTypeInfo check_ggml_dequantize(const at::Tensor& W, int64_t type, int64_t m, int64_t n,
+                                          at::ScalarType dtype) {
+  const char* op = "ggml_dequantize";
+  const GgmlTypeInfo info = check_ggml_type(type, op, false);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+              ": dtype must be float32, float16 or bfloat16, got ", dtype);
+  check_ggml_weight(W, info, m, n, op);
+  return info;
+}
+
+// ggml_mul_mat_vec_a8 / ggml_mul_mat_a8(W, X, quant_type, row): X [num_tokens, cols]
+// fp32/fp16/bf16 (rows contiguous), W `row` rows of cols; out [num_tokens, row] of X's dtype.
+inline GgmlTypeInfo check_ggml_mul_mat(const at::Tensor& W, const at::Tensor& X, int64_t type,
+                                       int64_t row, const char* op) {
+  const GgmlTypeInfo info = check_ggml_type(type, op, true);
+  const at::ScalarType dtype = X.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+              ": X must be float32, float16 or bfloat16, got ", dtype);
+  TORCH_CHECK(X.dim() == 2, op, ": X must be [num_tokens, cols], got ", X.sizes());
+  TORCH_CHECK(X.size(1) <= 1 || X.stride(1) == 1, op, ": X's last dimension must be contiguous");
+  TORCH_CHECK(W.device() == X.device(), op, ": W is on ", W.device(), ", X on ", X.device());
+  check_ggml_weight(W, info, row, X.size(1), op);
+  return info;
+}
+
+}  // namespace pyorch::gguf

@@ -1,0 +1,247 @@
+"""The quantization ops (scaled_fp8_quant, scaled_int8_quant, per_token_group_quant_fp8,
+cutlass_scaled_mm, cutlass_scaled_mm_azp) on CPU and CUDA against the float64 reference
+(tests/reference/quantization.py).
+
+The quantizers are exact: every step is one correctly rounded fp32 operation, so the quantized
+values and scales must equal the reference bit for bit. The GEMMs accumulate in fp32 (fp8) or
+int32 (int8) and round once to the output dtype, compared with the per-dtype tolerance. Outputs
+start as NaN (or a sentinel) so every element must be written.
+"""
+
+import pytest
+import torch
+
+from pyorch import _ops
+from tests.conftest import DEVICES, tol
+from tests.reference import quantization as ref
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (num_tokens, hidden): one token, odd sizes, and a row longer than one thread block's chunk.
+SHAPES = [(1, 8), (7, 111), (83, 769), (33, 5125)]
+
+
+def _input(t: int, h: int, dtype: torch.dtype, device: str, strided: bool) -> torch.Tensor:
+    """Values spanning several binades (so fp8 rounds at many exponents), optionally a column
+    window of a wider buffer (row stride h + 24)."""
+    x = torch.randn(t, h + (24 if strided else 0), device=device) * 3
+    x = x * torch.exp2(torch.randint(-6, 4, x.shape, device=device).float())
+    x = x.to(dtype)
+    return x[:, 8 : 8 + h] if strided else x
+
+
+def _assert_fp8_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == torch.float8_e4m3fn
+    torch.testing.assert_close(actual.float(), expected.float(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h", SHAPES)
+@pytest.mark.parametrize("strided", [False, True])
+def test_static_scaled_fp8_quant(device: str, dtype: torch.dtype, t: int, h: int, strided: bool):
+    x = _input(t, h, dtype, device, strided)
+    scale = torch.tensor([0.037], device=device)
+    q, s = _ops.scaled_fp8_quant(x, scale)
+    assert s is scale
+    _assert_fp8_equal(q.cpu(), ref.fp8_quant(x.cpu(), scale.cpu()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h", SHAPES)
+@pytest.mark.parametrize("strided", [False, True])
+def test_dynamic_scaled_fp8_quant(device: str, dtype: torch.dtype, t: int, h: int, strided: bool):
+    x = _input(t, h, dtype, device, strided)
+    q, s = _ops.scaled_fp8_quant(x)
+    expected_scale = ref.dynamic_fp8_scale(x.cpu())
+    torch.testing.assert_close(s.cpu().double(), expected_scale, atol=0, rtol=0)
+    _assert_fp8_equal(q.cpu(), ref.fp8_quant(x.cpu(), expected_scale))
+    # Saturation: the largest value maps to +-448 exactly.
+    assert q.float().abs().max().item() == 448.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h", SHAPES)
+@pytest.mark.parametrize("scale_ub", [None, 2.5])
+def test_dynamic_per_token_scaled_fp8_quant(
+    device: str, dtype: torch.dtype, t: int, h: int, scale_ub
+):
+    x = _input(t, h, dtype, device, strided=False)
+    x[0] = 0  # an all-zero row takes the minimum scale
+    ub = None if scale_ub is None else torch.tensor([scale_ub], device=device)
+    q, s = _ops.scaled_fp8_quant(x, scale_ub=ub, use_per_token_if_dynamic=True)
+    expected_scales = ref.per_token_fp8_scales(x.cpu(), scale_ub)
+    assert s.shape == (t, 1)
+    torch.testing.assert_close(s.cpu().double(), expected_scales, atol=0, rtol=0)
+    _assert_fp8_equal(q.cpu(), ref.fp8_quant(x.cpu(), expected_scales))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scaled_fp8_quant_padding_and_zero_rows(device: str):
+    x = torch.randn(5, 64, device=device, dtype=torch.bfloat16)
+    q, _ = _ops.scaled_fp8_quant(x, torch.tensor([0.1], device=device), num_token_padding=16)
+    assert q.shape == (16, 64)
+    _assert_fp8_equal(q[:5].cpu(), ref.fp8_quant(x.cpu(), torch.tensor([0.1])))
+    empty = torch.empty(0, 64, device=device, dtype=torch.bfloat16)
+    q, s = _ops.scaled_fp8_quant(empty, use_per_token_if_dynamic=True)
+    assert q.shape == (0, 64) and s.shape == (0, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h", SHAPES)
+@pytest.mark.parametrize("azp", [None, -7])
+def test_static_scaled_int8_quant(device: str, dtype: torch.dtype, t: int, h: int, azp):
+    x = _input(t, h, dtype, device, strided=True)
+    scale = torch.tensor([0.05], device=device)
+    azp_t = None if azp is None else torch.tensor([azp], dtype=torch.int32, device=device)
+    q, s, z = _ops.scaled_int8_quant(x, scale, azp_t, symmetric=azp is None)
+    assert q.dtype == torch.int8 and s is scale and z is azp_t
+    torch.testing.assert_close(q.cpu(), ref.static_int8(x.cpu(), 0.05, azp), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h", SHAPES)
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_dynamic_scaled_int8_quant(device: str, dtype: torch.dtype, t: int, h: int,
+                                   symmetric: bool):
+    x = _input(t, h, dtype, device, strided=False)
+    x[0] = 0  # an all-zero row
+    if t > 2:
+        x[1] = 1.5  # a constant row
+    q, s, z = _ops.scaled_int8_quant(x, symmetric=symmetric)
+    if symmetric:
+        eq, es = ref.dynamic_int8_symmetric(x.cpu())
+        assert z is None
+    else:
+        eq, es, ez = ref.dynamic_int8_asymmetric(x.cpu())
+        torch.testing.assert_close(z.cpu(), ez, atol=0, rtol=0)
+    torch.testing.assert_close(s.cpu().double(), es, atol=0, rtol=0)
+    torch.testing.assert_close(q.cpu(), eq, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,k,group_size", [(1, 128, 128), (7, 384, 128), (83, 1024, 128),
+                                             (5, 192, 64)])
+@pytest.mark.parametrize("column_major", [False, True])
+@pytest.mark.parametrize("ue8m0", [False, True])
+def test_per_token_group_quant_fp8(device: str, dtype: torch.dtype, t: int, k: int,
+                                   group_size: int, column_major: bool, ue8m0: bool):
+    x = _input(t, k, dtype, device, strided=False)
+    x[0, :group_size] = 0  # a zero group takes eps / 448
+    q, s = _ops.per_token_group_quant_fp8(x, group_size, column_major_scales=column_major,
+                                          use_ue8m0=ue8m0)
+    eq, es = ref.per_token_group_fp8(x.cpu(), group_size, 1e-10, ue8m0)
+    assert s.shape == (t, k // group_size)
+    if column_major:
+        assert s.stride() == (1, t)
+    torch.testing.assert_close(s.cpu(), es, atol=0, rtol=0)
+    _assert_fp8_equal(q.cpu(), eq)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quant_ops_reject_bad_input(device: str):
+    x = torch.randn(4, 96, device=device)
+    with pytest.raises(RuntimeError, match="input dtype must be float32, float16 or bfloat16"):
+        _ops.scaled_fp8_quant(x.to(torch.int32))
+    with pytest.raises(RuntimeError, match="scale must be one float32 value"):
+        _ops.scaled_fp8_quant(x, torch.tensor([1.0], dtype=torch.float64, device=device))
+    with pytest.raises(ValueError, match="not a multiple of group_size"):
+        _ops.per_token_group_quant_fp8(x, 128)
+    with pytest.raises(RuntimeError, match="last dimension of input must be contiguous"):
+        _ops.scaled_int8_quant(x.t(), torch.tensor([1.0], device=device))
+
+
+# ---- GEMMs ------------------------------------------------------------------------------------
+def _fp8_operands(m: int, n: int, k: int, device: str):
+    a = (torch.randn(m, k, device=device) * 8).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device=device) * 8).to(torch.float8_e4m3fn)
+    return a, w
+
+
+def _int8_operands(m: int, n: int, k: int, device: str):
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, device=device)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
+    return a, w
+
+
+MM_SHAPES = [(1, 16, 32), (7, 83, 129), (83, 256, 769), (33, 5125, 256)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", MM_SHAPES)
+@pytest.mark.parametrize("per_token,per_channel", [(False, False), (True, False), (False, True),
+                                                   (True, True)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cutlass_scaled_mm(device: str, kind: str, out_dtype: torch.dtype, m: int, n: int,
+                           k: int, per_token: bool, per_channel: bool, bias: bool):
+    a, w = (_fp8_operands if kind == "fp8" else _int8_operands)(m, n, k, device)
+    # Scales that make the outputs O(1): |a @ b| grows like sqrt(k) * (8 or 74)^2.
+    unit = 1.0 / ((64.0 if kind == "fp8" else 5500.0) * k**0.5)
+    sa = (torch.rand(m if per_token else 1, 1, device=device) + 0.5) * unit**0.5
+    sb = (torch.rand(n if per_channel else 1, device=device) + 0.5) * unit**0.5
+    b = torch.randn(n, device=device).to(out_dtype) if bias else None
+    out = _ops.cutlass_scaled_mm(a, w.t(), sa, sb, out_dtype, b)
+    expected = ref.scaled_mm(a.cpu(), w.t().cpu(), sa.cpu(), sb.cpu(), None if b is None
+                             else b.cpu())
+    torch.testing.assert_close(out.cpu(), expected.to(out_dtype), **tol(out_dtype, 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 128, 128), (7, 256, 384), (83, 200, 300), (16, 384, 1024)])
+def test_cutlass_scaled_mm_block(device: str, out_dtype: torch.dtype, m: int, n: int, k: int):
+    a, w = _fp8_operands(m, n, k, device)
+    kb, nb = -(-k // 128), -(-n // 128)
+    sa = (torch.rand(kb, m, device=device) + 0.5).t() / (8 * k**0.5)  # column-major, as vLLM
+    sb = (torch.rand(kb, nb, device=device) + 0.5) / 8
+    bias = torch.randn(n, device=device).to(out_dtype)
+    out = _ops.cutlass_scaled_mm(a, w.t(), sa, sb, out_dtype, bias)
+    expected = ref.scaled_mm(a.cpu(), w.t().cpu(), sa.cpu(), sb.cpu(), bias.cpu(), block=True)
+    torch.testing.assert_close(out.cpu(), expected.to(out_dtype), **tol(out_dtype, 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", MM_SHAPES)
+@pytest.mark.parametrize("per_token_azp", [False, True])
+def test_cutlass_scaled_mm_azp(device: str, out_dtype: torch.dtype, m: int, n: int, k: int,
+                               per_token_azp: bool):
+    a, w = _int8_operands(m, n, k, device)
+    colsum = w.t().int().sum(dim=0, dtype=torch.int32)  # [N]
+    unit = 1.0 / (5500.0 * k**0.5)
+    sa = (torch.rand(m, 1, device=device) + 0.5) * unit**0.5
+    sb = (torch.rand(n, device=device) + 0.5) * unit**0.5
+    if per_token_azp:
+        azp = torch.randint(-20, 20, (m,), dtype=torch.int32, device=device)
+        out = _ops.cutlass_scaled_mm_azp(a, w.t(), sa, sb, out_dtype, colsum, azp)
+        shifted = a.cpu().double() - azp.cpu().double().reshape(-1, 1)
+    else:
+        azp_adj = (colsum * 11).int()
+        out = _ops.cutlass_scaled_mm_azp(a, w.t(), sa, sb, out_dtype, azp_adj)
+        shifted = a.cpu().double() - 11
+    expected = (shifted @ w.t().cpu().double()) * sa.cpu().double() * sb.cpu().double()
+    torch.testing.assert_close(out.cpu(), expected.to(out_dtype), **tol(out_dtype, 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cutlass_scaled_mm_rejects_bad_input(device: str):
+    a, w = _fp8_operands(8, 64, 128, device)
+    one = torch.ones(1, device=device)
+    with pytest.raises(RuntimeError, match="b must be column-major"):
+        _ops.cutlass_scaled_mm(a, w.t().contiguous(), one, one, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="out dtype must be"):
+        _ops.cutlass_scaled_mm(a, w.t(), one, one, torch.int32)
+    with pytest.raises(RuntimeError, match="b dtype"):
+        _ops.cutlass_scaled_mm(a, w.t().to(torch.float32).to(torch.int8), one, one, torch.float16)
+    with pytest.raises(RuntimeError, match="scales must be per-tensor"):
+        _ops.cutlass_scaled_mm(a, w.t(), torch.ones(3, device=device), one, torch.bfloat16)
+    ai, wi = _int8_operands(8, 256, 256, device)
+    with pytest.raises(RuntimeError, match="block-wise scales need float8_e4m3fn"):
+        _ops.cutlass_scaled_mm(ai, wi.t(), torch.ones(8, 2, device=device),
+                               torch.ones(2, 2, device=device), torch.bfloat16)
