@@ -28,9 +28,9 @@ _ANY_OBJECT = '{"type": "object"}'
 @dataclass(frozen=True)
 class GrammarSpec:
     """A constraint in canonical form: kind is json, json_object, regex, choice, grammar or
-    structural_tag; text is the schema or structural tag (compact JSON, keys in the order given:
-    xgrammar emits an object's properties in its schema's order, as vLLM does), regex, EBNF
-    grammar (choices become one)."""
+    structural_tag; text is the schema (compact JSON, keywords sorted but each `properties` map
+    in its given order: xgrammar emits properties in that order, as vLLM does) or structural
+    tag, regex, EBNF grammar (choices become one)."""
 
     kind: str
     text: str
@@ -61,7 +61,8 @@ def grammar_spec(params: StructuredOutputsParams) -> GrammarSpec:
         if not isinstance(schema, (dict, bool)):
             raise ValueError("structured_outputs.json must be a JSON schema object, got "
                              f"{type(schema).__name__}")
-        return GrammarSpec("json", json.dumps(schema, separators=(",", ":")), any_ws)
+        return GrammarSpec("json", json.dumps(_canonical(schema), separators=(",", ":")),
+                           any_ws)
     if params.json_object:
         return GrammarSpec("json_object", "", any_ws)
     if params.regex is not None:
@@ -71,6 +72,23 @@ def grammar_spec(params: StructuredOutputsParams) -> GrammarSpec:
     if params.grammar is not None:
         return GrammarSpec("grammar", params.grammar)
     return GrammarSpec("structural_tag", _structural_tag_text(params.structural_tag))
+
+
+_DATA_KEYS = ("enum", "const", "default", "examples")  # JSON values, not schemas
+
+
+def _canonical(node: Any, properties: bool = False) -> Any:
+    """A schema with its keywords sorted (so equal schemas share a cache entry) but the order of
+    each `properties` map kept: xgrammar emits an object's properties in that order, as vLLM
+    does. Values of enum/const/default/examples are data and stay as given."""
+    if isinstance(node, list):
+        return [_canonical(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if properties:  # property name -> its schema, in the user's order
+        return {k: _canonical(v) for k, v in node.items()}
+    return {k: v if k in _DATA_KEYS else _canonical(v, properties=k == "properties")
+            for k, v in sorted(node.items())}
 
 
 def _structural_tag_text(text: Any) -> str:
