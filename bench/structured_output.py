@@ -118,6 +118,7 @@ def _bench_batch(tokenizer: Any, manager: Any, schemas: list[dict[str, Any]], de
     from pyorch.layers.sampler import Sampler, SamplingRow, sample_rows
     from pyorch.layers.token_bitmask import apply_grammar_bitmask
     from pyorch.sampling_params import SamplingParams, StructuredOutputsParams
+    from pyorch.structured_output.manager import accept_sampled
 
     vocab_size = manager.vocab_size
     sampler = Sampler()
@@ -153,13 +154,15 @@ def _bench_batch(tokenizer: Any, manager: Any, schemas: list[dict[str, Any]], de
         assert grammar is not None
         apply_grammar_bitmask(logits, req_ids, grammar)
         tokens = sample_rows(sampler, logits, sampling_rows).sampled_token_ids.tolist()
+        pending = []
         for i, (req_id, token) in enumerate(zip(req_ids, tokens, strict=True)):
             so_request = requests[req_id].structured_output_request
             assert so_request is not None and so_request.grammar is not None
             if token == tokenizer.eos_token_id or so_request.grammar.is_terminated():
                 requests[req_id] = new_request(i)  # finished: a fresh request takes the row
             else:
-                so_request.accept_tokens(req_id, [token])
+                pending.append((req_id, so_request, [token]))
+        accept_sampled(pending)  # as Scheduler.update_from_output advances the matchers
 
     plain_runs, structured_runs = _interleaved_ms([plain, structured], steps, warmup, sync)
     plain_ms, structured_ms = common.median(plain_runs), common.median(structured_runs)

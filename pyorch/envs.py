@@ -48,6 +48,11 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         lambda: float(os.environ.get("PYORCH_LOG_STATS_INTERVAL") or 10.0),
         "seconds between the server's stats log lines (vLLM's `VLLM_LOG_STATS_INTERVAL`; "
         "default `10`; `--disable-log-stats` turns them off)"),
+    "PYORCH_ENABLE_RESPONSES_API_STORE": (
+        _flag("PYORCH_ENABLE_RESPONSES_API_STORE", False),
+        "`1` lets `/v1/responses` store responses in the API server's memory (vLLM's "
+        "`VLLM_ENABLE_RESPONSES_API_STORE`): `store`, `previous_response_id`, "
+        "`GET /v1/responses/{id}`; the newest 4096 are kept"),
     "PYORCH_ENGINE_CORE_TEST_HOOKS": (
         _flag("PYORCH_ENGINE_CORE_TEST_HOOKS", False),
         "`1` lets the engine-core process accept test-only utility calls (fault injection)"),

@@ -34,6 +34,7 @@ from pyorch.core.scheduler_output import CachedRequestData, NewRequestData, Sche
 from pyorch.core.step_budget import StepCostModel
 from pyorch.core_types import EngineCoreOutput, LogprobsLists
 from pyorch.metrics.stats import SchedulerStats
+from pyorch.structured_output.manager import StructuredOutputRequest, accept_sampled
 from pyorch.utils import cdiv
 
 if TYPE_CHECKING:
@@ -523,6 +524,8 @@ class Scheduler:
         kv = self.kv_cache_manager
         max_model_len = self.max_model_len
         last_unfinished, running_status = RequestStatus.PREEMPTED, RequestStatus.RUNNING
+        # Matchers advance together after the loop (a batch call past a few rows).
+        grammar_steps: list[tuple[str, StructuredOutputRequest, list[int]]] = []
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = get_request(req_id)
             if request is None or request.status > last_unfinished:
@@ -547,7 +550,8 @@ class Scheduler:
                     stopped = True
                     break
             if new_token_ids and request.structured_output_request is not None:
-                request.structured_output_request.accept_tokens(req_id, new_token_ids)
+                grammar_steps.append((req_id, request.structured_output_request,
+                                      new_token_ids))
             new_prompt_logprobs = None
             if prompt_logprobs:
                 new_prompt_logprobs = self._new_prompt_logprobs(
@@ -574,6 +578,8 @@ class Scheduler:
                 if not running:
                     self.waiting.remove(request)
                 self._free_request(request)
+        if grammar_steps:
+            accept_sampled(grammar_steps)
         if stopped:
             self.running = [r for r in self.running if not r.is_finished()]
         return outputs

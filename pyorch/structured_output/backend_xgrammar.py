@@ -27,8 +27,10 @@ _ANY_OBJECT = '{"type": "object"}'
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """A constraint in canonical form: kind is json, json_object, regex, choice or grammar;
-    text is the schema (JSON with sorted keys), regex, EBNF grammar (choices become one)."""
+    """A constraint in canonical form: kind is json, json_object, regex, choice, grammar or
+    structural_tag; text is the schema (compact JSON, keywords sorted but each `properties` map
+    in its given order: xgrammar emits properties in that order, as vLLM does) or structural
+    tag, regex, EBNF grammar (choices become one)."""
 
     kind: str
     text: str
@@ -59,7 +61,8 @@ def grammar_spec(params: StructuredOutputsParams) -> GrammarSpec:
         if not isinstance(schema, (dict, bool)):
             raise ValueError("structured_outputs.json must be a JSON schema object, got "
                              f"{type(schema).__name__}")
-        return GrammarSpec("json", json.dumps(schema, sort_keys=True), any_ws)
+        return GrammarSpec("json", json.dumps(_canonical(schema), separators=(",", ":")),
+                           any_ws)
     if params.json_object:
         return GrammarSpec("json_object", "", any_ws)
     if params.regex is not None:
@@ -68,8 +71,54 @@ def grammar_spec(params: StructuredOutputsParams) -> GrammarSpec:
         return GrammarSpec("choice", choice_grammar(params.choice))
     if params.grammar is not None:
         return GrammarSpec("grammar", params.grammar)
-    raise ValueError("structured_outputs.structural_tag is not supported by this server "
-                     "(supported: json, json_object, regex, choice, grammar)")
+    return GrammarSpec("structural_tag", _structural_tag_text(params.structural_tag))
+
+
+_DATA_KEYS = ("enum", "const", "default", "examples")  # JSON values, not schemas
+
+
+def _canonical(node: Any, properties: bool = False) -> Any:
+    """A schema with its keywords sorted (so equal schemas share a cache entry) but the order of
+    each `properties` map kept: xgrammar emits an object's properties in that order, as vLLM
+    does. Values of enum/const/default/examples are data and stay as given."""
+    if isinstance(node, list):
+        return [_canonical(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if properties:  # property name -> its schema, in the user's order
+        return {k: _canonical(v) for k, v in node.items()}
+    return {k: v if k in _DATA_KEYS else _canonical(v, properties=k == "properties")
+            for k, v in sorted(node.items())}
+
+
+def _structural_tag_text(text: Any) -> str:
+    """A structural tag as compact JSON: xgrammar's `{"type": "structural_tag", "format": ...}`
+    or vLLM's legacy `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`."""
+    try:
+        tag = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"structured_outputs.structural_tag is not valid JSON: {e}") from None
+    if not isinstance(tag, dict):
+        raise ValueError("structured_outputs.structural_tag must be a JSON object")
+    return json.dumps(tag, separators=(",", ":"))
+
+
+def _legacy_tags(text: str) -> tuple[list[Any], list[str]] | None:
+    """vLLM's legacy structural tag (structures + triggers) as xgrammar's items and triggers, or
+    None for the current format (what vLLM's xgrammar backend does)."""
+    tag = json.loads(text)
+    if "structures" not in tag:
+        return None
+    structures, triggers = tag["structures"], tag.get("triggers")
+    if not isinstance(structures, list) or not isinstance(triggers, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("begin"), str)
+            and isinstance(s.get("end"), str) for s in structures):
+        raise ValueError("a legacy structural tag needs structures (begin, schema, end) and "
+                         "triggers")
+    items = [_xgr().StructuralTagItem(begin=s["begin"], end=s["end"],
+                                      schema=json.dumps(s.get("schema") or {}))
+             for s in structures]
+    return items, triggers
 
 
 def _xgr() -> Any:
@@ -82,7 +131,7 @@ def _xgr() -> Any:
 def _check_spec(spec: GrammarSpec) -> None:
     xgr = _xgr()
     what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar",
-            "choice": "choice"}.get(spec.kind)
+            "choice": "choice", "structural_tag": "structural tag"}.get(spec.kind)
     try:
         if spec.kind == "json":
             xgr.Grammar.from_json_schema(spec.text, any_whitespace=spec.any_whitespace)
@@ -90,6 +139,12 @@ def _check_spec(spec: GrammarSpec) -> None:
             xgr.Grammar.from_regex(spec.text)
         elif spec.kind in ("grammar", "choice"):
             xgr.Grammar.from_ebnf(spec.text)
+        elif spec.kind == "structural_tag":
+            legacy = _legacy_tags(spec.text)
+            if legacy is None:
+                xgr.Grammar.from_structural_tag(spec.text)
+            else:
+                xgr.Grammar.from_structural_tag(*legacy)
     except Exception as e:  # xgrammar raises RuntimeError, InvalidJSONError, ... with a reason
         reason = str(e).strip().splitlines()
         raise ValueError(f"invalid {what} in structured_outputs: "
@@ -130,6 +185,10 @@ class XgrammarBackend:
                                          strict_mode=False)
         if spec.kind == "regex":
             return c.compile_regex(spec.text)
+        if spec.kind == "structural_tag":
+            legacy = _legacy_tags(spec.text)
+            return c.compile_structural_tag(spec.text) if legacy is None \
+                else c.compile_structural_tag(*legacy)
         return c.compile_grammar(spec.text)
 
     def new_grammar(self, compiled: Any) -> XgrammarGrammar:

@@ -7,8 +7,9 @@
 - `grammar_bitmask(...)` (after `schedule()`, before the step runs): one int32 row of
   ceil(vocab_size / 32) words per constrained row that samples this step, filled by xgrammar.
   The runner applies it to the logits (`apply_token_bitmask_inplace`) before sampling.
-- After the step, the scheduler advances each request's matcher over the sampled tokens
-  (`StructuredOutputRequest.accept_tokens`); a finished request drops its matcher with it.
+- After the step, the scheduler advances the matchers over the sampled tokens
+  (`accept_sampled`: xgrammar's threaded batch accept for many one-token decodes); a finished
+  request drops its matcher with it.
 
 The tokenizer and xgrammar load on the first constrained request, on the compile thread, so a
 server that never sees one never pays for them and the step loop never waits for them.
@@ -83,9 +84,52 @@ class StructuredOutputRequest:
     def accept_tokens(self, request_id: str, token_ids: list[int]) -> None:
         assert self.grammar is not None, "a request runs only once its grammar is ready"
         if not self.grammar.accept_tokens(token_ids):
-            # Cannot happen while the bitmask is applied: a bug, not the client's fault.
-            logger.error("request %s: the grammar rejected sampled tokens %s", request_id,
-                         token_ids)
+            _rejected(request_id, token_ids)
+
+
+def _rejected(request_id: str, token_ids: list[int]) -> None:
+    # Cannot happen while the bitmask is applied: a bug, not the client's fault.
+    logger.error("request %s: the grammar rejected sampled tokens %s", request_id, token_ids)
+
+
+_batch_matcher: Any = None
+
+
+def _get_batch_matcher() -> Any:
+    """xgrammar's BatchGrammarMatcher (its thread pool: half the cores), made once."""
+    global _batch_matcher
+    if _batch_matcher is None:
+        import xgrammar
+
+        _batch_matcher = xgrammar.BatchGrammarMatcher()
+    return _batch_matcher
+
+
+def accept_sampled(pending: list[tuple[str, StructuredOutputRequest, list[int]]]) -> None:
+    """Advances the matchers of a step's constrained requests over their sampled tokens
+    (request id, its StructuredOutputRequest, new token ids). From `_BATCH_FILL_MIN_ROWS`
+    one-token decodes on, those go to xgrammar's batch accept (its threads) in one call; the
+    rest (several tokens, terminated grammars) one matcher at a time, as accept_tokens does."""
+    batch: list[tuple[str, XgrammarGrammar, int]] = []
+    for req_id, so_request, token_ids in pending:
+        grammar = so_request.grammar
+        assert grammar is not None, "a request runs only once its grammar is ready"
+        if len(token_ids) == 1 and not grammar.matcher.is_terminated():
+            batch.append((req_id, grammar, token_ids[0]))
+        else:
+            so_request.accept_tokens(req_id, token_ids)
+    if len(batch) < _BATCH_FILL_MIN_ROWS:
+        for req_id, grammar, token_id in batch:
+            if not grammar.accept_tokens([token_id]):
+                _rejected(req_id, [token_id])
+        return
+    accepted = _get_batch_matcher().batch_accept_token(
+        [g.matcher for _, g, _ in batch], [t for _, _, t in batch])
+    for (req_id, grammar, token_id), ok in zip(batch, accepted, strict=True):
+        if ok:
+            grammar.num_processed_tokens += 1
+        else:
+            _rejected(req_id, [token_id])
 
 
 class StructuredOutputManager:
@@ -107,7 +151,6 @@ class StructuredOutputManager:
         # spec -> future of its CompiledGrammar, least recently used first
         self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._batch_matcher: Any = None
 
     # ---- compiling ----------------------------------------------------------------------------
     def _get_backend(self) -> XgrammarBackend:
@@ -177,12 +220,9 @@ class StructuredOutputManager:
             grammars.append(so_request.grammar)
         live = [i for i, g in enumerate(grammars) if not g.is_terminated()]
         if len(live) >= _BATCH_FILL_MIN_ROWS:
-            if self._batch_matcher is None:
-                import xgrammar
-
-                self._batch_matcher = xgrammar.BatchGrammarMatcher()
-            bitmask[:] = -1
-            self._batch_matcher.batch_fill_next_token_bitmask(
+            if len(live) < len(grammars):  # terminated rows allow everything
+                bitmask[[i for i, g in enumerate(grammars) if g.is_terminated()]] = -1
+            _get_batch_matcher().batch_fill_next_token_bitmask(
                 [grammars[i].matcher for i in live], bitmask, live)
         else:
             for i, grammar in enumerate(grammars):

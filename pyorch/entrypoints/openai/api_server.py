@@ -133,6 +133,18 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     return await request.app.state.responses.create_response(body, request)
 
 
+@router.get("/v1/responses/{response_id}", responses=_ERRORS)
+async def retrieve_response(response_id: str, request: Request) -> Any:
+    """A stored response (PYORCH_ENABLE_RESPONSES_API_STORE=1), as vLLM's retrieve."""
+    return request.app.state.responses.retrieve(response_id)
+
+
+@router.post("/v1/responses/{response_id}/cancel", responses=_ERRORS)
+async def cancel_response(response_id: str, request: Request) -> Any:
+    """vLLM cancels only background responses, which this server refuses: a 400 or 404."""
+    request.app.state.responses.cancel(response_id)
+
+
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
 async def tokenize(body: Union[TokenizeCompletionRequest, TokenizeChatRequest],
                    request: Request) -> TokenizeResponse:
@@ -439,6 +451,8 @@ def make_server_context(args: argparse.Namespace, engine: Any, names: list[str],
         exclude_tools_when_tool_choice_none=getattr(
             args, "exclude_tools_when_tool_choice_none", False),
         reasoning_parser=getattr(args, "reasoning_parser", None),
+        structured_outputs_disable_any_whitespace=getattr(
+            args, "structured_outputs_disable_any_whitespace", False),
         scheduling_policy=args.scheduling_policy,
         enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
         content_format=resolve_content_format(

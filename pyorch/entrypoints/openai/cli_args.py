@@ -261,12 +261,21 @@ def _add_tool_args(server: Any) -> None:
          help='with tool_choice "none", do not show the tools to the chat template')
     _add(server, "--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
          help="split <think> reasoning from the content into `reasoning` (qwen3, deepseek_r1)")
+    _add(server, "--structured-outputs-config", type=_json_object, default=None,
+         help='vLLM\'s StructuredOutputsConfig as JSON: backend "auto"/"xgrammar", '
+              "disable_any_whitespace, reasoning_parser, enable_in_reasoning (see "
+              "docs/serving.md)")
 
 
 def check_tool_args(args: argparse.Namespace) -> None:
     """vLLM's start-up check: auto tool choice is useless without a parser."""
     if getattr(args, "enable_auto_tool_choice", False) and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+    from pyorch.entrypoints.openai.structured_outputs_config import (
+        apply_structured_outputs_config,
+    )
+
+    apply_structured_outputs_config(args)
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:

@@ -60,10 +60,6 @@ _REFUSED: list[tuple[str, Optional[str], str, str, tuple[str, ...]]] = [
     ("--allow-deprecated-quantization", None, "flag", "deprecated quantization methods (pyorch "
      "offers none)", ()),
     ("--calculate-kv-scales", None, "flag", "fp8 KV-cache scales", ()),
-    ("--structured-outputs-config", None, "value",
-     "structured-output backends and options (xgrammar, the only backend, runs with its "
-     "defaults; per request: structured_outputs.disable_any_whitespace / "
-     "disable_additional_properties)", ()),
     ("--enable-sleep-mode", None, "flag", "sleep mode", ()),
     ("--model-impl", None, "value", "model implementations other than pyorch's own",
      ("auto", "vllm")),

@@ -84,11 +84,23 @@ class JsonSchemaResponseFormat(OpenAIBaseModel):
     strict: Optional[bool] = None
 
 
-class ResponseFormat(OpenAIBaseModel):
-    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema."""
+class StructuresResponseFormat(OpenAIBaseModel):
+    """One structure of vLLM's legacy structural tag: `begin`, JSON matching `schema`, `end`."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    begin: str
+    json_schema: Optional[dict[str, Any]] = Field(None, alias="schema")
+    end: str
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema; and
+    vLLM's `structural_tag` (xgrammar's: `format`, or the legacy `structures` + `triggers`)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: Optional[JsonSchemaResponseFormat] = None
+    format: Optional[dict[str, Any]] = None  # structural_tag: xgrammar's format object
+    structures: Optional[list[StructuresResponseFormat]] = None  # structural_tag (legacy)
+    triggers: Optional[list[str]] = None  # structural_tag (legacy)
 
 
 class SamplingExtras(OpenAIBaseModel):

@@ -76,6 +76,8 @@ class ServerContext:
     tool_call_parser: Optional[str] = None
     exclude_tools_when_tool_choice_none: bool = False
     reasoning_parser: Optional[str] = None
+    # --structured-outputs-config's disable_any_whitespace: every JSON constraint compact.
+    structured_outputs_disable_any_whitespace: bool = False
     # --max-logprobs (-1: no cap); default sampling parameters from the generation config
     # (--generation-config, --override-generation-config); the answer's role
     # (--response-role); how message content reaches the chat template (string / openai).
@@ -237,6 +239,8 @@ class OpenAIServing:
         for i, word in enumerate(req.bad_words or []):
             self.check_text(word, f"bad_words.{i}")
         constraint = structured_outputs(req)
+        if constraint is not None and self.ctx.structured_outputs_disable_any_whitespace:
+            constraint.disable_any_whitespace = True
         # Unset knobs take the generation config's defaults (vLLM's rule), else the neutral ones.
         defaults = self.ctx.default_sampling_params
 
@@ -389,10 +393,17 @@ def structured_outputs(req: SamplingExtras) -> Optional[StructuredOutputsParams]
     given: dict[str, Any] = {}
     fields_used: list[str] = []
     fmt = req.response_format
+    if fmt is not None:
+        for name in ("format", "structures", "triggers"):
+            if getattr(fmt, name) is not None and fmt.type != "structural_tag":
+                raise OpenAIError(f"response_format.{name} is only used with type "
+                                  "structural_tag", param=f"response_format.{name}")
     if fmt is not None and fmt.type != "text":
         fields_used.append("response_format")
         if fmt.type == "json_object":
             given["json_object"] = True
+        elif fmt.type == "structural_tag":
+            given["structural_tag"] = _structural_tag(fmt)
         else:
             if fmt.json_schema is None or fmt.json_schema.json_schema is None:
                 raise OpenAIError("response_format of type json_schema needs "
@@ -418,6 +429,19 @@ def structured_outputs(req: SamplingExtras) -> Optional[StructuredOutputsParams]
         raise OpenAIError(f"structured_outputs: {e}", param="structured_outputs") from None
     except ValueError as e:
         raise OpenAIError(str(e), param=fields_used[0]) from None
+
+
+def _structural_tag(fmt: Any) -> str:
+    """vLLM's structural tag of a response_format: the whole object as JSON (xgrammar's format
+    under `format`, or the legacy `structures` + `triggers`)."""
+    if (fmt.format is None) == (fmt.structures is None):
+        raise OpenAIError("a structural_tag response_format needs either `format` or "
+                          "`structures` and `triggers`", param="response_format")
+    if fmt.structures is not None and fmt.triggers is None:
+        raise OpenAIError("a structural_tag with `structures` needs `triggers`",
+                          param="response_format.triggers")
+    body = fmt.model_dump(by_alias=True, exclude_none=True, exclude={"json_schema"})
+    return json.dumps(body)
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -9,8 +9,8 @@ ChatOutputParser as chat (reasoning, tool calls) into output items: `reasoning`,
 (`response.created`, `response.in_progress`, `response.output_item.added`,
 `response.output_text.delta`, ..., `response.completed`), each event with a `sequence_number`.
 
-Nothing is stored (`store` must be false or absent), so `previous_response_id` is refused with
-400; vLLM keeps responses only behind an opt-in store, which pyorch does not have.
+`store`, `previous_response_id` and `GET /v1/responses/{id}` work behind vLLM's opt-in store
+(`PYORCH_ENABLE_RESPONSES_API_STORE=1`; responses_store.py) and are refused by name without it.
 """
 
 from __future__ import annotations
@@ -37,9 +37,12 @@ from pyorch.entrypoints.openai.protocol import (
     OpenAIBaseModel,
     SamplingExtras,
 )
+from pyorch.entrypoints.openai.request_fields import RequestFields
+from pyorch.entrypoints.openai.responses_store import ResponsesStore
 from pyorch.entrypoints.openai.serving_chat import constrain_tools, render_chat
 from pyorch.entrypoints.openai.serving_engine import (
     OpenAIServing,
+    ServerContext,
     close_quietly,
     collect_finals,
     first_output,
@@ -98,13 +101,6 @@ def _check_request(req: ResponsesRequest) -> None:
     if req.stream_options is not None:
         raise OpenAIError("stream_options is not supported on /v1/responses",
                           param="stream_options")
-    if req.previous_response_id is not None:
-        raise OpenAIError("previous_response_id is not supported: this server does not store "
-                          "responses (send the whole conversation as `input`)",
-                          param="previous_response_id")
-    if req.store:
-        raise OpenAIError("store=true is not supported: this server does not store responses",
-                          param="store")
     if req.background:
         raise OpenAIError("background responses are not supported", param="background")
     fmt = (req.text or {}).get("format")
@@ -113,6 +109,21 @@ def _check_request(req: ResponsesRequest) -> None:
                           param="text.format")
     if req.n != 1:
         raise OpenAIError("a response has one output; n must be 1", param="n")
+
+
+def _request_fields(req: ResponsesRequest, ctx: ServerContext) -> RequestFields:
+    """The shared request extras a response can honour (truncate_prompt_tokens, priority); the
+    ones that need several outputs or token lists, which a response has no place for, are
+    refused by name."""
+    for name, given in (("best_of", (req.best_of or 1) > 1),
+                        ("use_beam_search", req.use_beam_search),
+                        ("prompt_logprobs", req.prompt_logprobs is not None),
+                        ("return_token_ids", bool(req.return_token_ids)),
+                        ("return_tokens_as_token_ids", bool(req.return_tokens_as_token_ids))):
+        if given:
+            raise OpenAIError(f"`{name}` is not supported on /v1/responses (a response has one "
+                              "output and no token or logprob lists)", param=name)
+    return RequestFields.of(req, ctx)
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -130,17 +141,25 @@ def _text_of(content: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
-    """The request's instructions and input items as a chat conversation."""
-    messages: list[dict[str, Any]] = []
-    if req.instructions:
-        messages.append({"role": "system", "content": req.instructions})
+def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as a list of input items (a string is one user message)."""
     if isinstance(req.input, str):
-        messages.append({"role": "user", "content": req.input})
-        return [ChatMessage(**m) for m in messages]
+        return [{"role": "user", "content": req.input}]
+    return list(req.input)
+
+
+def input_messages(instructions: Optional[str], items: list[dict[str, Any]],
+                   num_earlier: int = 0) -> list[ChatMessage]:
+    """Instructions and input items as a chat conversation. The first `num_earlier` items come
+    from a stored response (previous_response_id); errors name the request's own items."""
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
     reasoning: Optional[str] = None
-    for i, item in enumerate(req.input):
-        where = f"input.{i}"
+    for i, item in enumerate(items):
+        where = f"input.{i - num_earlier}"
+        if not isinstance(item, dict):
+            raise OpenAIError("input items must be objects", param=where)
         kind = item.get("type", "message")
         if kind == "message":
             message = {"role": item.get("role"),
@@ -227,20 +246,29 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str,
 
 
 class OpenAIServingResponses(OpenAIServing):
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.store = ResponsesStore()
+
     async def create_response(self, req: ResponsesRequest, raw: Request) -> Any:
         self.check_model(req.model)
         self.check_engine()
         _check_request(req)
         ctx = self.ctx
+        fields = _request_fields(req, ctx)
         tools, choice = _chat_tools(req)
         tool_req = tool_request(tools, choice, req.parallel_tool_calls, ctx.enable_auto_tools,
                                 ctx.tool_call_parser)
-        messages = input_messages(req)
+        store = self.store.wants_store(req.store)
+        earlier = self.store.history(req.previous_response_id)
+        conversation = earlier + input_items(req)
+        messages = input_messages(req.instructions, conversation, len(earlier))
         if not messages:
             raise OpenAIError("input is empty", param="input")
         text = await self.render(render_chat, self, messages, True, False, None,
                                  tool_req.template_tools(ctx.exclude_tools_when_tool_choice_none))
-        token_ids = await self.encode(text, False, "input")
+        token_ids = fields.truncated(await self.encode(
+            text, False, "input", truncating=fields.truncate is not None))
         self.check_prompt_ids(token_ids)
         max_tokens = self.resolve_max_tokens(req.max_output_tokens, len(token_ids))
         params = self.sampling_params(req, max_tokens, None)
@@ -250,53 +278,70 @@ class OpenAIServingResponses(OpenAIServing):
         response_id = _id("resp")
         self.log_request(response_id, text, len(token_ids), params)
         merged = self.generate_many([{"prompt_token_ids": token_ids, "prompt": text}], params,
-                                    response_id)
-        base = self._base(req, response_id, tools is not None)
+                                    response_id, req.priority)
+        base = self._base(req, response_id, tools is not None, store)
+        keep = conversation if store else None
         if req.stream:
             first = await first_output(merged)
-            return StreamingResponse(self._stream(base, len(token_ids), first, merged, parser),
+            return StreamingResponse(self._stream(base, len(token_ids), first, merged, parser,
+                                                  keep),
                                      media_type="text/event-stream")
         final = (await self.run_until_disconnect(raw, collect_finals(merged, 1)))[0]
         out = final.outputs[0]
         body = {**base, "output": output_items(parser.parse(out.text))}
-        self._finish(body, out.finish_reason, len(token_ids), len(out.token_ids))
+        self._finish(body, out.finish_reason, len(token_ids), len(out.token_ids),
+                     final.num_cached_tokens, keep)
         return JSONResponse(body)
 
-    def _base(self, req: ResponsesRequest, response_id: str, has_tools: bool) -> dict[str, Any]:
+    def retrieve(self, response_id: str) -> dict[str, Any]:
+        return self.store.get(response_id)
+
+    def cancel(self, response_id: str) -> None:
+        self.store.cancel(response_id)
+
+    def _base(self, req: ResponsesRequest, response_id: str, has_tools: bool,
+              store: bool) -> dict[str, Any]:
         return {"id": response_id, "object": "response", "created_at": int(time.time()),
                 "model": self.ctx.model_name, "status": "in_progress", "error": None,
                 "incomplete_details": None, "instructions": req.instructions,
                 "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
                 "output": [], "parallel_tool_calls": req.parallel_tool_calls is not False,
-                "previous_response_id": None, "reasoning": None, "store": False,
+                "previous_response_id": req.previous_response_id, "reasoning": None,
+                "store": store,
                 "temperature": req.temperature, "top_p": req.top_p,
                 "text": {"format": {"type": "text"}}, "truncation": "disabled",
                 "tool_choice": (req.tool_choice or ("auto" if has_tools else "none")),
                 "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
                 "usage": None, "user": req.user}
 
-    @staticmethod
-    def _finish(body: dict[str, Any], finish_reason: Optional[str], num_prompt: int,
-                num_output: int) -> None:
+    def _finish(self, body: dict[str, Any], finish_reason: Optional[str], num_prompt: int,
+                num_output: int, num_cached: Optional[int],
+                keep: Optional[list[dict[str, Any]]]) -> None:
+        """Sets the final status and usage; stores the response with its conversation when
+        `keep` is one."""
         if finish_reason == "length":
             body["status"] = "incomplete"
             body["incomplete_details"] = {"reason": "max_output_tokens"}
         else:
             body["status"] = "completed"
         body["usage"] = {"input_tokens": num_prompt,
-                         "input_tokens_details": {"cached_tokens": 0},
+                         "input_tokens_details": {"cached_tokens": num_cached or 0},
                          "output_tokens": num_output,
                          "output_tokens_details": {"reasoning_tokens": 0},
                          "total_tokens": num_prompt + num_output}
+        if keep is not None:
+            self.store.put(body, keep)
 
     async def _stream(self, base: dict[str, Any], num_prompt: int, first: Any, merged: Any,
-                      parser: ChatOutputParser) -> AsyncIterator[str]:
+                      parser: ChatOutputParser,
+                      keep: Optional[list[dict[str, Any]]]) -> AsyncIterator[str]:
         events = _EventStream(base)
         yield events.send("response.created", response=dict(base))
         yield events.send("response.in_progress", response=dict(base))
-        text, num_output, finish = "", 0, None
+        text, num_output, finish, num_cached = "", 0, None, None
         try:
             async for _, output in stream_with_errors(first, merged):
+                num_cached = output.num_cached_tokens
                 c = output.outputs[0]
                 text += c.text
                 num_output += len(c.token_ids)
@@ -306,7 +351,7 @@ class OpenAIServingResponses(OpenAIServing):
             for event in events.close_item():
                 yield event
             body = {**base, "output": events.items}
-            self._finish(body, finish, num_prompt, num_output)
+            self._finish(body, finish, num_prompt, num_output, num_cached, keep)
             yield events.send("response.completed", response=body)
         except Exception as e:
             yield sse_error(e)

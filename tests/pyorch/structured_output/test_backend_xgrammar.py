@@ -4,6 +4,8 @@ model's padding tokens past the tokenizer's vocabulary."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -54,7 +56,11 @@ def test_spec_is_canonical():
     (dict(regex="([a-z]"), "invalid regex"),
     (dict(grammar='root ::= "a" | undefined_rule'), "invalid grammar"),
     (dict(grammar="this is not ebnf"), "invalid grammar"),
-    (dict(structural_tag='{"type": "structural_tag"}'), "structural_tag is not supported"),
+    (dict(structural_tag='{"type": "structural_tag", "format": {"type": "nope"}}'),
+     "invalid structural tag"),
+    (dict(structural_tag='{"structures": [{"begin": "<a>"}], "triggers": ["<a>"]}'),
+     "invalid structural tag"),
+    (dict(structural_tag="<a>"), "structural_tag is not valid JSON"),
 ])
 def test_invalid_constraints_raise_with_reason(params, reason):
     with pytest.raises(ValueError, match=reason) as info:
@@ -65,7 +71,8 @@ def test_invalid_constraints_raise_with_reason(params, reason):
 def test_valid_constraints_pass():
     for params in [dict(json={"type": "object", "properties": {"a": {"type": "integer"}}}),
                    dict(json_object=True), dict(regex=r"\d{3}-[a-z]+"),
-                   dict(choice=["yes", "no"]), dict(grammar='root ::= "a" ("b" | "c")*')]:
+                   dict(choice=["yes", "no"]), dict(grammar='root ::= "a" ("b" | "c")*'),
+                   dict(structural_tag=json.dumps(TAG)), dict(structural_tag=json.dumps(LEGACY))]:
         validate_structured_outputs(StructuredOutputsParams(**params))
 
 
@@ -123,3 +130,52 @@ def test_rejected_token_leaves_state(backend, tokenizer):
     digits = tokenizer.encode("42", add_special_tokens=False)
     assert grammar.accept_tokens(digits)
     assert grammar.num_processed_tokens == len(digits)
+
+
+TAG = {"type": "structural_tag", "format": {
+    "type": "tag", "begin": "<a>", "end": "</a>",
+    "content": {"type": "json_schema", "json_schema": {"enum": ["on", "off"]}}}}
+LEGACY = {"type": "structural_tag", "triggers": ["<f="],
+          "structures": [{"begin": "<f=x>", "schema": {"enum": [1, 2]}, "end": "</f>"}]}
+
+
+def test_structural_tags_compile_to_their_language(tokenizer):
+    """Both forms vLLM passes to xgrammar: the current `format` (a tag, here the whole output)
+    and the legacy `structures` + `triggers` (free text until a trigger, then the structure)."""
+    import xgrammar as xgr
+
+    from pyorch.structured_output.backend_xgrammar import XgrammarBackend, grammar_spec
+
+    backend = XgrammarBackend(tokenizer, len(tokenizer))
+
+    def complete(tag: dict, text: str) -> bool:
+        """Whether `text` followed by EOS is a whole output of the tag's grammar."""
+        spec = grammar_spec(StructuredOutputsParams(structural_tag=json.dumps(tag)))
+        matcher = xgr.GrammarMatcher(backend.compile(spec))
+        return matcher.accept_string(text) and matcher.accept_token(tokenizer.eos_token_id)
+
+    assert complete(TAG, '<a>"on"</a>')
+    assert not complete(TAG, '<a>"maybe"</a>')
+    assert not complete(TAG, 'hello <a>"on"</a>')
+    assert not complete(TAG, '<a>"on"')
+    assert complete(LEGACY, 'hello <f=x>2</f> bye')
+    assert not complete(LEGACY, 'hello <f=x>3</f>')
+
+
+def test_json_properties_keep_the_schema_order(tokenizer):
+    """xgrammar emits properties in the schema's order (vLLM's behaviour): the spec must not
+    reorder them (it once sorted the keys, so {"name", "age"} had to come out age first)."""
+    import xgrammar as xgr
+
+    from pyorch.structured_output.backend_xgrammar import XgrammarBackend, grammar_spec
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    backend = XgrammarBackend(tokenizer, len(tokenizer))
+    spec = grammar_spec(StructuredOutputsParams(json=schema, disable_any_whitespace=True))
+    matcher = xgr.GrammarMatcher(backend.compile(spec))
+    assert matcher.accept_string('{"name": "a", "age": 1}')
+    flipped = dict(schema, properties={"age": {"type": "integer"}, "name": {"type": "string"}})
+    assert grammar_spec(StructuredOutputsParams(json=flipped)) != grammar_spec(
+        StructuredOutputsParams(json=schema))

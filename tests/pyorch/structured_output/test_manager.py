@@ -10,6 +10,7 @@ import re
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -270,3 +271,46 @@ def test_compiled_grammars_are_cached_and_bounded(tokenizer, monkeypatch):
     ready("a+")  # dropped, so compiled again
     assert len(compiled) == 5
     manager.shutdown()
+
+
+@pytest.mark.parametrize("num_rows", [3, 40])
+def test_accept_sampled_batched_equals_one_by_one(tokenizer, num_rows):
+    """accept_sampled (xgrammar's batch accept past 16 one-token rows) leaves every matcher
+    where accepting one request at a time does, counts processed tokens, handles several
+    tokens and terminated grammars, and logs a rejected token without raising."""
+    from pyorch.structured_output.backend_xgrammar import XgrammarBackend, grammar_spec
+    from pyorch.structured_output.manager import StructuredOutputRequest, accept_sampled
+
+    backend = XgrammarBackend(tokenizer, len(tokenizer) + PAD)
+    params = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    compiled = backend.compile(grammar_spec(params))
+    text = '{"name": "ab", "age": 7, "tags": ["a"], "ok": true}'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+
+    def fresh() -> StructuredOutputRequest:
+        r = StructuredOutputRequest(params, grammar_spec(params))
+        r.grammar = backend.new_grammar(compiled)
+        return r
+
+    batched = [fresh() for _ in range(num_rows)]
+    serial = [fresh() for _ in range(num_rows)]
+    for step, token in enumerate(ids):
+        pending = [(f"r{i}", r, [token]) for i, r in enumerate(batched)]
+        if step == 0:  # one row takes two tokens at once
+            pending[0] = ("r0", batched[0], ids[:2])
+        elif step == 1:
+            pending = pending[1:]
+        accept_sampled(pending)
+        for r in serial:
+            r.accept_tokens("s", [token])
+    bitmask = np.zeros((2, backend.num_words), dtype=np.int32)
+    for b, s in zip(batched, serial, strict=True):
+        assert b.grammar.num_processed_tokens == s.grammar.num_processed_tokens == len(ids)
+        b.grammar.fill_bitmask(bitmask, 0)
+        s.grammar.fill_bitmask(bitmask, 1)
+        assert (bitmask[0] == bitmask[1]).all()
+    # A token the grammar refuses: logged, the matcher unchanged.
+    bad = [(f"r{i}", fresh(), [tokenizer.encode("x", add_special_tokens=False)[0]])
+           for i in range(num_rows)]
+    accept_sampled(bad)
+    assert all(r.grammar.num_processed_tokens == 0 for _, r, _ in bad)

@@ -145,9 +145,11 @@ def pooling_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def pooling_server(tmp_path_factory: pytest.TempPathFactory, pooling_model: str):
-    """`pyorch-serve MODEL --runner pooling` (LAST pooling, normalized: vLLM's defaults)."""
+    """`pyorch-serve MODEL --runner pooling` (LAST pooling, normalized: vLLM's defaults), with
+    /tokenizer_info on (for the schema fuzz)."""
     proc = start_server(tmp_path_factory.mktemp("pooling_server"), "pooling",
                         [pooling_model, "--runner", "pooling", "--dtype", "float32",
-                         "--max-num-batched-tokens", "64"]).wait_ready()
+                         "--max-num-batched-tokens", "64",
+                         "--enable-tokenizer-info-endpoint"]).wait_ready()
     yield proc
     proc.terminate()

@@ -224,7 +224,6 @@ def test_bad_vllm_flag_values(argv, message, capsys):
     (["--logprobs-mode", "processed_logits"], "(or give --logprobs-mode 'raw_logprobs')"),
     (["--cpu-offload-gb", "4"], "weight offloading"),
     (["--allow-deprecated-quantization"], "deprecated quantization methods"),
-    (["--structured-outputs-config", '{"backend": "guidance"}'], "structured-output backends"),
     (["--tool-parser-plugin", "p.py"], "tool-parser plugins"),
 ])
 def test_refused_flags_name_the_flag_and_feature(argv, message):
@@ -262,3 +261,39 @@ def test_kv_cache_dtype_flag():
         assert cli_args.engine_args_from(parse(["--kv-cache-dtype", value])).kv_cache_dtype == value
     e = cli_args.engine_args_from(parse(["--kv-cache-dtype", "fp8"]))
     assert e.create_engine_config().cache_config.cache_dtype == "fp8"
+
+
+@pytest.mark.parametrize("config, message", [
+    ('{"backend": "guidance"}', "backend 'guidance' is not supported by pyorch"),
+    ('{"backend": "nope"}', "backend must be one of"),
+    ('{"disable_additional_properties": true}', "only supported for the guidance backend"),
+    ('{"reasoning_parser_plugin": "p.py"}', "reasoning_parser_plugin"),
+    ('{"reasoning_parser": "nope"}', "reasoning_parser 'nope' is not one of"),
+    ('{"reasoning_parser": "qwen3", "enable_in_reasoning": false}', "enable_in_reasoning false"),
+    ('{"disable_any_whitespace": "yes"}', "disable_any_whitespace must be true or false"),
+    ('{"bakend": "auto"}', "unknown keys ['bakend']"),
+])
+def test_structured_outputs_config_refusals_name_the_key(config, message):
+    from pyorch.entrypoints.openai.cli_args import check_tool_args
+
+    with pytest.raises(ValueError, match="--structured-outputs-config") as info:
+        check_tool_args(parse(["--structured-outputs-config", config]))
+    assert message in str(info.value)
+    with pytest.raises(ValueError, match="contradicts --reasoning-parser"):
+        check_tool_args(parse(["--reasoning-parser", "deepseek_r1", "--structured-outputs-config",
+                               '{"reasoning_parser": "qwen3"}']))
+
+
+def test_structured_outputs_config_applies():
+    from pyorch.entrypoints.openai.cli_args import check_tool_args
+
+    args = parse(["--structured-outputs-config", '{"backend": "xgrammar", '
+                  '"disable_any_whitespace": true, "reasoning_parser": "qwen3", '
+                  '"enable_in_reasoning": true}'])
+    check_tool_args(args)
+    assert args.structured_outputs_disable_any_whitespace is True
+    assert args.reasoning_parser == "qwen3"
+    args = parse(["--structured-outputs-config", '{"backend": "auto"}'])
+    check_tool_args(args)
+    assert args.structured_outputs_disable_any_whitespace is False
+    assert args.reasoning_parser is None

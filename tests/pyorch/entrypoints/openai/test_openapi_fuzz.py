@@ -6,6 +6,7 @@ afterwards."""
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import httpx
 import pytest
@@ -51,19 +52,46 @@ _POOLING_OPS = {"POST /v1/embeddings", "POST /pooling", "POST /score", "POST /v1
                 "POST /rerank", "POST /v1/rerank"}
 
 
+_RESPONSES_OPS = {"POST /v1/responses", "GET /v1/responses/{response_id}",
+                  "POST /v1/responses/{response_id}/cancel"}
+
+
 def test_fuzz_openapi_schema_no_server_errors(server):
     _fuzz_schema(server, {"POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize",
-                          "POST /detokenize", "GET /health", "GET /v1/models"} | _POOLING_OPS)
+                          "POST /detokenize", "GET /health", "GET /v1/models",
+                          "POST /invocations"} | _POOLING_OPS | _RESPONSES_OPS)
     _assert_alive(server.url)
 
 
 def test_fuzz_openapi_schema_pooling_server_no_server_errors(pooling_server):
-    _fuzz_schema(pooling_server, _POOLING_OPS | {"POST /v1/completions", "POST /tokenize"})
+    _fuzz_schema(pooling_server, _POOLING_OPS | {"POST /v1/completions", "POST /tokenize",
+                                                 "POST /invocations", "GET /tokenizer_info"})
     r = httpx.post(pooling_server.url + "/v1/embeddings", json={"input": "Hello"}, timeout=120)
     assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) > 0
 
 
-def _fuzz_schema(server, required_ops: set[str]) -> None:
+def test_fuzz_openapi_schema_responses_store_no_server_errors():
+    """/v1/responses with the store on (PYORCH_ENABLE_RESPONSES_API_STORE), on the scripted
+    engine: stored responses, previous_response_id, retrieve and cancel under fuzzed input."""
+    from scripted_engine import ScriptedServer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYORCH_ENABLE_RESPONSES_API_STORE", "1")
+        scripted = ScriptedServer("qwen2_5.jinja", enable_auto_tools=True,
+                                  tool_call_parser="hermes", reasoning_parser="qwen3").start()
+    try:
+        scripted.engine.reply = "<think>Hm.</think>Fine."
+        first = httpx.post(scripted.url + "/v1/responses", json={"input": "hi"}, timeout=60)
+        assert first.status_code == 200, first.text
+        _fuzz_schema(scripted, _RESPONSES_OPS, only=_RESPONSES_OPS)
+        got = httpx.get(scripted.url + f"/v1/responses/{first.json()['id']}", timeout=60)
+        assert got.status_code == 200 and got.json()["output"] == first.json()["output"]
+    finally:
+        scripted.stop()
+
+
+def _fuzz_schema(server, required_ops: set[str], only: Optional[set[str]] = None) -> None:
+    """Fuzzes every operation of the server's schema (or those in `only`)."""
     from schemathesis import GenerationMode
 
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
@@ -77,6 +105,8 @@ def _fuzz_schema(server, required_ops: set[str]) -> None:
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=strategy)
     def check(case) -> None:
+        if only is not None and f"{case.method} {case.path}" not in only:
+            return
         seen.add(f"{case.method} {case.path}")
         calls[0] += 1
         _bound_cost(case)
@@ -89,6 +119,8 @@ def _fuzz_schema(server, required_ops: set[str]) -> None:
     # Then each operation on its own, so that none is left to chance (/tokenize, /detokenize).
     for operation in schema.get_all_operations():
         op = operation.ok()
+        if only is not None and f"{op.method.upper()} {op.path}" not in only:
+            continue
         op_strategy = (op.as_strategy(generation_mode=GenerationMode.POSITIVE)
                        | op.as_strategy(generation_mode=GenerationMode.NEGATIVE))
         settings(max_examples=MAX_EXAMPLES_PER_ROUTE, deadline=None, database=None,
@@ -141,6 +173,10 @@ _hostile_requests = st.one_of(
                                                           max_size=2)})),
     st.tuples(st.just("/detokenize"), st.fixed_dictionaries(
         {"tokens": st.lists(st.integers(-2**70, 2**70), max_size=10)})),
+    st.tuples(st.just("/v1/responses"), st.fixed_dictionaries(
+        {"input": st.one_of(_hostile_text, st.lists(_message, min_size=1, max_size=3)),
+         "max_output_tokens": st.just(2)},
+        optional={"instructions": _hostile_text, "stop": _sampling["stop"]})),
 )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import typing
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -45,6 +46,7 @@ BASES: dict[str, dict[str, Any]] = {
     "TokenizeCompletionRequest": {"prompt": PROMPT},
     "TokenizeChatRequest": {"messages": CHAT},
     "DetokenizeRequest": {"tokens": [504, 3575, 282, 4649, 314]},
+    "ResponsesRequest": {"input": CHAT[0]["content"], "max_output_tokens": 4, "temperature": 0},
 }
 
 
@@ -92,8 +94,11 @@ class Caller:
     def __init__(self, http: httpx.Client, path: str, model: type[BaseModel]) -> None:
         self.http, self.path, self.model = http, path, model
         self.chat = model is protocol.ChatCompletionRequest
+        self.responses = model.__name__ == "ResponsesRequest"
 
     def body(self, **fields: Any) -> dict[str, Any]:
+        if self.responses and "max_tokens" in fields:  # the shared probes' length cap
+            fields["max_output_tokens"] = fields.pop("max_tokens")
         body = {**BASES[self.model.__name__], **fields}
         return {k: v for k, v in body.items() if v is not _DROP}
 
@@ -113,6 +118,9 @@ class Caller:
             or field in str(error["param"]), error
 
     def texts(self, out: dict[str, Any]) -> list[str]:
+        if self.responses:  # one output: the text parts of its message items
+            return ["".join(part["text"] for item in out["output"] if item["type"] == "message"
+                            for part in item["content"])]
         if self.chat:
             return [c["message"]["content"] for c in out["choices"]]
         return [c["text"] for c in out["choices"]]
@@ -597,6 +605,142 @@ def _p_detok_tokens(c: Caller) -> None:
     assert c.ok(tokens=[504])["prompt"] == "The"
 
 
+_TAG_FORMAT = {"type": "tag", "begin": "<a>", "end": "</a>",
+               "content": {"type": "json_schema", "json_schema": {"enum": ["on", "off"]}}}
+
+
+def _p_response_format_format(c: Caller) -> None:
+    """vLLM's structural tag (xgrammar's `format`): here one tag is the whole output."""
+    fmt = {"type": "structural_tag", "format": _TAG_FORMAT}
+    assert c.text(response_format=fmt, max_tokens=16) in ('<a>"on"</a>', '<a>"off"</a>')
+    r = c.post(response_format={"type": "json_object", "format": _TAG_FORMAT})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.format"
+    r = c.post(response_format={"type": "structural_tag", "format": {"type": "nope"}})
+    assert r.status_code == 400 and "structural tag" in r.json()["error"]["message"]
+
+
+def _p_response_format_structures(c: Caller) -> None:
+    """The legacy structural tag: free text until a trigger, then begin + JSON + end. A logit
+    bias pushes the trigger (" zebra") at every free step; inside a structure the mask wins."""
+    zebra = {str(_tokens(c.http, " zebra")[0]): 100}
+    assert c.text(logit_bias=zebra, max_tokens=6).startswith(" zebra zebra")
+    fmt = {"type": "structural_tag", "triggers": [" zebra"],
+           "structures": [{"begin": " zebra", "schema": {"enum": ["on", "off"]}, "end": "."}]}
+    out = c.text(response_format=fmt, logit_bias=zebra, max_tokens=12)
+    # Every structure is begin + "on"/"off" + end (the last one may be cut by max_tokens).
+    first, *rest = out.split(" zebra")
+    assert first == "" and rest and all(re.match(r'"(on|off)"\.', part) for part in rest[:-1])
+    assert re.match(r'"(on|off)"\.', rest[-1]) or '"on"'.startswith(rest[-1]) \
+        or '"off"'.startswith(rest[-1]), out
+    assert rest[0].startswith(('"on".', '"off".')), out
+    r = c.post(response_format={"type": "structural_tag", "structures": fmt["structures"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.triggers"
+
+
+# ---- /v1/responses: the shared fields where a response differs from a chat completion --------
+# A response has one output, a status instead of finish reasons, and no token or logprob lists:
+# the probes that read those read the status and usage instead, and the fields that need them
+# are refused by name. The text-changing probes above run on /v1/responses unchanged.
+def _r_refused(name: str, value: Any, **fields: Any) -> Callable[[Caller], None]:
+    def probe(c: Caller) -> None:
+        assert c.ok(**{name: _DROP})["status"] in ("completed", "incomplete")
+        c.refused(name, value, **fields)
+
+    return probe
+
+
+def _r_first_token(c: Caller) -> int:
+    return _tokens(c.http, c.text())[0]
+
+
+def _r_n(c: Caller) -> None:
+    assert c.ok(n=1)["status"] == "incomplete"
+    c.refused("n", 3)
+
+
+def _r_logit_bias(c: Caller) -> None:
+    assert c.text(logit_bias={str(_tokens(c.http, " zebra")[0]): 100}) == " zebra" * 4
+
+
+def _r_allowed_token_ids(c: Caller) -> None:
+    (zebra,) = _tokens(c.http, " zebra")
+    assert c.text() != " zebra" * 4
+    assert c.text(allowed_token_ids=[zebra]) == " zebra" * 4
+
+
+def _r_stop(c: Caller) -> None:
+    full = c.ok(max_tokens=8)
+    assert full["status"] == "incomplete"  # the length cap
+    stop = c.texts(full)[0].split()[1]
+    out = c.ok(max_tokens=8, stop=[stop])
+    assert out["status"] == "completed" and out["usage"]["output_tokens"] < 8
+    assert stop not in c.texts(out)[0] and c.texts(full)[0].startswith(c.texts(out)[0])
+
+
+def _r_stop_token_ids(c: Caller) -> None:
+    out = c.ok(stop_token_ids=[_r_first_token(c)])
+    assert out["status"] == "completed" and out["usage"]["output_tokens"] == 1
+
+
+def _r_min_tokens(c: Caller) -> None:
+    out = c.ok(stop_token_ids=[_r_first_token(c)], min_tokens=3)
+    assert out["usage"]["output_tokens"] >= 3
+
+
+def _r_ignore_eos(c: Caller) -> None:
+    forced = {"logit_bias": {str(_eos(c)): 100}}
+    out = c.ok(**forced)
+    assert out["status"] == "completed" and out["usage"]["output_tokens"] == 1
+    out = c.ok(**forced, ignore_eos=True)
+    assert out["status"] == "incomplete" and out["usage"]["output_tokens"] == 4
+
+
+def _r_stream(c: Caller) -> None:
+    events = c.stream()
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == c.text()
+    assert events[-1]["type"] == "response.completed"
+
+
+def _r_stream_options(c: Caller) -> None:
+    # The Responses stream has no usage chunks to configure: its last event carries the usage.
+    assert c.stream()[-1]["response"]["usage"]["output_tokens"] == 4
+    c.refused("stream_options", {"include_usage": True}, stream=True)
+
+
+def _r_stream_options_continuous_usage_stats(c: Caller) -> None:
+    c.refused("stream_options", {"include_usage": True, "continuous_usage_stats": True},
+              stream=True)
+
+
+def _r_user(c: Caller) -> None:
+    assert c.ok(user="u-123")["user"] == "u-123"
+    assert c.post(user=["not", "a", "string"]).status_code == 400
+
+
+def _r_truncate_prompt_tokens(c: Caller) -> None:
+    assert c.ok(truncate_prompt_tokens=3)["usage"]["input_tokens"] == 3
+    assert c.ok()["usage"]["input_tokens"] > 3
+    c.refused("truncate_prompt_tokens", MAX_MODEL_LEN + 1)
+
+
+def _r_priority(c: Caller) -> None:
+    assert c.ok(priority=0)["status"] == "incomplete"
+    c.refused("priority", 5)  # this server schedules fcfs
+
+
+def _r_max_output_tokens(c: Caller) -> None:
+    assert c.ok(max_output_tokens=2, ignore_eos=True)["usage"]["output_tokens"] == 2
+    assert c.ok(max_output_tokens=6, ignore_eos=True)["usage"]["output_tokens"] == 6
+
+
+def _r_metadata(c: Caller) -> None:
+    # OpenAI's key-value tags of a response: returned with it, changing nothing else.
+    out = c.ok(metadata={"job": "probe"})
+    assert out["metadata"] == {"job": "probe"} and c.texts(out) == [c.text()]
+    assert c.post(metadata={"job": 1}).status_code == 400
+
+
 # ---- in-process helpers (for fields whose effect the default model cannot show) ----------------
 class _SpyTokenizer:
     """Character tokens, plus a BOS (id 1) when add_special_tokens is asked for."""
@@ -694,6 +838,12 @@ _SHARED: dict[str, Callable[[Caller], None]] = {
     "response_format.json_schema.description": _p_response_format_json_schema_metadata,
     "response_format.json_schema.json_schema": _p_response_format_json_schema_json_schema,
     "response_format.json_schema.strict": _p_response_format_json_schema_metadata,
+    "response_format.format": _p_response_format_format,
+    "response_format.structures": _p_response_format_structures,
+    "response_format.structures.begin": _p_response_format_structures,
+    "response_format.structures.json_schema": _p_response_format_structures,
+    "response_format.structures.end": _p_response_format_structures,
+    "response_format.triggers": _p_response_format_structures,
 }
 PROBES: dict[str, Callable[[Caller], None]] = {
     "CompletionRequest.prompt": _p_completion_prompt,
@@ -724,6 +874,30 @@ PROBES: dict[str, Callable[[Caller], None]] = {
     "TokenizeChatRequest.return_token_strs": _p_tok_return_token_strs,
     "DetokenizeRequest.model": _p_tok_model,
     "DetokenizeRequest.tokens": _p_detok_tokens,
+    "ResponsesRequest.n": _r_n,
+    "ResponsesRequest.logit_bias": _r_logit_bias,
+    "ResponsesRequest.allowed_token_ids": _r_allowed_token_ids,
+    "ResponsesRequest.stop": _r_stop,
+    "ResponsesRequest.stop_token_ids": _r_stop_token_ids,
+    "ResponsesRequest.min_tokens": _r_min_tokens,
+    "ResponsesRequest.ignore_eos": _r_ignore_eos,
+    "ResponsesRequest.stream": _r_stream,
+    "ResponsesRequest.stream_options": _r_stream_options,
+    "ResponsesRequest.stream_options.include_usage": _r_stream_options,
+    "ResponsesRequest.stream_options.continuous_usage_stats":
+        _r_stream_options_continuous_usage_stats,
+    "ResponsesRequest.user": _r_user,
+    "ResponsesRequest.best_of": _r_refused("best_of", 2),
+    "ResponsesRequest.use_beam_search": _r_refused("use_beam_search", True),
+    "ResponsesRequest.length_penalty": _r_refused("length_penalty", 2.0),
+    "ResponsesRequest.prompt_logprobs": _r_refused("prompt_logprobs", 1),
+    "ResponsesRequest.return_token_ids": _r_refused("return_token_ids", True),
+    "ResponsesRequest.return_tokens_as_token_ids": _r_refused("return_tokens_as_token_ids",
+                                                              True),
+    "ResponsesRequest.truncate_prompt_tokens": _r_truncate_prompt_tokens,
+    "ResponsesRequest.priority": _r_priority,
+    "ResponsesRequest.max_output_tokens": _r_max_output_tokens,
+    "ResponsesRequest.metadata": _r_metadata,
 }
 
 
@@ -740,7 +914,9 @@ DELEGATED: dict[tuple[str, str], str] = {
                            ("messages.tool_calls", "test_serving_chat_tools.py"),
                            ("messages.tool_call_id", "test_serving_chat_tools.py"),
                            ("messages.reasoning", "test_serving_chat_tools.py"))
-} | {("ResponsesRequest", ""): "test_serving_responses.py"}
+} | {("ResponsesRequest", prefix): "test_serving_responses.py"
+     for prefix in ("input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+                    "store", "previous_response_id", "text", "background")}
 
 
 def delegated_to(model: type[BaseModel], field: str) -> Optional[str]:
@@ -765,6 +941,8 @@ def test_the_walk_sees_the_known_routes_and_fields():
             "ChatCompletionRequest"), ("/tokenize", "TokenizeChatRequest")} <= seen
     fields = {f for _, m, f in WALK if m is protocol.ChatCompletionRequest}
     assert {"stream_options.continuous_usage_stats", "messages.content", "best_of"} <= fields
+    responses = {f for _, m, f in WALK if m.__name__ == "ResponsesRequest"}
+    assert {"temperature", "max_output_tokens", "input", "store"} <= responses
 
 
 @pytest.mark.parametrize("path,model,field", WALK,
@@ -774,10 +952,6 @@ def test_every_request_field_is_honoured_or_refused(http, path, model, field):
     if module is not None:
         text = (Path(__file__).parent / module).read_text()
         leaf = field.rsplit(".", 1)[-1]
-        if leaf not in text and model.__name__ == "ResponsesRequest":
-            # Known gap (issue 19 follow-up): the sampling fields /v1/responses shares with chat
-            # have no Responses probe yet. xfail keeps them listed in every run.
-            pytest.xfail(f"ResponsesRequest.{field}: no probe in {module} yet")
         assert leaf in text, f"{model.__name__}.{field}: {module} never names {leaf!r}"
         return
     probe = probe_for(model, field)
