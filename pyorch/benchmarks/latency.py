@@ -220,22 +220,27 @@ def main(args: argparse.Namespace) -> int:
         device = next(model.parameters()).device
         read_bytes, weights = decode_weights(model)
         floor_ms = read_bytes / copy["bytes_per_s"] * 1e3
-        chain = gemm_chain(weights, args.batch_size, device)
-        chain_ms = chain.get("cuda_graph_ms", chain["eager_ms"])
         summary.update({
             "weight_read_bytes": read_bytes,
             "copy_bandwidth": copy,
             "weight_read_floor_ms": floor_ms,
-            "gemm_chain": chain,
             "decode_over_weight_read_floor": decode_ms / floor_ms,
-            "decode_over_gemm_chain": decode_ms / chain_ms,
         })
         print(f"weight-read floor: {read_bytes / 1e9:.3f} GB / {copy['bytes_per_s'] / 1e9:.1f} "
               f"GB/s (copy, read+written) = {floor_ms:.3f} ms -> decode is "
               f"{decode_ms / floor_ms:.2f}x")
-        graph = f", CUDA graph {chain['cuda_graph_ms']:.3f} ms" if "cuda_graph_ms" in chain else ""
-        print(f"GEMM chain ({chain['num_gemms']} matmuls at M={args.batch_size}): eager "
-              f"{chain['eager_ms']:.3f} ms{graph} -> decode is {decode_ms / chain_ms:.2f}x")
+        # The chain is torch.matmul on the model's own weights: float weights only (a quantized
+        # model's packed or fp8 weights have no plain matmul to compare with).
+        if all(w.dtype.is_floating_point and w.element_size() >= 2 for w in weights):
+            chain = gemm_chain(weights, args.batch_size, device)
+            chain_ms = chain.get("cuda_graph_ms", chain["eager_ms"])
+            summary.update({"gemm_chain": chain, "decode_over_gemm_chain": decode_ms / chain_ms})
+            graph = (f", CUDA graph {chain['cuda_graph_ms']:.3f} ms"
+                     if "cuda_graph_ms" in chain else "")
+            print(f"GEMM chain ({chain['num_gemms']} matmuls at M={args.batch_size}): eager "
+                  f"{chain['eager_ms']:.3f} ms{graph} -> decode is {decode_ms / chain_ms:.2f}x")
+        else:
+            print("GEMM chain: skipped (quantized weights)")
     rows = [{"kind": "full", "latency_s": t} for t in full]
     rows += [{"kind": "prefill_only", "latency_s": t} for t in prefill]
     json_path, _ = common.output_paths(NAME, device_name, args.output_json)
