@@ -316,7 +316,9 @@ def test_50mb_prompt_does_not_stall_other_requests(server):
     # Within 2x of idle; 10 ms of absolute slack for timer noise on millisecond latencies.
     assert load_ttft <= 2 * idle_ttft + 0.01, (idle_ttft, load_ttft)
     assert load_health <= 2 * idle_health + 0.01, (idle_health, load_health)
-    assert other_health <= 2 * idle_health + 0.01, (idle_health, other_health)
+    # A /health request can land behind one 8 MB JSON parse holding the GIL (~12 ms, see below;
+    # two fresh-clone CI runs measured 16.6 ms): one parse of slack on top of 2x idle.
+    assert other_health <= 2 * idle_health + 0.025, (idle_health, other_health)
     # An 8 MB body is parsed as JSON before it can be refused (~12 ms holding the GIL, each, back
     # to back here), and on 2 cores that CPU is the engine's: measured 1.2-2.2x, so 3x.
     assert other_ttft <= 3 * idle_ttft + 0.01, (idle_ttft, other_ttft)
