@@ -151,8 +151,20 @@ class MultiprocExecutor(Executor):
     def _reply(self, rank: int) -> Any:
         msg = self.replies[rank].dequeue()
         if msg[0] == "error":
+            self._raise_if_a_peer_died()
             raise RuntimeError(f"worker rank {rank} failed: {msg[1]}\n{msg[2]}")
         return msg[1]
+
+    def _raise_if_a_peer_died(self, grace_s: float = 1.0) -> None:
+        """When a worker dies mid-step, the survivors' collectives fail too (gloo/NCCL: connection
+        reset), and one of their errors may arrive first: the death is the cause to report. A
+        worker that has exited is seen at once; its watcher records it within grace_s."""
+        if self._failure is None and all(p.poll() is None for p in self.procs):
+            return
+        deadline = time.monotonic() + grace_s
+        while self._failure is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.check_health()
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         self.check_health()
