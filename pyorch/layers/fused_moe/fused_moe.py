@@ -120,6 +120,8 @@ def fused_experts_grouped(
     expert_map: torch.Tensor | None = None,
     w13_scale: torch.Tensor | None = None,  # [E_local] float32: fp8 weights' per-tensor scales
     w2_scale: torch.Tensor | None = None,
+    a13_scale: torch.Tensor | None = None,  # [1] float32: static fp8 activation scales (else
+    a2_scale: torch.Tensor | None = None,  # computed per tensor on the fly)
 ) -> torch.Tensor:  # [T, H], hidden_states' dtype
     """fused_experts over expert-sorted rows: gather the routed rows by expert
     (moe_grouped_permute), gate_up as one grouped GEMM (one problem per expert), SiLU-and-mul,
@@ -136,9 +138,12 @@ def fused_experts_grouped(
     if fp8 != (w13_scale is not None) or fp8 != (w2_scale is not None) or w2.dtype != w13.dtype:
         raise ValueError("fused_experts_grouped: fp8 weights (both) come with w13_scale and "
                          "w2_scale, bf16 weights without")
+    if fp8 and dtype != torch.bfloat16:
+        raise ValueError(f"fused_experts_grouped: fp8 experts take bfloat16 activations, got "
+                         f"{dtype}")
     x, a1_scale = hidden_states, None
     if fp8:  # quantize before the gather: the permuted copy's rows are then already fp8
-        x, a1_scale = _ops.scaled_fp8_quant(hidden_states)
+        x, a1_scale = _ops.scaled_fp8_quant(hidden_states, a13_scale)
     permuted = torch.empty(num_flat, hidden_size, dtype=x.dtype, device=device)
     offsets = torch.empty(num_local + 1, dtype=torch.int32, device=device)
     inv_perm = torch.empty(num_tokens, top_k, dtype=torch.int32, device=device)
@@ -152,12 +157,12 @@ def fused_experts_grouped(
                           a1_scale * w13_scale if fp8 else None)  # type: ignore[operator]
     act = torch.empty(num_flat, intermediate, dtype=dtype, device=device)
     _ops.silu_and_mul(act, gate_up)
-    a2, a2_scale = act, None
+    a2, act_scale = act, None
     if fp8:
-        a2, a2_scale = _ops.scaled_fp8_quant(act)
+        a2, act_scale = _ops.scaled_fp8_quant(act, a2_scale)
     down = torch.empty(num_flat, hidden_size, dtype=dtype, device=device)
     _ops.moe_grouped_gemm(down, a2, w2, offsets,
-                          a2_scale * w2_scale if fp8 else None)  # type: ignore[operator]
+                          act_scale * w2_scale if fp8 else None)  # type: ignore[operator]
     out = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
     _ops.moe_grouped_unpermute(down, inv_perm, topk_weights, out)
     return out

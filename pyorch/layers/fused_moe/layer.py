@@ -16,6 +16,11 @@ from torch import nn
 
 from pyorch.layers.fused_moe.fused_moe import fused_experts, fused_topk
 from pyorch.layers.linear import set_weight_attrs
+from pyorch.layers.quantization import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+    check_moe_unquantized,
+)
 
 
 class FusedMoE(nn.Module):
@@ -34,6 +39,8 @@ class FusedMoE(nn.Module):
         tp_rank: int = 0,
         ep_size: int = 1,
         ep_rank: int = 0,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
         if not 1 <= top_k <= num_experts:
@@ -65,6 +72,15 @@ class FusedMoE(nn.Module):
         self.w2_weight = nn.Parameter(torch.empty(e, h, i, dtype=dtype), requires_grad=False)
         for param in (self.w13_weight, self.w2_weight):
             set_weight_attrs(param, {"weight_loader": self.weight_loader})
+        # A quantized expert block gets its method's weights (fp8: Fp8MoEMethod); a method that
+        # does not cover FusedMoE is refused, never run in the model dtype.
+        self.quant_method: QuantizeMethodBase | None = None
+        if quant_config is not None and not quant_config.is_layer_skipped(prefix):
+            self.quant_method = quant_config.get_quant_method(self, prefix)
+            if self.quant_method is None:
+                check_moe_unquantized(quant_config, prefix)
+            else:
+                self.quant_method.create_weights(self, e, h, i, dtype)
 
     @property
     def expert_map(self) -> torch.Tensor | None:
@@ -117,6 +133,8 @@ class FusedMoE(nn.Module):
         hidden_states: torch.Tensor,  # [T, H]
         router_logits: torch.Tensor,  # [T, E]
     ) -> torch.Tensor:  # [T, H]
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, hidden_states, router_logits)
         topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
         return fused_experts(
             hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
