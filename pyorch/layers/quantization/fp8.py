@@ -52,6 +52,8 @@ from pyorch.layers.quantization.utils.w8a8_utils import (
 )
 
 ACTIVATION_SCHEMES = ("static", "dynamic")
+# A scale no checkpoint tensor has written (float32 explicitly: a bf16 default dtype overflows).
+_UNSET = torch.finfo(torch.float32).min
 
 
 @register_quantization_config("fp8")
@@ -153,10 +155,10 @@ class Fp8LinearMethod(LinearMethodBase):
             return
         shards = len(output_partition_sizes)
         layer.register_parameter("weight_scale", PerTensorScaleParameter(
-            torch.full((shards,), torch.finfo(torch.float32).min), weight_loader=loader))
+            torch.full((shards,), _UNSET, dtype=torch.float32), weight_loader=loader))
         if self.static_input:
             layer.register_parameter("input_scale", PerTensorScaleParameter(
-                torch.full((shards,), torch.finfo(torch.float32).min), weight_loader=loader))
+                torch.full((shards,), _UNSET, dtype=torch.float32), weight_loader=loader))
 
     @staticmethod
     def _check_block_shapes(layer: Any, input_size_per_partition: int,
@@ -202,8 +204,6 @@ class Fp8LinearMethod(LinearMethodBase):
                                 per_token=True)
 
 
-_UNSET = torch.finfo(torch.float32).min  # a scale no checkpoint tensor has written
-
 
 class Fp8MoEMethod(QuantizeMethodBase):
     """fp8 experts of a FusedMoE layer (see the module docstring)."""
@@ -238,7 +238,8 @@ class Fp8MoEMethod(QuantizeMethodBase):
         if self.static_input:
             scales.update(w13_input_scale=(num_experts,), w2_input_scale=(num_experts,))
         for name, scale_shape in scales.items():
-            param = torch.nn.Parameter(torch.full(scale_shape, _UNSET), requires_grad=False)
+            param = torch.nn.Parameter(torch.full(scale_shape, _UNSET, dtype=torch.float32),
+                                       requires_grad=False)
             set_weight_attrs(param, {"weight_loader": self._scale_loader(layer)})
             layer.register_parameter(name, param)
 

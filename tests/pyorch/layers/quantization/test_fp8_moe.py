@@ -148,3 +148,64 @@ def test_online_fp8_qwen3_moe_engine(tmp_path):
     # Every weight (attention, experts) and activation in fp8 vs bf16: tenths of a logprob
     # (0.19 measured; 0.17 of it with the experts left in bf16).
     assert sum(diffs) / len(diffs) < 0.25 and agree >= len(prompts) - 1, diffs
+
+
+def _write_per_tensor_fp8(path: str) -> str:
+    """A per-tensor fp8 checkpoint (`quant_method: fp8`, AutoFP8's layout): every projection,
+    each expert's included, as float8_e4m3fn with a scalar `weight_scale` = absmax / 448; and
+    beside it (path + "_deq") the float checkpoint those tensors dequantize to."""
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    tiny_model("qwen3_moe").save_pretrained(path)
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    quantized: dict[str, torch.Tensor] = {}
+    dequantized: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if name.endswith("proj.weight") and "mlp.gate." not in name:
+            scale = t.float().abs().max() / _ops.FP8_MAX
+            q = (t.float() / scale).to(FP8)
+            quantized[name] = q
+            quantized[name.removesuffix(".weight") + ".weight_scale"] = scale.reshape(())
+            dequantized[name] = (q.float() * scale).to(t.dtype)
+        else:
+            quantized[name] = dequantized[name] = t
+    tiny_model("qwen3_moe").save_pretrained(path + "_deq")
+    save_file(dequantized, os.path.join(path + "_deq", "model.safetensors"),
+              metadata={"format": "pt"})
+    save_file(quantized, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
+def test_per_tensor_fp8_qwen3_moe_checkpoint(tmp_path):
+    """The model loader routes each expert's weight_scale to w13_weight_scale / w2_weight_scale;
+    the engine's first-token logprobs stay close to the dequantized float checkpoint's."""
+    path = _write_per_tensor_fp8(str(tmp_path / "fp8"))
+    gen = torch.Generator().manual_seed(1)
+    prompts = [{"prompt_token_ids": torch.randint(3, 500, (n,), generator=gen).tolist()}
+               for n in (6, 23, 64)]
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=20)
+    tops = {}
+    for p in (path, path + "_deq"):
+        llm = LLM(p, skip_tokenizer_init=True, dtype=torch.bfloat16, device="cpu",
+                  max_model_len=256, kv_cache_memory_bytes=16 << 20, seed=0)
+        if p == path:
+            experts = llm.llm_engine.model_runner.model.model.layers[1].mlp.experts
+            assert experts.w13_weight.dtype == FP8 and experts.w13_weight_scale.shape == (4,)
+        tops[p] = [o.outputs[0].logprobs[0] for o in llm.generate(prompts, params,
+                                                                  use_tqdm=False)]
+    diffs, agree = [], 0
+    for want, got in zip(tops[path + "_deq"], tops[path], strict=True):
+        common = [t for t in want if t in got]
+        assert len(common) >= 10
+        diffs += [abs(want[t].logprob - got[t].logprob) for t in common]
+        agree += max(want, key=lambda t: want[t].logprob) == max(got, key=lambda t: got[t].logprob)
+    # Same weights; only the activations' fp8 rounding differs.
+    assert sum(diffs) / len(diffs) < 0.2 and agree >= len(prompts) - 1, diffs
