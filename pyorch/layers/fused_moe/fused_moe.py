@@ -141,6 +141,8 @@ def fused_experts_grouped(
     if fp8 and dtype != torch.bfloat16:
         raise ValueError(f"fused_experts_grouped: fp8 experts take bfloat16 activations, got "
                          f"{dtype}")
+    if num_tokens == 0:  # nothing routed (and no empty launch of the fp8 quantizers)
+        return torch.empty(0, hidden_size, dtype=dtype, device=device)
     x, a1_scale = hidden_states, None
     if fp8:  # quantize before the gather: the permuted copy's rows are then already fp8
         x, a1_scale = _ops.scaled_fp8_quant(hidden_states, a13_scale)
