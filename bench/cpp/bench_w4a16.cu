@@ -14,6 +14,8 @@
 // graph, ours against cuBLAS bf16 (--chain-tokens; --no-chain skips it).
 // Flags: --models 8b,70b --tokens 1,2,4,8,16,32,64,128,512,2048 --launches 20 --iters 20
 //        --chain-tokens 1,8,16 --no-chain --prefetch N (L2 prefetch depth; 0: off) --json FILE
+//        --kernel stream|registers (the m <= 16 kernel) --stages N (stream ring slots per warp)
+//        --ctas-per-sm N (the k-split's target) --shapes qkv_proj,o_proj,... (default: all)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -50,6 +52,10 @@ using cublasHandle_t = void*;
 #endif
 
 constexpr int64_t kGroupSize = 128;
+
+const char* kernel_name() {
+  return pyorch::w4a16_kernel() == pyorch::W4A16Kernel::kStream ? "stream" : "registers";
+}
 
 struct Shape {
   std::string model, name;
@@ -297,6 +303,11 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
                    {"N", std::to_string(s.n)},
                    {"K", std::to_string(s.k)},
                    {"path", m <= pyorch::kW4A16MaxMmaRows ? "mma" : "dequant+cublas"},
+                   {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name()
+                              : m <= pyorch::kW4A16MaxMmaRows  ? "registers"
+                                                               : "dequant"},
+                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+                   {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
                    {"splits", std::to_string(pyorch::w4a16_num_splits(s.n, s.k))},
                    {"time_us", Report::fmt(us)},
                    {"cublas_bf16_us", Report::fmt(cublas_us)},
@@ -379,6 +390,9 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
         b.stream, std::max(5, b.iters / 2));
     b.report->add({{"op", "w4a16_decode_chain"},
                    {"model", "8b"},
+                   {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name() : "registers"},
+                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+                   {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
                    {"M", std::to_string(m)},
                    {"num_gemms", std::to_string(chain.size())},
                    {"weight_GB", Report::fmt(q_bytes / 1e9, 2)},
@@ -422,13 +436,24 @@ int main(int argc, char** argv) {
   b.report = &report;
   if (args.has("prefetch"))
     pyorch::set_w4a16_l2_prefetch(static_cast<int>(args.num("prefetch", 0)));
-  std::printf("device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d\n",
+  if (args.has("kernel")) {
+    const auto kernel = args.strs("kernel", {"stream"});
+    pyorch::set_w4a16_kernel(kernel.at(0) == "registers" ? pyorch::W4A16Kernel::kRegisters
+                                                         : pyorch::W4A16Kernel::kStream);
+  }
+  if (args.has("stages")) pyorch::set_w4a16_stream_stages(static_cast<int>(args.num("stages", 4)));
+  if (args.has("ctas-per-sm"))
+    pyorch::set_w4a16_ctas_per_sm(static_cast<int>(args.num("ctas-per-sm", 4)));
+  std::printf("device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d ctas_per_sm=%d\n",
               pyorch::bench::device_name().c_str(), pyorch::bench::copy_bandwidth_gbs(b.stream),
-              pyorch::w4a16_l2_prefetch());
+              pyorch::w4a16_l2_prefetch(), kernel_name(), pyorch::w4a16_stream_stages(),
+              pyorch::w4a16_ctas_per_sm());
   const auto models = args.strs("models", {"8b", "70b"});
   const auto tokens = args.list("tokens", {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048});
+  const auto shapes = args.strs("shapes", {});
   for (const Shape& s : kShapes) {
-    if (std::find(models.begin(), models.end(), s.model) != models.end()) {
+    if (std::find(models.begin(), models.end(), s.model) != models.end() &&
+        (shapes.empty() || std::find(shapes.begin(), shapes.end(), s.name) != shapes.end())) {
       bench_shape(b, s, tokens);
     }
   }

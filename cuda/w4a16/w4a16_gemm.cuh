@@ -48,6 +48,7 @@ struct W4A16GemmArgs {
   int m, n, k, group_size;
   int64_t a_stride, out_stride;
   int blocks_per_split, num_splits;
+  int group_shift;      // log2(group_size) when it is a power of two, else -1
   int prefetch_blocks;  // k-blocks a warp asks L2 for beyond its register stages (0: none)
 };
 
@@ -109,21 +110,30 @@ struct W4Stage {
   uint32_t zeros;   // bits 0-3: column n_lo, 4-7: n_lo + 8 (HAS_ZEROS)
 };
 
+// The lane's two scales (rows g and g + 8 of the n-tile) and zero points of k-block kb's group
+// (everything of a stage but the codes).
+template <typename T, bool HAS_ZEROS>
+__device__ __forceinline__ void w4_load_group(const W4A16GemmArgs& p, int64_t nt, int kb, int lane,
+                                              W4Stage* s) {
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n_lo = nt * kW4A16TileN + g;
+  const int row = kb * static_cast<int>(kW4A16BlockK) + 16 * t;  // k < 2^31
+  const int64_t group = p.group_shift >= 0 ? row >> p.group_shift : row / p.group_size;
+  const uint16_t* sc = static_cast<const uint16_t*>(p.scales) + group * p.n + n_lo;
+  s->scales = static_cast<uint32_t>(__ldg(sc)) | (static_cast<uint32_t>(__ldg(sc + 8)) << 16);
+  s->zeros = 0;
+  if constexpr (HAS_ZEROS) {
+    const uint32_t* z = p.zeros + group * (p.n / 8) + nt * 2;
+    s->zeros = ((__ldg(z) >> (4 * g)) & 0xF) | (((__ldg(z + 1) >> (4 * g)) & 0xF) << 4);
+  }
+}
+
 template <typename T, bool HAS_ZEROS>
 __device__ __forceinline__ W4Stage w4_load_stage(const W4A16GemmArgs& p, int64_t nt, int kb,
                                                  int kblocks, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  const int64_t n_lo = nt * kW4A16TileN + g;
-  const int64_t group = (static_cast<int64_t>(kb) * kW4A16BlockK + 16 * t) / p.group_size;
   W4Stage s;
   s.codes = w4_load_stream(p.b_q + ((nt * kblocks + kb) * 32 + lane));
-  const uint16_t* sc = static_cast<const uint16_t*>(p.scales) + group * p.n + n_lo;
-  s.scales = static_cast<uint32_t>(__ldg(sc)) | (static_cast<uint32_t>(__ldg(sc + 8)) << 16);
-  s.zeros = 0;
-  if constexpr (HAS_ZEROS) {
-    const uint32_t* z = p.zeros + group * (p.n / 8) + nt * 2;
-    s.zeros = ((__ldg(z) >> (4 * g)) & 0xF) | (((__ldg(z + 1) >> (4 * g)) & 0xF) << 4);
-  }
+  w4_load_group<T, HAS_ZEROS>(p, nt, kb, lane, &s);
   return s;
 }
 
@@ -210,6 +220,40 @@ __device__ __forceinline__ void w4_reduce_splits(const W4A16GemmArgs& p) {
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
+// acc[mt] = out rows 8 mt + 2 t (+1), columns n_lo and n_lo + 8: stored (no k-split) or written
+// as this split's partials and reduced by the column group's last thread block.
+template <typename T, int M_TILES>
+__device__ __forceinline__ void w4_store_or_reduce(const W4A16GemmArgs& p,
+                                                   const float (&acc)[M_TILES][4], int64_t nt,
+                                                   bool valid_tile, int g, int t) {
+  const int64_t n_lo = nt * kW4A16TileN + g;
+  if (p.num_splits == 1) {
+    if (!valid_tile) return;
+    T* out = static_cast<T*>(p.out);
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = mt * 8 + 2 * t + (i % 2);
+        if (row < p.m) out[row * p.out_stride + n_lo + 8 * (i / 2)] = from_float<T>(acc[mt][i]);
+      }
+    }
+    return;
+  }
+  if (valid_tile) {
+    float* part = p.partials + static_cast<int64_t>(blockIdx.y) * p.m * p.n;
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = mt * 8 + 2 * t + (i % 2);
+        if (row < p.m) part[static_cast<int64_t>(row) * p.n + n_lo + 8 * (i / 2)] = acc[mt][i];
+      }
+    }
+  }
+  w4_reduce_splits<T>(p);
+}
+
 // grid (ceil(n / 64), num_splits), kW4Threads threads.
 template <typename T, int M_TILES, bool HAS_ZEROS>
 __global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmArgs p) {
@@ -253,34 +297,7 @@ __global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmA
       for (int s = 0; s < kW4Stages; ++s) cur[s] = next[s];
     }
   }
-  // acc[mt] = out rows 8 mt + 2 t (+1), columns n_lo and n_lo + 8.
-  const int64_t n_lo = nt * kW4A16TileN + g;
-  const bool valid_tile = nt < p.n / kW4A16TileN;
-  if (p.num_splits == 1) {
-    if (!valid_tile) return;
-    T* out = static_cast<T*>(p.out);
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = mt * 8 + 2 * t + (i % 2);
-        if (row < p.m) out[row * p.out_stride + n_lo + 8 * (i / 2)] = from_float<T>(acc[mt][i]);
-      }
-    }
-    return;
-  }
-  if (valid_tile) {
-    float* part = p.partials + static_cast<int64_t>(blockIdx.y) * p.m * p.n;
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = mt * 8 + 2 * t + (i % 2);
-        if (row < p.m) part[static_cast<int64_t>(row) * p.n + n_lo + 8 * (i / 2)] = acc[mt][i];
-      }
-    }
-  }
-  w4_reduce_splits<T>(p);
+  w4_store_or_reduce<T, M_TILES>(p, acc, nt, nt < p.n / kW4A16TileN, g, t);
 }
 
 template <typename T>

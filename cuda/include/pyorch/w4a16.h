@@ -65,6 +65,21 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
 void set_w4a16_l2_prefetch(int blocks);
 int w4a16_l2_prefetch();
 
+// The kernel of gptq_marlin_gemm for m <= kW4A16StreamMaxRows: kStream (w4a16_stream.cuh: TMA
+// bulk copies of the codes into a per-warp shared-memory ring, the default) or kRegisters
+// (w4a16_gemm.cuh: register-staged loads, the kernel of every m above). Process-wide, for the
+// benchmark's A/B (bench_w4a16 --kernel stream|registers --stages N --ctas-per-sm N).
+enum class W4A16Kernel : int { kRegisters = 0, kStream = 1 };
+constexpr int64_t kW4A16StreamMaxRows = 16;
+void set_w4a16_kernel(W4A16Kernel kernel);
+W4A16Kernel w4a16_kernel();
+// Ring slots (2 KiB each) per warp of the stream kernel, 1..8 (default 4).
+void set_w4a16_stream_stages(int stages);
+int w4a16_stream_stages();
+// Thread blocks per SM the k-split aims for (default 4).
+void set_w4a16_ctas_per_sm(int ctas);
+int w4a16_ctas_per_sm();
+
 // The k-split gptq_marlin_gemm uses for a shape on the current device (1 = none) and the fp32
 // partial sums it needs (0 without a split).
 int64_t w4a16_num_splits(int64_t size_n, int64_t size_k);
