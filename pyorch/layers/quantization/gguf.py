@@ -8,8 +8,9 @@ ops (pyorch/_ops.py):
   the GPU the blocks are dequantized to the activations' dtype (`ggml_dequantize`, in chunks of
   at most DEQUANT_CHUNK_BYTES) and multiplied by cuBLAS (vLLM's dequantize path), on the CPU
   `ggml_mul_mat_a8` (its AVX kernels read the blocks directly); a quantized type without a
-  product kernel would be dequantized and multiplied (`DEQUANT_ONLY_TYPES`, empty today: every type we load has one). Float tensors (F32,
-  F16, BF16) stay float, in the model's dtype, and use a plain matmul.
+  product kernel would be dequantized and multiplied (`DEQUANT_ONLY_TYPES`, empty today: every
+  type we load has one). Float tensors (F32, F16, BF16) stay float, in the model's dtype, and
+  use a plain matmul.
 - merged layers (qkv_proj, gate_up_proj) are built from separate GGUF tensors that may have
   different types: each shard keeps its own blocks and runs its own product, as vLLM does; when
   every shard has the same type they are joined into one tensor (one product).
