@@ -207,6 +207,24 @@ def test_llama_shapes_cuda(fmt: str, k: int, n: int):
 
 @cuda_only
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("group_size,dtype", [(32, torch.bfloat16), (64, torch.float16),
+                                              (-1, torch.bfloat16)])
+def test_stream_kernel_long_k_range_cuda(fmt: str, group_size: int, dtype: torch.dtype):
+    # m <= 16 runs the stream kernel (cuda/w4a16/w4a16_stream.cuh). 2200 n-tiles are enough
+    # column groups for no k-split on a 132-SM GPU, so each warp streams all 35 k-blocks: nine
+    # 4-block chunks through a 4-slot ring (it wraps twice; the last chunk is 3 blocks), group 32
+    # changes scales inside a block, per-channel (K = 2240, not a power of two) divides.
+    k, n = 2240, 16 * 2200
+    args, w_ref = _layer(k, n, group_size, fmt, dtype, "cuda", seed=3)
+    for m in [1, 5, 8, 9, 16]:
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        out = _gemm(a, args, n)
+        expected = (a.double() @ w_ref).to(dtype)
+        torch.testing.assert_close(out, expected, **tol(dtype), msg=f"M={m}")
+
+
+@cuda_only
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_cuda_repack_matches_cpu(fmt: str):
     k, n = 1024, 336
     q = ref.random_quantized(k, n, 128, zero_points=fmt == "awq", act_order=fmt != "gptq")
