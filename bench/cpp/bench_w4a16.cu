@@ -14,7 +14,8 @@
 // graph, ours against cuBLAS bf16 (--chain-tokens; --no-chain skips it).
 // Flags: --models 8b,70b --tokens 1,2,4,8,16,32,64,128,512,2048 --launches 20 --iters 20
 //        --chain-tokens 1,8,16 --no-chain --prefetch N (L2 prefetch depth; 0: off) --json FILE
-//        --kernel stream|registers (the m <= 16 kernel) --stages N (stream ring slots per warp)
+//        --kernel stream|registers (the m <= 16 kernel) --stages N (stream ring slots per warp; 0:
+//        auto)
 //        --ctas-per-sm N (the k-split's target) --shapes qkv_proj,o_proj,... (default: all)
 #include <algorithm>
 #include <cmath>
@@ -306,7 +307,7 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
                    {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name()
                               : m <= pyorch::kW4A16MaxMmaRows  ? "registers"
                                                                : "dequant"},
-                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+                   {"stages", std::to_string(pyorch::w4a16_stream_stages_for(s.n, s.k))},
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
                    {"splits", std::to_string(pyorch::w4a16_num_splits(s.n, s.k))},
                    {"time_us", Report::fmt(us)},
@@ -391,7 +392,7 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
     b.report->add({{"op", "w4a16_decode_chain"},
                    {"model", "8b"},
                    {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name() : "registers"},
-                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},  // 0: auto, per shape
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
                    {"M", std::to_string(m)},
                    {"num_gemms", std::to_string(chain.size())},
