@@ -14,9 +14,9 @@
 // graph, ours against cuBLAS bf16 (--chain-tokens; --no-chain skips it).
 // Flags: --models 8b,70b --tokens 1,2,4,8,16,32,64,128,512,2048 --launches 20 --iters 20
 //        --chain-tokens 1,8,16 --no-chain --prefetch N (L2 prefetch depth; 0: off) --json FILE
-//        --kernel stream|registers (the m <= 16 kernel) --stages N (stream ring slots per warp; 0:
-//        auto)
-//        --ctas-per-sm N (the k-split's target) --shapes qkv_proj,o_proj,... (default: all)
+//        --kernel stream|registers (the m <= 16 kernel)
+//        --stages N (stream ring slots per warp; 0: auto) --ctas-per-sm N (the k-split's target)
+//        --pdl 0|1 (the stream kernel's PDL launch) --shapes qkv_proj,o_proj,... (default: all)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +30,7 @@
 #endif
 
 #include "common/bench_util.h"
+#include "pyorch/launch.h"
 #include "pyorch/w4a16.h"
 
 namespace {
@@ -309,6 +310,7 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
                                                                : "dequant"},
                    {"stages", std::to_string(pyorch::w4a16_stream_stages_for(s.n, s.k))},
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
+                   {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
                    {"splits", std::to_string(pyorch::w4a16_num_splits(s.n, s.k))},
                    {"time_us", Report::fmt(us)},
                    {"cublas_bf16_us", Report::fmt(cublas_us)},
@@ -394,6 +396,7 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
                    {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name() : "registers"},
                    {"stages", std::to_string(pyorch::w4a16_stream_stages())},  // 0: auto, per shape
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
+                   {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
                    {"M", std::to_string(m)},
                    {"num_gemms", std::to_string(chain.size())},
                    {"weight_GB", Report::fmt(q_bytes / 1e9, 2)},
@@ -443,12 +446,14 @@ int main(int argc, char** argv) {
                                                          : pyorch::W4A16Kernel::kStream);
   }
   if (args.has("stages")) pyorch::set_w4a16_stream_stages(static_cast<int>(args.num("stages", 4)));
+  if (args.has("pdl")) pyorch::set_pdl_enabled(args.num("pdl", 1) != 0);
   if (args.has("ctas-per-sm"))
     pyorch::set_w4a16_ctas_per_sm(static_cast<int>(args.num("ctas-per-sm", 4)));
-  std::printf("device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d ctas_per_sm=%d\n",
-              pyorch::bench::device_name().c_str(), pyorch::bench::copy_bandwidth_gbs(b.stream),
-              pyorch::w4a16_l2_prefetch(), kernel_name(), pyorch::w4a16_stream_stages(),
-              pyorch::w4a16_ctas_per_sm());
+  std::printf(
+      "device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d ctas_per_sm=%d pdl=%d\n",
+      pyorch::bench::device_name().c_str(), pyorch::bench::copy_bandwidth_gbs(b.stream),
+      pyorch::w4a16_l2_prefetch(), kernel_name(), pyorch::w4a16_stream_stages(),
+      pyorch::w4a16_ctas_per_sm(), static_cast<int>(pyorch::pdl_enabled()));
   const auto models = args.strs("models", {"8b", "70b"});
   const auto tokens = args.list("tokens", {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048});
   const auto shapes = args.strs("shapes", {});

@@ -12,10 +12,19 @@
 // ahead) (lop3 + sub + mul, mma.sync: the arithmetic
 // of w4a16_gemm.cuh, shared with it). The grid and the deterministic k-split reduction are those
 // of w4a16_gemm_kernel.
+//
+// Under PDL (pdl_enabled()) the barriers' set-up, the first `stages` chunks' copies and the first
+// scales (weights: nothing writes them while the model runs) are issued before waiting for the
+// kernel before it; activations, partials, counters and the output are touched after. The next
+// kernel may be scheduled once every warp has streamed its range (before the epilogue and the
+// k-split's reduction), so its first weight copies overlap this kernel's tail rather than its
+// stream.
 #pragma once
 
 #include <cstdint>
 
+#include "common/launch.cuh"
+#include "pyorch/launch.h"
 #include "w4a16/w4a16_gemm.cuh"
 
 namespace pyorch::kernels {
@@ -110,6 +119,7 @@ __global__ void __launch_bounds__(kW4Threads)
       }
     };
     load_groups(0, st);
+    pdl_wait();  // a (in w4_compute_stage) comes from the kernel before
     for (int c = 0; c < nchunks; ++c) {
       const int kb0 = kb_begin + c * kW4StreamChunk;
       const int blocks = min(kW4StreamChunk, kb_end - kb0);
@@ -133,7 +143,10 @@ __global__ void __launch_bounds__(kW4Threads)
         st[j].zeros = next[j].zeros;
       }
     }
+  } else {
+    pdl_wait();
   }
+  pdl_launch_dependents();
   w4_store_or_reduce<T, M_TILES>(p, acc, nt, valid_tile, g, t);
 }
 
@@ -151,7 +164,7 @@ cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stag
                                  static_cast<int>(smem));
       if (err != cudaSuccess) return;
     }
-    kernel<<<grid, kW4Threads, smem, stream>>>(p, stages);
+    err = launch_kernel(kernel, grid, dim3(kW4Threads), smem, stream, pdl_enabled(), p, stages);
   };
   auto with_tiles = [&](auto zeros) {
     if (p.m <= 8) {
