@@ -66,6 +66,13 @@ __device__ __forceinline__ uint32_t w4_dequant_pair(uint32_t pair, T2 bias, T2 s
   return *reinterpret_cast<uint32_t*>(&x);
 }
 
+template <typename T2>
+__device__ __forceinline__ uint32_t w4_center_pair(uint32_t pair, T2 bias) {
+  T2 x = *reinterpret_cast<T2*>(&pair);
+  x = __hsub2(x, bias);  // (magic + q) - (magic + z) = q - z, exact
+  return *reinterpret_cast<uint32_t*>(&x);
+}
+
 template <typename T>
 __device__ __forceinline__ void w4_mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -150,8 +157,10 @@ __device__ __forceinline__ uint16_t w4_bias_bits(int z) {
   return *reinterpret_cast<const uint16_t*>(&v);
 }
 
-// acc[mt] += a rows 8 mt .. 8 mt + 7 of k-block kb @ the stage's dequantized codes.
-template <typename T, int M_TILES, bool HAS_ZEROS>
+// acc[mt] += a rows 8 mt .. 8 mt + 7 of k-block kb @ the stage's dequantized codes; with
+// SCALED = false the codes are only centred (q - z, exact in 16 bits) and the caller applies the
+// group scale to the fp32 sums (w4a16_stream.cuh, groups of whole k-blocks).
+template <typename T, int M_TILES, bool HAS_ZEROS, bool SCALED = true>
 __device__ __forceinline__ void w4_compute_stage(const W4A16GemmArgs& p, const W4Stage& s, int kb,
                                                  int lane, float (&acc)[M_TILES][4]) {
   using T2 = typename W4Traits<T>::T2;
@@ -170,8 +179,12 @@ __device__ __forceinline__ void w4_compute_stage(const W4A16GemmArgs& p, const W
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const uint32_t pair = w4_code_pair(words[kt] >> (4 * r), W4Traits<T>::kMagic);
-      frag[kt][r] = (r % 2) ? w4_dequant_pair(pair, bias_hi, scale_hi)
-                            : w4_dequant_pair(pair, bias_lo, scale_lo);
+      if constexpr (SCALED) {
+        frag[kt][r] = (r % 2) ? w4_dequant_pair(pair, bias_hi, scale_hi)
+                              : w4_dequant_pair(pair, bias_lo, scale_lo);
+      } else {
+        frag[kt][r] = w4_center_pair(pair, (r % 2) ? bias_hi : bias_lo);
+      }
     }
   }
   const T* a = static_cast<const T*>(p.a);

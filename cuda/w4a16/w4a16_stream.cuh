@@ -37,6 +37,12 @@ __device__ __forceinline__ uint32_t w4_smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+template <typename T>
+__device__ __forceinline__ float w4_scale_value(uint32_t bits) {
+  const uint16_t b = static_cast<uint16_t>(bits);
+  return to_float(*reinterpret_cast<const T*>(&b));
+}
+
 __device__ __forceinline__ void w4_mbarrier_init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(w4_smem_addr(bar)) : "memory");
 }
@@ -77,7 +83,12 @@ inline size_t w4_stream_smem_bytes(int stages) {
 constexpr size_t kW4StreamDefaultSmem = 48 * 1024;
 
 // grid (ceil(n / 64), num_splits), kW4Threads threads, w4_stream_smem_bytes(stages) bytes.
-template <typename T, int M_TILES, bool HAS_ZEROS>
+// GROUP_SCALE: the group size is a multiple of the 64-row k-block (groups of blocks_per_group
+// whole blocks): the codes are only centred in registers and each group's fp32 sums are scaled
+// once (16 fewer 16-bit multiplies per lane per block; the weights are not rounded to 16 bits,
+// which is closer to the exact product than the contract's single rounding). Else (group 32)
+// each weight is scaled in registers as in w4a16_gemm.cuh.
+template <typename T, int M_TILES, bool HAS_ZEROS, bool GROUP_SCALE>
 __global__ void __launch_bounds__(kW4Threads)
     w4a16_stream_kernel(const W4A16GemmArgs p, int stages) {
   extern __shared__ __align__(128) unsigned char w4_smem[];
@@ -93,6 +104,9 @@ __global__ void __launch_bounds__(kW4Threads)
   const int kb_end = min(kb_begin + p.blocks_per_split, kblocks);
   const bool valid_tile = nt < p.n / kW4A16TileN;
   float acc[M_TILES][4] = {};
+  float part[M_TILES][4] = {};  // GROUP_SCALE: the current group's unscaled sums
+  const int blocks_per_group = GROUP_SCALE ? p.group_size / static_cast<int>(kW4A16BlockK) : 1;
+  const bool bpg_pow2 = (blocks_per_group & (blocks_per_group - 1)) == 0;
   if (valid_tile && kb_begin < kb_end) {
     const uint4* warp_codes = p.b_q + nt * kblocks * 32;  // block kb at warp_codes + 32 kb
     const int nchunks = (kb_end - kb_begin + kW4StreamChunk - 1) / kW4StreamChunk;
@@ -135,7 +149,29 @@ __global__ void __launch_bounds__(kW4Threads)
       if (lane == 0 && c + stages < nchunks) issue(c + stages);
 #pragma unroll
       for (int j = 0; j < kW4StreamChunk; ++j) {
-        if (j < blocks) w4_compute_stage<T, M_TILES, HAS_ZEROS>(p, st[j], kb0 + j, lane, acc);
+        if (j >= blocks) continue;
+        if constexpr (GROUP_SCALE) {
+          // Centred codes into part; at the end of the block's group (or of the range) part
+          // times the group's scales goes into acc.
+          const int kb = kb0 + j;
+          w4_compute_stage<T, M_TILES, HAS_ZEROS, false>(p, st[j], kb, lane, part);
+          const bool group_end = bpg_pow2 ? ((kb + 1) & (blocks_per_group - 1)) == 0
+                                          : (kb + 1) % blocks_per_group == 0;
+          if (group_end || kb + 1 == kb_end) {
+            const float s_lo = w4_scale_value<T>(st[j].scales & 0xFFFF);
+            const float s_hi = w4_scale_value<T>(st[j].scales >> 16);
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                acc[mt][i] = fmaf(part[mt][i], i < 2 ? s_lo : s_hi, acc[mt][i]);
+                part[mt][i] = 0.f;
+              }
+            }
+          }
+        } else {
+          w4_compute_stage<T, M_TILES, HAS_ZEROS>(p, st[j], kb0 + j, lane, acc);
+        }
       }
 #pragma unroll
       for (int j = 0; j < kW4StreamChunk; ++j) {
@@ -157,8 +193,12 @@ cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stag
                   static_cast<unsigned>(p.num_splits));
   const size_t smem = w4_stream_smem_bytes(stages);
   cudaError_t err = cudaSuccess;
+  const bool group_scale = p.group_size % kW4A16BlockK == 0;
   auto launch = [&](auto m_tiles, auto zeros) {
-    auto* kernel = &w4a16_stream_kernel<T, decltype(m_tiles)::value, decltype(zeros)::value>;
+    auto* kernel =
+        group_scale
+            ? &w4a16_stream_kernel<T, decltype(m_tiles)::value, decltype(zeros)::value, true>
+            : &w4a16_stream_kernel<T, decltype(m_tiles)::value, decltype(zeros)::value, false>;
     if (smem > kW4StreamDefaultSmem) {  // deeper rings than 5 slots (the benchmark's sweep)
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(smem));
