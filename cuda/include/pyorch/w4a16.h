@@ -40,7 +40,9 @@ cudaError_t awq_marlin_repack(int32_t* out, const int32_t* b_q_weight, int64_t s
 
 // out [size_m, size_n] = a [size_m, size_k] @ W, W dequantized from the w4 tiles:
 //   W[k, n] = (q[k, n] - z[k / group, n]) * scales[k / group, n], rounded to dtype (z = 8 for
-//   kUint4b8), products accumulated in fp32 and rounded once.
+//   kUint4b8), products accumulated in fp32 and rounded once. (The stream kernel, m <= 16 with
+//   groups of whole 64-row blocks, multiplies exact q - z and scales each group's fp32 sum
+//   instead: W is then not rounded, which is closer to the exact product.)
 //   a:         [size_m, size_k], row stride a_stride, 16-byte aligned rows (dtype fp16/bf16)
 //   b_q:       w4 tiles [size_n / 16, size_k * 2] int32
 //   scales:    [size_k / group_size, size_n] in dtype (one row when group_size = size_k)
