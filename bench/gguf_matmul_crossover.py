@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -63,6 +64,39 @@ def time_us(fn: Callable[[int], Any], copies: int, iters: int) -> float:
     return statistics.median(times)
 
 
+def bench_shape(tname: str, sname: str, tokens: list[int], iters: int,
+                gen: torch.Generator) -> list[dict[str, Any]]:
+    qtype, block, nbytes, offsets = TYPES[tname]
+    n, k = SHAPES[sname]
+    size = n * (k // block) * nbytes
+    copies = max(2, int(256e6 // size) + 1)
+    weights = [random_blocks(n, k, block, nbytes, offsets, gen) for _ in range(copies)]
+    shards = [GGUFShard(w, qtype, n, k) for w in weights]
+
+    def mmq(i: int, x: torch.Tensor) -> torch.Tensor:
+        return _ops.ggml_mul_mat_a8(weights[i], x, qtype, n)
+
+    def mmvq(i: int, x: torch.Tensor) -> torch.Tensor:
+        return _ops.ggml_mul_mat_vec_a8(weights[i], x, qtype, n)
+
+    def dequant(i: int, x: torch.Tensor) -> torch.Tensor:
+        return dequantize_matmul(x, shards[i])
+
+    rows = []
+    for m in tokens:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
+        row: dict[str, Any] = dict(type=tname, shape=sname, m=m, n=n, k=k, weight_MB=size / 1e6)
+        row["mmq_us"] = time_us(partial(mmq, x=x), copies, iters)
+        row["dequant_cublas_us"] = time_us(partial(dequant, x=x), copies, iters)
+        if m <= MMVQ_MAX_TOKENS:
+            row["mmvq_us"] = time_us(partial(mmvq, x=x), copies, iters)
+        row["dequant_over_mmq"] = row["dequant_cublas_us"] / row["mmq_us"]
+        rows.append(row)
+        print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}"
+                       for key, val in row.items()), flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--types", default="Q4_K,Q8_0")
@@ -72,37 +106,15 @@ def main() -> None:
     p.add_argument("--json", default="")
     args = p.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows_out: list[dict[str, Any]] = []
+    tokens = [int(t) for t in args.tokens.split(",")]
+    rows: list[dict[str, Any]] = []
     for tname in args.types.split(","):
-        qtype, block, nbytes, offsets = TYPES[tname]
         for sname in args.shapes.split(","):
-            n, k = SHAPES[sname]
-            size = n * (k // block) * nbytes
-            copies = max(2, int(256e6 // size) + 1)
-            weights = [random_blocks(n, k, block, nbytes, offsets, gen) for _ in range(copies)]
-            shards = [GGUFShard(w, qtype, n, k) for w in weights]
-            for m in [int(t) for t in args.tokens.split(",")]:
-                x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
-                row: dict[str, Any] = dict(type=tname, shape=sname, m=m, n=n, k=k,
-                                           weight_MB=size / 1e6)
-                row["mmq_us"] = time_us(
-                    lambda i, x=x: _ops.ggml_mul_mat_a8(weights[i], x, qtype, n), copies,
-                    args.iters)
-                row["dequant_cublas_us"] = time_us(
-                    lambda i, x=x: dequantize_matmul(x, shards[i]), copies, args.iters)
-                if m <= MMVQ_MAX_TOKENS:
-                    row["mmvq_us"] = time_us(
-                        lambda i, x=x: _ops.ggml_mul_mat_vec_a8(weights[i], x, qtype, n),
-                        copies, args.iters)
-                row["dequant_over_mmq"] = row["dequant_cublas_us"] / row["mmq_us"]
-                rows_out.append(row)
-                print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else
-                               f"{key}={val}" for key, val in row.items()), flush=True)
-            del weights, shards
+            rows += bench_shape(tname, sname, tokens, args.iters, gen)
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows_out}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
