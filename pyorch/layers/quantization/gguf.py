@@ -4,13 +4,13 @@ A GGUF file's linear and embedding weights are kept as the file's blocks (uint8
 [rows, cols / block_size * type_size]) with their GGML type, and computed from through the ggml
 ops (pyorch/_ops.py):
 
-- linear layers: `ggml_mul_mat_vec_a8` for up to MMVQ_MAX_TOKENS tokens (decode); above, on
-  the GPU the blocks are dequantized to the activations' dtype (`ggml_dequantize`, in chunks of
-  at most DEQUANT_CHUNK_BYTES) and multiplied by cuBLAS (vLLM's dequantize path), on the CPU
-  `ggml_mul_mat_a8` (its AVX kernels read the blocks directly); a quantized type without a
-  product kernel would be dequantized and multiplied (`DEQUANT_ONLY_TYPES`, empty today: every
-  type we load has one). Float tensors (F32, F16, BF16) stay float, in the model's dtype, and
-  use a plain matmul.
+- linear layers: `ggml_mul_mat_vec_a8` for up to MMVQ_MAX_TOKENS tokens (decode),
+  `ggml_mul_mat_a8` above; on the GPU above MMQ_MAX_TOKENS_CUDA tokens the blocks are instead
+  dequantized to the activations' dtype (`ggml_dequantize`, in chunks of at most
+  DEQUANT_CHUNK_BYTES) and multiplied by cuBLAS (vLLM's dequantize path); a quantized type
+  without a product kernel would be dequantized and multiplied (`DEQUANT_ONLY_TYPES`, empty
+  today: every type we load has one). Float tensors (F32, F16, BF16) stay float, in the model's
+  dtype, and use a plain matmul.
 - merged layers (qkv_proj, gate_up_proj) are built from separate GGUF tensors that may have
   different types: each shard keeps its own blocks and runs its own product, as vLLM does; when
   every shard has the same type they are joined into one tensor (one product).
@@ -60,9 +60,11 @@ PRODUCT_TYPES: dict[int, tuple[str, int, int]] = {
 DEQUANT_ONLY_TYPES: dict[int, tuple[str, int, int]] = {}
 # Up to this many tokens a product uses ggml_mul_mat_vec_a8 (vLLM's switch point).
 MMVQ_MAX_TOKENS = 8
-# Above MMVQ_MAX_TOKENS on CUDA: dequantize + cuBLAS. On an H100 (bench/results, Llama-3-8B
-# shapes) our int8-mma ggml_mul_mat_a8 only ties that at 16 tokens and reads its weight at 1-2% of
-# copy bandwidth at 512; bench/gguf_matmul_crossover.py measures the two side by side.
+# Above this many tokens on CUDA: dequantize + cuBLAS instead of ggml_mul_mat_a8. On an H100
+# (bench/gguf_matmul_crossover.py, Llama-3-8B shapes, Q4_K and Q8_0, bf16) the int8-mma kernel
+# is 1.1-1.7x faster on gate_up / down up to 32 tokens (the dequantize writes 2-4x the block
+# bytes), the two tie at 64 on gate_up, and at 512 dequantize + cuBLAS is 3-7x faster.
+MMQ_MAX_TOKENS_CUDA = 32
 # The dequantized weight is made this many bytes at a time (bounds the temporary).
 DEQUANT_CHUNK_BYTES = 64 << 20
 
@@ -130,7 +132,7 @@ def gguf_matmul(x: torch.Tensor, shard: GGUFShard) -> torch.Tensor:
         return F.linear(x, w)
     if x.shape[0] <= MMVQ_MAX_TOKENS:
         return _ops.ggml_mul_mat_vec_a8(shard.data, x, shard.ggml_type, shard.rows)
-    if x.is_cuda:
+    if x.is_cuda and x.shape[0] > MMQ_MAX_TOKENS_CUDA:
         return dequantize_matmul(x, shard)
     return _ops.ggml_mul_mat_a8(shard.data, x, shard.ggml_type, shard.rows)
 

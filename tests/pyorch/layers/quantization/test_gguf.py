@@ -111,7 +111,7 @@ def test_dequantize_matmul_in_row_chunks(qtype: Q, chunk_rows: int) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_many_tokens_on_cuda_dequantize_and_use_cublas(monkeypatch) -> None:
+def test_many_tokens_on_cuda_dequantize_and_use_cublas_above_32(monkeypatch) -> None:
     rows, cols = 96, 256
     w, wv = tensor(Q.Q4_K, rows, cols, 12)
     shard = gguf_method.GGUFShard(w.cuda(), int(Q.Q4_K), rows, cols)
@@ -121,11 +121,13 @@ def test_many_tokens_on_cuda_dequantize_and_use_cublas(monkeypatch) -> None:
         monkeypatch.setattr(
             _ops, name, lambda *a, _n=name, _r=real: (calls.append(_n), _r(*a))[1]
         )
-    for n in (MMVQ_MAX_TOKENS, MMVQ_MAX_TOKENS + 1, 64):
+    limit = gguf_method.MMQ_MAX_TOKENS_CUDA
+    for n in (MMVQ_MAX_TOKENS, MMVQ_MAX_TOKENS + 1, limit, limit + 1, 64):
         x = torch.randn(n, cols, device="cuda")
         out = gguf_method.gguf_matmul(x, shard)
-        check(out.cpu(), x.cpu(), [(wv, n <= MMVQ_MAX_TOKENS)])  # x quantized by mmvq only
-    assert calls == ["ggml_mul_mat_vec_a8", "ggml_dequantize", "ggml_dequantize"]
+        check(out.cpu(), x.cpu(), [(wv, n <= limit)])  # the int8 kernels quantize x
+    assert calls == ["ggml_mul_mat_vec_a8", "ggml_mul_mat_a8", "ggml_mul_mat_a8",
+                     "ggml_dequantize", "ggml_dequantize"]
 
 
 @pytest.mark.parametrize("tp_size", [2, 4])
