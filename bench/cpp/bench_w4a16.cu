@@ -15,7 +15,7 @@
 // Flags: --models 8b,70b --tokens 1,2,4,8,16,32,64,128,512,2048 --launches 20 --iters 20
 //        --chain-tokens 1,8,16 --no-chain --prefetch N (L2 prefetch depth; 0: off) --json FILE
 //        --kernel stream|registers (the m <= 16 kernel)
-//        --stages N (stream ring slots per warp; 0: auto) --ctas-per-sm N (the k-split's target)
+//        --stages N (stream ring slots per warp, 1..8) --ctas-per-sm N (the k-split's target)
 //        --pdl 0|1 (the stream kernel's PDL launch) --shapes qkv_proj,o_proj,... (default: all)
 #include <algorithm>
 #include <cmath>
@@ -308,7 +308,7 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
                    {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name()
                               : m <= pyorch::kW4A16MaxMmaRows  ? "registers"
                                                                : "dequant"},
-                   {"stages", std::to_string(pyorch::w4a16_stream_stages_for(s.n, s.k))},
+                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
                    {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
                    {"splits", std::to_string(pyorch::w4a16_num_splits(s.n, s.k))},
@@ -394,7 +394,7 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
     b.report->add({{"op", "w4a16_decode_chain"},
                    {"model", "8b"},
                    {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name() : "registers"},
-                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},  // 0: auto, per shape
+                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
                    {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
                    {"M", std::to_string(m)},

@@ -16,7 +16,11 @@ namespace {
 std::atomic<int> g_ctas_per_sm{4};
 // The decode kernel for m <= kW4A16StreamMaxRows (set_w4a16_kernel) and its ring depth.
 std::atomic<int> g_kernel{static_cast<int>(W4A16Kernel::kStream)};
-std::atomic<int> g_stream_stages{0};  // 0: auto (w4_auto_stages)
+// H100, Llama-3-8B / 70B shapes at M = 1, 4, 16 (bench_w4a16 --stages): 2 slots beat 4 on every
+// shape (8B gate_up 42 against 65 us, 70B gate_up 149 against 228) and 8 was slowest (89, 307):
+// deeper rings cost resident thread blocks (shared memory), and the time follows the number of
+// resident warps, not the bytes in flight.
+std::atomic<int> g_stream_stages{2};
 // Fewest k-blocks (64 rows each) one split streams: shorter ones spend more on the partials.
 constexpr int64_t kW4MinBlocksPerSplit = 2;
 // k-blocks each warp keeps requested from L2 ahead of its register stages (set_w4a16_l2_prefetch).
@@ -66,24 +70,10 @@ void set_w4a16_kernel(W4A16Kernel kernel) { g_kernel.store(static_cast<int>(kern
 W4A16Kernel w4a16_kernel() { return static_cast<W4A16Kernel>(g_kernel.load()); }
 
 void set_w4a16_stream_stages(int stages) {
-  g_stream_stages.store(stages <= 0 ? 0 : std::min(stages, kernels::kW4StreamMaxStages));
+  g_stream_stages.store(std::clamp(stages, 1, kernels::kW4StreamMaxStages));
 }
 
 int w4a16_stream_stages() { return g_stream_stages.load(); }
-
-int w4a16_stream_stages_for(int64_t size_n, int64_t size_k) {
-  const int fixed = g_stream_stages.load(std::memory_order_relaxed);
-  if (fixed > 0) return fixed;
-  // The deepest ring (2..4 slots) with which every thread block of the grid is resident at
-  // once: a second partial wave of blocks that each stream a whole k-range would double the time.
-  const int64_t ctas =
-      (size_n + kW4A16BlockN - 1) / kW4A16BlockN * w4a16_num_splits(size_n, size_k);
-  const int64_t per_sm = std::max<int64_t>(1, (ctas + w4_num_sms() - 1) / w4_num_sms());
-  constexpr int64_t kSmemPerSm = 227 * 1024, kReservedPerCta = 1024;
-  const int64_t budget = kSmemPerSm / per_sm - kReservedPerCta;
-  const int64_t stages = budget / static_cast<int64_t>(kernels::w4_stream_smem_bytes(1));
-  return static_cast<int>(std::clamp<int64_t>(stages, 2, 4));
-}
 
 void set_w4a16_ctas_per_sm(int ctas) { g_ctas_per_sm.store(std::max(ctas, 1)); }
 
@@ -215,7 +205,7 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
   const bool stream_kernel =
       size_m <= kW4A16StreamMaxRows &&
       g_kernel.load(std::memory_order_relaxed) == static_cast<int>(W4A16Kernel::kStream);
-  const int stages = stream_kernel ? w4a16_stream_stages_for(size_n, size_k) : 0;
+  const int stages = g_stream_stages.load(std::memory_order_relaxed);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
     return stream_kernel ? kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, stream)
                          : kernels::launch_w4a16_gemm<T>(p, zeros != nullptr, stream);

@@ -75,11 +75,9 @@ enum class W4A16Kernel : int { kRegisters = 0, kStream = 1 };
 constexpr int64_t kW4A16StreamMaxRows = 16;
 void set_w4a16_kernel(W4A16Kernel kernel);
 W4A16Kernel w4a16_kernel();
-// Ring slots (2 KiB each) per warp of the stream kernel, 1..8, or 0 (the default): per shape,
-// the deepest of 2..4 that keeps every thread block of the grid resident at once.
+// Ring slots (2 KiB each) per warp of the stream kernel, 1..8 (default 2).
 void set_w4a16_stream_stages(int stages);
 int w4a16_stream_stages();
-int w4a16_stream_stages_for(int64_t size_n, int64_t size_k);
 // Thread blocks per SM the k-split aims for (default 4).
 void set_w4a16_ctas_per_sm(int ctas);
 int w4a16_ctas_per_sm();
