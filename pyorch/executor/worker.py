@@ -110,8 +110,11 @@ class Worker:
         held per expert, the global expert ids held), for logs and tests."""
         from pyorch.layers.fused_moe import FusedMoE
 
+        model = self.runner.model
+        if model is None:
+            raise RuntimeError(f"worker {self.rank}: the model is not loaded")
         return [(m.ep_size, m.intermediate_size_per_partition, list(m.local_expert_ids))
-                for m in self.runner.model.modules() if isinstance(m, FusedMoE)]
+                for m in model.modules() if isinstance(m, FusedMoE)]
 
     def get_timings(self) -> Any:
         return self.runner.timings

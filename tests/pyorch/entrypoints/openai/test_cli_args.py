@@ -99,12 +99,19 @@ def test_parallel_flags_map_to_engine_args():
     e = cli_args.engine_args_from(parse(["--tensor-parallel-size", "4"]))
     assert (e.tensor_parallel_size, e.distributed_executor_backend) == (4, None)
     assert e.disable_custom_all_reduce is False
+    assert (e.enable_expert_parallel, e.expert_placement_strategy) == (False, "linear")
+    e = cli_args.engine_args_from(parse(["-tp", "4", "--enable-expert-parallel",
+                                         "--expert-placement-strategy", "round_robin"]))
+    assert (e.enable_expert_parallel, e.expert_placement_strategy) == (True, "round_robin")
+    e = cli_args.engine_args_from(parse(["--no-enable-expert-parallel"]))
+    assert e.enable_expert_parallel is False
 
 
 @pytest.mark.parametrize("argv, message", [
     (["-tp", "0"], "must be >= 1"),
     (["--pipeline-parallel-size", "2"], "tensor parallelism only"),
     (["--distributed-executor-backend", "external_launcher"], "invalid choice"),
+    (["--expert-placement-strategy", "striped"], "invalid choice"),
     (["--max-model-len", "lots"], "expected an integer"),
     (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
     (["--block-size", "3"], "invalid choice"),
