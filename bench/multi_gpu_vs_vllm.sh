@@ -70,7 +70,7 @@ if engine pyorch; then
   common=(--model "$MODEL" --load-format dummy --dtype bfloat16 "${layout[@]}" ${PYORCH_EXTRA:-})
   py_throughput() {  # NAME IN OUT: temperature 1.0 like vLLM's bench, no transformers baseline
     (cd "$HERE" && timeout "$T" python3 -m pyorch.cli.main bench throughput "${common[@]}" \
-      --input-len "$2" --output-len "$3" --num-prompts "$N" --temperature 1 --skip-hf \
+      --input-len "$2" --output-len "$3" --num-prompts "$N" --temperature 1 --hf-best --skip-hf \
       --max-model-len "$MML" --output-json "$OUT_DIR/$1.json") > "$OUT_DIR/$1.log" 2>&1 || status=1
     grep -E "x output|output tok" "$OUT_DIR/$1.log" | tail -3
   }

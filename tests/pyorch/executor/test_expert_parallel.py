@@ -122,3 +122,29 @@ def test_expert_parallel_refusals(tmp_path_factory):
     with pytest.raises(ValueError, match=r"tensor_parallel_size 8\) is larger than the "
                                          r"model's number of experts \(6\)"):
         config.verify_with_parallel_config(ParallelConfig(8, enable_expert_parallel=True))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs")
+@pytest.mark.parametrize("arch, ep", [("llama", False), ("qwen3_moe", False),
+                                      ("qwen3_moe", True)],
+                         ids=["llama", "qwen3_moe", "qwen3_moe-ep"])
+def test_tp4_greedy_equals_tp1_on_four_gpus(arch, ep, tmp_path_factory):
+    """bf16 on 4 GPUs (CUDA graphs, the custom all-reduce, async scheduling) against one GPU,
+    token for token; with EP each GPU holds 2 of the 8 experts."""
+    path, vocab = _tiny_model(arch, tmp_path_factory)
+    prompts = _prompts(vocab, PROMPT_LENS)
+    gpu = dict(device="cuda", dtype=torch.bfloat16, kv_cache_memory_bytes=None,
+               gpu_memory_utilization=0.3)
+    # The one-rank reference runs in a worker process ("mp"): an in-process engine keeps its
+    # GPU memory after shutdown, which the 4-rank engine would count as taken.
+    one = _llm(path, distributed_executor_backend="mp", **gpu)
+    try:
+        expected = _greedy_tokens(one, prompts)
+    finally:
+        one.llm_engine.shutdown()
+    del one
+    got, layout = _run_parallel(path, prompts, tensor_parallel_size=4,
+                                enable_expert_parallel=ep, **gpu)
+    assert got == expected
+    if ep:
+        assert [layers[0] for layers in layout] == [(4, 64, [2 * r, 2 * r + 1]) for r in range(4)]
