@@ -232,6 +232,8 @@ def test_bad_vllm_flag_values(argv, message, capsys):
     (["--cpu-offload-gb", "4"], "weight offloading"),
     (["--allow-deprecated-quantization"], "deprecated quantization methods"),
     (["--tool-parser-plugin", "p.py"], "tool-parser plugins"),
+    (["--enable-expert-parallel", "--all2all-backend", "deepep_low_latency"],
+     "--all2all-backend deepep_low_latency: all-to-all expert dispatch"),
 ])
 def test_refused_flags_name_the_flag_and_feature(argv, message):
     from pyorch.entrypoints.openai.cli_refused import refusal
