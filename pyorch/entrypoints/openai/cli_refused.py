@@ -102,8 +102,10 @@ _REFUSED: list[tuple[str, Optional[str], str, str, tuple[str, ...]]] = [
     ("--data-parallel-external-lb", "-dpe", "flag", "data parallelism", ()),
     ("--decode-context-parallel-size", "-dcp", "value", "context parallelism", ("1",)),
     ("--prefill-context-parallel-size", "-pcp", "value", "context parallelism", ("1",)),
+    # vLLM's default is what expert parallelism without data parallelism does (all-reduce).
     ("--all2all-backend", None, "value",
-     "all-to-all expert dispatch (expert parallelism combines by all-reduce)", ()),
+     "all-to-all expert dispatch (expert parallelism combines by all-reduce)",
+     ("allgather_reducescatter",)),
     ("--enable-eplb", None, "flag", "expert load balancing (mixture of experts)", ()),
     ("--eplb-config", None, "value", "expert load balancing (mixture of experts)", ()),
     ("--enable-dbo", None, "flag", "dual batch overlap", ()),

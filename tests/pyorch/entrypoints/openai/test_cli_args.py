@@ -245,7 +245,8 @@ def test_neutral_values_of_refused_flags_are_accepted(tmp_path):
     from pyorch.entrypoints.openai.cli_refused import refusal
 
     argv = ["-dp", "1", "--logprobs-mode", "raw_logprobs", "--model-impl", "vllm",
-            "--cpu-offload-gb", "0", "--stream-interval", "1", "--disable-cascade-attn"]
+            "--cpu-offload-gb", "0", "--stream-interval", "1", "--disable-cascade-attn",
+            "--all2all-backend", "allgather_reducescatter"]
     assert refusal(parse(argv)) is None
     config = tmp_path / "serve.yaml"
     config.write_text("enable-lora: true\ndata_parallel_size: 1\n")
