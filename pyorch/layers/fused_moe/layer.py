@@ -14,6 +14,7 @@ Every rank routes the same (replicated) tokens; the model all-reduces the partia
 naive dispatch/combine without data parallelism). With tp_size = ep_size = 1 nothing is needed.
 """
 
+import logging
 from typing import cast
 
 import torch
@@ -21,6 +22,9 @@ from torch import nn
 
 from pyorch.layers.fused_moe.fused_moe import fused_experts, fused_topk
 from pyorch.layers.linear import set_weight_attrs
+
+logger = logging.getLogger(__name__)
+_logged_placement: set[tuple[int, int, int, str]] = set()  # one log line per layout a process
 
 
 class FusedMoE(nn.Module):
@@ -71,6 +75,12 @@ class FusedMoE(nn.Module):
             expert_map[self.local_expert_ids] = torch.arange(self.local_num_experts,
                                                              dtype=torch.int32)
             self.register_buffer("_expert_map", expert_map, persistent=False)
+            layout = (num_experts, ep_size, ep_rank, expert_placement_strategy)
+            if layout not in _logged_placement:
+                _logged_placement.add(layout)
+                logger.info("[EP rank %d/%d] expert parallelism (%s placement): %d of %d "
+                            "experts local: %s", ep_rank, ep_size, expert_placement_strategy,
+                            self.local_num_experts, num_experts, self.local_expert_ids)
         dtype = params_dtype or torch.get_default_dtype()
         e, i, h = self.local_num_experts, self.intermediate_size_per_partition, hidden_size
         self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
