@@ -10,6 +10,10 @@ import torch
 from torch import nn
 
 from pyorch.distributed.communication_op import tensor_model_parallel_all_reduce
+from pyorch.distributed.parallel_state import (
+    get_expert_parallel_rank_and_size,
+    get_expert_placement_strategy,
+)
 from pyorch.layers.fused_moe import FusedMoE
 from pyorch.layers.linear import ReplicatedLinear, get_tensor_model_parallel_rank_and_size
 from pyorch.layers.quantization import QuantizationConfig
@@ -50,13 +54,22 @@ class SparseMoeBlock(nn.Module):
             raise ValueError(f"MoE experts support hidden_act='silu' only, got {hidden_act!r}")
         # The router stays unquantized, as in vLLM (quant_config=None for the gate).
         self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, prefix=f"{prefix}.gate")
-        # Tensor parallelism shards every expert's intermediate dimension: each rank's expert
-        # output is a partial sum, all-reduced before the (already reduced) shared expert adds.
+        # Tensor parallelism shards every expert's intermediate dimension; expert parallelism
+        # (enable_expert_parallel) gives each rank whole experts instead. Either way each rank's
+        # expert output is a partial sum, all-reduced before the (already reduced, tensor-
+        # parallel) shared expert adds.
         tp_rank, self.tp_size = get_tensor_model_parallel_rank_and_size()
         # A quantization method that does not cover the experts is refused there.
-        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize,
-                                tp_size=self.tp_size, tp_rank=tp_rank,
-                                quant_config=quant_config, prefix=f"{prefix}.experts")
+        ep_rank, ep_size = get_expert_parallel_rank_and_size()
+        if ep_size > 1:
+            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size,
+                                    renormalize, ep_size=ep_size, ep_rank=ep_rank,
+                                    expert_placement_strategy=get_expert_placement_strategy(),
+                                    quant_config=quant_config, prefix=f"{prefix}.experts")
+        else:
+            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size,
+                                    renormalize, tp_size=self.tp_size, tp_rank=tp_rank,
+                                    quant_config=quant_config, prefix=f"{prefix}.experts")
         self.shared_expert: LlamaMLP | None = None
         self.shared_expert_gate: ReplicatedLinear | None = None
         if shared_expert_intermediate_size > 0:
