@@ -110,10 +110,7 @@ __global__ void reference_kernel(float* out, const bf16* a, const uint32_t* b_q,
   for (int64_t kk = 0; kk < k; ++kk) {
     const int64_t kb = kk / 64, within = kk % 64, t = within / 16, kt = (within % 16) / 4;
     const int64_t j = within % 4, h = j % 2, r = (j / 2) * 2 + rlow, p = 4 * h + r;
-    // Tiles in groups of 4 (the last may have fewer), a group's blocks k-block-major.
-    const int64_t first = nt / 4 * 4, in_group = n / 16 - first < 4 ? n / 16 - first : 4;
-    const int64_t block = first * (k / 64) + kb * in_group + (nt - first);
-    const int64_t word = (block * 32 + g * 4 + t) * 4 + kt;
+    const int64_t word = ((nt * (k / 64) + kb) * 32 + g * 4 + t) * 4 + kt;
     const int q = static_cast<int>((b_q[word] >> (4 * p)) & 0xF);
     const float w = __bfloat162float(__float2bfloat16(
         static_cast<float>(q - 8) * __bfloat162float(scales[(kk / kGroupSize) * n + col])));
@@ -200,7 +197,7 @@ struct Buffers {
     fill_bf16_kernel<<<2048, 256>>>(a, size_t(max_m) * s.k, -1.f, 1.f, 8);
     out = device_alloc<bf16>(size_t(max_m) * s.n);
     chunk =
-        std::min<int64_t>(s.n, std::max<int64_t>(64, (int64_t{64} << 20) / (2 * s.k) / 64 * 64));
+        std::min<int64_t>(s.n, std::max<int64_t>(16, (int64_t{64} << 20) / (2 * s.k) / 16 * 16));
     dequant = device_alloc<bf16>(size_t(chunk) * s.k);
     workspace = device_alloc<int32_t>(size_t(s.n / pyorch::kW4A16BlockN + 1));
     BENCH_CHECK(cudaMemset(workspace, 0, (s.n / pyorch::kW4A16BlockN + 1) * sizeof(int32_t)));

@@ -133,11 +133,8 @@ cudaError_t w4a16_dequantize(void* out, const int32_t* b_q, const void* scales,
                              int64_t size_k, int64_t group_size, int64_t n_begin, int64_t n_count,
                              cudaStream_t stream) {
   if (!w4_shape_ok(size_n, size_k) || group_size <= 0 || size_k % group_size != 0 ||
-      n_begin % kW4A16BlockN != 0 || n_count % kW4A16TileN != 0 || n_begin + n_count > size_n ||
-      (n_count % kW4A16BlockN != 0 && n_begin + n_count != size_n)) {
-    PYORCH_INVALID(
-        "w4a16_dequantize: bad shape (columns n_begin .. n_begin + n_count must be whole tile "
-        "groups of 64, the last one ending at size_n)");
+      n_begin % kW4A16TileN != 0 || n_count % kW4A16TileN != 0 || n_begin + n_count > size_n) {
+    PYORCH_INVALID("w4a16_dequantize: bad shape");
   }
   if ((type == W4A16Type::kUint4) != (zeros != nullptr)) {
     PYORCH_INVALID("w4a16_dequantize: zero points go with uint4 and only with it");

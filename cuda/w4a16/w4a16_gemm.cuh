@@ -99,33 +99,12 @@ __device__ __forceinline__ uint4 w4_load_stream(const uint4* p) {
   return v;
 }
 
-// Where n-tile nt's k-blocks are (pyorch/w4a16_layout.h: tiles in groups of 4, a group's
-// blocks k-block-major): block kb of the tile at base + kb * stride (uint4 units, 32 per block);
-// group_base + kb * stride is k-block kb of the whole group (stride uint4s of contiguous codes).
-struct W4TileStream {
-  const uint4* base;
-  const uint4* group_base;
-  int stride;
-};
-
-__device__ __forceinline__ W4TileStream w4_tile_stream(const W4A16GemmArgs& p, int64_t nt,
-                                                       int kblocks) {
-  const int64_t ntiles = p.n / kW4A16TileN;
-  const int64_t first = nt / kW4A16GroupTiles * kW4A16GroupTiles;
-  const int tiles = static_cast<int>(min(ntiles - first, kW4A16GroupTiles));
-  W4TileStream s;
-  s.group_base = p.b_q + first * kblocks * 32;
-  s.base = s.group_base + (nt - first) * 32;
-  s.stride = tiles * 32;
-  return s;
-}
-
-// Asks L2 for k-blocks [from, to) of a tile group's codes (contiguous) with one bulk prefetch
-// (sm_90): more bytes in flight without holding registers.
-__device__ __forceinline__ void w4_prefetch_blocks(const W4TileStream& ts, int from, int to) {
+// Asks L2 for blocks [from, to) of a warp's codes (512 bytes each) with one bulk prefetch (sm_90):
+// more bytes in flight per warp without holding registers.
+__device__ __forceinline__ void w4_prefetch_blocks(const uint4* warp_codes, int from, int to) {
   if (from >= to) return;
-  const uint32_t bytes = static_cast<uint32_t>(to - from) * ts.stride * sizeof(uint4);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ts.group_base + from * ts.stride),
+  const uint32_t bytes = static_cast<uint32_t>(to - from) * 32 * sizeof(uint4);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(warp_codes + from * 32),
                "r"(bytes)
                : "memory");
 }
@@ -160,8 +139,7 @@ template <typename T, bool HAS_ZEROS>
 __device__ __forceinline__ W4Stage w4_load_stage(const W4A16GemmArgs& p, int64_t nt, int kb,
                                                  int kblocks, int lane) {
   W4Stage s;
-  s.codes =
-      w4_load_stream(p.b_q + (w4a16_block_index(nt, kb, kblocks, p.n / kW4A16TileN) * 32 + lane));
+  s.codes = w4_load_stream(p.b_q + ((nt * kblocks + kb) * 32 + lane));
   w4_load_group<T, HAS_ZEROS>(p, nt, kb, lane, &s);
   return s;
 }
@@ -300,10 +278,10 @@ __global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmA
   const int kb_end = min(kb_begin + p.blocks_per_split, kblocks);
   float acc[M_TILES][4] = {};
   if (nt < p.n / kW4A16TileN) {
-    const W4TileStream ts = w4_tile_stream(p, nt, kblocks);
-    const bool prefetch = p.prefetch_blocks > 0 && lane == 0 && warp == 0;  // for the group
+    const uint4* warp_codes = p.b_q + nt * kblocks * 32;  // block kb at warp_codes + 32 kb
+    const bool prefetch = p.prefetch_blocks > 0 && lane == 0;
     if (prefetch) {
-      w4_prefetch_blocks(ts, kb_begin + kW4Stages,
+      w4_prefetch_blocks(warp_codes, kb_begin + kW4Stages,
                          min(kb_begin + kW4Stages + p.prefetch_blocks, kb_end));
     }
     W4Stage cur[kW4Stages];
@@ -315,7 +293,7 @@ __global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmA
     for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kW4Stages) {
       if (prefetch) {  // keep prefetch_blocks ahead of the register stages being loaded
         const int from = kb0 + kW4Stages + p.prefetch_blocks;
-        w4_prefetch_blocks(ts, from, min(from + kW4Stages, kb_end));
+        w4_prefetch_blocks(warp_codes, from, min(from + kW4Stages, kb_end));
       }
       W4Stage next[kW4Stages];
 #pragma unroll

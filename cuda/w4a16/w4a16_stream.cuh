@@ -3,10 +3,9 @@
 // so a warp keeps many kilobytes in flight without holding registers for them and computes while
 // they land.
 //
-// Each warp owns one 16-column n-tile and streams its k-range through a private ring of `stages`
-// slots of kW4StreamChunk k-blocks (512 bytes each): lane 0 issues one bulk copy per block (the
-// tile groups of pyorch/w4a16_layout.h put k-block kb of the thread block's 4 tiles side by side,
-// so the block's four warps read one contiguous run) with an mbarrier per slot that completes
+// Each warp owns one 16-column n-tile (the tiles of pyorch/w4a16.h keep a tile's k-blocks
+// contiguous) and streams its k-range through a private ring of `stages` slots of kW4StreamChunk
+// k-blocks (512 bytes each): lane 0 issues one bulk copy per slot with an mbarrier that completes
 // on the bytes; every lane waits on the slot's barrier, copies its 16 bytes per block into
 // registers, the warp syncs, lane 0 refills the slot with the chunk `stages` ahead, and the warp
 // dequantizes and multiplies the chunk in registers (scales and zero points are loaded one chunk
@@ -48,21 +47,16 @@ __device__ __forceinline__ void w4_mbarrier_init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(w4_smem_addr(bar)) : "memory");
 }
 
-// The barrier's phase completes once `bytes` more bytes have landed (and its one arrival, this
-// one, is in).
-__device__ __forceinline__ void w4_expect_bytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(w4_smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-// The bulk copy of `bytes` (a multiple of 16) from global src to shared dst, counted on bar.
+// The bulk copy of `bytes` (a multiple of 16) from global src to shared dst, completing on bar.
 __device__ __forceinline__ void w4_bulk_copy(void* dst, const void* src, uint32_t bytes,
                                              uint64_t* bar) {
+  const uint32_t b = w4_smem_addr(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
+               : "memory");
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
           "r"(w4_smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(w4_smem_addr(bar))
+      "l"(src), "r"(bytes), "r"(b)
       : "memory");
 }
 
@@ -114,18 +108,14 @@ __global__ void __launch_bounds__(kW4Threads)
   const int blocks_per_group = GROUP_SCALE ? p.group_size / static_cast<int>(kW4A16BlockK) : 1;
   const bool bpg_pow2 = (blocks_per_group & (blocks_per_group - 1)) == 0;
   if (valid_tile && kb_begin < kb_end) {
-    const W4TileStream ts = w4_tile_stream(p, nt, kblocks);
+    const uint4* warp_codes = p.b_q + nt * kblocks * 32;  // block kb at warp_codes + 32 kb
     const int nchunks = (kb_end - kb_begin + kW4StreamChunk - 1) / kW4StreamChunk;
-    auto issue = [&](int c) {  // lane 0: chunk c into its slot, one 512-byte copy per block
+    auto issue = [&](int c) {  // lane 0: chunk c into its slot
       const int kb = kb_begin + c * kW4StreamChunk;
       const int blocks = min(kW4StreamChunk, kb_end - kb);
       const int slot = c % stages;
-      constexpr uint32_t kBlockBytes = 32 * sizeof(uint4);
-      w4_expect_bytes(&bars[slot], static_cast<uint32_t>(blocks) * kBlockBytes);
-      for (int j = 0; j < blocks; ++j) {
-        w4_bulk_copy(ring + slot * kW4StreamChunkWords + j * 32, ts.base + (kb + j) * ts.stride,
-                     kBlockBytes, &bars[slot]);
-      }
+      w4_bulk_copy(ring + slot * kW4StreamChunkWords, warp_codes + kb * 32,
+                   static_cast<uint32_t>(blocks * 32 * sizeof(uint4)), &bars[slot]);
     };
     if (lane == 0) {
       for (int s = 0; s < stages; ++s) w4_mbarrier_init(&bars[s]);

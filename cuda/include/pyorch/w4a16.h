@@ -4,14 +4,9 @@
 //
 // The tile layout ("w4 tiles"). For a weight W [size_k, size_n] (K rows = input features, N
 // columns = output features) of 4-bit codes, the packed tensor is int32 [size_n / 16,
-// size_k * 2] of 512-byte blocks, one per (16-column n-tile nt, 64-row k-block kb). The n-tiles
-// come in groups of 4 (64 columns, one thread block of the CUDA GEMM; the last group of a size_n
-// that is not a multiple of 64 has fewer), and a group's blocks are k-block-major: block (nt, kb)
-// is number 4 G kblocks + kb T + (nt - 4 G) for G = nt / 4 and T tiles in that group
-// (w4a16_block_index in pyorch/w4a16_layout.h), so k-block kb of the group's tiles is one
-// contiguous run. A block is 32 lanes x 4 words (one uint4 per lane). Word kt (0..3) of lane L = (g
-// = L / 4, t = L % 4) holds 8 codes; code p (bits 4p..4p+3), with r = p % 4 and h = p / 4, is the
-// one of
+// size_k * 2]: for each 16-column n-tile nt and each 64-row k-block kb, 32 lanes x 4 words
+// (one uint4 per lane, 512 bytes per block). Word kt (0..3) of lane L = (g = L / 4, t = L % 4)
+// holds 8 codes; code p (bits 4p..4p+3), with r = p % 4 and h = p / 4, is the one of
 //   n = 16 nt + g + 8 (r % 2),  k = 64 kb + 16 t + 4 kt + h + 2 (r / 2).
 // That is the A-fragment of mma.m16n8k16 (rows = n, columns = k) with the k order inside each
 // 64-row block permuted so that lane t's activations are 16 consecutive elements (one 32-byte
