@@ -99,9 +99,8 @@ inline SkinnyGemmShape check_skinny_gemm_fused(const at::Tensor& out, const at::
               "skinny_gemm_fused: silu_and_mul needs an even number of weight rows [gate; up], "
               "got ",
               weight.sizes());
-  const SkinnyGemmShape s =
-      check_skinny_gemm(out, input, weight, bias, epi == SkinnyFusedEpilogue::kSiluMul ? 2 : 1,
-                        weight_dtype);
+  const SkinnyGemmShape s = check_skinny_gemm(
+      out, input, weight, bias, epi == SkinnyFusedEpilogue::kSiluMul ? 2 : 1, weight_dtype);
   if (norm_weight) {
     TORCH_CHECK(norm_weight->scalar_type() == input.scalar_type(),
                 "skinny_gemm_fused: norm_weight dtype ", norm_weight->scalar_type(),

@@ -23,8 +23,8 @@ inline SkinnyGemmShape check_skinny_gemm_fp8(const at::Tensor& out, const at::Te
                                              int64_t epilogue, bool* per_channel) {
   TORCH_CHECK(weight.scalar_type() == at::kFloat8_e4m3fn,
               "skinny_gemm_fp8: weight must be float8_e4m3fn, got ", weight.scalar_type());
-  const SkinnyGemmShape s = check_skinny_gemm_fused(out, input, weight, bias, norm_weight,
-                                                    epilogue, at::kFloat8_e4m3fn);
+  const SkinnyGemmShape s =
+      check_skinny_gemm_fused(out, input, weight, bias, norm_weight, epilogue, at::kFloat8_e4m3fn);
   TORCH_CHECK(s.input_size % 16 == 0, "skinny_gemm_fp8: input_size ", s.input_size,
               " must be a multiple of 16");
   TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.is_contiguous() &&
@@ -39,10 +39,10 @@ inline SkinnyGemmShape check_skinny_gemm_fp8(const at::Tensor& out, const at::Te
 }  // namespace pyorch
 
 // CUDA adapter (cpp/ops/gemm_fp8.cpp) and CPU kernel (cpp/cpu/gemm_fp8.cpp).
-#define PYORCH_DECLARE_GEMM_FP8_OPS                                                              \
-  void skinny_gemm_fp8(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,      \
-                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,   \
-                       const std::optional<at::Tensor>& norm_weight, double epsilon,            \
+#define PYORCH_DECLARE_GEMM_FP8_OPS                                                           \
+  void skinny_gemm_fp8(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,    \
+                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, \
+                       const std::optional<at::Tensor>& norm_weight, double epsilon,          \
                        int64_t epilogue, std::optional<bool> pdl);
 PYORCH_DECLARE_GEMM_FP8_OPS
 namespace pyorch::cpu {

@@ -679,8 +679,9 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
     Problem pm = p;
     pm.m = m;
     pm.a_scales_stride = (m + 3) / 4 * 4;
-    const Case token{Mode::kScaled, DType::kFp8E4M3, DType::kBFloat16, ScaledMmTile::kAuto,
-                     true, true, false, false};
+    const Case token{
+        Mode::kScaled, DType::kFp8E4M3, DType::kBFloat16, ScaledMmTile::kAuto, true, true, false,
+        false};
     const double w8a8_us = time_launches(
         [&](int i, cudaStream_t st) {
           Problem pi = pm;
@@ -695,8 +696,8 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
     if (g.ok) {
       cublas_us = time_launches(
           [&](int i, cudaStream_t st) {
-            g.run(t.handle, p.b + (size_t(i) % copies) * weight_bytes, p.a, cublas_out,
-                  t.workspace, t.workspace_bytes, st);
+            g.run(t.handle, p.b + (size_t(i) % copies) * weight_bytes, p.a, cublas_out, t.workspace,
+                  t.workspace_bytes, st);
           },
           24, t.iters, t.stream);
     }

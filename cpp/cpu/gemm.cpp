@@ -33,8 +33,8 @@ float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
 // (skinny_gemm_fp8) whose fp32 dot is multiplied by w_scale (per row, or [0] for all).
 template <typename T, typename W = T>
 void skinny_gemm_impl(const SkinnyGemmShape& s, const T* x, const W* w, const T* b, const T* g,
-                      float eps, SkinnyFusedEpilogue epilogue, T* o,
-                      const float* w_scale = nullptr, bool w_scale_per_row = false) {
+                      float eps, SkinnyFusedEpilogue epilogue, T* o, const float* w_scale = nullptr,
+                      bool w_scale_per_row = false) {
   const int64_t K = s.input_size;
   const bool paired = epilogue == SkinnyFusedEpilogue::kSiluMul;
   const int64_t half = s.output_size / 2;
@@ -116,8 +116,8 @@ void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tenso
 
 void skinny_gemm_fp8(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                      const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                     const std::optional<at::Tensor>& norm_weight, double epsilon,
-                     int64_t epilogue, std::optional<bool> /*pdl: a launch detail of CUDA*/) {
+                     const std::optional<at::Tensor>& norm_weight, double epsilon, int64_t epilogue,
+                     std::optional<bool> /*pdl: a launch detail of CUDA*/) {
   TORCH_CHECK(input.device().is_cpu() && weight.device().is_cpu() && out.device().is_cpu() &&
                   weight_scale.device().is_cpu() && (!bias || bias->device().is_cpu()) &&
                   (!norm_weight || norm_weight->device().is_cpu()),

@@ -8,8 +8,8 @@
 
 void skinny_gemm_fp8(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                      const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                     const std::optional<at::Tensor>& norm_weight, double epsilon,
-                     int64_t epilogue, std::optional<bool> pdl) {
+                     const std::optional<at::Tensor>& norm_weight, double epsilon, int64_t epilogue,
+                     std::optional<bool> pdl) {
   TORCH_CHECK(input.is_cuda() && weight.device() == input.device() &&
                   out.device() == input.device() && weight_scale.device() == input.device() &&
                   (!bias || bias->device() == input.device()) &&

@@ -89,7 +89,7 @@ struct SkinnyGemmArgs {
   // W != T only: float32 weight scales, [output_size] (weight_scale_per_row) or [1]
   const float* weight_scale;
   int weight_scale_per_row;
-  const T* bias;    // [output_size] or nullptr
+  const T* bias;         // [output_size] or nullptr
   const T* norm_weight;  // [input_size]: RMS-norm the input with this scale; nullptr: no norm
   float eps;             // the norm's epsilon
   int64_t num_tokens;
@@ -222,8 +222,8 @@ template <int M_TILES, typename T, typename W = T>
 struct SkinnySlice {
   using Fmt = SkinnyWeight<T, W>;
   static constexpr int kXPerSlice = 4 * Fmt::kXChunks;  // x chunks per lane and slice
-  uint4 w_lo[4];                 // row g, chunks i = 0..3
-  uint4 w_hi[4];                 // row g + 8
+  uint4 w_lo[4];                                        // row g, chunks i = 0..3
+  uint4 w_hi[4];                                        // row g + 8
   uint4 x[M_TILES][kXPerSlice];  // token (tile * 8 + g): chunk i's x chunks c at 4 * i... + c
 
   // k of x chunk j (weight chunk j / kXChunks) from this lane's first element of the slice.
@@ -352,8 +352,7 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   // is ready: under PDL this overlaps the previous kernel's tail, and in any case it puts more
   // bytes in flight than the registers can hold while the pipeline fills.
   for (int j = 0; j < args.prefetch_slices; ++j) {
-    const int64_t k =
-        static_cast<int64_t>(warp + j * NUM_WARPS) * kSliceK + (64 / sizeof(W)) * t;
+    const int64_t k = static_cast<int64_t>(warp + j * NUM_WARPS) * kSliceK + (64 / sizeof(W)) * t;
     if (k < K) {
       prefetch_l2(w_lo_row + k);
       prefetch_l2(w_hi_row + k);
@@ -381,18 +380,18 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
     // norm).
     if (slice < num_full_slices) {
       Slice cur;
-      cur.template load<false, L2_PREFETCH>(
-          w_lo_row, w_hi_row, x_rows, static_cast<int64_t>(slice) * kSliceK + lane_k, K);
+      cur.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
+                                            static_cast<int64_t>(slice) * kSliceK + lane_k, K);
       while (true) {
         const int next = slice + NUM_WARPS;
         const bool more = next < num_full_slices;
         Slice nxt;
         if (more) {
-          nxt.template load<false, L2_PREFETCH>(
-              w_lo_row, w_hi_row, x_rows, static_cast<int64_t>(next) * kSliceK + lane_k, K);
+          nxt.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
+                                                static_cast<int64_t>(next) * kSliceK + lane_k, K);
         }
-        cur.template apply_norm<false>(
-            args.norm_weight, static_cast<int64_t>(slice) * kSliceK + lane_k, K, sum_sq);
+        cur.template apply_norm<false>(args.norm_weight,
+                                       static_cast<int64_t>(slice) * kSliceK + lane_k, K, sum_sq);
         cur.multiply(acc);
         slice = next;
         if (!more) break;
