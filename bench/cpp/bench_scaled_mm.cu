@@ -16,7 +16,8 @@
 //   fp8:  cublasLtMatmul with e4m3 inputs and per-tensor scale pointers, bf16 out, fp32 compute
 //         (what torch._scaled_mm calls); fast accumulation as ours unless --cublas-fast-accum 0.
 //   int8: cublasLtMatmul int8 x int8 -> int32 (what torch._int_mm calls), with no scaling at all.
-// ratio = cuBLASLt time / our time (> 1: ours faster). The weights rotate over enough copies that
+// ratio = cuBLASLt time / our time (> 1: ours faster); fp8 at M >= 1024 also times the 128 x 256
+// cooperative tile (huge_us, ratio_huge). The weights rotate over enough copies that
 // no launch finds its weight in L2; each time is the median replay of a CUDA graph of launches.
 // Decode (op=fp8_skinny rows, --skinny-tokens, default 1,8,16): pyorch::skinny_gemm_fp8 (bf16
 // activations, e4m3 weights, per-channel scales; pyorch/gemm.h) on the same shapes: its time with
@@ -391,7 +392,6 @@ int run_checks(Report& report, cudaStream_t stream) {
     for (DType out : {DType::kBFloat16, DType::kFloat16}) {
       for (int t = 0; t < pyorch::kNumScaledMmTiles; ++t) {
         const auto tile = static_cast<ScaledMmTile>(t);
-        if (tile == ScaledMmTile::kHuge && ab != DType::kInt8) continue;  // int8 only
         for (int scales = 0; scales < 4; ++scales) {
           for (bool bias : {false, true}) {
             one({Mode::kScaled, ab, out, tile, (scales & 1) != 0, (scales & 2) != 0, bias, false},
@@ -590,6 +590,16 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
     };
     const double token_us = ours(token);
     const double tensor_us = block ? token_us : ours(tensor);
+    // fp8 at m >= 1024: the 128 x 256 cooperative tile too (per-token/channel scales), to pick
+    // the large-m default from.
+    double huge_us = NAN, huge_err = NAN;
+    if (!block && ab_dtype == DType::kFp8E4M3 && m >= 1024) {
+      Case huge = token;
+      huge.tile = ScaledMmTile::kHuge;
+      BENCH_CHECK(run_ours(pm, huge, t.stream));
+      huge_err = check_rows(pm, huge, sample_rows(m, 16), t.stream).max_err;
+      huge_us = ours(huge);
+    }
     double cublas_us = NAN, cublas_err = NAN;
 #ifdef PYORCH_BENCH_CUBLASLT
     {
@@ -633,6 +643,9 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
                 {"cublaslt_us", Report::fmt(cublas_us)},
                 {"ratio", Report::fmt(cublas_us / tensor_us, 3)},
                 {"ratio_token_channel", Report::fmt(cublas_us / token_us, 3)},
+                {"huge_us", Report::fmt(huge_us)},
+                {"ratio_huge", Report::fmt(cublas_us / huge_us, 3)},
+                {"huge_max_err", Report::fmt(huge_err, 6)},
                 {"TFLOPS", Report::fmt(flops / (tensor_us * 1e6), 1)},
                 {"max_err", Report::fmt(check.max_err, 6)},
                 {"cublaslt_max_err", Report::fmt(cublas_err, 6)},
