@@ -86,7 +86,8 @@ def test_fused_decode_with_fp8_layers_matches_unfused(tmp_path, monkeypatch, dev
     real_op = _ops.skinny_gemm_fp8
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        fused = args[5] is not None or (len(args) > 7 and args[7] != "store")
+        # skinny_gemm_fp8(out, input, weight, weight_scale, bias, norm_weight, epsilon, epilogue)
+        fused = (len(args) > 5 and args[5] is not None) or (len(args) > 7 and args[7] != "store")
         if fused:
             fused_calls.append(args)
         return real_op(*args, **kwargs)
