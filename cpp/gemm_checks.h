@@ -34,16 +34,19 @@ inline bool skinny_aligned16(const at::Tensor& t) {
 enum class SkinnyFusedEpilogue : int64_t { kStore = 0, kSiluMul = 1, kAdd = 2 };
 
 // out_columns: the columns out must have (output_size, or output_size / 2 for SiLU-and-mul).
+// weight_dtype: the weight's dtype when it is not input's (skinny_gemm_fp8: float8_e4m3fn).
 inline SkinnyGemmShape check_skinny_gemm(const at::Tensor& out, const at::Tensor& input,
                                          const at::Tensor& weight,
                                          const std::optional<at::Tensor>& bias,
-                                         int64_t out_divisor = 1) {
+                                         int64_t out_divisor = 1,
+                                         std::optional<at::ScalarType> weight_dtype = {}) {
   const at::ScalarType dtype = input.scalar_type();
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
               "skinny_gemm: dtype must be float16 or bfloat16, got ", dtype);
-  TORCH_CHECK(weight.scalar_type() == dtype && out.scalar_type() == dtype &&
+  TORCH_CHECK(weight.scalar_type() == weight_dtype.value_or(dtype) && out.scalar_type() == dtype &&
                   (!bias || bias->scalar_type() == dtype),
-              "skinny_gemm: out, weight and bias dtypes must match input's ", dtype);
+              "skinny_gemm: out and bias dtypes must match input's ", dtype, " and weight's be ",
+              weight_dtype.value_or(dtype), ", got weight ", weight.scalar_type());
   TORCH_CHECK(input.dim() == 2 && weight.dim() == 2 && out.dim() == 2,
               "skinny_gemm: input [num_tokens, input_size], weight [output_size, input_size] and "
               "out [num_tokens, output_size] must be 2-D, got ",
@@ -85,7 +88,8 @@ inline SkinnyGemmShape check_skinny_gemm_fused(const at::Tensor& out, const at::
                                                const at::Tensor& weight,
                                                const std::optional<at::Tensor>& bias,
                                                const std::optional<at::Tensor>& norm_weight,
-                                               int64_t epilogue) {
+                                               int64_t epilogue,
+                                               std::optional<at::ScalarType> weight_dtype = {}) {
   TORCH_CHECK(epilogue >= 0 && epilogue <= 2, "skinny_gemm_fused: epilogue ", epilogue,
               " is not 0 (store), 1 (silu_and_mul) or 2 (add)");
   const auto epi = static_cast<SkinnyFusedEpilogue>(epilogue);
@@ -95,8 +99,8 @@ inline SkinnyGemmShape check_skinny_gemm_fused(const at::Tensor& out, const at::
               "skinny_gemm_fused: silu_and_mul needs an even number of weight rows [gate; up], "
               "got ",
               weight.sizes());
-  const SkinnyGemmShape s =
-      check_skinny_gemm(out, input, weight, bias, epi == SkinnyFusedEpilogue::kSiluMul ? 2 : 1);
+  const SkinnyGemmShape s = check_skinny_gemm(
+      out, input, weight, bias, epi == SkinnyFusedEpilogue::kSiluMul ? 2 : 1, weight_dtype);
   if (norm_weight) {
     TORCH_CHECK(norm_weight->scalar_type() == input.scalar_type(),
                 "skinny_gemm_fused: norm_weight dtype ", norm_weight->scalar_type(),

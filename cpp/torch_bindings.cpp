@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
+#include "gemm_fp8_checks.h"  // skinny_gemm_fp8
 #include "ops.h"
 #include "pyorch/launch.h"
 #include "quantization_ops.h"
@@ -105,6 +106,11 @@ TORCH_LIBRARY(pyorch, m) {
   m.def(
       "skinny_gemm_fused(Tensor! out, Tensor input, Tensor weight, Tensor? bias, "
       "Tensor? norm_weight, float epsilon, int epilogue, bool? pdl=None) -> ()");
+  // skinny_gemm_fused with a float8_e4m3fn weight [output_size, input_size] (input_size % 16 ==
+  // 0) and its float32 weight_scale ([1] or [output_size]), fp16/bf16 activations unquantized.
+  m.def(
+      "skinny_gemm_fp8(Tensor! out, Tensor input, Tensor weight, Tensor weight_scale, "
+      "Tensor? bias, Tensor? norm_weight, float epsilon, int epilogue, bool? pdl=None) -> ()");
 
   // ---- custom all-reduce (tensor parallelism; CUDA only) ---------------------------------------
   // out = the sum over the ranks of each rank's input, identical on every rank. input, out: [n]
@@ -268,6 +274,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_a8);
+  m.impl("skinny_gemm_fp8", c10::kCPU, &pyorch::cpu::skinny_gemm_fp8);
   m.impl("moe_grouped_permute", c10::kCPU, &pyorch::cpu::moe_grouped_permute);
   m.impl("moe_grouped_gemm", c10::kCPU, &pyorch::cpu::moe_grouped_gemm);
   m.impl("moe_grouped_unpermute", c10::kCPU, &pyorch::cpu::moe_grouped_unpermute);
@@ -315,6 +322,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
+  m.impl("skinny_gemm_fp8", c10::kCUDA, &skinny_gemm_fp8);
   m.impl("moe_grouped_permute", c10::kCUDA, &moe_grouped_permute);
   m.impl("moe_grouped_gemm", c10::kCUDA, &moe_grouped_gemm);
   m.impl("moe_grouped_unpermute", c10::kCUDA, &moe_grouped_unpermute);

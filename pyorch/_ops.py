@@ -368,6 +368,40 @@ def skinny_gemm_fused(
     )
 
 
+def skinny_gemm_fp8(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    norm_weight: Optional[torch.Tensor] = None,
+    epsilon: float = 1e-6,
+    epilogue: str = "store",
+    pdl: Optional[bool] = None,
+) -> None:
+    """skinny_gemm_fused with float8_e4m3fn weights: the decode GEMM of the fp8 linear methods.
+
+    p = weight_scale * (norm(input) @ weight^T) + bias, where weight's e4m3 values are widened
+    exactly to input's dtype and the products summed in float32; the activations are NOT
+    quantized (W8A16 numerics, closer to the float layer than the W8A8 cutlass_scaled_mm path).
+    weight: [output_size, input_size] e4m3, contiguous, 16-byte aligned, input_size % 16 == 0.
+    weight_scale: float32 [1] (per tensor) or [output_size] (per output channel; silu_and_mul:
+    the gate's and the up's rows their own). norm_weight, epsilon, epilogue as
+    skinny_gemm_fused; the rest as skinny_gemm (num_tokens <= 16).
+    pdl (CUDA): None launches the plain form ("store", no norm) with PDL where available and the
+    fused forms without, as skinny_gemm and skinny_gemm_fused do.
+    """
+    if epilogue not in SKINNY_EPILOGUES:
+        raise ValueError(
+            f"skinny_gemm_fp8: epilogue must be one of {sorted(SKINNY_EPILOGUES)}, "
+            f"got {epilogue!r}"
+        )
+    _ops.skinny_gemm_fp8(
+        out, input, weight, weight_scale, bias, norm_weight, epsilon, SKINNY_EPILOGUES[epilogue],
+        pdl,
+    )
+
+
 def custom_all_reduce(
     out: torch.Tensor,  # [n]: the sum over the ranks (identical on every rank)
     input: torch.Tensor,  # [n] contiguous fp32/fp16/bf16, n * element size % 16 == 0

@@ -16,10 +16,16 @@
 //   fp8:  cublasLtMatmul with e4m3 inputs and per-tensor scale pointers, bf16 out, fp32 compute
 //         (what torch._scaled_mm calls); fast accumulation as ours unless --cublas-fast-accum 0.
 //   int8: cublasLtMatmul int8 x int8 -> int32 (what torch._int_mm calls), with no scaling at all.
-// ratio = cuBLASLt time / our time (> 1: ours faster). The weights rotate over enough copies that
+// ratio = cuBLASLt time / our time (> 1: ours faster); fp8 at M >= 1024 also times the 128 x 256
+// cooperative tile (huge_us, ratio_huge). The weights rotate over enough copies that
 // no launch finds its weight in L2; each time is the median replay of a CUDA graph of launches.
+// Decode (op=fp8_skinny rows, --skinny-tokens, default 1,8,16): pyorch::skinny_gemm_fp8 (bf16
+// activations, e4m3 weights, per-channel scales; pyorch/gemm.h) on the same shapes: its time with
+// the default launch and with every (warps, L2 hint) it takes (sweep_us), % of the in-run copy
+// bandwidth for its bytes (weight + x + out), and the W8A8 path at the same M for comparison (our
+// cutlass_scaled_mm per-token/channel, without its activation quant kernel, and cuBLASLt).
 // Flags: --tokens 1,16,...  --models 8b,70b  --no-check --no-bench --no-int8 --no-block
-//        --iters 20 --cublas-fast-accum 1 --json FILE
+//        --no-skinny --skinny-tokens 1,8,16 --iters 20 --cublas-fast-accum 1 --json FILE
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +40,7 @@
 #endif
 
 #include "common/bench_util.h"
+#include "pyorch/gemm.h"
 #include "pyorch/scaled_mm.h"
 
 namespace {
@@ -385,7 +392,6 @@ int run_checks(Report& report, cudaStream_t stream) {
     for (DType out : {DType::kBFloat16, DType::kFloat16}) {
       for (int t = 0; t < pyorch::kNumScaledMmTiles; ++t) {
         const auto tile = static_cast<ScaledMmTile>(t);
-        if (tile == ScaledMmTile::kHuge && ab != DType::kInt8) continue;  // int8 only
         for (int scales = 0; scales < 4; ++scales) {
           for (bool bias : {false, true}) {
             one({Mode::kScaled, ab, out, tile, (scales & 1) != 0, (scales & 2) != 0, bias, false},
@@ -584,6 +590,16 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
     };
     const double token_us = ours(token);
     const double tensor_us = block ? token_us : ours(tensor);
+    // fp8 at m >= 1024: the 128 x 256 cooperative tile too (per-token/channel scales), to pick
+    // the large-m default from.
+    double huge_us = NAN, huge_err = NAN;
+    if (!block && ab_dtype == DType::kFp8E4M3 && m >= 1024) {
+      Case huge = token;
+      huge.tile = ScaledMmTile::kHuge;
+      BENCH_CHECK(run_ours(pm, huge, t.stream));
+      huge_err = check_rows(pm, huge, sample_rows(m, 16), t.stream).max_err;
+      huge_us = ours(huge);
+    }
     double cublas_us = NAN, cublas_err = NAN;
 #ifdef PYORCH_BENCH_CUBLASLT
     {
@@ -627,6 +643,9 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
                 {"cublaslt_us", Report::fmt(cublas_us)},
                 {"ratio", Report::fmt(cublas_us / tensor_us, 3)},
                 {"ratio_token_channel", Report::fmt(cublas_us / token_us, 3)},
+                {"huge_us", Report::fmt(huge_us)},
+                {"ratio_huge", Report::fmt(cublas_us / huge_us, 3)},
+                {"huge_max_err", Report::fmt(huge_err, 6)},
                 {"TFLOPS", Report::fmt(flops / (tensor_us * 1e6), 1)},
                 {"max_err", Report::fmt(check.max_err, 6)},
                 {"cublaslt_max_err", Report::fmt(cublas_err, 6)},
@@ -635,6 +654,84 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
   BENCH_CHECK(cudaFree(cublas_out));
   free_problem(p);
   return failures;
+}
+
+// skinny_gemm_fp8 at decode sizes on one shape (see the header comment).
+void bench_skinny(Report& report, const Timer& t, const Shape& s,
+                  const std::vector<int64_t>& tokens, double copy_gbs) {
+  const size_t weight_bytes = size_t(s.n) * s.k;
+  const int copies = static_cast<int>(std::max<size_t>(2, 200000000 / weight_bytes + 2));
+  int64_t max_m = 1;
+  for (int64_t m : tokens) max_m = std::max(max_m, m);
+  Problem p = make_problem(max_m, s.n, s.k, DType::kFp8E4M3, weight_bytes * copies, 44);
+  __nv_bfloat16* x = pyorch::bench::random_device_buffer<__nv_bfloat16>(
+      size_t(max_m) * s.k, -2.f, 2.f, 45, [](float f) { return __float2bfloat16(f); });
+  __nv_bfloat16* out = device_alloc<__nv_bfloat16>(size_t(max_m) * s.n);
+  void* cublas_out = device_alloc<int32_t>(size_t(max_m) * s.n);
+  for (int64_t m : tokens) {
+    const double bytes = double(weight_bytes) + 2.0 * m * (s.k + s.n);
+    auto skinny = [&](const pyorch::SkinnyGemmConfig* config) {
+      return time_launches(
+          [&](int i, cudaStream_t st) {
+            BENCH_CHECK(pyorch::skinny_gemm_fp8(
+                out, x, p.b + (size_t(i) % copies) * weight_bytes, p.b_scales, true, nullptr,
+                nullptr, 0.f, pyorch::SkinnyGemmEpilogue::kStore, DType::kBFloat16, m, s.n, s.k,
+                s.n, s.k, st, config));
+          },
+          24, t.iters, t.stream);
+    };
+    const double us = skinny(nullptr);
+    std::string sweep;
+    for (int warps : {4, 8}) {
+      for (int l2 : {0, 1}) {
+        const pyorch::SkinnyGemmConfig config{warps, l2, -1, -1};
+        sweep += (sweep.empty() ? "" : ",") + std::string("w") + std::to_string(warps) + "l2" +
+                 std::to_string(l2) + ":" + Report::fmt(skinny(&config));
+      }
+    }
+    Problem pm = p;
+    pm.m = m;
+    pm.a_scales_stride = (m + 3) / 4 * 4;
+    const Case token{
+        Mode::kScaled, DType::kFp8E4M3, DType::kBFloat16, ScaledMmTile::kAuto, true, true, false,
+        false};
+    const double w8a8_us = time_launches(
+        [&](int i, cudaStream_t st) {
+          Problem pi = pm;
+          pi.b = p.b + (size_t(i) % copies) * weight_bytes;
+          BENCH_CHECK(run_ours(pi, token, st));
+        },
+        24, t.iters, t.stream);
+    double cublas_us = NAN;
+#ifdef PYORCH_BENCH_CUBLASLT
+    const CublasLtGemm g(t.handle, false, m, s.n, s.k, p.a_scales, p.b_scales, t.fast_accum,
+                         t.workspace, t.workspace_bytes);
+    if (g.ok) {
+      cublas_us = time_launches(
+          [&](int i, cudaStream_t st) {
+            g.run(t.handle, p.b + (size_t(i) % copies) * weight_bytes, p.a, cublas_out, t.workspace,
+                  t.workspace_bytes, st);
+          },
+          24, t.iters, t.stream);
+    }
+#endif
+    report.add({{"op", "fp8_skinny"},
+                {"model", s.model},
+                {"shape", s.name},
+                {"M", std::to_string(m)},
+                {"N", std::to_string(s.n)},
+                {"K", std::to_string(s.k)},
+                {"time_us", Report::fmt(us)},
+                {"pct_of_copy", Report::fmt(100.0 * bytes / (us * 1e3) / copy_gbs, 1)},
+                {"sweep_us", sweep},
+                {"w8a8_gemm_us", Report::fmt(w8a8_us)},
+                {"cublaslt_us", Report::fmt(cublas_us)},
+                {"ratio_cublaslt", Report::fmt(cublas_us / us, 3)}});
+  }
+  BENCH_CHECK(cudaFree(x));
+  BENCH_CHECK(cudaFree(out));
+  BENCH_CHECK(cudaFree(cublas_out));
+  free_problem(p);
 }
 
 }  // namespace
@@ -667,6 +764,15 @@ int main(int argc, char** argv) {
   if (!args.has("no-bench")) {
     const auto tokens = args.list("tokens", {1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192});
     const auto models = args.strs("models", {"8b", "70b"});
+    if (!args.has("no-skinny")) {
+      const double copy_gbs = pyorch::bench::copy_bandwidth_gbs(t.stream);
+      std::printf("copy_GB/s=%.1f\n", copy_gbs);
+      const auto skinny_tokens = args.list("skinny-tokens", {1, 8, 16});
+      for (const Shape& s : kShapes) {
+        if (std::find(models.begin(), models.end(), s.model) == models.end()) continue;
+        bench_skinny(report, t, s, skinny_tokens, copy_gbs);
+      }
+    }
     for (const Shape& s : kShapes) {
       if (std::find(models.begin(), models.end(), s.model) == models.end()) continue;
       failures += bench_shape(report, t, s, tokens, DType::kFp8E4M3, false);

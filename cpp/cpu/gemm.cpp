@@ -10,6 +10,7 @@
 
 #include "cpu/cpu_utils.h"
 #include "gemm_checks.h"
+#include "gemm_fp8_checks.h"
 #include "ops.h"
 
 namespace pyorch::cpu {
@@ -28,10 +29,12 @@ float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
 }
 
 // out = epilogue(norm(x) @ w^T + b): skinny_gemm and skinny_gemm_fused (see the CUDA API,
-// cuda/include/pyorch/gemm.h, for the rounding each step copies).
-template <typename T>
-void skinny_gemm_impl(const SkinnyGemmShape& s, const T* x, const T* w, const T* b, const T* g,
-                      float eps, SkinnyFusedEpilogue epilogue, T* o) {
+// cuda/include/pyorch/gemm.h, for the rounding each step copies). W: T, or e4m3 weights
+// (skinny_gemm_fp8) whose fp32 dot is multiplied by w_scale (per row, or [0] for all).
+template <typename T, typename W = T>
+void skinny_gemm_impl(const SkinnyGemmShape& s, const T* x, const W* w, const T* b, const T* g,
+                      float eps, SkinnyFusedEpilogue epilogue, T* o, const float* w_scale = nullptr,
+                      bool w_scale_per_row = false) {
   const int64_t K = s.input_size;
   const bool paired = epilogue == SkinnyFusedEpilogue::kSiluMul;
   const int64_t half = s.output_size / 2;
@@ -56,12 +59,14 @@ void skinny_gemm_impl(const SkinnyGemmShape& s, const T* x, const T* w, const T*
       if (paired) to_float(w + (half + n) * K, uf.data(), K);
       const float bn = b ? static_cast<float>(b[n]) : 0.f;
       const float bu = b && paired ? static_cast<float>(b[half + n]) : 0.f;
+      const float sn = w_scale ? w_scale[w_scale_per_row ? n : 0] : 1.f;
+      const float su = w_scale && paired ? w_scale[w_scale_per_row ? half + n : 0] : 1.f;
       for (int64_t m = 0; m < s.num_tokens; ++m) {
-        const float p = dot(&xf[m * K], wf.data(), K) * scale[m] + bn;
+        const float p = dot(&xf[m * K], wf.data(), K) * scale[m] * sn + bn;
         T& out = o[m * s.out_stride + n];
         if (paired) {
           const float gate = round_to<T>(p);
-          const float up = round_to<T>(dot(&xf[m * K], uf.data(), K) * scale[m] + bu);
+          const float up = round_to<T>(dot(&xf[m * K], uf.data(), K) * scale[m] * su + bu);
           out = static_cast<T>(gate / (1.f + std::exp(-gate)) * up);
         } else if (epilogue == SkinnyFusedEpilogue::kAdd) {
           out = static_cast<T>(round_to<T>(p) + static_cast<float>(out));
@@ -106,6 +111,27 @@ void skinny_gemm_fused(at::Tensor& out, const at::Tensor& input, const at::Tenso
         norm_weight ? norm_weight->const_data_ptr<scalar_t>() : nullptr,
         static_cast<float>(epsilon), static_cast<SkinnyFusedEpilogue>(epilogue),
         out.data_ptr<scalar_t>());
+  });
+}
+
+void skinny_gemm_fp8(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                     const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& norm_weight, double epsilon, int64_t epilogue,
+                     std::optional<bool> /*pdl: a launch detail of CUDA*/) {
+  TORCH_CHECK(input.device().is_cpu() && weight.device().is_cpu() && out.device().is_cpu() &&
+                  weight_scale.device().is_cpu() && (!bias || bias->device().is_cpu()) &&
+                  (!norm_weight || norm_weight->device().is_cpu()),
+              "skinny_gemm_fp8: tensors must be on CPU");
+  bool per_channel = false;
+  const SkinnyGemmShape s = check_skinny_gemm_fp8(out, input, weight, weight_scale, bias,
+                                                  norm_weight, epilogue, &per_channel);
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(input.scalar_type(), "skinny_gemm_fp8", [&] {
+    skinny_gemm_impl<scalar_t, c10::Float8_e4m3fn>(
+        s, input.const_data_ptr<scalar_t>(), weight.const_data_ptr<c10::Float8_e4m3fn>(),
+        bias ? bias->const_data_ptr<scalar_t>() : nullptr,
+        norm_weight ? norm_weight->const_data_ptr<scalar_t>() : nullptr,
+        static_cast<float>(epsilon), static_cast<SkinnyFusedEpilogue>(epilogue),
+        out.data_ptr<scalar_t>(), weight_scale.const_data_ptr<float>(), per_channel);
   });
 }
 

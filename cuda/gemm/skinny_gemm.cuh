@@ -42,9 +42,20 @@
 // depend on nothing; and the block lets the next kernel launch early
 // (griddepcontrol.launch_dependents), so a chain of GEMMs overlaps one's tail with the next's
 // first loads.
+//
+// Weight formats (SkinnyWeight<T, W>). W = T streams fp16/bf16 weights as above. W = e4m3
+// (skinny_gemm_fp8, cuda/gemm/skinny_gemm_fp8.cu) streams one-byte weights with the same work
+// split and fusions: a 16-byte load holds 16 k instead of 8, so a slice is 256 k wide (lane (g, t)
+// loads k = slice * 256 + 64 * i + 16 * t, the four lanes of a group still 64 contiguous bytes of
+// a row) and each weight chunk meets two x chunks (k and k + 8). The weights are widened to T in
+// registers exactly (every e4m3 value is a T value) and multiplied with x as T on the same mma;
+// the per-tensor or per-output-channel weight scale multiplies the fp32 sum in the epilogue.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include <cuda_fp8.h>
 
 #include "activation/activation.cuh"  // act_fn: silu_and_mul's own SiLU
 #include "common/dtype.cuh"
@@ -70,12 +81,15 @@ constexpr int skinny_min_blocks() {
   return kRegistersPerSm / (NUM_WARPS * 32 * kSkinnyMaxRegisters);
 }
 
-template <typename T>
+template <typename T, typename W = T>
 struct SkinnyGemmArgs {
   T* out;           // [num_tokens, output_size] (kSiluMul: output_size / 2), row stride out_stride
   const T* input;   // [num_tokens, input_size], row stride input_stride
-  const T* weight;  // [output_size, input_size], contiguous
-  const T* bias;    // [output_size] or nullptr
+  const W* weight;  // [output_size, input_size], contiguous
+  // W != T only: float32 weight scales, [output_size] (weight_scale_per_row) or [1]
+  const float* weight_scale;
+  int weight_scale_per_row;
+  const T* bias;         // [output_size] or nullptr
   const T* norm_weight;  // [input_size]: RMS-norm the input with this scale; nullptr: no norm
   float eps;             // the norm's epsilon
   int64_t num_tokens;
@@ -113,6 +127,63 @@ __device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], uint32_t a0,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// How a weight format is streamed: elements per 16-byte load (kElems), x chunks (8 elements) per
+// weight chunk (kXChunks), K per warp slice, and widen(): x chunk c's share of a weight chunk as
+// 8 values of T (packed pairs, in k order).
+template <typename T, typename W>
+struct SkinnyWeight {
+  static constexpr int kElems = 8;
+  static constexpr int kXChunks = 1;
+  static constexpr int kSliceK = 16 * kElems;
+  __device__ __forceinline__ static uint4 widen(const uint4& w, int /*c*/) { return w; }
+};
+
+// e4m3 -> T by bit moves and one exact multiply (no conversion instruction): a byte b placed in
+// the high byte of a 16-bit lane has its sign on the lane's sign bit; its 7 exponent-and-mantissa
+// bits shifted into T's exponent's low bits and mantissa's high bits give b's value times
+// 2^-(bias_T - 7) for normal and subnormal b alike (T's subnormals have the same relation), so a
+// multiply by 2^(bias_T - 7) (2^120 for bf16, 2^8 for fp16) makes it exact. The NaN encoding
+// (0x7f / 0xff) widens to +-480 (a checkpoint's weights are finite).
+template <typename T>
+struct SkinnyFp8Widen;
+
+template <>
+struct SkinnyFp8Widen<__nv_bfloat16> {
+  __device__ __forceinline__ static uint32_t pair(uint32_t hi_bytes) {
+    const uint32_t bits = (hi_bytes & 0x80008000u) | ((hi_bytes >> 4) & 0x07f007f0u);
+    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+    const __nv_bfloat162 s = __floats2bfloat162_rn(0x1p120f, 0x1p120f);
+    const __nv_bfloat162 r = __hmul2(v, s);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+};
+
+template <>
+struct SkinnyFp8Widen<__half> {
+  __device__ __forceinline__ static uint32_t pair(uint32_t hi_bytes) {
+    const uint32_t bits = (hi_bytes & 0x80008000u) | ((hi_bytes >> 1) & 0x3f803f80u);
+    const __half2 v = *reinterpret_cast<const __half2*>(&bits);
+    const __half2 r = __hmul2(v, __floats2half2_rn(256.f, 256.f));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+};
+
+template <typename T>
+struct SkinnyWeight<T, __nv_fp8_e4m3> {
+  static constexpr int kElems = 16;
+  static constexpr int kXChunks = 2;
+  static constexpr int kSliceK = 16 * kElems;
+  __device__ __forceinline__ static uint4 widen(const uint4& w, int c) {
+    const uint32_t lo = c == 0 ? w.x : w.z;  // bytes 8c .. 8c + 3
+    const uint32_t hi = c == 0 ? w.y : w.w;  // bytes 8c + 4 .. 8c + 7
+    // __byte_perm selector 0x1404: bytes (0, b0, 0, b1); 0x3424: (0, b2, 0, b3).
+    return make_uint4(SkinnyFp8Widen<T>::pair(__byte_perm(lo, 0, 0x1404)),
+                      SkinnyFp8Widen<T>::pair(__byte_perm(lo, 0, 0x3424)),
+                      SkinnyFp8Widen<T>::pair(__byte_perm(hi, 0, 0x1404)),
+                      SkinnyFp8Widen<T>::pair(__byte_perm(hi, 0, 0x3424)));
+  }
+};
+
 // The loads are volatile asm, as the mmas are: volatile statements keep their program order, so
 // every load of a batch is issued before the first mma waits on one. (As plain loads, the
 // compiler sank each next to its use: 3-4 loads in flight per warp instead of a slice's 12-16.)
@@ -146,41 +217,51 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 }
 
-// One lane's share of a 16 x 128 weight slice and of the matching x columns.
-template <int M_TILES>
+// One lane's share of a 16 x kSliceK weight slice and of the matching x columns.
+template <int M_TILES, typename T, typename W = T>
 struct SkinnySlice {
-  uint4 w_lo[4];        // row g, chunks i = 0..3
-  uint4 w_hi[4];        // row g + 8
-  uint4 x[M_TILES][4];  // token (tile * 8 + g), same chunks
+  using Fmt = SkinnyWeight<T, W>;
+  static constexpr int kXPerSlice = 4 * Fmt::kXChunks;  // x chunks per lane and slice
+  uint4 w_lo[4];                                        // row g, chunks i = 0..3
+  uint4 w_hi[4];                                        // row g + 8
+  uint4 x[M_TILES][kXPerSlice];  // token (tile * 8 + g): chunk i's x chunks c at 4 * i... + c
 
-  // k: this lane's first element of the slice (slice * 128 + 8 * t). With PRED, chunks at or
-  // past input_size read as zeros (the K tail).
-  template <bool PRED, bool L2_PREFETCH, typename T>
-  __device__ __forceinline__ void load(const T* w_lo_row, const T* w_hi_row,
+  // k of x chunk j (weight chunk j / kXChunks) from this lane's first element of the slice.
+  __device__ __forceinline__ static int x_offset(int j) {
+    return 4 * Fmt::kElems * (j / Fmt::kXChunks) + 8 * (j % Fmt::kXChunks);
+  }
+
+  // k: this lane's first element of the slice (slice * kSliceK + kElems * t). With PRED, chunks
+  // at or past input_size read as zeros (the K tail; input_size is a multiple of kElems).
+  template <bool PRED, bool L2_PREFETCH>
+  __device__ __forceinline__ void load(const W* w_lo_row, const W* w_hi_row,
                                        const T* const (&x_rows)[M_TILES], int64_t k,
                                        int64_t input_size) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t ki = k + 32 * i;
+      const int64_t ki = k + 4 * Fmt::kElems * i;
       const bool valid = !PRED || ki < input_size;
       const uint4 zero = make_uint4(0, 0, 0, 0);
       w_lo[i] = valid ? load_weight_chunk<L2_PREFETCH>(w_lo_row + ki) : zero;
       w_hi[i] = valid ? load_weight_chunk<L2_PREFETCH>(w_hi_row + ki) : zero;
 #pragma unroll
-      for (int mt = 0; mt < M_TILES; ++mt) {
-        x[mt][i] = valid ? load_input_chunk(x_rows[mt] + ki) : zero;
+      for (int c = 0; c < Fmt::kXChunks; ++c) {
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+          x[mt][i * Fmt::kXChunks + c] = valid ? load_input_chunk(x_rows[mt] + ki + 8 * c) : zero;
+        }
       }
     }
   }
 
   // The norm's share of the slice: sum_sq[mt] += x^2 over this lane's chunks, then x *= g
   // (rounded to T). g's chunks (k as in load; zeros past input_size) are read through L1.
-  template <bool PRED, typename T>
+  template <bool PRED>
   __device__ __forceinline__ void apply_norm(const T* norm_weight, int64_t k, int64_t input_size,
                                              float (&sum_sq)[M_TILES]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t ki = k + 32 * i;
+    for (int i = 0; i < kXPerSlice; ++i) {
+      const int64_t ki = k + x_offset(i);
       const bool valid = !PRED || ki < input_size;
       // A plain load (not volatile asm like the stream's): ptxas may place it late, so that
       // the next slice's weight loads still go out before this slice's math.
@@ -200,16 +281,19 @@ struct SkinnySlice {
     }
   }
 
-  template <typename T>
   __device__ __forceinline__ void multiply(float (&acc)[M_TILES][4]) const {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int mt = 0; mt < M_TILES; ++mt) {
-        mma_m16n8k16<T>(acc[mt], w_lo[i].x, w_hi[i].x, w_lo[i].y, w_hi[i].y, x[mt][i].x,
-                        x[mt][i].y);
-        mma_m16n8k16<T>(acc[mt], w_lo[i].z, w_hi[i].z, w_lo[i].w, w_hi[i].w, x[mt][i].z,
-                        x[mt][i].w);
+      for (int c = 0; c < Fmt::kXChunks; ++c) {
+        const uint4 lo = Fmt::widen(w_lo[i], c);
+        const uint4 hi = Fmt::widen(w_hi[i], c);
+        const int j = i * Fmt::kXChunks + c;
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+          mma_m16n8k16<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, x[mt][j].x, x[mt][j].y);
+          mma_m16n8k16<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, x[mt][j].z, x[mt][j].w);
+        }
       }
     }
   }
@@ -220,10 +304,13 @@ struct SkinnySlice {
 // iteration; ptxas software-pipelines the loop (the next slice's 12-16 loads are in flight while
 // this one is multiplied), so an explicit unroll of two slices only cost registers (measured
 // slower on every shape).
-template <typename T, int M_TILES, int NUM_WARPS, bool L2_PREFETCH, bool NORM,
+template <typename T, typename W, int M_TILES, int NUM_WARPS, bool L2_PREFETCH, bool NORM,
           SkinnyGemmEpilogue EPI>
 __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WARPS>())
-    skinny_gemm_kernel(const SkinnyGemmArgs<T> args) {
+    skinny_gemm_kernel(const SkinnyGemmArgs<T, W> args) {
+  using Slice = SkinnySlice<M_TILES, T, W>;
+  constexpr int kSliceK = Slice::Fmt::kSliceK;
+  constexpr bool kScaled = !std::is_same_v<T, W>;  // a quantized weight: scale in the epilogue
   constexpr int kTokens = M_TILES * kSkinnyTileTokens;
   constexpr bool kPaired = EPI == SkinnyGemmEpilogue::kSiluMul;
   __shared__ float partial[NUM_WARPS][kTokens][kSkinnyRows];  // each warp's sums
@@ -239,8 +326,8 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   const int64_t half = kPaired ? args.output_size / 2 : 0;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (kPaired ? kSkinnyRows / 2 : kSkinnyRows);
   const int64_t last_row = (kPaired ? half : args.output_size) - 1;
-  const T* w_lo_row;
-  const T* w_hi_row;
+  const W* w_lo_row;
+  const W* w_hi_row;
   if constexpr (kPaired) {
     const int64_t r = min(row0 + g, last_row);
     w_lo_row = args.weight + r * K;
@@ -257,15 +344,15 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
     x_rows[mt] = args.input + token * args.input_stride;
   }
 
-  const int num_slices = static_cast<int>((K + kSkinnySliceK - 1) / kSkinnySliceK);
-  const int num_full_slices = static_cast<int>(K / kSkinnySliceK);
-  const int64_t lane_k = kSkinnyChunk * t;
+  const int num_slices = static_cast<int>((K + kSliceK - 1) / kSliceK);
+  const int num_full_slices = static_cast<int>(K / kSliceK);
+  const int64_t lane_k = Slice::Fmt::kElems * t;
 
   // The first slices' weight lines (two 128-byte lines per row per slice), asked of L2 before x
   // is ready: under PDL this overlaps the previous kernel's tail, and in any case it puts more
   // bytes in flight than the registers can hold while the pipeline fills.
   for (int j = 0; j < args.prefetch_slices; ++j) {
-    const int64_t k = static_cast<int64_t>(warp + j * NUM_WARPS) * kSkinnySliceK + 32 * t;
+    const int64_t k = static_cast<int64_t>(warp + j * NUM_WARPS) * kSliceK + (64 / sizeof(W)) * t;
     if (k < K) {
       prefetch_l2(w_lo_row + k);
       prefetch_l2(w_hi_row + k);
@@ -277,25 +364,35 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   float acc[M_TILES][4] = {};
   float sum_sq[M_TILES] = {};
   int slice = warp;
-  if constexpr (NORM) {
+  if constexpr (NORM && kScaled) {
+    // e4m3: two slices (x doubled per slice) do not fit the register cap (the hand pipeline below
+    // spilled 124-468 bytes): one slice per iteration, left to ptxas to pipeline.
+    for (; slice < num_full_slices; slice += NUM_WARPS) {
+      Slice s;
+      const int64_t k = static_cast<int64_t>(slice) * kSliceK + lane_k;
+      s.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows, k, K);
+      s.template apply_norm<false>(args.norm_weight, k, K, sum_sq);
+      s.multiply(acc);
+    }
+  } else if constexpr (NORM) {
     // Pipelined by hand: the next slice's loads are issued before this slice's norm math and
     // mmas (left to itself, ptxas kept one slice in flight here, against about two without the
     // norm).
     if (slice < num_full_slices) {
-      SkinnySlice<M_TILES> cur;
-      cur.template load<false, L2_PREFETCH>(
-          w_lo_row, w_hi_row, x_rows, static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
+      Slice cur;
+      cur.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
+                                            static_cast<int64_t>(slice) * kSliceK + lane_k, K);
       while (true) {
         const int next = slice + NUM_WARPS;
         const bool more = next < num_full_slices;
-        SkinnySlice<M_TILES> nxt;
+        Slice nxt;
         if (more) {
-          nxt.template load<false, L2_PREFETCH>(
-              w_lo_row, w_hi_row, x_rows, static_cast<int64_t>(next) * kSkinnySliceK + lane_k, K);
+          nxt.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
+                                                static_cast<int64_t>(next) * kSliceK + lane_k, K);
         }
-        cur.template apply_norm<false>(
-            args.norm_weight, static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K, sum_sq);
-        cur.template multiply<T>(acc);
+        cur.template apply_norm<false>(args.norm_weight,
+                                       static_cast<int64_t>(slice) * kSliceK + lane_k, K, sum_sq);
+        cur.multiply(acc);
         slice = next;
         if (!more) break;
         cur = nxt;
@@ -303,18 +400,18 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
     }
   } else {
     for (; slice < num_full_slices; slice += NUM_WARPS) {
-      SkinnySlice<M_TILES> s;
+      Slice s;
       s.template load<false, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows,
-                                          static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
-      s.template multiply<T>(acc);
+                                          static_cast<int64_t>(slice) * kSliceK + lane_k, K);
+      s.multiply(acc);
     }
   }
   if (slice < num_slices) {  // the partial slice of a K tail (K % 128 != 0)
-    SkinnySlice<M_TILES> s;
-    const int64_t k = static_cast<int64_t>(slice) * kSkinnySliceK + lane_k;
+    Slice s;
+    const int64_t k = static_cast<int64_t>(slice) * kSliceK + lane_k;
     s.template load<true, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows, k, K);
     if constexpr (NORM) s.template apply_norm<true>(args.norm_weight, k, K, sum_sq);
-    s.template multiply<T>(acc);
+    s.multiply(acc);
   }
 
   // acc[mt] holds rows (g, g + 8) x tokens (mt * 8 + 2t, + 1): the mma's C fragment.
@@ -357,6 +454,7 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
 #pragma unroll
     for (int w = 0; w < NUM_WARPS; ++w) sum += partial[w][token][r];
     sum *= scale;
+    if constexpr (kScaled) sum *= args.weight_scale[args.weight_scale_per_row ? row : 0];
     if (args.bias != nullptr) sum += to_float(args.bias[row]);
     T* out = args.out + token * args.out_stride + row;
     if constexpr (kPaired) {
@@ -364,6 +462,7 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
 #pragma unroll
       for (int w = 0; w < NUM_WARPS; ++w) up += partial[w][token][r + 8];
       up *= scale;
+      if constexpr (kScaled) up *= args.weight_scale[args.weight_scale_per_row ? half + row : 0];
       if (args.bias != nullptr) up += to_float(args.bias[half + row]);
       *out = from_float<T>(act_fn<Activation::kSilu>(to_float(from_float<T>(sum))) *
                            to_float(from_float<T>(up)));
@@ -375,8 +474,8 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   }
 }
 
-template <typename T, int M_TILES, int NUM_WARPS, bool NORM, SkinnyGemmEpilogue EPI>
-cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_prefetch, bool pdl,
+template <typename T, int M_TILES, int NUM_WARPS, bool NORM, SkinnyGemmEpilogue EPI, typename W>
+cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T, W>& args, bool l2_prefetch, bool pdl,
                                        cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock =
       EPI == SkinnyGemmEpilogue::kSiluMul ? kSkinnyRows / 2 : kSkinnyRows;
@@ -385,24 +484,32 @@ cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T>& args, bool l2_pr
   const dim3 grid(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
   const dim3 block(NUM_WARPS * kWarpSize);
   if (l2_prefetch) {
-    return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, true, NORM, EPI>, grid, block,
-                         0, stream, pdl, args);
+    return launch_kernel(&skinny_gemm_kernel<T, W, M_TILES, NUM_WARPS, true, NORM, EPI>, grid,
+                         block, 0, stream, pdl, args);
   }
-  return launch_kernel(&skinny_gemm_kernel<T, M_TILES, NUM_WARPS, false, NORM, EPI>, grid, block, 0,
-                       stream, pdl, args);
+  return launch_kernel(&skinny_gemm_kernel<T, W, M_TILES, NUM_WARPS, false, NORM, EPI>, grid, block,
+                       0, stream, pdl, args);
 }
 
-template <typename T, int M_TILES, bool NORM, SkinnyGemmEpilogue EPI>
-cudaError_t launch_skinny_gemm_tiles(const SkinnyGemmArgs<T>& args, int num_warps, bool l2_prefetch,
-                                     bool pdl, cudaStream_t stream) {
+// W: deduced from args (T itself, or e4m3 for skinny_gemm_fp8, which has no 16-warp form: its
+// largest layers, 70B's gate_up, are 3584 blocks, below the 4096 where the 16-warp form pays).
+template <typename T, int M_TILES, bool NORM, SkinnyGemmEpilogue EPI, typename W>
+cudaError_t launch_skinny_gemm_tiles(const SkinnyGemmArgs<T, W>& args, int num_warps,
+                                     bool l2_prefetch, bool pdl, cudaStream_t stream) {
   switch (num_warps) {
     case 4:
       return launch_skinny_gemm_variant<T, M_TILES, 4, NORM, EPI>(args, l2_prefetch, pdl, stream);
     case 8:
       return launch_skinny_gemm_variant<T, M_TILES, 8, NORM, EPI>(args, l2_prefetch, pdl, stream);
     case 16:
-      return launch_skinny_gemm_variant<T, M_TILES, 16, NORM, EPI>(args, l2_prefetch, pdl, stream);
-    default: PYORCH_INVALID("skinny_gemm: unsupported num_warps %d (4, 8 or 16)", num_warps);
+      if constexpr (std::is_same_v<T, W>) {
+        return launch_skinny_gemm_variant<T, M_TILES, 16, NORM, EPI>(args, l2_prefetch, pdl,
+                                                                     stream);
+      }
+      [[fallthrough]];
+    default:
+      PYORCH_INVALID("skinny_gemm: unsupported num_warps %d (4, 8%s)", num_warps,
+                     std::is_same_v<T, W> ? " or 16" : "");
   }
 }
 

@@ -149,10 +149,6 @@ cudaError_t cutlass_scaled_mm(void* out, const void* a, const void* b, const flo
 #ifdef PYORCH_WITH_CUTLASS
   PYORCH_RETURN_IF_ERROR(check_common(p));
   if (tile == ScaledMmTile::kAuto) tile = default_scaled_mm_tile(m, n, ab_dtype);
-  if (tile == ScaledMmTile::kHuge && ab_dtype != DType::kInt8) {
-    PYORCH_INVALID("cutlass_scaled_mm: tile %s is instantiated for int8 only",
-                   scaled_mm_tile_name(tile));
-  }
   switch (ab_dtype) {
     case DType::kFp8E4M3: return kernels::launch_scaled_mm_fp8(p, tile, stream);
     case DType::kInt8: return kernels::launch_scaled_mm_int8(p, tile, stream);

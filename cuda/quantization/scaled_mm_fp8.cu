@@ -38,6 +38,7 @@ cudaError_t dispatch_tile(const ScaledMmParams& p, ScaledMmTile tile, cudaStream
       return launch_scaled_mm_sm90<Fp8, OutT, TileM256, ScaledEpilogue>(p, stream);
     case ScaledMmTile::kLarge:
       return launch_scaled_mm_sm90<Fp8, OutT, TileLarge, ScaledEpilogue>(p, stream);
+    case ScaledMmTile::kHuge: return launch_scaled_mm_fp8_huge(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -33,6 +33,8 @@ struct ScaledMmParams {
 
 // Each returns cudaErrorInvalidValue for a tile it does not instantiate.
 cudaError_t launch_scaled_mm_fp8(const ScaledMmParams& p, ScaledMmTile tile, cudaStream_t stream);
+// fp8 on the 128 x 256 tile (kHuge), in its own translation unit (scaled_mm_fp8_huge.cu).
+cudaError_t launch_scaled_mm_fp8_huge(const ScaledMmParams& p, cudaStream_t stream);
 cudaError_t launch_scaled_mm_int8(const ScaledMmParams& p, ScaledMmTile tile, cudaStream_t stream);
 cudaError_t launch_scaled_mm_azp(const ScaledMmParams& p, ScaledMmTile tile, cudaStream_t stream);
 cudaError_t launch_scaled_mm_blockwise(const ScaledMmParams& p, cudaStream_t stream);

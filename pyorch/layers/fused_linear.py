@@ -13,6 +13,9 @@ each. A Llama decoder layer is then 6 kernels instead of 9:
 The residual stream lives in one tensor that the adds update in place. The normed input is
 rounded once (x * norm_weight) where RMSNorm then the GEMM round twice, so the results are close
 to, not bit-equal with, the unfused layer, which tests compare it against (`FUSED_DECODE`).
+fp8 layers (a quant method with `skinny_weight(layer)`: Fp8LinearMethod with per-tensor or
+per-channel scales) take the same path through skinny_gemm_fp8, the same kernel streaming e4m3
+weights, with their scale applied in the epilogue.
 The fused GEMMs launch without PDL, o_proj included (on an H100 at batch 1, o_proj under PDL
 after attention measured 5.91 / 5.91 ms/token against 5.90 / 5.88 without), and so without the
 up-front L2 prefetch that PDL launches overlap with the previous kernel (5.77 / 5.78 without).
@@ -26,6 +29,7 @@ from torch import nn
 from pyorch import _ops
 from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import UnquantizedLinearMethod, use_skinny_gemm
+from pyorch.layers.quantization.utils.w8a8_utils import use_skinny_fp8
 
 # Tests turn this off to compare the fused layer with the unfused one (batch-1 decode on an H100:
 # 5.77-5.78 ms/token fused against 6.17 unfused, so there is no run-time switch).
@@ -41,12 +45,31 @@ def _weight_and_bias(layer: nn.Module) -> tuple[torch.Tensor, Optional[torch.Ten
     return cast(torch.Tensor, layer.weight), cast(Optional[torch.Tensor], layer.bias)
 
 
+def _fp8_weight(layer: nn.Module) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(weight [N, K] e4m3, weight_scale [1] or [N]) of a layer whose quant method streams
+    through skinny_gemm_fp8 (its `skinny_weight`), else None."""
+    skinny_weight = getattr(getattr(layer, "quant_method", None), "skinny_weight", None)
+    return None if skinny_weight is None else skinny_weight(layer)
+
+
 def skinny_fusable(layer: nn.Module) -> bool:
     """Whether a linear layer may run inside skinny_gemm_fused: an unquantized weight of one
     rank (a sharded layer needs its collective between the GEMM and the epilogue) in the skinny
     GEMM's layout."""
     weight = getattr(layer, "weight", None)
     bias = getattr(layer, "bias", None)
+    fp8 = _fp8_weight(layer)
+    if fp8 is not None:
+        weight_nk, scale = fp8
+        return (
+            getattr(layer, "tp_size", 1) == 1
+            and weight_nk.is_contiguous()
+            and weight_nk.data_ptr() % 16 == 0
+            and weight_nk.shape[1] % 16 == 0
+            and scale.dtype == torch.float32
+            and scale.numel() in (1, weight_nk.shape[0])
+            and (bias is None or (bias.dtype in _FUSED_DTYPES and bias.is_contiguous()))
+        )
     return (
         isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
         and getattr(layer, "tp_size", 1) == 1
@@ -62,12 +85,12 @@ def skinny_fusable(layer: nn.Module) -> bool:
 def fused_decode_batch(x: torch.Tensor, first_layer: nn.Module) -> bool:
     """Whether a batch x [num_tokens, input_size] takes the fused path (a decode batch on CUDA in
     the skinny GEMM's layout); whether the model's layers can is the caller's other half."""
-    return (
-        FUSED_DECODE
-        and x.dim() == 2
-        and x.dtype in _FUSED_DTYPES
-        and use_skinny_gemm(x, *_weight_and_bias(first_layer))
-    )
+    if not (FUSED_DECODE and x.dim() == 2 and x.dtype in _FUSED_DTYPES):
+        return False
+    fp8 = _fp8_weight(first_layer)
+    if fp8 is not None:
+        return x.is_cuda and use_skinny_fp8(x, fp8[0], fp8[1], _weight_and_bias(first_layer)[1])
+    return use_skinny_gemm(x, *_weight_and_bias(first_layer))
 
 
 def norm_linear(
@@ -78,9 +101,16 @@ def norm_linear(
 ) -> torch.Tensor:  # [T, output_size] ([T, output_size / 2] for silu_and_mul)
     """layer(norm(x)), then the epilogue, as one kernel."""
     weight, bias = _weight_and_bias(layer)
+    fp8 = _fp8_weight(layer)
+    if fp8 is not None:
+        weight = fp8[0]
     cols = weight.shape[0] // (2 if epilogue == "silu_and_mul" else 1)
     out = torch.empty(x.shape[0], cols, dtype=x.dtype, device=x.device)
-    _ops.skinny_gemm_fused(out, x, weight, bias, norm.weight, norm.variance_epsilon, epilogue)
+    if fp8 is not None:
+        _ops.skinny_gemm_fp8(out, x, weight, fp8[1], bias, norm.weight, norm.variance_epsilon,
+                             epilogue)
+    else:
+        _ops.skinny_gemm_fused(out, x, weight, bias, norm.weight, norm.variance_epsilon, epilogue)
     return out
 
 
@@ -91,5 +121,9 @@ def linear_add_(
 ) -> torch.Tensor:
     """residual += layer(x), as one kernel; returns residual."""
     weight, bias = _weight_and_bias(layer)
-    _ops.skinny_gemm_fused(residual, x, weight, bias, None, 0.0, "add")
+    fp8 = _fp8_weight(layer)
+    if fp8 is not None:
+        _ops.skinny_gemm_fp8(residual, x, fp8[0], fp8[1], bias, None, 0.0, "add")
+    else:
+        _ops.skinny_gemm_fused(residual, x, weight, bias, None, 0.0, "add")
     return residual

@@ -68,4 +68,23 @@ cudaError_t skinny_gemm_fused(void* out, const void* input, const void* weight, 
                               int64_t input_size, int64_t out_stride, int64_t input_stride,
                               cudaStream_t stream, const SkinnyGemmConfig* config = nullptr);
 
+// ---- fp8 weights (cuda/gemm/skinny_gemm_fp8.cu) ----
+// skinny_gemm_fused with float8_e4m3fn weights and fp16/bf16 activations, the decode path of the
+// fp8 linear methods (W8A16 numerics: the activations are not quantized):
+//   p = weight_scale * (norm(input) @ widen(weight)^T) + bias
+// where widen(weight) is the e4m3 values exactly in dtype, each product summed in fp32 on the
+// tensor cores, and weight_scale [output_size] (weight_scale_per_channel) or [1] fp32 multiplies
+// the fp32 sum of each output (kSiluMul: the gate's and the up's own scales). The norm and the
+// epilogues as skinny_gemm_fused. weight: [output_size, input_size] e4m3, contiguous, 16-byte
+// aligned; input_size a multiple of 16. config->num_warps 4 or 8 (16 is a bf16-only form; the
+// default config's 16 becomes 8). pdl < 0 (config nullptr or config->pdl < 0): PDL for the plain
+// form (kStore, no norm: it follows a norm or activation kernel), off for the fused ones.
+cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
+                            const float* weight_scale, bool weight_scale_per_channel,
+                            const void* bias, const void* norm_weight, float eps,
+                            SkinnyGemmEpilogue epilogue, DType dtype, int64_t num_tokens,
+                            int64_t output_size, int64_t input_size, int64_t out_stride,
+                            int64_t input_stride, cudaStream_t stream,
+                            const SkinnyGemmConfig* config = nullptr);
+
 }  // namespace pyorch

@@ -27,7 +27,8 @@ enum class ScaledMmTile : int {
   kSwapM64 = 1,  // m <= 64: out^T = B^T A^T, 64 (n) x 64 (m) x 256 tiles
   kM256 = 2,     // m <= 256: 64 x 128 x 128 tiles, clusters of 2 along m (if it saves no wave)
   kLarge = 3,    // larger m: 128 x 128 x 128 tiles, clusters of 2 along m
-  kHuge = 4,     // int8 only, m >= 2048: 128 x 256 x 128 tiles, clusters of 2 along m
+  kHuge = 4,     // 128 x 256 x 128 tiles, cooperative, clusters of 2 along m (int8: m >= 2048;
+                 // fp8: instantiated, not yet the default of any m)
 };
 constexpr int kNumScaledMmTiles = 5;
 const char* scaled_mm_tile_name(ScaledMmTile tile);

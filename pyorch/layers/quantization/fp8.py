@@ -194,6 +194,13 @@ class Fp8LinearMethod(LinearMethodBase):
         if self.static_input:
             replace_parameter(layer, "input_scale", layer.input_scale.data.max().reshape(1))
 
+    def skinny_weight(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(weight [N, K] e4m3, weight_scale [1] or [N]) for the fused decode path
+        (pyorch/layers/fused_linear.py, skinny_gemm_fp8); None for block-wise weights."""
+        if self.block or layer.weight.dtype != torch.float8_e4m3fn:
+            return None
+        return layer.weight.t(), layer.weight_scale
+
     def apply(
         self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:

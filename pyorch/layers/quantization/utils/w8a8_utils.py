@@ -13,6 +13,37 @@ from torch import nn
 from pyorch import _ops
 
 BLOCK_SIZE = 128
+# Up to this many rows an fp8 linear (per-tensor or per-channel weight scales) runs
+# skinny_gemm_fp8 (bf16/fp16 activations times the widened e4m3 weight, no activation quant
+# kernel) instead of scaled_fp8_quant + cutlass_scaled_mm: on CUDA for speed (one weight stream,
+# one kernel), on the CPU too, so that both devices compute a decode step the same way.
+FP8_SKINNY_MAX_TOKENS = 16
+_SKINNY_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def use_skinny_fp8(
+    x: torch.Tensor,  # [num_tokens, K]
+    weight_nk: torch.Tensor,  # [N, K] e4m3 (the transpose of the stored [K, N] view)
+    weight_scale: torch.Tensor,  # [1] or [N]
+    bias: torch.Tensor | None,
+) -> bool:
+    """Whether x @ weight^T goes to skinny_gemm_fp8: a product of few rows in the layouts its
+    16-byte loads need (the decode path of the fp8 linear methods)."""
+    return (
+        0 < x.shape[0] <= FP8_SKINNY_MAX_TOKENS
+        and x.dtype in _SKINNY_DTYPES
+        and weight_nk.dtype == torch.float8_e4m3fn
+        and weight_nk.is_contiguous()
+        and weight_scale.dtype == torch.float32
+        and weight_scale.numel() in (1, weight_nk.shape[0])
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+        and x.shape[1] > 0
+        and x.shape[1] % 16 == 0
+        and x.stride(1) == 1
+        and (x.shape[0] == 1 or x.stride(0) % 8 == 0)
+        and x.data_ptr() % 16 == 0
+        and weight_nk.data_ptr() % 16 == 0
+    )
 
 
 def replace_parameter(layer: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -46,8 +77,15 @@ def apply_fp8_linear(
     per_token: bool,
 ) -> torch.Tensor:  # [..., N] in x's dtype
     """Quantizes x to fp8 (static per-tensor, or dynamic per-token / per-tensor), then
-    cutlass_scaled_mm with the weight's scales."""
+    cutlass_scaled_mm with the weight's scales. A decode batch (use_skinny_fp8) runs
+    skinny_gemm_fp8 instead: x unquantized (so input_scale and per_token do not apply) times the
+    e4m3 weight widened exactly, summed in fp32, times weight_scale."""
     x2 = x.reshape(-1, x.shape[-1])
+    weight_nk = weight.t()
+    if use_skinny_fp8(x2, weight_nk, weight_scale, bias):
+        out = torch.empty(x2.shape[0], weight_nk.shape[0], dtype=x.dtype, device=x.device)
+        _ops.skinny_gemm_fp8(out, x2, weight_nk, weight_scale, bias)
+        return out.view(*x.shape[:-1], weight_nk.shape[0])
     if input_scale is not None:
         xq, xs = _ops.scaled_fp8_quant(x2, input_scale)
     else:

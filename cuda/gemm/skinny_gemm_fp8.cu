@@ -1,0 +1,118 @@
+// Instantiates the skinny GEMM (gemm/skinny_gemm.cuh) for e4m3 weights behind the torch-free C
+// API, pyorch::skinny_gemm_fp8 (pyorch/gemm.h): the same kernel, work split and fusions as the
+// fp16/bf16 one, with the weight widened in registers and its scale applied in the epilogue.
+#include <cuda_fp8.h>
+
+#include "gemm/skinny_gemm.cuh"
+#include "pyorch/gemm.h"
+
+namespace pyorch {
+
+namespace {
+
+using Fp8 = __nv_fp8_e4m3;
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+template <typename T, bool NORM, SkinnyGemmEpilogue EPI>
+cudaError_t fp8_dispatch_m_tiles(const kernels::SkinnyGemmArgs<T, Fp8>& args,
+                                 const SkinnyGemmConfig& config, cudaStream_t stream) {
+  const bool l2 = config.l2_prefetch > 0;
+  const bool pdl = config.pdl > 0;
+  if (args.num_tokens <= kernels::kSkinnyTileTokens) {
+    return kernels::launch_skinny_gemm_tiles<T, 1, NORM, EPI>(args, config.num_warps, l2, pdl,
+                                                              stream);
+  }
+  return kernels::launch_skinny_gemm_tiles<T, 2, NORM, EPI>(args, config.num_warps, l2, pdl,
+                                                            stream);
+}
+
+template <typename T>
+cudaError_t fp8_dispatch_epilogue(const kernels::SkinnyGemmArgs<T, Fp8>& args,
+                                  SkinnyGemmEpilogue epilogue, const SkinnyGemmConfig& config,
+                                  cudaStream_t stream) {
+  using E = SkinnyGemmEpilogue;
+  const bool norm = args.norm_weight != nullptr;
+  switch (epilogue) {
+    case E::kStore:
+      return norm ? fp8_dispatch_m_tiles<T, true, E::kStore>(args, config, stream)
+                  : fp8_dispatch_m_tiles<T, false, E::kStore>(args, config, stream);
+    case E::kSiluMul:
+      return norm ? fp8_dispatch_m_tiles<T, true, E::kSiluMul>(args, config, stream)
+                  : fp8_dispatch_m_tiles<T, false, E::kSiluMul>(args, config, stream);
+    case E::kAdd:
+      if (norm) PYORCH_INVALID("skinny_gemm_fp8: the add epilogue takes no norm");
+      return fp8_dispatch_m_tiles<T, false, E::kAdd>(args, config, stream);
+  }
+  PYORCH_INVALID("skinny_gemm_fp8: unknown epilogue %d", static_cast<int>(epilogue));
+}
+
+}  // namespace
+
+cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
+                            const float* weight_scale, bool weight_scale_per_channel,
+                            const void* bias, const void* norm_weight, float eps,
+                            SkinnyGemmEpilogue epilogue, DType dtype, int64_t num_tokens,
+                            int64_t output_size, int64_t input_size, int64_t out_stride,
+                            int64_t input_stride, cudaStream_t stream,
+                            const SkinnyGemmConfig* config) {
+  constexpr int64_t kElems = kernels::SkinnyWeight<__nv_bfloat16, Fp8>::kElems;
+  if (num_tokens < 0 || num_tokens > kSkinnyGemmMaxTokens) {
+    PYORCH_INVALID("skinny_gemm_fp8: num_tokens %lld outside [0, %lld]",
+                   static_cast<long long>(num_tokens),
+                   static_cast<long long>(kSkinnyGemmMaxTokens));
+  }
+  if (input_size % kElems != 0 || input_stride % kernels::kSkinnyChunk != 0) {
+    PYORCH_INVALID(
+        "skinny_gemm_fp8: input_size %lld must be a multiple of 16 and input_stride %lld of 8",
+        static_cast<long long>(input_size), static_cast<long long>(input_stride));
+  }
+  if (!aligned16(input) || !aligned16(weight) ||
+      (norm_weight != nullptr && !aligned16(norm_weight))) {
+    PYORCH_INVALID("skinny_gemm_fp8: input, weight and norm_weight must be 16-byte aligned");
+  }
+  if (weight_scale == nullptr) PYORCH_INVALID("skinny_gemm_fp8: weight_scale is required");
+  if (epilogue == SkinnyGemmEpilogue::kSiluMul && output_size % 2 != 0) {
+    PYORCH_INVALID("skinny_gemm_fp8: the SiLU-and-mul epilogue needs an even output_size, got %lld",
+                   static_cast<long long>(output_size));
+  }
+  if (num_tokens == 0 || output_size == 0) return cudaSuccess;
+  if (norm_weight != nullptr && input_size == 0) {
+    PYORCH_INVALID("skinny_gemm_fp8: a normed input needs input_size > 0");
+  }
+  // The fp16/bf16 kernel's picks (bench_gemm's sweep), by bytes per block row: an e4m3 row is
+  // half the bytes, so a K of 2x streams like the bf16 kernel's K of x. 16 warps -> 8.
+  SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size / 2);
+  if (cfg.num_warps > 8) cfg.num_warps = 8;
+  const bool plain = epilogue == SkinnyGemmEpilogue::kStore && norm_weight == nullptr;
+  if (!plain) cfg.pdl = 0;
+  int prefetch_slices = -1;
+  if (config != nullptr) {
+    if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
+    if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
+    if (config->pdl >= 0) cfg.pdl = config->pdl > 0 && pdl_enabled() ? 1 : 0;
+    prefetch_slices = config->prefetch_slices;
+  }
+  cfg.prefetch_slices = prefetch_slices >= 0 ? prefetch_slices : (cfg.pdl > 0 ? 1 : 0);
+  return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
+    kernels::SkinnyGemmArgs<T, Fp8> args{};
+    args.out = static_cast<T*>(out);
+    args.input = static_cast<const T*>(input);
+    args.weight = static_cast<const Fp8*>(weight);
+    args.weight_scale = weight_scale;
+    args.weight_scale_per_row = weight_scale_per_channel ? 1 : 0;
+    args.bias = static_cast<const T*>(bias);
+    args.norm_weight = static_cast<const T*>(norm_weight);
+    args.eps = eps;
+    args.num_tokens = num_tokens;
+    args.output_size = output_size;
+    args.input_size = input_size;
+    args.out_stride = out_stride;
+    args.input_stride = input_stride;
+    args.prefetch_slices = cfg.prefetch_slices;
+    PYORCH_RETURN_IF_ERROR(fp8_dispatch_epilogue<T>(args, epilogue, cfg, stream));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace pyorch

@@ -1,0 +1,125 @@
+"""The decode path of the fp8 linear methods: up to 16 rows of bf16/fp16 activations go through
+skinny_gemm_fp8 (W8A16: the activations unquantized, the e4m3 weight widened exactly), more rows
+through the W8A8 path (per-token fp8 activations, cutlass_scaled_mm); and a Llama decode step
+with fp8 layers runs the fused decoder layer (norm, SiLU-and-mul and residual add inside the fp8
+GEMMs) close to the unfused one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyorch import _ops
+from pyorch.config import ModelConfig
+from pyorch.forward_context import set_forward_context
+from pyorch.layers.attention import Attention
+from pyorch.layers.quantization.utils.w8a8_utils import FP8_SKINNY_MAX_TOKENS
+from pyorch.model_loader import get_model
+from tests.conftest import DEVICES, tol
+from tests.pyorch.layers.quantization.checkpoints import tiny_model
+from tests.pyorch.paged_batch import allocate_blocks, build_metadata
+from tests.reference import gemm as ref
+from tests.reference import quantization as qref
+
+BLOCK_SIZE = 16
+PROMPT_LENS = [5, 17, 1, 33]
+
+
+def _model(tmp_path, arch: str, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    tiny_model(arch).save_pretrained(tmp_path)
+    config = ModelConfig(model=str(tmp_path), dtype=dtype, device=device, quantization="fp8")
+    config.resolve()
+    return get_model(config)
+
+
+def _w8a8_reference(x: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
+    """Per-token fp8 activations (absmax / 448, e4m3 rounding) times the dequantized weight."""
+    xs = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448
+    xq = qref.f32(x.float() / xs).clamp(-448, 448).to(torch.float8_e4m3fn).double() * xs.double()
+    w = layer.weight.t().double() * layer.weight_scale.double().reshape(-1, 1)
+    return (xq @ w.T).to(x.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 5, FP8_SKINNY_MAX_TOKENS, FP8_SKINNY_MAX_TOKENS + 1, 40])
+def test_linear_w8a16_up_to_16_rows_w8a8_past(tmp_path, monkeypatch, device, dtype, num_tokens):
+    model = _model(tmp_path, "llama", device, dtype)
+    layer = model.model.layers[0].mlp.gate_up_proj
+    assert layer.weight.dtype == torch.float8_e4m3fn
+    calls = []
+    real_op = _ops.skinny_gemm_fp8
+    monkeypatch.setattr(_ops, "skinny_gemm_fp8",
+                        lambda *a, **k: (calls.append(a), real_op(*a, **k)))
+    x = (torch.randn(num_tokens, layer.weight.shape[0], device=device) * 2).to(dtype)
+    with torch.no_grad():
+        out = layer(x)
+    out = out[0] if isinstance(out, tuple) else out
+    if num_tokens <= FP8_SKINNY_MAX_TOKENS:
+        assert len(calls) == 1
+        w = layer.weight.t().double() * layer.weight_scale.double().reshape(-1, 1)
+        torch.testing.assert_close(out, ref.linear(x, w, None), **tol(dtype))
+    else:
+        assert not calls
+        # an fp8 rounding boundary crossed by a last-bit difference of the scale moves one product
+        # by an e4m3 step: compare in bulk
+        want = _w8a8_reference(x, layer).float()
+        err = (out.float() - want).abs()
+        assert err.mean() < 0.01 * want.abs().mean() and err.max() < 0.1 * want.abs().max()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_decode_with_fp8_layers_matches_unfused(tmp_path, monkeypatch, device):
+    """A decode step of an online-fp8 Llama in bf16: the fused layers (skinny_gemm_fp8 with the
+    norm, SiLU-and-mul and add epilogues, 4 calls per layer) against the unfused ones (the plain
+    skinny_gemm_fp8 after separate norm / activation kernels). On the CPU the fused path is let in
+    by widening its batch check to CPU tensors (the CPU op is the same contract)."""
+    from pyorch.layers import fused_linear
+    from pyorch.models import llama
+
+    dtype = torch.bfloat16
+    model = _model(tmp_path, "llama", device, dtype).eval()
+    if device == "cpu":
+        monkeypatch.setattr(llama, "fused_decode_batch",
+                            lambda x, layer: fused_linear.FUSED_DECODE and 0 < x.shape[0] <= 16)
+    fused_calls = []
+    real_op = _ops.skinny_gemm_fp8
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        # skinny_gemm_fp8(out, input, weight, weight_scale, bias, norm_weight, epsilon, epilogue)
+        fused = (len(args) > 5 and args[5] is not None) or (len(args) > 7 and args[7] != "store")
+        if fused:
+            fused_calls.append(args)
+        return real_op(*args, **kwargs)
+
+    monkeypatch.setattr(_ops, "skinny_gemm_fp8", counted)
+    attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
+    tables, num_blocks = allocate_blocks([n + 1 for n in PROMPT_LENS], BLOCK_SIZE)
+    for layer in attn_layers:
+        shape = (num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size)
+        layer.kv_cache = (torch.zeros(shape, dtype=dtype, device=device),
+                          torch.zeros(shape, dtype=dtype, device=device))
+    gen = torch.Generator().manual_seed(2)
+    vocab = model.config.vocab_size if hasattr(model, "config") else 512
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    meta, positions = build_metadata([0] * len(prompts), PROMPT_LENS, tables, BLOCK_SIZE, device)
+    with torch.no_grad(), set_forward_context(meta):
+        model(torch.tensor(sum(prompts, []), device=device), positions)
+    assert not fused_calls
+    next_ids = torch.randint(0, vocab, (len(prompts),), generator=gen).tolist()
+    meta, positions = build_metadata(PROMPT_LENS, [1] * len(prompts), tables, BLOCK_SIZE, device)
+
+    def decode() -> torch.Tensor:
+        with torch.no_grad(), set_forward_context(meta):
+            return model.compute_logits(model(torch.tensor(next_ids, device=device), positions))
+
+    fused = decode()
+    num_layers = len(attn_layers)
+    assert len(fused_calls) == 4 * num_layers
+    monkeypatch.setattr(fused_linear, "FUSED_DECODE", False)
+    unfused = decode()
+    assert len(fused_calls) == 4 * num_layers
+    # The fused layer rounds the normed input once where the unfused one rounds twice (bf16).
+    scale = unfused.abs().max().item()
+    assert (fused - unfused).abs().max().item() < 0.05 * scale
+    assert (fused.argmax(-1) == unfused.argmax(-1)).float().mean() >= 0.75
