@@ -143,6 +143,23 @@ TORCH_LIBRARY(pyorch, m) {
       "Tensor sorted_token_ids, Tensor expert_ids, Tensor num_tokens_post_padded, int top_k, "
       "int block_size, bool silu_and_mul) -> ()");
 
+  // ---- MoE decode pair and grouped top-k (cuda/include/pyorch/moe_decode.h) ------------------
+  // Few tokens: out [M, H] = sum over the pairs f of token t of topk_weights[t, j] * (act[f] @
+  // w2[e]^T) with act [M * top_k, I] = silu(x @ gate_e^T) * (x @ up_e^T) (also written), over
+  // moe_align_block_size's sort for block_size (CUDA: 8 or 16, M <= 128). fp32 sums, rounded once.
+  m.def(
+      "fused_moe_decode(Tensor! out, Tensor! act, Tensor hidden_states, Tensor w13, Tensor w2, "
+      "Tensor topk_weights, Tensor sorted_token_ids, Tensor expert_ids, "
+      "Tensor num_tokens_post_padded, int block_size, bool? pdl=None) -> ()");
+  // vLLM's grouped_topk: scores = softmax/sigmoid(gating_output [M, E]); the topk_group best of
+  // num_expert_group groups (by max, or top-2 sum with e_score_correction_bias [E]), then the
+  // top_k experts among them by scores (+ bias); weights = their scores, renormalized, times
+  // routed_scaling_factor. topk_weights [M, top_k] fp32, topk_ids [M, top_k] int32/int64.
+  m.def(
+      "grouped_topk(Tensor! topk_weights, Tensor! topk_ids, Tensor gating_output, "
+      "int num_expert_group, int topk_group, bool renormalize, str scoring_func, "
+      "float routed_scaling_factor, Tensor? e_score_correction_bias=None) -> ()");
+
   // ---- sampling ------------------------------------------------------------------------------
   // Structured output: logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0, for the
   // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
@@ -249,6 +266,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_a8);
+  m.impl("fused_moe_decode", c10::kCPU, &pyorch::cpu::fused_moe_decode);
+  m.impl("grouped_topk", c10::kCPU, &pyorch::cpu::grouped_topk);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -293,6 +312,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
+  m.impl("fused_moe_decode", c10::kCUDA, &fused_moe_decode);
+  m.impl("grouped_topk", c10::kCUDA, &grouped_topk);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
