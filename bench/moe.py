@@ -7,11 +7,6 @@ read + written per second, about what a pure read stream reaches). Each layer ca
 inside a CUDA graph (as the engine runs it: no host launch overhead) and, separately, eagerly.
 
     python bench/moe.py [--models mixtral,qwen3_moe] [--tokens 1,8,64,512,4096,16384] [--out F]
-                        [--paths]
-
---paths also times pyorch's two expert paths one against the other wherever both apply (the
-decode kernel pair up to 128 tokens, the grouped GEMM at any M; fields decode_us / grouped_us,
-each with the router): the crossover that MOE_DECODE_MAX_TOKENS encodes.
 
 Writes JSON to bench/results/<GPU>/moe.json unless --out says otherwise. Also checks that the two
 engines' outputs agree (max abs difference, relative to the output's max).
@@ -29,10 +24,6 @@ import torch
 from pyorch.benchmarks import common
 from pyorch.benchmarks.attention import copy_bandwidth, event_times
 from pyorch.layers.fused_moe import fused_experts, fused_topk
-from pyorch.layers.fused_moe.fused_moe import (
-    fused_experts_decode,
-    fused_experts_grouped,
-)
 
 # name -> (num_experts, top_k, hidden_size, moe_intermediate_size, renormalize)
 SHAPES = {
@@ -85,26 +76,8 @@ def _time(row: dict[str, Any], name: str, fn: Callable[[], Any], iters: int) -> 
         row[f"{name}_us"] = row[f"{name}_eager_us"]
 
 
-def _time_paths(row: dict[str, Any], x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor,
-                w2: torch.Tensor, top_k: int, renorm: bool, iters: int) -> None:
-    """decode_us / grouped_us: each expert path alone (router included), where it applies."""
-    m, num_experts = logits.shape
-    if m <= 128:
-        def decode() -> torch.Tensor:
-            w, ids = fused_topk(logits, top_k, renorm)
-            return fused_experts_decode(x, w13, w2, w, ids, num_experts)
-
-        _time(row, "decode", decode, iters)
-
-    def grouped() -> torch.Tensor:
-        w, ids = fused_topk(logits, top_k, renorm)
-        return fused_experts_grouped(x, w13, w2, w, ids, num_experts)
-
-    _time(row, "grouped", grouped, iters)
-
-
 def _row(model: str, m: int, bandwidth: float, vllm: Callable[..., torch.Tensor] | None,
-         iters: int, paths: bool = False) -> dict[str, Any]:
+         iters: int) -> dict[str, Any]:
     num_experts, top_k, hidden, inter, renorm = SHAPES[model]
     gen = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, hidden, device="cuda", generator=gen).to(torch.bfloat16)
@@ -122,8 +95,6 @@ def _row(model: str, m: int, bandwidth: float, vllm: Callable[..., torch.Tensor]
                                floor_us=weight_bytes / bandwidth * 1e6)
     ours = _pyorch_moe(x, logits, w13, w2, top_k, renorm)
     _time(row, "pyorch", lambda: _pyorch_moe(x, logits, w13, w2, top_k, renorm), iters)
-    if paths:
-        _time_paths(row, x, logits, w13, w2, top_k, renorm, iters)
     if vllm is not None:
         v = vllm
         theirs = v(x, logits, w13, w2, top_k, renorm)
@@ -140,8 +111,6 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,8,64,512,4096,16384")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--no-vllm", action="store_true")
-    parser.add_argument("--paths", action="store_true",
-                        help="also time the decode pair and the grouped GEMM apart")
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/<GPU>/)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
@@ -149,7 +118,7 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for m in (int(t) for t in args.tokens.split(",")):
-            row = _row(model, m, bandwidth, vllm, args.iters, args.paths)
+            row = _row(model, m, bandwidth, vllm, args.iters)
             torch.cuda.empty_cache()  # the previous shape's weights
             rows.append(row)
             print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"

@@ -25,25 +25,6 @@ def moe_block_size(num_flat: int, num_experts: int) -> int:
     return 16 if num_flat <= 16 * num_experts else 64
 
 
-# The decode kernel pair (fused_moe_decode: two launches, each a stream of the active experts'
-# weights) serves batches of up to this many tokens; larger ones take the grouped GEMM. The
-# crossover is measured by `python bench/moe.py --paths` (docs/architecture.md, MoE).
-MOE_DECODE_MAX_TOKENS = 32
-
-
-def moe_decode_block_size(num_tokens: int, top_k: int, num_experts: int) -> int | None:
-    """The decode pair's routing block (8 or 16 pairs of one expert: one or two mma n8 tiles)
-    for num_tokens, or None when the batch is past the decode pair's range. 16 once the experts
-    average two pairs or more, so that an expert's weights are read by one block, not two."""
-    if num_tokens > MOE_DECODE_MAX_TOKENS:
-        return None
-    return _decode_block(num_tokens * top_k, num_experts)
-
-
-def _decode_block(num_flat: int, num_experts: int) -> int:
-    return 16 if num_flat >= 2 * num_experts else 8
-
-
 def fused_topk(
     gating_output: torch.Tensor,  # [T, E] router logits
     top_k: int,
@@ -112,14 +93,53 @@ def fused_experts(
     global_num_experts: int,
     expert_map: torch.Tensor | None = None,  # [global_num_experts] int32, -1 = not local
 ) -> torch.Tensor:  # [T, H]: sum_j topk_weights[t, j] * expert_{ids[t, j]}(hidden[t])
-    num_tokens = hidden_states.shape[0]
-    top_k = topk_ids.shape[1]
-    decode_block = moe_decode_block_size(num_tokens, top_k, global_num_experts)
-    if decode_block is not None:
+    decode_block = moe_decode_block_size(
+        hidden_states.shape[0], topk_ids.shape[1], global_num_experts
+    )
+    if decode_block is not None:  # a few tokens: the decode kernel pair
         return fused_experts_decode(hidden_states, w13, w2, topk_weights, topk_ids,
                                     global_num_experts, expert_map, decode_block)
-    return fused_experts_grouped(hidden_states, w13, w2, topk_weights, topk_ids,
-                                 global_num_experts, expert_map)
+    num_tokens, hidden_size = hidden_states.shape
+    top_k = topk_ids.shape[1]
+    num_flat = num_tokens * top_k
+    intermediate = w2.shape[2]
+    block = moe_block_size(num_flat, global_num_experts)
+    sorted_ids, expert_ids, num_post_pad = moe_align_block_size(
+        topk_ids, block, global_num_experts, expert_map
+    )
+    dtype, device = hidden_states.dtype, hidden_states.device
+    act = torch.empty(num_flat, intermediate, dtype=dtype, device=device)
+    _ops.fused_moe_gemm(
+        act, hidden_states, w13, None, sorted_ids, expert_ids, num_post_pad, top_k, block, True
+    )
+    per_pair = torch.empty(num_flat, hidden_size, dtype=dtype, device=device)
+    _ops.fused_moe_gemm(
+        per_pair, act, w2, topk_weights.reshape(-1), sorted_ids, expert_ids, num_post_pad, 1,
+        block, False,
+    )
+    out = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
+    _ops.moe_sum(per_pair.view(num_tokens, top_k, hidden_size), out)
+    return out
+
+
+# ---- the decode path: few tokens, the weight stream ----------------------------------------------
+# The decode kernel pair (fused_moe_decode: two launches, each a stream of the active experts'
+# weights) serves batches of up to this many tokens; larger ones take the grouped GEMMs. The
+# crossover is measured by `python bench/moe_crossover.py` (docs/benchmarks.md).
+MOE_DECODE_MAX_TOKENS = 32
+
+
+def moe_decode_block_size(num_tokens: int, top_k: int, num_experts: int) -> int | None:
+    """The decode pair's routing block (8 or 16 pairs of one expert: one or two mma n8 tiles)
+    for num_tokens, or None when the batch is past the decode pair's range. 16 once the experts
+    average two pairs or more, so that an expert's weights are read by one block, not two."""
+    if num_tokens > MOE_DECODE_MAX_TOKENS:
+        return None
+    return _decode_block(num_tokens * top_k, num_experts)
+
+
+def _decode_block(num_flat: int, num_experts: int) -> int:
+    return 16 if num_flat >= 2 * num_experts else 8
 
 
 def fused_experts_decode(
@@ -146,37 +166,4 @@ def fused_experts_decode(
         out, act, hidden_states, w13, w2, topk_weights.float().contiguous(), sorted_ids,
         expert_ids, num_post_pad, block_size,
     )
-    return out
-
-
-def fused_experts_grouped(
-    hidden_states: torch.Tensor,  # [T, H]
-    w13: torch.Tensor,  # [E_local, 2 * I, H]: [gate; up] per expert
-    w2: torch.Tensor,  # [E_local, H, I]
-    topk_weights: torch.Tensor,  # [T, top_k] float32
-    topk_ids: torch.Tensor,  # [T, top_k] global expert ids
-    global_num_experts: int,
-    expert_map: torch.Tensor | None = None,  # [global_num_experts] int32, -1 = not local
-) -> torch.Tensor:  # [T, H]
-    """fused_experts through the grouped expert GEMM (any number of tokens)."""
-    num_tokens, hidden_size = hidden_states.shape
-    top_k = topk_ids.shape[1]
-    num_flat = num_tokens * top_k
-    intermediate = w2.shape[2]
-    block = moe_block_size(num_flat, global_num_experts)
-    sorted_ids, expert_ids, num_post_pad = moe_align_block_size(
-        topk_ids, block, global_num_experts, expert_map
-    )
-    dtype, device = hidden_states.dtype, hidden_states.device
-    act = torch.empty(num_flat, intermediate, dtype=dtype, device=device)
-    _ops.fused_moe_gemm(
-        act, hidden_states, w13, None, sorted_ids, expert_ids, num_post_pad, top_k, block, True
-    )
-    per_pair = torch.empty(num_flat, hidden_size, dtype=dtype, device=device)
-    _ops.fused_moe_gemm(
-        per_pair, act, w2, topk_weights.reshape(-1), sorted_ids, expert_ids, num_post_pad, 1,
-        block, False,
-    )
-    out = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
-    _ops.moe_sum(per_pair.view(num_tokens, top_k, hidden_size), out)
     return out
