@@ -143,6 +143,12 @@ TORCH_LIBRARY(pyorch, m) {
       "Tensor sorted_token_ids, Tensor expert_ids, Tensor num_tokens_post_padded, int top_k, "
       "int block_size, bool silu_and_mul) -> ()");
 
+  // ---- sampling ------------------------------------------------------------------------------
+  // Structured output: logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0, for the
+  // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
+  // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
+  m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
+
   // ---- MoE decode pair and grouped top-k (cuda/include/pyorch/moe_decode.h) ------------------
   // Few tokens: out [M, H] = sum over the pairs f of token t of topk_weights[t, j] * (act[f] @
   // w2[e]^T) with act [M * top_k, I] = silu(x @ gate_e^T) * (x @ up_e^T) (also written), over
@@ -159,12 +165,6 @@ TORCH_LIBRARY(pyorch, m) {
       "grouped_topk(Tensor! topk_weights, Tensor! topk_ids, Tensor gating_output, "
       "int num_expert_group, int topk_group, bool renormalize, str scoring_func, "
       "float routed_scaling_factor, Tensor? e_score_correction_bias=None) -> ()");
-
-  // ---- sampling ------------------------------------------------------------------------------
-  // Structured output: logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0, for the
-  // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
-  // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
-  m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
 
   // ---- W4A16: 4-bit weights x 16-bit activations (GPTQ, AWQ; pyorch/_ops.py says how) --------
   // GPTQ qweight [size_k / 8, size_n] int32 (perm: act-order, [size_k] int32 or None) / AWQ
@@ -249,6 +249,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_sum", c10::kCPU, &pyorch::cpu::moe_sum);
   m.impl("moe_align_block_size", c10::kCPU, &pyorch::cpu::moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCPU, &pyorch::cpu::fused_moe_gemm);
+  m.impl("fused_moe_decode", c10::kCPU, &pyorch::cpu::fused_moe_decode);
+  m.impl("grouped_topk", c10::kCPU, &pyorch::cpu::grouped_topk);
   m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
   m.impl("gptq_marlin_repack", c10::kCPU, &pyorch::cpu::gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCPU, &pyorch::cpu::awq_marlin_repack);
@@ -266,8 +268,6 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_a8);
-  m.impl("fused_moe_decode", c10::kCPU, &pyorch::cpu::fused_moe_decode);
-  m.impl("grouped_topk", c10::kCPU, &pyorch::cpu::grouped_topk);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -295,6 +295,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_sum", c10::kCUDA, &moe_sum);
   m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCUDA, &fused_moe_gemm);
+  m.impl("fused_moe_decode", c10::kCUDA, &fused_moe_decode);
+  m.impl("grouped_topk", c10::kCUDA, &grouped_topk);
   m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
   // quantization (the scaled GEMMs' CUTLASS adapters add theirs below)
   m.impl("static_scaled_fp8_quant", c10::kCUDA, &static_scaled_fp8_quant);
@@ -312,8 +314,6 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
-  m.impl("fused_moe_decode", c10::kCUDA, &fused_moe_decode);
-  m.impl("grouped_topk", c10::kCUDA, &grouped_topk);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
