@@ -177,3 +177,26 @@ def test_opcheck():
     args = (torch.empty(5, 64), torch.empty(10, 32), torch.randn(5, 64), w13, w2,
             torch.rand(5, 2), sorted_ids, expert_ids, num_post_pad, 8, None)
     torch.library.opcheck(torch.ops.pyorch.fused_moe_decode.default, args)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
+def test_fused_moe_decode_is_deterministic_with_and_without_pdl():
+    """The down kernel's top-k sum has a fixed order (no atomics): repeated calls, with PDL and
+    without, give the same bits; each call's input is the previous kernel's output, so a kernel
+    that read before its pdl_wait would show."""
+    num_experts, top_k, hidden, inter, m = 64, 6, 512, 256, 9
+    w13, w2 = _weights(num_experts, hidden, inter, "cuda", torch.bfloat16)
+    ids = _routing(m, num_experts, top_k, "cuda")
+    weights = torch.rand(m, top_k, device="cuda")
+    sorted_ids, expert_ids, num_post_pad = moe_align_block_size(ids, 8, num_experts)
+    x0 = torch.randn(m, hidden, device="cuda").to(torch.bfloat16)
+    results = []
+    for pdl in (True, False, True):
+        x = x0 * 1.0  # a fresh kernel writes the input right before the decode pair
+        out = torch.empty(m, hidden, device="cuda", dtype=torch.bfloat16)
+        act = torch.empty(m * top_k, inter, device="cuda", dtype=torch.bfloat16)
+        _ops.fused_moe_decode(out, act, x, w13, w2, weights, sorted_ids, expert_ids,
+                              num_post_pad, 8, pdl)
+        results.append((out.clone(), act.clone()))
+    for out, act in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(act, results[0][1])
