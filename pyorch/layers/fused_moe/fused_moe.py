@@ -125,8 +125,10 @@ def fused_experts(
 # ---- the decode path: few tokens, the weight stream ----------------------------------------------
 # The decode kernel pair (fused_moe_decode: two launches, each a stream of the active experts'
 # weights) serves batches of up to this many tokens; larger ones take the grouped GEMMs. The
-# crossover is measured by `python bench/moe_crossover.py` (docs/benchmarks.md).
-MOE_DECODE_MAX_TOKENS = 32
+# crossover, `python bench/moe_crossover.py` on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/
+# moe_crossover.json): the decode pair beats the mma.sync grouped GEMM up to M = 64 on Mixtral
+# (1144 vs 1340 us; 1513 vs 1334 at 96) and up to 128 on Qwen3-30B-A3B (445 vs 520 us).
+MOE_DECODE_MAX_TOKENS = 64
 
 
 def moe_decode_block_size(num_tokens: int, top_k: int, num_experts: int) -> int | None:
