@@ -87,8 +87,9 @@ def test_fused_moe_decode_other_ranks_experts_add_nothing(device: str, dtype: to
 
 @pytest.mark.parametrize("device,dtype", CASES)
 def test_fused_experts_dispatch_by_batch_size(device: str, dtype: torch.dtype, monkeypatch):
-    """fused_experts takes the decode pair up to MOE_DECODE_MAX_TOKENS tokens and the grouped
-    GEMMs past it; both agree with the reference on either side."""
+    """fused_experts takes the decode pair while the batch is in its range (at most
+    MOE_DECODE_MAX_TOKENS tokens, at most MOE_DECODE_MAX_PAIRS_PER_EXPERT pairs per expert on
+    average) and the grouped GEMMs past it; both agree with the reference on either side."""
     num_experts, top_k, hidden, inter = 16, 4, 128, 64
     w13, w2 = _weights(num_experts, hidden, inter, device, dtype)
     calls: list[int] = []
@@ -99,7 +100,7 @@ def test_fused_experts_dispatch_by_batch_size(device: str, dtype: torch.dtype, m
         return real(x, *args, **kwargs)
 
     monkeypatch.setattr(fm, "fused_experts_decode", counted)
-    limit = fm.MOE_DECODE_MAX_TOKENS
+    limit = fm.MOE_DECODE_MAX_PAIRS_PER_EXPERT * num_experts // top_k  # 32 tokens here
     for m in (1, limit, limit + 1):
         x = torch.randn(m, hidden, device=device).to(dtype)
         ids = _routing(m, num_experts, top_k, device)
@@ -109,7 +110,10 @@ def test_fused_experts_dispatch_by_batch_size(device: str, dtype: torch.dtype, m
                                    **tol(dtype, 4.0))
     assert calls == [1, limit]
     assert fm.moe_decode_block_size(1, 8, 128) == 8 and fm.moe_decode_block_size(32, 8, 128) == 16
-    assert fm.moe_decode_block_size(limit + 1, 8, 128) is None
+    assert fm.moe_decode_block_size(128, 8, 128) == 16  # Qwen3-30B-A3B: up to 128 tokens
+    assert fm.moe_decode_block_size(129, 8, 128) is None
+    assert fm.moe_decode_block_size(32, 2, 8) == 16  # Mixtral: up to 32
+    assert fm.moe_decode_block_size(33, 2, 8) is None
 
 
 @pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
