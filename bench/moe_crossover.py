@@ -2,9 +2,10 @@
 pair (`fused_experts_decode`) and through the path fused_experts takes past the decode range
 (the grouped expert GEMMs: mma.sync below 64 tokens, the CUTLASS grouped path from 64 where it
 is built), router and sort included, on Mixtral-8x7B and Qwen3-30B-A3B layer shapes, bf16,
-random weights and router logits. Each call is timed inside a CUDA graph (as the engine runs it). Prints one line per (model, M) with both times, the ratio,
-and the weight-read floor (the routed experts' bytes at the measured copy bandwidth), and the
-largest M where the decode pair is faster (what the dispatch in fused_moe.py should encode).
+random weights and router logits. Each call is timed inside a CUDA graph (as the engine runs it).
+Prints one line per (model, M) with both times, the ratio, and the weight-read floor (the routed
+experts' bytes at the measured copy bandwidth), and the largest M where the decode pair is faster
+(what the dispatch in fused_moe.py should encode).
 
     python bench/moe_crossover.py [--models mixtral,qwen3_moe] [--tokens 1,2,4,...,128] [--out F]
 """
