@@ -122,12 +122,26 @@
   at::Tensor ggml_mul_mat_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,     \
                              int64_t row);
 
+// MoE decode kernel pair and grouped top-k router (cpp/cpu/moe_decode.cpp, cpp/ops/moe_decode.cpp).
+#define PYORCH_DECLARE_MOE_DECODE_OPS                                                              \
+  void fused_moe_decode(at::Tensor& out, at::Tensor& act, const at::Tensor& hidden_states,         \
+                        const at::Tensor& w13, const at::Tensor& w2,                               \
+                        const at::Tensor& topk_weights, const at::Tensor& sorted_token_ids,        \
+                        const at::Tensor& expert_ids, const at::Tensor& num_tokens_post_padded,    \
+                        int64_t block_size, std::optional<bool> pdl);                              \
+  void grouped_topk(at::Tensor& topk_weights, at::Tensor& topk_ids,                                \
+                    const at::Tensor& gating_output, int64_t num_expert_group, int64_t topk_group, \
+                    bool renormalize, const std::string& scoring_func,                             \
+                    double routed_scaling_factor,                                                  \
+                    const std::optional<at::Tensor>& e_score_correction_bias);
+
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
 PYORCH_DECLARE_MOE_GROUPED_OPS
 PYORCH_DECLARE_W4A16_OPS
 PYORCH_DECLARE_GGUF_OPS
+PYORCH_DECLARE_MOE_DECODE_OPS
 
 // CUDA-only: the custom all-reduce of tensor parallelism (cpp/ops/custom_all_reduce.cpp). The
 // tensor ops are schemas; the IPC helpers map memory into the process (state, not tensor ops) and
@@ -150,6 +164,7 @@ PYORCH_DECLARE_MOE_OPS
 PYORCH_DECLARE_MOE_GROUPED_OPS
 PYORCH_DECLARE_W4A16_OPS
 PYORCH_DECLARE_GGUF_OPS
+PYORCH_DECLARE_MOE_DECODE_OPS
 // The instruction set of the CPU GGUF products: sets it ("best", "avx512_vnni", "avx2",
 // "portable") unless name is empty, and returns the one in use.
 std::string gguf_cpu_isa(const std::string& name);

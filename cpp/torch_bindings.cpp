@@ -174,6 +174,23 @@ TORCH_LIBRARY(pyorch, m) {
   // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
   m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
 
+  // ---- MoE decode pair and grouped top-k (cuda/include/pyorch/moe_decode.h) ------------------
+  // Few tokens: out [M, H] = sum over the pairs f of token t of topk_weights[t, j] * (act[f] @
+  // w2[e]^T) with act [M * top_k, I] = silu(x @ gate_e^T) * (x @ up_e^T) (also written), over
+  // moe_align_block_size's sort for block_size (CUDA: 8 or 16, M <= 128). fp32 sums, rounded once.
+  m.def(
+      "fused_moe_decode(Tensor! out, Tensor! act, Tensor hidden_states, Tensor w13, Tensor w2, "
+      "Tensor topk_weights, Tensor sorted_token_ids, Tensor expert_ids, "
+      "Tensor num_tokens_post_padded, int block_size, bool? pdl=None) -> ()");
+  // vLLM's grouped_topk: scores = softmax/sigmoid(gating_output [M, E]); the topk_group best of
+  // num_expert_group groups (by max, or top-2 sum with e_score_correction_bias [E]), then the
+  // top_k experts among them by scores (+ bias); weights = their scores, renormalized, times
+  // routed_scaling_factor. topk_weights [M, top_k] fp32, topk_ids [M, top_k] int32/int64.
+  m.def(
+      "grouped_topk(Tensor! topk_weights, Tensor! topk_ids, Tensor gating_output, "
+      "int num_expert_group, int topk_group, bool renormalize, str scoring_func, "
+      "float routed_scaling_factor, Tensor? e_score_correction_bias=None) -> ()");
+
   // ---- W4A16: 4-bit weights x 16-bit activations (GPTQ, AWQ; pyorch/_ops.py says how) --------
   // GPTQ qweight [size_k / 8, size_n] int32 (perm: act-order, [size_k] int32 or None) / AWQ
   // qweight [size_k, size_n / 8] -> pyorch's w4 tiles [size_n / 16, size_k * 2] int32.
@@ -257,6 +274,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_sum", c10::kCPU, &pyorch::cpu::moe_sum);
   m.impl("moe_align_block_size", c10::kCPU, &pyorch::cpu::moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCPU, &pyorch::cpu::fused_moe_gemm);
+  m.impl("fused_moe_decode", c10::kCPU, &pyorch::cpu::fused_moe_decode);
+  m.impl("grouped_topk", c10::kCPU, &pyorch::cpu::grouped_topk);
   m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
   m.impl("gptq_marlin_repack", c10::kCPU, &pyorch::cpu::gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCPU, &pyorch::cpu::awq_marlin_repack);
@@ -305,6 +324,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("moe_sum", c10::kCUDA, &moe_sum);
   m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCUDA, &fused_moe_gemm);
+  m.impl("fused_moe_decode", c10::kCUDA, &fused_moe_decode);
+  m.impl("grouped_topk", c10::kCUDA, &grouped_topk);
   m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
   // quantization (the scaled GEMMs' CUTLASS adapters add theirs below)
   m.impl("static_scaled_fp8_quant", c10::kCUDA, &static_scaled_fp8_quant);

@@ -815,3 +815,55 @@ def ggml_mul_mat_vec_a8(
 def ggml_mul_mat_a8(W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int) -> torch.Tensor:
     """ggml_mul_mat_vec_a8 for many tokens (prefill): the same result, a kernel built for M > 8."""
     return _ops.ggml_mul_mat_a8(W, X, quant_type, row)
+
+
+# ---- MoE decode pair and grouped top-k ----------------------------------------------------------
+def fused_moe_decode(
+    out: torch.Tensor,
+    act: torch.Tensor,
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    sorted_token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_tokens_post_padded: torch.Tensor,
+    block_size: int,
+    pdl: Optional[bool] = None,
+) -> None:
+    """The MoE of a few tokens in two launches (gate_up with SiLU-and-mul; down with the routing
+    weights and the sum over top_k), over moe_align_block_size's sort for block_size.
+
+    out : [M, H] (out): sum_j topk_weights[t, j] * (act[t * top_k + j] @ w2[e]^T), fp32 sums.
+    act : [M * top_k, I] (out): silu(x[t] @ gate_e^T) * (x[t] @ up_e^T), in the dtype.
+    hidden_states : [M, H] (last dim contiguous). w13 : [E, 2I, H]. w2 : [E, H, I].
+    topk_weights : [M, top_k] float32. Pairs of expert -1 (another rank's) add nothing.
+    CUDA: float16/bfloat16, block_size 8 or 16, M <= 128; pdl None = the process default.
+    """
+    _ops.fused_moe_decode(
+        out, act, hidden_states, w13, w2, topk_weights, sorted_token_ids, expert_ids,
+        num_tokens_post_padded, block_size, pdl,
+    )
+
+
+def grouped_topk(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gating_output: torch.Tensor,
+    num_expert_group: int,
+    topk_group: int,
+    renormalize: bool,
+    scoring_func: str = "softmax",
+    routed_scaling_factor: float = 1.0,
+    e_score_correction_bias: Optional[torch.Tensor] = None,
+) -> None:
+    """vLLM's grouped_topk router (DeepSeek-V2/V3): scores = softmax or sigmoid of gating_output
+    [M, E] in float32; the topk_group best of num_expert_group groups (group score: max, or the
+    sum of the top two with e_score_correction_bias [E] float32 added), then the top_k experts of
+    those groups (by score + bias; ties to the lower id). topk_weights [M, top_k] float32 (out) =
+    their unbiased scores, renormalized when asked, times routed_scaling_factor; topk_ids
+    [M, top_k] int32/int64 (out)."""
+    _ops.grouped_topk(
+        topk_weights, topk_ids, gating_output, num_expert_group, topk_group, renormalize,
+        scoring_func, routed_scaling_factor, e_score_correction_bias,
+    )

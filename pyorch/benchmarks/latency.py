@@ -11,7 +11,9 @@ generating one token (prefill only). Reported, from the medians:
 Floors:
 
 * (a) weight-read floor = bytes of the weights a decode step reads (every parameter except an
-  untied input embedding, which is gathered, not read) / copy bandwidth. The copy bandwidth is a
+  untied input embedding, which is gathered, not read; of a mixture-of-experts layer only the
+  experts the batch routes to: top_k of them at batch 1, the expected number of distinct experts
+  under uniform routing above) / copy bandwidth. The copy bandwidth is a
   `dst.copy_(src)` of a large buffer on the device, counted as bytes read + written (2 x buffer
   size / time), the convention of docs/performance.md.
 * (b) the model's own GEMM chain: every linear layer and the LM head with their real weights
@@ -70,11 +72,22 @@ def copy_bandwidth(device: torch.device, num_bytes: int, iters: int = 10) -> dic
             "convention": "bytes read + written (2 x buffer) / time"}
 
 
-def decode_weights(model: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
-    """(bytes a decode step reads, the 2-D weights of the GEMM chain in forward order).
+def active_expert_fraction(num_experts: int, top_k: int, batch: int) -> float:
+    """The expected fraction of a layer's experts that a batch of `batch` tokens routes to, with
+    each token's top_k distinct experts drawn uniformly: 1 - (1 - top_k / E)^batch (exactly
+    top_k / E at batch 1)."""
+    return 1.0 - (1.0 - top_k / num_experts) ** batch
+
+
+def decode_weights(model: torch.nn.Module, batch: int = 1) -> tuple[int, list[torch.Tensor]]:
+    """(bytes a decode step of `batch` tokens reads, the 2-D weights of the GEMM chain in forward
+    order).
 
     Every unique parameter counts, except an input embedding whose weight no LM head shares
-    (a step gathers `batch` rows of it). The chain is every linear layer plus the LM head."""
+    (a step gathers `batch` rows of it); a FusedMoE layer's experts count for the share the
+    batch routes to (active_expert_fraction). The chain is every linear layer plus the LM
+    head."""
+    from pyorch.layers.fused_moe import FusedMoE
     from pyorch.layers.linear import LinearBase
     from pyorch.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 
@@ -83,7 +96,12 @@ def decode_weights(model: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
     skip = {m.weight.data_ptr() for m in model.modules()
             if type(m) is VocabParallelEmbedding and m.weight.data_ptr() not in head_ptrs}
     seen: set[int] = set()
-    read_bytes = 0
+    read_bytes = 0.0
+    for moe in (m for m in model.modules() if isinstance(m, FusedMoE)):
+        share = active_expert_fraction(moe.global_num_experts, moe.top_k, batch)
+        for p in (moe.w13_weight, moe.w2_weight):
+            seen.add(p.data_ptr())
+            read_bytes += p.numel() * p.element_size() * share
     for p in model.parameters():  # buffers (rotary cos/sin tables) are gathered by position
         if p.data_ptr() in seen or p.data_ptr() in skip:
             continue
@@ -93,7 +111,7 @@ def decode_weights(model: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
     # stubs type it as Tensor | Module.
     chain = [cast(torch.Tensor, m.weight) for m in model.modules() if isinstance(m, LinearBase)]
     chain += [m.weight for m in heads]
-    return read_bytes, [w for w in chain if w.dim() == 2]
+    return round(read_bytes), [w for w in chain if w.dim() == 2]
 
 
 @torch.inference_mode()
@@ -218,7 +236,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         model = runner.model
         device = next(model.parameters()).device
-        read_bytes, weights = decode_weights(model)
+        read_bytes, weights = decode_weights(model, args.batch_size)
         floor_ms = read_bytes / copy["bytes_per_s"] * 1e3
         summary.update({
             "weight_read_bytes": read_bytes,

@@ -1,10 +1,14 @@
 """GGUF files: the Hugging Face config from the metadata, and the weights under HF names.
 
-Supported architectures are llama, qwen2 and qwen3 (``general.architecture``). Linear and
-embedding weights keep their GGUF blocks (see :func:`gguf_tensor`); names are mapped to the
-Hugging Face checkpoint names the models' ``load_weights`` expects, GGML's dims order (fastest
-first) is reversed to torch's, and llama.cpp's rotary row permutation of q/k is undone for llama
-files (on rows of blocks as on float rows).
+Supported architectures are llama, qwen2 and qwen3 (``general.architecture``), and the
+mixture-of-experts files qwen3moe (Qwen3-MoE) and llama with ``llama.expert_count`` (Mixtral, as
+llama.cpp converts it). Linear and embedding weights keep their GGUF blocks (see
+:func:`gguf_tensor`); an MoE file's stacked expert tensors (``ffn_{gate,up,down}_exps``, [E, N,
+K]) are dequantized to float32 at load and handed over per expert under the HF names (FusedMoE
+computes in the model dtype: the experts' memory is that of an unquantized model). Names are
+mapped to the Hugging Face checkpoint names the models' ``load_weights`` expects, GGML's dims
+order (fastest first) is reversed to torch's, and llama.cpp's rotary row permutation of q/k is
+undone for llama files (on rows of blocks as on float rows).
 """
 
 from __future__ import annotations
@@ -28,7 +32,18 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
+# A llama file with experts is Mixtral (llama.cpp's converter writes Mixtral as llama).
+_LLAMA_MOE = ("mixtral", "MixtralForCausalLM")
+# The HF module of an MoE layer's router and experts, by HF model_type.
+_MOE_MODULE = {"qwen3_moe": "mlp", "mixtral": "block_sparse_moe"}
+# GGUF expert tensor -> the HF per-expert projection, by HF model_type.
+_EXPERT_PROJ = {
+    "qwen3_moe": {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"},
+    "mixtral": {"gate": "w1", "up": "w3", "down": "w2"},
+}
+_EXPERT_TENSOR = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
 
 # Architectures whose converter permutes q/k rows for llama.cpp's interleaved rotary.
 _PERMUTED_QK_ARCHITECTURES = {"llama"}
@@ -161,7 +176,8 @@ def _rope_scaling(reader: Any, arch: str, theta: float, head_dim: int) -> dict[s
 
 
 def gguf_to_hf_config(path: str) -> PretrainedConfig:
-    """Build the Hugging Face config of a llama / qwen2 / qwen3 GGUF file from its metadata.
+    """Build the Hugging Face config of a llama / qwen2 / qwen3 / qwen3moe GGUF file (or a
+    Mixtral one: llama with experts) from its metadata.
 
     The config's dtype is float32 (the activations; the weights keep their GGUF types), and
     ``resolve_dtype`` then keeps float32 on the CPU and picks a 16-bit type on a GPU.
@@ -174,6 +190,9 @@ def gguf_to_hf_config(path: str) -> PretrainedConfig:
                 f"architecture {arch!r} is not supported (supported: {sorted(GGUF_ARCHITECTURES)})"
             )
         model_type, architecture = GGUF_ARCHITECTURES[arch]
+        num_experts = int(_field(reader, f"{arch}.expert_count", 0))
+        if arch == "llama" and num_experts > 0:
+            model_type, architecture = _LLAMA_MOE
         tensors = {t.name: t for t in reader.tensors}
         if "token_embd.weight" not in tensors:
             raise ValueError("no token_embd.weight tensor")
@@ -200,8 +219,10 @@ def gguf_to_hf_config(path: str) -> PretrainedConfig:
             pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id", None),
             dtype="float32",
         )
-        if arch == "llama":
+        if arch == "llama" and num_experts == 0:
             kwargs["attention_bias"] = "blk.0.attn_q.bias" in tensors
+        if num_experts > 0:
+            kwargs.update(_moe_config(reader, arch, model_type, num_experts))
         config = CONFIG_MAPPING[model_type](**kwargs)
     except KeyError as e:
         raise ValueError(f"{path}: GGUF metadata lacks {e.args[0]!r}") from e
@@ -211,7 +232,52 @@ def gguf_to_hf_config(path: str) -> PretrainedConfig:
     return config
 
 
-def gguf_name_to_hf(name: str) -> str | None:
+def _moe_config(reader: Any, arch: str, model_type: str, num_experts: int) -> dict[str, Any]:
+    """The HF config fields of an MoE file's experts (KeyError for a missing key)."""
+    top_k = int(_field(reader, f"{arch}.expert_used_count"))
+    if model_type == "mixtral":
+        return dict(num_local_experts=num_experts, num_experts_per_tok=top_k)
+    return dict(
+        num_experts=num_experts, num_experts_per_tok=top_k,
+        moe_intermediate_size=int(_field(reader, f"{arch}.expert_feed_forward_length")),
+        norm_topk_prob=True,  # llama.cpp's qwen3moe always renormalizes the top-k weights
+        decoder_sparse_step=1, mlp_only_layers=[],
+    )
+
+
+def _float_values(tensor: Any) -> torch.Tensor:
+    """A GGUF tensor's values as float32 in torch's shape, dequantized if need be."""
+    shape = _tensor_shape(tensor)
+    ggml_type = int(tensor.tensor_type)
+    data = np.asarray(tensor.data)
+    if ggml_type == GGMLQuantizationType.BF16:
+        values = torch.from_numpy(data.view(np.uint16).copy()).view(torch.bfloat16).float()
+    elif ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        values = torch.from_numpy(data.copy()).float()
+    else:
+        rows = math.prod(shape[:-1])
+        blocks = torch.from_numpy(data.copy()).reshape(rows, -1)
+        values = _ops.ggml_dequantize(blocks, ggml_type, rows, shape[-1], torch.float32)
+    return values.reshape(shape)
+
+
+def _expert_tensors(tensor: Any, model_type: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """A stacked expert tensor blk.N.ffn_{gate,up,down}_exps ([E, N, K] in torch's order) as
+    float32 per-expert matrices under the HF per-expert names."""
+    match = _EXPERT_TENSOR.fullmatch(tensor.name)
+    assert match is not None
+    layer, part = match.groups()
+    shape = _tensor_shape(tensor)
+    if len(shape) != 3:
+        raise ValueError(f"expert tensor of shape {shape}, expected [experts, rows, cols]")
+    values = _float_values(tensor)
+    prefix = f"model.layers.{layer}.{_MOE_MODULE[model_type]}.experts"
+    proj = _EXPERT_PROJ[model_type][part]
+    for e in range(shape[0]):
+        yield f"{prefix}.{e}.{proj}.weight", values[e]
+
+
+def gguf_name_to_hf(name: str, model_type: str | None = None) -> str | None:
     """The HF checkpoint name of a GGUF tensor; None for tensors that map to no weight."""
     if name in _SKIPPED_TENSORS:
         return None
@@ -219,6 +285,8 @@ def gguf_name_to_hf(name: str) -> str | None:
     if base in _GLOBAL_TENSORS and kind in ("weight", "bias"):
         return f"{_GLOBAL_TENSORS[base]}.{kind}"
     match = _LAYER_NAME.fullmatch(name)
+    if match and match.group(2) == "ffn_gate_inp" and model_type in _MOE_MODULE:
+        return f"model.layers.{match.group(1)}.{_MOE_MODULE[model_type]}.gate.{match.group(3)}"
     if match and match.group(2) in _LAYER_TENSORS:
         layer_idx, part, kind = match.groups()
         return f"model.layers.{layer_idx}.{_LAYER_TENSORS[part]}.{kind}"
@@ -276,12 +344,23 @@ def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported")
     num_heads = int(_field(reader, f"{arch}.attention.head_count"))
     num_kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", num_heads))
+    model_type = GGUF_ARCHITECTURES[arch][0]
+    if arch == "llama" and int(_field(reader, "llama.expert_count", 0)) > 0:
+        model_type = _LLAMA_MOE[0]
     for tensor in reader.tensors:
-        hf_name = gguf_name_to_hf(tensor.name)
+        if model_type in _MOE_MODULE and _EXPERT_TENSOR.fullmatch(tensor.name):
+            try:
+                yield from _expert_tensors(tensor, model_type)
+            except (ValueError, RuntimeError) as e:
+                raise ValueError(f"{path}: tensor {tensor.name}: {e}") from e
+            continue
+        hf_name = gguf_name_to_hf(tensor.name, model_type)
         if hf_name is None:
             continue
         try:
-            weight = gguf_tensor(tensor)
+            # The MoE router is unquantized in the model (as in vLLM): float, whatever the file.
+            router = model_type in _MOE_MODULE and hf_name.endswith(".gate.weight")
+            weight = _float_values(tensor) if router else gguf_tensor(tensor)
         except (ValueError, RuntimeError) as e:
             raise ValueError(f"{path}: tensor {tensor.name}: {e}") from e
         if arch in _PERMUTED_QK_ARCHITECTURES:

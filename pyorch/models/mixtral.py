@@ -8,7 +8,7 @@ from torch import nn
 
 from pyorch.layers.quantization import QuantizationConfig
 from pyorch.models.llama import LlamaForCausalLM
-from pyorch.models.moe import SparseMoeBlock, load_moe_weights
+from pyorch.models.moe import SparseMoeBlock, check_softmax_routing, load_moe_weights
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
@@ -17,6 +17,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
         cls, config: Any, layer_idx: int, quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> nn.Module:
+        check_softmax_routing(config)
         return SparseMoeBlock(
             config.hidden_size, config.num_local_experts, config.num_experts_per_tok,
             config.intermediate_size, renormalize=True, hidden_act=config.hidden_act,

@@ -90,6 +90,28 @@ class SparseMoeBlock(nn.Module):
         return out
 
 
+def check_softmax_routing(config: Any) -> None:
+    """Raises for a config that asks for routing these models' softmax top-k router does not do:
+    DeepSeek-style grouped top-k (n_group / topk_group), sigmoid scoring, a score-correction
+    bias (topk_method noaux_tc) or a routed scaling factor. FusedMoE has them
+    (use_grouped_topk=...), but Mixtral / Qwen-MoE blocks would silently ignore them."""
+    asked = {
+        key: getattr(config, key) for key in ("n_group", "topk_group", "num_expert_group")
+        if (getattr(config, key, None) or 1) > 1
+    }
+    if getattr(config, "scoring_func", "softmax") not in (None, "softmax"):
+        asked["scoring_func"] = config.scoring_func
+    if getattr(config, "topk_method", None) not in (None, "greedy"):
+        asked["topk_method"] = config.topk_method
+    if getattr(config, "routed_scaling_factor", None) not in (None, 1, 1.0):
+        asked["routed_scaling_factor"] = config.routed_scaling_factor
+    if asked:
+        raise ValueError(
+            f"{type(config).__name__}: routing options {asked} are not supported by this "
+            "architecture's router (softmax top-k); DeepSeek-style grouped routing needs a "
+            "model that passes them to FusedMoE(use_grouped_topk=...)")
+
+
 def is_sparse_layer(config: Any, layer_idx: int) -> bool:
     """Qwen-MoE placement: sparse unless listed in mlp_only_layers or off decoder_sparse_step."""
     if layer_idx in (getattr(config, "mlp_only_layers", None) or []):

@@ -9,7 +9,12 @@ from torch import nn
 
 from pyorch.layers.quantization import QuantizationConfig
 from pyorch.models.llama import AttentionOptions, LlamaForCausalLM, dense_mlp
-from pyorch.models.moe import SparseMoeBlock, is_sparse_layer, load_moe_weights
+from pyorch.models.moe import (
+    SparseMoeBlock,
+    check_softmax_routing,
+    is_sparse_layer,
+    load_moe_weights,
+)
 
 
 class Qwen2MoeForCausalLM(LlamaForCausalLM):
@@ -25,6 +30,7 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
         cls, config: Any, layer_idx: int, quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> nn.Module:
+        check_softmax_routing(config)
         if not is_sparse_layer(config, layer_idx):
             return dense_mlp(config, layer_idx, quant_config, prefix)
         return SparseMoeBlock(

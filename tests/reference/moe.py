@@ -45,3 +45,31 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     act = expert_gemm(x, w13, None, topk_ids, top_k, silu_and_mul=True)
     down = expert_gemm(act, w2, topk_weights, topk_ids, 1, silu_and_mul=False)
     return down.view(x.shape[0], top_k, down.shape[1]).sum(1)
+
+
+def grouped_topk(gating: torch.Tensor, top_k: int, renormalize: bool, num_expert_group: int,
+                 topk_group: int, scoring_func: str = "softmax",
+                 routed_scaling_factor: float = 1.0,
+                 e_score_correction_bias: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # weights [M, k] f64, ids [M, k] int64
+    """vLLM's grouped_topk in float64: group scores (max, or top-2 sum of the biased scores), the
+    topk_group best groups, the top_k best (biased) scores among their experts; weights are the
+    unbiased scores, renormalized, times routed_scaling_factor. Ties to the lower index."""
+    logits = gating.double().cpu()
+    scores = torch.softmax(logits, -1) if scoring_func == "softmax" else torch.sigmoid(logits)
+    m, e = scores.shape
+    choice = scores if e_score_correction_bias is None else (
+        scores + e_score_correction_bias.double().cpu())
+    grouped = choice.view(m, num_expert_group, e // num_expert_group)
+    if e_score_correction_bias is None:
+        group_scores = grouped.max(-1).values
+    else:
+        group_scores = torch.sort(grouped, dim=-1, descending=True).values[..., :2].sum(-1)
+    groups = torch.sort(-group_scores, dim=-1, stable=True).indices[:, :topk_group]
+    keep = torch.zeros(m, num_expert_group, dtype=torch.bool).scatter_(1, groups, True)
+    masked = choice.masked_fill(~keep.repeat_interleave(e // num_expert_group, 1), float("-inf"))
+    ids = torch.sort(-masked, dim=-1, stable=True).indices[:, :top_k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights * routed_scaling_factor, ids

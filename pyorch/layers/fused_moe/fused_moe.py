@@ -1,10 +1,13 @@
 """The mixture-of-experts computation over pyorch's MoE ops (vLLM's fused_moe, functional form).
 
-Route (topk_softmax), sort the (token, expert) pairs by expert (moe_align_block_size), run the
-gate_up GEMM with SiLU-and-mul fused and the down GEMM with the routing weights in its epilogue
-(fused_moe_gemm, one launch each), and sum over top_k (moe_sum). Every size is a function of the
-number of tokens only, and nothing reads a device value on the host: the whole path is CUDA-graph
-safe. Pure-PyTorch references live in tests/reference/moe.py.
+Route (topk_softmax, or grouped_topk for DeepSeek-style routers), sort the (token, expert) pairs
+by expert (moe_align_block_size), run the gate_up GEMM with SiLU-and-mul fused and the down GEMM
+with the routing weights in its epilogue (fused_moe_gemm, one launch each), and sum over top_k
+(moe_sum). Batches of up to MOE_DECODE_MAX_TOKENS tokens take the decode kernel pair instead
+(fused_moe_decode: gate_up, then a down GEMM that also applies the routing weights and sums over
+top_k; two launches that stream each active expert's weights once). Every size is a function of
+the number of tokens only, and nothing reads a device value on the host: the whole path is
+CUDA-graph safe. Pure-PyTorch references live in tests/reference/moe.py.
 """
 
 import torch
@@ -37,6 +40,30 @@ def fused_topk(
     return weights, ids
 
 
+def grouped_topk(
+    gating_output: torch.Tensor,  # [T, E] router logits
+    top_k: int,
+    renormalize: bool,
+    num_expert_group: int,
+    topk_group: int,
+    scoring_func: str = "softmax",
+    routed_scaling_factor: float = 1.0,
+    e_score_correction_bias: torch.Tensor | None = None,  # [E]
+    indices_dtype: torch.dtype = torch.int32,
+) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, top_k] float32, ids [T, top_k]
+    """vLLM's grouped_topk (DeepSeek-V2/V3 routing) as one op; see _ops.grouped_topk."""
+    num_tokens = gating_output.shape[0]
+    device = gating_output.device
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=device)
+    ids = torch.empty(num_tokens, top_k, dtype=indices_dtype, device=device)
+    bias = None if e_score_correction_bias is None else e_score_correction_bias.float().contiguous()
+    _ops.grouped_topk(
+        weights, ids, gating_output, num_expert_group, topk_group, renormalize, scoring_func,
+        routed_scaling_factor, bias,
+    )
+    return weights, ids
+
+
 def moe_align_block_size(
     topk_ids: torch.Tensor,  # [T, top_k]
     block_size: int,
@@ -66,6 +93,12 @@ def fused_experts(
     global_num_experts: int,
     expert_map: torch.Tensor | None = None,  # [global_num_experts] int32, -1 = not local
 ) -> torch.Tensor:  # [T, H]: sum_j topk_weights[t, j] * expert_{ids[t, j]}(hidden[t])
+    decode_block = moe_decode_block_size(
+        hidden_states.shape[0], topk_ids.shape[1], global_num_experts
+    )
+    if decode_block is not None:  # a few tokens: the decode kernel pair
+        return fused_experts_decode(hidden_states, w13, w2, topk_weights, topk_ids,
+                                    global_num_experts, expert_map, decode_block)
     if _use_grouped_gemm(hidden_states, w13, w2):
         return fused_experts_grouped(hidden_states, w13, w2, topk_weights, topk_ids,
                                      global_num_experts, expert_map)
@@ -92,8 +125,62 @@ def fused_experts(
     return out
 
 
+# ---- the decode path: few tokens, the weight stream ----------------------------------------------
+# The decode kernel pair (fused_moe_decode: two launches, each a stream of the active experts'
+# weights) serves batches of up to MOE_DECODE_MAX_TOKENS tokens (its kernel's limit) whose
+# experts average at most MOE_DECODE_MAX_PAIRS_PER_EXPERT (token, expert) pairs; larger ones take
+# the grouped GEMMs. Measured on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/moe_crossover.json
+# and moe_grouped_no_vllm.json): Mixtral (8 experts, top-2) decode pair 937 us at M = 32 (the
+# floor), 1144 at M = 64 where the CUTLASS grouped path takes 1020; Qwen3-30B-A3B (128, top-8)
+# 414 us at M = 64 against the grouped path's 446, 445 at M = 128. 8 pairs per expert draws the
+# line between: M <= 32 on Mixtral, M <= 128 on Qwen3-30B-A3B.
+MOE_DECODE_MAX_TOKENS = 128
+MOE_DECODE_MAX_PAIRS_PER_EXPERT = 8
+
+
+def moe_decode_block_size(num_tokens: int, top_k: int, num_experts: int) -> int | None:
+    """The decode pair's routing block (8 or 16 pairs of one expert: one or two mma n8 tiles)
+    for num_tokens, or None when the batch is past the decode pair's range. 16 once the experts
+    average two pairs or more, so that an expert's weights are read by one block, not two."""
+    if num_tokens > MOE_DECODE_MAX_TOKENS or (
+            num_tokens * top_k > MOE_DECODE_MAX_PAIRS_PER_EXPERT * num_experts):
+        return None
+    return _decode_block(num_tokens * top_k, num_experts)
+
+
+def _decode_block(num_flat: int, num_experts: int) -> int:
+    return 16 if num_flat >= 2 * num_experts else 8
+
+
+def fused_experts_decode(
+    hidden_states: torch.Tensor,  # [T, H], T <= 128 on CUDA
+    w13: torch.Tensor,  # [E_local, 2 * I, H]
+    w2: torch.Tensor,  # [E_local, H, I]
+    topk_weights: torch.Tensor,  # [T, top_k] float32
+    topk_ids: torch.Tensor,  # [T, top_k] global expert ids
+    global_num_experts: int,
+    expert_map: torch.Tensor | None = None,
+    block_size: int | None = None,  # 8 or 16; None: moe_decode_block_size's choice
+) -> torch.Tensor:  # [T, H]
+    """fused_experts through the decode kernel pair: sort, gate_up, down (+ weights + top-k sum)."""
+    num_tokens, hidden_size = hidden_states.shape
+    if block_size is None:
+        block_size = _decode_block(topk_ids.numel(), global_num_experts)
+    sorted_ids, expert_ids, num_post_pad = moe_align_block_size(
+        topk_ids, block_size, global_num_experts, expert_map
+    )
+    dtype, device = hidden_states.dtype, hidden_states.device
+    act = torch.empty(topk_ids.numel(), w2.shape[2], dtype=dtype, device=device)
+    out = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
+    _ops.fused_moe_decode(
+        out, act, hidden_states, w13, w2, topk_weights.float().contiguous(), sorted_ids,
+        expert_ids, num_post_pad, block_size,
+    )
+    return out
+
+
 # ---- the prefill path: permute, CUTLASS grouped GEMMs, un-permute --------------------------------
-# From this many tokens on, CUDA bf16 layers take the grouped path (M < 64 is the decode path).
+# From this many tokens on, CUDA bf16 layers past the decode pair's range take the grouped path.
 GROUPED_GEMM_MIN_TOKENS = 64
 
 

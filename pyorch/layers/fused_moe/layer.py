@@ -20,7 +20,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from pyorch.layers.fused_moe.fused_moe import fused_experts, fused_topk
+from pyorch.layers.fused_moe.fused_moe import fused_experts, fused_topk, grouped_topk
 from pyorch.layers.linear import set_weight_attrs
 from pyorch.layers.quantization import (
     QuantizationConfig,
@@ -34,7 +34,14 @@ _logged_placement: set[tuple[int, int, int, str]] = set()  # one log line per la
 
 class FusedMoE(nn.Module):
     """forward(hidden_states [T, H], router_logits [T, E]) -> [T, H]: softmax routing to the
-    top_k experts (renormalized when `renormalize`), SwiGLU experts, weighted sum."""
+    top_k experts (renormalized when `renormalize`), SwiGLU experts, weighted sum.
+
+    Grouped routing (vLLM's use_grouped_topk, DeepSeek-V2/V3): the experts form
+    num_expert_group groups, the topk_group best groups are kept and the top_k experts taken
+    among them; scoring_func "softmax" or "sigmoid", e_score_correction_bias [E] (the model's
+    gate parameter, added for the choice only) and routed_scaling_factor (times the weights) as
+    in vLLM's grouped_topk. Without use_grouped_topk only softmax scoring, no bias and a scaling
+    factor of 1 exist (vLLM refuses the rest too)."""
 
     def __init__(
         self,
@@ -48,11 +55,40 @@ class FusedMoE(nn.Module):
         tp_rank: int = 0,
         ep_size: int = 1,
         ep_rank: int = 0,
+        use_grouped_topk: bool = False,
+        num_expert_group: int | None = None,
+        topk_group: int | None = None,
+        scoring_func: str = "softmax",
+        routed_scaling_factor: float = 1.0,
+        e_score_correction_bias: torch.Tensor | None = None,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
         expert_placement_strategy: str = "linear",
     ):
         super().__init__()
+        if scoring_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"FusedMoE: unsupported scoring_func {scoring_func!r} "
+                             "(softmax or sigmoid)")
+        if use_grouped_topk:
+            if num_expert_group is None or topk_group is None:
+                raise ValueError("FusedMoE: use_grouped_topk needs num_expert_group and topk_group")
+            if num_experts % num_expert_group or not 1 <= topk_group <= num_expert_group or (
+                    top_k > topk_group * (num_experts // num_expert_group)):
+                raise ValueError(
+                    f"FusedMoE: num_expert_group={num_expert_group} must divide num_experts="
+                    f"{num_experts}, topk_group={topk_group} be in [1, num_expert_group] and "
+                    f"top_k={top_k} at most topk_group * experts per group")
+        elif (scoring_func != "softmax" or e_score_correction_bias is not None
+              or routed_scaling_factor != 1.0):
+            raise ValueError(
+                "FusedMoE: scoring_func other than softmax, e_score_correction_bias and "
+                "routed_scaling_factor need use_grouped_topk (as in vLLM)")
+        self.use_grouped_topk = use_grouped_topk
+        self.num_expert_group = num_expert_group
+        self.topk_group = topk_group
+        self.scoring_func = scoring_func
+        self.routed_scaling_factor = routed_scaling_factor
+        self.e_score_correction_bias = e_score_correction_bias
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"FusedMoE: top_k={top_k} must be in [1, num_experts={num_experts}]")
         if intermediate_size % tp_size:
@@ -103,6 +139,11 @@ class FusedMoE(nn.Module):
                 check_moe_unquantized(quant_config, prefix)
             else:
                 self.quant_method.create_weights(self, e, h, i, dtype)
+        if self.quant_method is not None and use_grouped_topk:
+            # The quantized methods route with softmax top-k: refuse rather than misroute.
+            raise NotImplementedError(
+                f"FusedMoE: use_grouped_topk with {type(self.quant_method).__name__} "
+                "(quantized experts) is not supported yet")
 
     @property
     def expert_map(self) -> torch.Tensor | None:
@@ -156,7 +197,15 @@ class FusedMoE(nn.Module):
     ) -> torch.Tensor:  # [T, H]
         if self.quant_method is not None:
             return self.quant_method.apply(self, hidden_states, router_logits)
-        topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
+        if self.use_grouped_topk:
+            assert self.num_expert_group is not None and self.topk_group is not None
+            topk_weights, topk_ids = grouped_topk(
+                router_logits, self.top_k, self.renormalize, self.num_expert_group,
+                self.topk_group, self.scoring_func, self.routed_scaling_factor,
+                self.e_score_correction_bias,
+            )
+        else:
+            topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
         return fused_experts(
             hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
             self.global_num_experts, self.expert_map,
@@ -167,7 +216,8 @@ class FusedMoE(nn.Module):
             f"global_num_experts={self.global_num_experts}, local_num_experts="
             f"{self.local_num_experts}, top_k={self.top_k}, hidden_size={self.hidden_size}, "
             f"intermediate_size_per_partition={self.intermediate_size_per_partition}, "
-            f"renormalize={self.renormalize}, tp={self.tp_rank}/{self.tp_size}, "
+            f"renormalize={self.renormalize}, use_grouped_topk={self.use_grouped_topk}, "
+            f"tp={self.tp_rank}/{self.tp_size}, "
             f"ep={self.ep_rank}/{self.ep_size}"
             + (f", placement={self.expert_placement_strategy}" if self.ep_size > 1 else "")
         )

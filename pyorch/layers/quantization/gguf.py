@@ -368,7 +368,8 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
 class GGUFConfig(QuantizationConfig):
     """vLLM's "gguf": what a .gguf file runs with (ModelConfig sets it, as vLLM does): every
     linear and embedding layer keeps the file's blocks; norms and other small tensors are float.
-    Mixture-of-experts layers are not covered (the GGUF loader has no MoE architecture)."""
+    Mixture-of-experts experts (FusedMoE) are not GGUF layers: the loader dequantizes them to
+    float, and they run as an unquantized model's (is_layer_skipped)."""
 
     @classmethod
     def get_name(cls) -> str:
@@ -377,6 +378,11 @@ class GGUFConfig(QuantizationConfig):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> GGUFConfig:
         return cls()
+
+    def is_layer_skipped(self, prefix: str) -> bool:
+        """FusedMoE experts (prefix ``*.experts``) load dequantized: gguf_loader hands them over
+        as float matrices."""
+        return prefix.endswith(".experts")
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from pyorch.layers.vocab_embedding import VocabParallelEmbedding

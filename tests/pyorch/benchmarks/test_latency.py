@@ -78,3 +78,17 @@ def test_run(tiny_model_dir, tiny_config_dir, tmp_path, dummy):
     assert s["decode_over_gemm_chain"] == pytest.approx(
         s["decode_ms_per_token"] / chain["eager_ms"])
     assert doc["env"]["device"] == "cpu"
+
+
+def test_decode_weights_count_only_the_routed_experts():
+    """A FusedMoE layer's experts count for the share a batch routes to: top_k / E at batch 1,
+    1 - (1 - top_k / E)^batch above; every other parameter counts whole."""
+    from pyorch.layers.fused_moe import FusedMoE
+
+    model = torch.nn.Sequential(FusedMoE(8, 2, 16, 12, params_dtype=torch.float32),
+                                torch.nn.Linear(16, 4))
+    experts = 4 * (8 * 24 * 16 + 8 * 16 * 12)
+    other = 4 * (16 * 4 + 4)
+    assert latency.decode_weights(model, 1)[0] == round(experts * 2 / 8) + other
+    assert latency.decode_weights(model, 3)[0] == round(experts * (1 - (6 / 8) ** 3)) + other
+    assert latency.active_expert_fraction(8, 2, 10_000) == pytest.approx(1.0)

@@ -353,3 +353,161 @@ def test_smollm2_weights_match_transformers(smollm2_path: str) -> None:
         assert torch.equal(dequantized(got, expected.shape[-1]), expected), name
     assert next(ours, None) is None
     assert set(hf_model.state_dict()) - set(name_map.values()) <= {"lm_head.weight"}
+
+
+# ---- mixture-of-experts GGUF files (qwen3moe; llama with experts = Mixtral) -------------------
+MOE_EXPERTS, MOE_TOP_K, MOE_INTER = 6, 2, 32
+
+
+def _tiny_hf_moe(model_type: str):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                  rms_norm_eps=1e-6, rope_theta=500000.0, max_position_embeddings=2048,
+                  tie_word_embeddings=False)
+    if model_type == "qwen3_moe":
+        config = Qwen3MoeConfig(**common, intermediate_size=INTER, num_experts=MOE_EXPERTS,
+                                num_experts_per_tok=MOE_TOP_K, moe_intermediate_size=MOE_INTER,
+                                norm_topk_prob=True)
+    else:
+        config = MixtralConfig(**common, intermediate_size=MOE_INTER,
+                               num_local_experts=MOE_EXPERTS, num_experts_per_tok=MOE_TOP_K)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".gate.weight"):  # decisive routing
+                param.normal_(0.0, 0.5)
+            elif "norm" in name:
+                param.normal_(1.0, 0.2)
+            else:
+                param.normal_(0.0, 0.08)
+    return model
+
+
+def _hf_expert_matrices(state: dict[str, torch.Tensor], layer: int, module: str, part: str,
+                        model_type: str) -> np.ndarray:
+    """[E, rows, cols] of one projection of every expert, whatever layout transformers keeps."""
+    names = {"qwen3_moe": {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"},
+             "mixtral": {"gate": "w1", "up": "w3", "down": "w2"}}[model_type]
+    p = f"model.layers.{layer}.{module}.experts."
+    if p + "0." + names[part] + ".weight" in state:  # per-expert tensors
+        return np.stack([state[f"{p}{e}.{names[part]}.weight"].numpy()
+                         for e in range(MOE_EXPERTS)])
+    if part == "down":  # transformers v5 keeps them stacked
+        return state[p + "down_proj"].numpy()
+    gate_up = state[p + "gate_up_proj"].numpy()
+    return gate_up[:, :MOE_INTER] if part == "gate" else gate_up[:, MOE_INTER:]
+
+
+def _write_moe_gguf(path: Path, model_type: str, hf) -> tuple[str, dict[str, np.ndarray]]:  # type: ignore[no-untyped-def]
+    """The HF model as llama.cpp's converter writes it: per-layer expert tensors stacked into
+    ffn_{gate,up,down}_exps ([E, rows, cols]; ffn_down_exps of layer 1 in Q8_0), the router as
+    ffn_gate_inp. Returns (path, the expected per-expert HF tensors)."""
+    arch = "qwen3moe" if model_type == "qwen3_moe" else "llama"
+    # The checkpoint names the loader yields (Mixtral's on-disk block_sparse_moe) and the module
+    # name of transformers' state dict (v5 keeps Mixtral's block as mlp in memory).
+    module = "mlp" if model_type == "qwen3_moe" else "block_sparse_moe"
+    state = {k: v.detach().float() for k, v in hf.state_dict().items()}
+    hf_module = module if any(f".{module}." in k for k in state) else "mlp"
+    proj = {"qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "mixtral": ("w1", "w3", "w2")}
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER if model_type == "qwen3_moe" else MOE_INTER)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_expert_count(MOE_EXPERTS)
+    writer.add_expert_used_count(MOE_TOP_K)
+    if model_type == "qwen3_moe":
+        writer.add_expert_feed_forward_length(MOE_INTER)
+    expected: dict[str, np.ndarray] = {}
+    for name, value in state.items():
+        if ".experts." in name or name.endswith(".experts.gate_up_proj") or name.endswith(
+                ".experts.down_proj"):
+            continue
+        array = value.numpy()
+        if name.endswith(f"{hf_module}.gate.weight"):
+            layer = name.split(".")[2]
+            writer.add_tensor(f"blk.{layer}.ffn_gate_inp.weight", array)
+            expected[f"model.layers.{layer}.{module}.gate.weight"] = array
+            continue
+        if arch == "llama" and ".q_proj." in name:
+            array = llama_cpp_permute(array, HEADS)
+        if arch == "llama" and ".k_proj." in name:
+            array = llama_cpp_permute(array, KV_HEADS)
+        writer.add_tensor(to_gguf_name(name), array)
+        expected[name] = value.numpy()
+    for layer in range(LAYERS):
+        for part, hf_proj in zip(("gate", "up", "down"), proj[model_type], strict=True):
+            stacked = _hf_expert_matrices(state, layer, hf_module, part, model_type)
+            gguf_name = f"blk.{layer}.ffn_{part}_exps.weight"
+            if layer == 1 and part == "down":
+                blocks = quantize(stacked, Q.Q8_0)
+                writer.add_tensor(gguf_name, blocks, raw_dtype=Q.Q8_0)
+                stacked = gguf_dequantize(blocks, Q.Q8_0)
+            else:
+                writer.add_tensor(gguf_name, stacked)
+            for e in range(MOE_EXPERTS):
+                expected[f"model.layers.{layer}.{module}.experts.{e}.{hf_proj}.weight"] = stacked[e]
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path), expected
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+def test_moe_gguf_config_weights_and_greedy_output(tmp_path: Path, model_type: str) -> None:
+    """An MoE GGUF loads: the config from the expert metadata, the stacked expert tensors
+    dequantized and split per expert under the HF names, and the model generates what
+    transformers generates from the same weights (greedy, float32, CPU)."""
+    from pyorch import LLM, SamplingParams
+
+    hf = _tiny_hf_moe(model_type)
+    path, expected = _write_moe_gguf(tmp_path / f"{model_type}.gguf", model_type, hf)
+    config = load_hf_config(path)
+    assert config.model_type == model_type
+    if model_type == "qwen3_moe":
+        assert (config.num_experts, config.moe_intermediate_size, config.norm_topk_prob) == (
+            MOE_EXPERTS, MOE_INTER, True)
+    else:
+        assert (config.num_local_experts, config.intermediate_size) == (MOE_EXPERTS, MOE_INTER)
+    assert config.num_experts_per_tok == MOE_TOP_K
+
+    loaded = dict(iterate_gguf_weights(path))
+    assert loaded.keys() == expected.keys()
+    for name, want in expected.items():
+        got = loaded[name]
+        if ".experts." in name or ".gate.weight" in name:  # dequantized / float for FusedMoE
+            assert got.dtype == torch.float32 and not hasattr(got, "ggml_type"), name
+        np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=0, err_msg=name)
+
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", max_model_len=128, seed=0,
+              kv_cache_memory_bytes=16 << 20)
+    prompts = [[1, 5, 9, 13, 2], [7, 3, 3, 40, 21, 8, 11]]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                        use_tqdm=False)
+    for prompt, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                               min_new_tokens=8)[0, len(prompt):].tolist()
+        assert list(out.outputs[0].token_ids) == want
+
+
+def test_moe_gguf_unsupported_architecture_is_named(tmp_path: Path) -> None:
+    writer = GGUFWriter(str(tmp_path / "q2moe.gguf"), "qwen2moe")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((VOCAB, HIDDEN), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="architecture 'qwen2moe' is not supported"):
+        load_hf_config(str(tmp_path / "q2moe.gguf"))

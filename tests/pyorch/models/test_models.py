@@ -318,3 +318,19 @@ def test_moe_checkpoint_layouts_and_errors(name: str, tmp_path):  # type: ignore
     extra = {**per_expert, past_the_end: per_expert[down]}
     with pytest.raises(KeyError, match="Unexpected weight .*no such expert"):
         cls(config).load_weights(extra.items())
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
+@pytest.mark.parametrize("extra", [dict(n_group=8, topk_group=4), dict(scoring_func="sigmoid"),
+                                   dict(topk_method="noaux_tc"),
+                                   dict(routed_scaling_factor=2.5)])
+def test_moe_refuses_routing_its_router_does_not_do(name: str, extra: dict):  # type: ignore[no-untyped-def]
+    """A Mixtral / Qwen-MoE config that asks for DeepSeek-style routing is refused at build,
+    naming the option, rather than routed by plain softmax top-k."""
+    config = CONFIGS[name]()
+    for key, value in extra.items():
+        setattr(config, key, value)
+    cls = resolve_model_class([{"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                                "qwen3_moe": "Qwen3MoeForCausalLM"}[name]])
+    with pytest.raises(ValueError, match=f"routing options .*{next(iter(extra))}"):
+        cls(config)
