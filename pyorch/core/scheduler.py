@@ -50,6 +50,8 @@ _PREEMPTION_BUMP = 0.1
 # Prefill tokens a step carries at least, whatever the step budget (capped by
 # max_num_batched_tokens): a decode batch slower than target_step_ms alone never stalls prompts.
 _MIN_PREFILL_TOKENS = 256
+# The step-cost fit is logged every this many measured steps.
+_LOG_FIT_EVERY = 1000
 
 
 @dataclass
@@ -265,7 +267,7 @@ class Scheduler:
             # What prefill chunks may add: the step budget past the decodes, at least
             # min_prefill_tokens so that prompts progress under any decode load. (A prompt
             # that runs whole needs max_num_batched_tokens, so without chunking this is off.)
-            st.budget = min(st.budget, max(self.step_token_budget - num_decode_tokens,
+            st.budget = min(st.budget, max(self.prefill_token_budget(num_decode_tokens),
                                            self.min_prefill_tokens))
 
         prefills.sort(key=self._queue_key)
@@ -281,8 +283,10 @@ class Scheduler:
 
         if not st.preempted:  # a step that had to preempt has no room to grow
             self._schedule_waiting(st)
+        if st.preempted:  # a preemption may have taken back a decode scheduled above
+            num_decode_tokens = sum(st.num_scheduled.get(r.request_id) == 1 for r in decodes)
         return self._make_output(st.scheduled_new, st.scheduled_running, st.num_scheduled,
-                                 st.new_block_ids)
+                                 st.new_block_ids, num_decode_tokens)
 
     def _schedule_running(self, request: Request, num_new: int, st: _StepState) -> bool:
         """Allocates for a running request, preempting from the low-priority end when blocks
@@ -398,17 +402,35 @@ class Scheduler:
     # ---- the step budget ---------------------------------------------------------------------
     @property
     def step_token_budget(self) -> int:
-        """Tokens a step may carry: from the step-time model when `target_step_ms` is set,
-        else max_num_batched_tokens."""
-        if self.step_cost is None:
-            return self.max_num_batched_tokens
-        return self.step_cost.budget
+        """Tokens a step without decodes may carry: from the step-time model when
+        `target_step_ms` is set, else max_num_batched_tokens."""
+        return self.prefill_token_budget(0)
 
-    def record_step_time(self, num_tokens: int, step_ms: float) -> None:
-        """The engine reports each step it ran: `num_tokens` scheduled tokens, `step_ms` wall
-        milliseconds. Feeds the step-time model (a no-op without `target_step_ms`)."""
-        if self.step_cost is not None:
-            self.step_cost.record(num_tokens, step_ms)
+    def prefill_token_budget(self, num_decode_tokens: int) -> int:
+        """Prompt tokens a step that already carries `num_decode_tokens` decodes may add: what
+        keeps the step near `target_step_ms` by the step-time model, else what is left of
+        max_num_batched_tokens."""
+        if self.step_cost is None:
+            return self.max_num_batched_tokens - num_decode_tokens
+        return self.step_cost.prefill_budget(num_decode_tokens)
+
+    def record_step_time(self, num_tokens: int, step_ms: float,
+                         num_decode_tokens: int = 0) -> None:
+        """The engine reports each step it ran: `num_tokens` scheduled tokens (of them
+        `num_decode_tokens` decodes), `step_ms` wall milliseconds. Feeds the step-time model (a
+        no-op without `target_step_ms`)."""
+        model = self.step_cost
+        if model is None:
+            return
+        model.record(num_tokens, step_ms, num_decode_tokens)
+        if model.num_steps % _LOG_FIT_EVERY == 0:
+            fit = model.coefficients()
+            if fit is not None:
+                logger.info(
+                    "step cost: %.2f ms + %.4f ms/prompt token + %.4f ms/decode token (%d steps "
+                    "fitted, %d clamped); prompt budget %d tokens with no decodes, %d with 256",
+                    fit.a, fit.bp, fit.bd, model.num_fitted, model.num_clamped,
+                    model.prefill_budget(0), model.prefill_budget(256))
 
     def _num_new_tokens(self, num_wanted: int, budget: int) -> int:
         threshold = self.long_prefill_token_threshold
@@ -464,6 +486,7 @@ class Scheduler:
         scheduled_running: list[Request],
         num_scheduled: dict[str, int],
         new_block_ids: dict[str, list[int]],
+        num_decode_tokens: int = 0,
     ) -> SchedulerOutput:
         kv = self.kv_cache_manager
         new_reqs = [
@@ -491,6 +514,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
             structured_output_request_ids=structured_ids,
+            num_decode_tokens=num_decode_tokens,
         )
         self.finished_req_ids = set()
         # The tokens count as computed from now on; their KV is cached after the step ran. A
