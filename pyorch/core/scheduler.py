@@ -143,6 +143,9 @@ class Scheduler:
         self.step_cost = (StepCostModel(target_step_ms, max_num_batched_tokens,
                                         self.min_prefill_tokens)
                           if target_step_ms else None)
+        # A prefill backlog of more than one full step is being worked off (_update_burst):
+        # prompt chunks fill max_num_batched_tokens instead of the step budget.
+        self.burst = False
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, enable_prefix_caching, hash_bits
         )
@@ -267,6 +270,7 @@ class Scheduler:
             # What prefill chunks may add: the step budget past the decodes, at least
             # min_prefill_tokens so that prompts progress under any decode load. (A prompt
             # that runs whole needs max_num_batched_tokens, so without chunking this is off.)
+            self._update_burst(bool(prefills))
             st.budget = min(st.budget, max(self.prefill_token_budget(num_decode_tokens),
                                            self.min_prefill_tokens))
 
@@ -410,9 +414,25 @@ class Scheduler:
         """Prompt tokens a step that already carries `num_decode_tokens` decodes may add: what
         keeps the step near `target_step_ms` by the step-time model, else what is left of
         max_num_batched_tokens."""
-        if self.step_cost is None:
+        if self.step_cost is None or self.burst:
             return self.max_num_batched_tokens - num_decode_tokens
         return self.step_cost.prefill_budget(num_decode_tokens)
+
+    def _update_burst(self, prefills_running: bool) -> None:
+        """A burst starts when the waiting prompts hold more tokens than one step of
+        max_num_batched_tokens, and ends when no prompt is waiting or part-way through its
+        prefill. During a burst prompt chunks fill max_num_batched_tokens, as vLLM's do: small
+        steps would pay the fixed cost of a step (weights, every running decode) many more
+        times per prompt token and push the queue's first tokens back by that much (see
+        docs/architecture.md, "The step budget under a burst")."""
+        if self.step_cost is None:
+            return
+        if not self.burst and self.waiting.num_prompt_tokens > self.max_num_batched_tokens:
+            self.burst = True
+            logger.debug("burst: %d prompt tokens waiting", self.waiting.num_prompt_tokens)
+        elif self.burst and not self.waiting and not prefills_running:
+            self.burst = False
+            logger.debug("burst over")
 
     def record_step_time(self, num_tokens: int, step_ms: float,
                          num_decode_tokens: int = 0) -> None:

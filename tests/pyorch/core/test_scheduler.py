@@ -624,9 +624,8 @@ def test_decodes_first_and_prefills_fill_the_step_budget(make_scheduler):
     """Under a step budget of 20 tokens (learned from step times), every running decode gets
     its token in every step, and prompt chunks add only what the budget leaves (at least
     min_prefill_tokens), however many long prompts wait."""
-    # max_num_batched_tokens 24: a prefill pass that ran first with the step budget (20) would
-    # leave the 8 decodes 4 tokens.
-    sched = make_scheduler(max_num_batched_tokens=24, max_num_seqs=16, num_blocks=256,
+    # max_num_batched_tokens 300: the 290 waiting prompt tokens are no burst (_update_burst).
+    sched = make_scheduler(max_num_batched_tokens=300, max_num_seqs=16, num_blocks=256,
                            max_model_len=256, target_step_ms=4.0, min_prefill_tokens=4,
                            enable_prefix_caching=False)
     _fit_budget(sched, 20)
@@ -648,6 +647,64 @@ def test_decodes_first_and_prefills_fill_the_step_budget(make_scheduler):
     assert steps_with_prefill > 12  # the 290 prompt tokens went in small chunks
 
 
+def test_burst_fills_max_num_batched_tokens_then_the_budget_returns(make_scheduler):
+    """A backlog of waiting prompt tokens larger than one step of max_num_batched_tokens is a
+    burst: prompt chunks fill max_num_batched_tokens (vLLM's chunk) while every running decode
+    still gets its token first, first tokens come in arrival order, and once no prompt waits or
+    is part-way through, prompt chunks are held to the step budget again."""
+    sched = make_scheduler(max_num_batched_tokens=64, max_num_seqs=32, num_blocks=512,
+                           max_model_len=128, target_step_ms=4.0, min_prefill_tokens=4,
+                           enable_prefix_caching=False)
+    _fit_budget(sched, 16)
+    burst = {0: [req(f"b{i}", prompt_of(20, i), arrival=i, max_tokens=30) for i in range(12)]}
+    modes: list[tuple[bool, int, int]] = []  # (burst, prompt tokens, decodes) per step
+
+    def check(ready: set[str], so: SchedulerOutput) -> None:
+        assert all(so.num_scheduled_tokens.get(rid) == 1 for rid in ready), (ready, so)
+        assert so.num_decode_tokens == len(ready)
+        num_prefill = so.total_num_scheduled_tokens - len(ready)
+        modes.append((sched.burst, num_prefill, len(ready)))
+        if sched.burst:  # chunks fill the step while prompts are left to fill it with
+            left = sum(r.num_tokens - r.num_computed_tokens for r in sched.requests.values()
+                       if r.num_computed_tokens < r.num_prompt_tokens) + num_prefill
+            assert so.total_num_scheduled_tokens == min(64, len(ready) + left)
+        else:
+            assert num_prefill <= max(16 - len(ready), 4)
+
+    first = _first_token_steps(sched, FakeRunner(BS), check, burst)
+    steps = [first[f"b{i}"] for i in range(12)]
+    assert steps == sorted(steps)
+    assert modes[0][0] and modes[0][1] == 64 and not modes[-1][0]
+    # After the burst: a late pair of prompts (40 tokens <= 64) runs under the step budget.
+    modes.clear()
+    late = {0: [req(f"l{i}", prompt_of(20, 100 + i), arrival=100 + i, max_tokens=3)
+                for i in range(2)]}
+    first = _first_token_steps(sched, FakeRunner(BS), check, late)
+    assert set(first) == {"l0", "l1"} and not any(m[0] for m in modes)
+    assert max(m[1] for m in modes) == 16
+
+
+def test_prompt_budget_shrinks_with_the_decodes_a_step_carries(make_scheduler):
+    """The step-time model prices decode tokens apart from prompt tokens: with a decode token
+    twice as dear as a prompt token, a step that carries 8 decodes leaves room for 16 fewer
+    prompt tokens."""
+    sched = make_scheduler(max_num_batched_tokens=64, max_num_seqs=32, num_blocks=512,
+                           max_model_len=128, target_step_ms=8.0, min_prefill_tokens=4,
+                           enable_prefix_caching=False)
+    for i in range(40):  # 0.25 ms per prompt token, 0.5 per decode token
+        p, d = 4 + 9 * (i % 7), 10 * (i % 5)
+        sched.record_step_time(p + d, 0.25 * p + 0.5 * d, num_decode_tokens=d)
+    assert sched.prefill_token_budget(0) == 32 and sched.prefill_token_budget(8) == 16
+    runner = FakeRunner(BS)
+    for i in range(8):
+        sched.add_request(req(f"d{i}", prompt_of(3, i), arrival=i, max_tokens=20))
+    so = sched.schedule()  # 24 prompt tokens: all eight prompts in one step
+    sched.update_from_output(so, runner.execute(so))
+    sched.add_request(req("p", prompt_of(60, 50), arrival=50, max_tokens=2))
+    so = sched.schedule()
+    assert so.num_decode_tokens == 8 and so.num_scheduled_tokens["p"] == 16
+
+
 def test_step_budget_defaults_to_max_num_batched_tokens(make_scheduler):
     sched = make_scheduler(max_num_batched_tokens=48)
     sched.record_step_time(40, 30.0)  # no target: nothing is learned
@@ -655,9 +712,12 @@ def test_step_budget_defaults_to_max_num_batched_tokens(make_scheduler):
     timed = make_scheduler(max_num_batched_tokens=48, target_step_ms=5.0, max_model_len=128,
                            min_prefill_tokens=4)
     assert timed.step_token_budget == 48  # nothing measured yet: no throttling on guesses
-    timed.add_request(req("a", prompt_of(100), max_tokens=1))
-    assert timed.schedule().total_num_scheduled_tokens == 48
+    timed.add_request(req("a", prompt_of(45), max_tokens=1))  # no burst: 45 <= 48 waiting
+    assert timed.schedule().total_num_scheduled_tokens == 45
+    timed = make_scheduler(max_num_batched_tokens=48, target_step_ms=5.0, max_model_len=128,
+                           min_prefill_tokens=4)
     _fit_budget(timed, 24)
+    timed.add_request(req("a", prompt_of(45), max_tokens=1))
     assert timed.schedule().total_num_scheduled_tokens == 24
 
 
