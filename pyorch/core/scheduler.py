@@ -262,8 +262,24 @@ class Scheduler:
                 continue  # (async) waits for its in-flight token, which may finish it
             (decodes if num_wanted == 1 else prefills).append(request)
 
-        for request in decodes:  # every decode that fits gets its token, whatever the budget
-            if request.status == RequestStatus.RUNNING and st.budget > 0:
+        # Every decode that fits gets its token, whatever the budget. The common case (room
+        # left in its last block) is inlined: it runs for every running request on every step.
+        kv_blocks, block_size = self.kv_cache_manager.req_to_blocks, self.block_size
+        running_status = RequestStatus.RUNNING
+        scheduled_running, num_scheduled = st.scheduled_running, st.num_scheduled
+        new_block_ids = st.new_block_ids
+        for request in decodes:
+            if st.budget <= 0:
+                break
+            if request.status != running_status:
+                continue  # preempted earlier in this pass
+            blocks = kv_blocks.get(request.request_id)
+            if blocks and request.num_computed_tokens < len(blocks) * block_size:
+                scheduled_running.append(request)
+                num_scheduled[request.request_id] = 1
+                new_block_ids[request.request_id] = []
+                st.budget -= 1
+            else:
                 self._schedule_running(request, 1, st)
         num_decode_tokens = self.max_num_batched_tokens - st.budget
         if self.enable_chunked_prefill:
@@ -566,6 +582,8 @@ class Scheduler:
         # Per-request work runs for every request on every step: hoist what the loop reads.
         get_request, get_row = self.requests.get, row_of.get
         kv = self.kv_cache_manager
+        caching, num_cached_blocks = kv.enable_caching, kv.num_cached_blocks
+        block_size = self.block_size
         max_model_len = self.max_model_len
         last_unfinished, running_status = RequestStatus.PREEMPTED, RequestStatus.RUNNING
         # Matchers advance together after the loop (a batch call past a few rows).
@@ -580,19 +598,25 @@ class Scheduler:
                 request.num_output_placeholders = max(0, request.num_output_placeholders
                                                       - len(sampled))
             running = request.status == running_status
-            if running:
+            if running and caching:
                 # The step wrote these tokens' KV: their full blocks may now serve other
                 # requests (only tokens whose ids are known: later ones are still in flight).
-                kv.cache_blocks(request, min(request.num_computed_tokens,
-                                             request.num_tokens))
+                # Most steps fill no block: that check is inlined.
+                num_known = min(request.num_computed_tokens, len(request.all_token_ids))
+                num_cached = num_cached_blocks.get(req_id)
+                if num_cached is not None and num_known // block_size > num_cached:
+                    kv.cache_blocks(request, num_known)
             # (A request preempted while this step was in flight still takes its token.)
             new_token_ids: list[int] = []
-            for token_id in sampled:
-                request.append_output_token_ids(token_id)
-                new_token_ids.append(token_id)
-                if check_stop(request, max_model_len):
-                    stopped = True
-                    break
+            if sampled:
+                outputs_of, all_of = request.output_token_ids, request.all_token_ids
+                for token_id in sampled:
+                    outputs_of.append(token_id)
+                    all_of.append(token_id)
+                    new_token_ids.append(token_id)
+                    if check_stop(request, max_model_len):
+                        stopped = True
+                        break
             if new_token_ids and request.structured_output_request is not None:
                 grammar_steps.append((req_id, request.structured_output_request,
                                       new_token_ids))
