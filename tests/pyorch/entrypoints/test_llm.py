@@ -308,3 +308,29 @@ def test_generate_freezes_the_gc_heap_only_while_it_runs(tiny_model):
         assert len(seen) >= 3 and all(b - a > 900 for a, b in zip(seen, seen[1:]))
     finally:
         gc.unfreeze()
+
+
+def test_generate_priority_orders_requests_and_fcfs_refuses_it(tmp_path):
+    """LLM.generate(priority=...) under scheduling_policy="priority": with one sequence at a
+    time, requests run lowest priority value first, ties in arrival order (vLLM's semantics);
+    results still come back in input order. Under fcfs a non-zero priority is refused."""
+    from tests.pyorch.engine.test_async_llm import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "m")
+    llm = LLM(model=path, dtype=torch.float32, device="cpu", max_model_len=128, seed=0,
+              kv_cache_memory_bytes=8 << 20, max_num_seqs=1, scheduling_policy="priority",
+              skip_tokenizer_init=True)
+    prompts = [{"prompt_token_ids": list(range(10 + i, 30 + i))} for i in range(4)]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False, priority=[3, 0, 1, 0])
+    assert [o.prompt_token_ids for o in outs] == [p["prompt_token_ids"] for p in prompts]
+    order = sorted(range(4), key=lambda i: outs[i].metrics.first_token_time)
+    assert order == [1, 3, 2, 0]
+    with pytest.raises(ValueError, match="priority must have one entry per prompt"):
+        llm.generate(prompts, params, use_tqdm=False, priority=[0])
+    del llm
+    gc.collect()
+    fcfs = LLM(model=path, dtype=torch.float32, device="cpu", max_model_len=128, seed=0,
+               kv_cache_memory_bytes=8 << 20, skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="priority"):
+        fcfs.generate(prompts[:1], params, use_tqdm=False, priority=[2])
