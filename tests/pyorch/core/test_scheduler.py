@@ -56,7 +56,7 @@ class FakeRunner:
             }
         cached = so.scheduled_cached_reqs
         for rid, blocks, computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
         ):
             state = self.reqs[rid]
             assert state["computed"] == computed
@@ -567,7 +567,7 @@ def test_async_scheduling_gives_the_same_outputs(make_scheduler, prefix_caching,
         assert sched.make_stats().num_preemptions > 0
     # Requests ran in consecutive steps before their previous token had landed.
     assert any(set(a.num_scheduled_tokens) & set(b.num_scheduled_tokens)
-               for a, b in zip(got["steps"], got["steps"][1:]))
+               for a, b in zip(got["steps"], got["steps"][1:], strict=False))
 
 
 def test_async_placeholder_stops_at_max_tokens(make_scheduler):
@@ -581,7 +581,8 @@ def test_async_placeholder_stops_at_max_tokens(make_scheduler):
     assert sched.schedule().total_num_scheduled_tokens == 0  # output 3 would pass max_tokens
     runner = FakeRunner(BS)
     out1, out2 = runner.execute(first), runner.execute(second)
-    assert [o.new_token_ids for o in sched.update_from_output(first, out1)] == [out1.sampled_token_ids[0]]
+    assert [o.new_token_ids for o in sched.update_from_output(first, out1)] == \
+        [out1.sampled_token_ids[0]]
     outs = sched.update_from_output(second, out2)
     assert outs[0].finish_reason == "length" and not sched.has_unfinished_requests()
 
