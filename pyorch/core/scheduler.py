@@ -458,8 +458,9 @@ class Scheduler:
         model = self.step_cost
         if model is None:
             return
+        measured = model.num_steps
         model.record(num_tokens, step_ms, num_decode_tokens)
-        if model.num_steps % _LOG_FIT_EVERY == 0:
+        if model.num_steps != measured and model.num_steps % _LOG_FIT_EVERY == 0:
             fit = model.coefficients()
             if fit is not None:
                 logger.info(
