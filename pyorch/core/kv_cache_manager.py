@@ -145,8 +145,10 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Registers the request's full blocks among its first num_computed_tokens tokens.
 
-        Call it only once those tokens' KV is written (after the step that computed them), so
-        a hit can never read KV that was not computed.
+        Call it only once the step that writes those tokens' KV is scheduled for good (no
+        preemption can undo it before it runs): a hit in a later step reads KV that step wrote,
+        and a hit in the same step reads it too, since every layer writes the KV of all of a
+        step's tokens before its attention reads any.
         """
         if not self.enable_caching:
             return

@@ -300,6 +300,17 @@ class Scheduler:
             num_new = self._num_new_tokens(num_wanted, st.budget)
             if self._schedule_running(request, num_new, st):
                 self._take_prefill_slot(num_wanted, st)
+        # Full prompt blocks this step fills may serve the requests admitted after them in this
+        # same step (no preemption can undo a scheduled request past this point): each layer
+        # writes the KV of every token of the step before its attention reads any (vLLM caches
+        # at allocation for the same reason). Without this, requests sharing a prefix that
+        # arrive together each recompute it.
+        if self.kv_cache_manager.enable_caching:
+            for request in prefills:
+                num_new = st.num_scheduled.get(request.request_id)
+                if num_new:
+                    self.kv_cache_manager.cache_blocks(
+                        request, min(request.num_computed_tokens + num_new, request.num_tokens))
 
         if not st.preempted:  # a step that had to preempt has no room to grow
             self._schedule_waiting(st)
@@ -372,6 +383,8 @@ class Scheduler:
             blocks = kv.allocate_slots(request, num_new, num_hit, hit_blocks)
             if blocks is None:
                 break
+            # Its prompt blocks may serve the requests admitted after it in this step (above).
+            kv.cache_blocks(request, min(num_hit + num_new, request.num_tokens))
             if kv.enable_caching and request.use_prefix_cache:
                 kv.record_prefix_lookup(request.num_tokens, num_hit)
             if skipped:

@@ -62,19 +62,25 @@ class FakeRunner:
             assert state["computed"] == computed
             state["blocks"].extend(blocks)
         req_ids, sampled = [], []
+        # As a model layer does: the KV of every token of the step is written first, then
+        # attention reads (so a request may hit blocks another one fills in the same step).
         for rid, n in so.num_scheduled_tokens.items():
             state = self.reqs[rid]
             tokens, blocks, start = state["tokens"], state["blocks"], state["computed"]
             end = start + n
             assert 0 < n and end <= len(tokens) and len(blocks) * bs >= end
             assert 0 not in blocks, "the null block was handed out"
-            for pos in range(start):  # every context slot holds this request's prefix KV
-                assert self.kv[blocks[pos // bs]][pos % bs] == hash(tuple(tokens[: pos + 1])), (
-                    f"{rid} read wrong KV at position {pos}"
-                )
             for pos in range(start, end):
                 slots = self.kv.setdefault(blocks[pos // bs], [None] * bs)
                 slots[pos % bs] = hash(tuple(tokens[: pos + 1]))
+        for rid, n in so.num_scheduled_tokens.items():
+            state = self.reqs[rid]
+            tokens, blocks, start = state["tokens"], state["blocks"], state["computed"]
+            end = start + n
+            for pos in range(end):  # every slot read holds this request's prefix KV
+                assert self.kv[blocks[pos // bs]][pos % bs] == hash(tuple(tokens[: pos + 1])), (
+                    f"{rid} read wrong KV at position {pos}"
+                )
             state["computed"] = end
             req_ids.append(rid)
             if end == len(tokens):
@@ -260,6 +266,38 @@ def test_prefix_hits(make_scheduler):
     assert stats.prefix_cache_hits == 32 + 28
     assert stats.prefix_cache_queries == 35 + 34 + 34 + 32
     assert 0 < stats.prefix_cache_hit_rate < 1
+
+
+def test_prefix_hits_within_one_step(make_scheduler):
+    """Requests that share a prompt prefix and are admitted in the same step: the first one's
+    full prompt blocks serve the others at once (the fake runner, like a model layer, writes
+    every token's KV before any read), so the prefix is computed once, not once per request; a
+    running prompt's chunk serves the requests admitted after it too."""
+    sched = make_scheduler(max_num_batched_tokens=64, num_blocks=64)
+    runner = FakeRunner(BS)
+    shared = prompt_of(16)
+    for i in range(3):
+        sched.add_request(req(f"s{i}", shared + prompt_of(3, 10 + i), arrival=i, max_tokens=2))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"s0": 19, "s1": 3, "s2": 3}
+    assert [r.num_computed_tokens for r in so.scheduled_new_reqs] == [0, 16, 16]
+    sched.update_from_output(so, runner.execute(so))
+    stats = sched.make_stats()
+    assert (stats.prefix_cache_hits, stats.prefix_cache_queries) == (32, 57)
+    # A 40-token prompt chunked over steps: the blocks its first chunk fills serve a request
+    # admitted after it in the same step.
+    long = prompt_of(40, 5)
+    chunked = make_scheduler(max_num_batched_tokens=24, num_blocks=64)
+    chunked.add_request(req("long", long, arrival=0, max_tokens=1))
+    chunked.add_request(req("twin", long[:36] + [9], arrival=1, max_tokens=1))
+    so = chunked.schedule()
+    assert so.num_scheduled_tokens == {"long": 24}
+    chunked.update_from_output(so, runner.execute(so))
+    chunked.add_request(req("late", long[:16] + [8], arrival=2, max_tokens=1))
+    # long's second chunk (16 tokens, up to 40) fills the blocks twin's 36-token hit ends in.
+    so = chunked.schedule()
+    assert so.num_scheduled_tokens == {"long": 16, "twin": 1, "late": 1}
+    chunked.update_from_output(so, runner.execute(so))
 
 
 def test_prefix_caching_off(make_scheduler):

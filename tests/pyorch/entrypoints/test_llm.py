@@ -147,6 +147,23 @@ def test_prefix_cache_hits_and_matches(tiny_model, async_scheduling):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_prefix_shared_within_one_step_matches(tiny_model, async_scheduling):
+    """Prompts sharing a 48-token prefix, sent together to an empty cache: the first one's
+    prefix blocks serve the others in the same step (each layer writes the step's KV before its
+    attention reads), and every output still matches transformers."""
+    path, hf = tiny_model
+    llm = _make_llm(path, async_scheduling=async_scheduling)
+    shared = _prompts(hf.config.vocab_size, [48], seed=7)[0]
+    tails = _prompts(hf.config.vocab_size, [3, 11, 17], seed=8)
+    outs = llm.generate([{"prompt_token_ids": shared + t} for t in tails], _greedy(),
+                        use_tqdm=False)
+    assert [o.num_cached_tokens for o in outs] == [0, 48, 48]
+    for tail, out in zip(tails, outs, strict=True):
+        _assert_greedy_matches(hf, shared + tail, out.outputs[0].token_ids, MAX_TOKENS)
+    _assert_pool_empty(llm)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("reserve", [False, True], ids=["preempt", "reserve"])
 def test_preemption_keeps_outputs_exact(tiny_model, async_scheduling, reserve):
     path, hf = tiny_model

@@ -93,6 +93,10 @@ def test_server_gets_vllms_api_server_batch_defaults(monkeypatch):
     Props.total_memory = 40 * 2**30
     assert served._default_batch_sizes("cuda") == (2048, 256)
     assert "usage_context" not in EngineArgs.field_names()
+    from pyorch import LLM
+
+    with pytest.raises(TypeError, match="usage_context"):
+        LLM(usage_context="openai_api_server")
     with pytest.raises(ValueError, match="usage_context"):
         EngineArgs(usage_context="bogus")._default_batch_sizes("cpu")
 
