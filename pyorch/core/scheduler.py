@@ -307,10 +307,10 @@ class Scheduler:
         # arrive together each recompute it.
         if self.kv_cache_manager.enable_caching:
             for request in prefills:
-                num_new = st.num_scheduled.get(request.request_id)
-                if num_new:
+                num_chunk = st.num_scheduled.get(request.request_id, 0)
+                if num_chunk:
                     self.kv_cache_manager.cache_blocks(
-                        request, min(request.num_computed_tokens + num_new, request.num_tokens))
+                        request, min(request.num_computed_tokens + num_chunk, request.num_tokens))
 
         if not st.preempted:  # a step that had to preempt has no room to grow
             self._schedule_waiting(st)
