@@ -567,7 +567,8 @@ class Scheduler:
             num_decode_tokens=num_decode_tokens,
         )
         self.finished_req_ids = set()
-        # The tokens count as computed from now on; their KV is cached after the step ran. A
+        # The tokens count as computed from now on (prompt blocks were cached in schedule();
+        # decode blocks are, once their token ids land, in update_from_output). A
         # request scheduled up to its last token samples one: a placeholder until it lands.
         for request in (*scheduled_running, *scheduled_new):
             request.num_computed_tokens += num_scheduled[request.request_id]
