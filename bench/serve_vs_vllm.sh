@@ -12,14 +12,17 @@
 #   ENGINES=pyorch,vllm   which servers to run (a device command has 10 minutes: run one engine
 #                         per command, then ENGINES=none to draw the plots from both engines' files)
 #   SETS=r4,r16,rinf,prefix,ratio,offline   the workloads:
-#     r4 / r16 / rinf  random 512 in / 256 out, 500 prompts, ignore_eos, at request rate 4, 16, inf
+#     r4 / r16 / rinf  random 512 in / 256 out, ignore_eos, at request rate 4, 16, inf: 500 prompts
+#                      (NUM_PROMPTS), but NUM_PROMPTS_RATE4 (200) at rate 4, where 500 would take
+#                      over 2 minutes per engine
 #     prefix           prefix repetition: 8 prefixes of 2048 tokens, 256-token suffixes, 256 out,
 #                      500 prompts at rate inf
 #     ratio            random 512/256 with --random-range-ratio 0.9 (input and output), 500 prompts
-#                      at rate 16 and inf
+#                      at rate inf (ratio16: the same at rate 16)
 #     offline          the prefix and ratio workloads through `pyorch bench throughput` and
 #                      `vllm bench throughput` (no server)
-#   PORT (8100), MAX_MODEL_LEN (4096), NUM_PROMPTS (500), T (timeout per client run, 900 s),
+#   PORT (8100), MAX_MODEL_LEN (4096), NUM_PROMPTS (500), NUM_PROMPTS_RATE4 (200),
+#   T (timeout per client run, 900 s),
 #   PYORCH_SERVE_ARGS / VLLM_SERVE_ARGS (extra server flags, e.g. --target-step-ms 30).
 # Writes OUT_DIR/<engine>_<workload>.json (vLLM's result format, TTFT / TPOT / ITL / E2E at p50 and
 # p99, goodput under ttft:500 tpot:50), server and client logs, and for each workload both engines
@@ -33,6 +36,7 @@ SETS=${SETS:-r4,r16,rinf,prefix,ratio,offline}
 PORT=${PORT:-8100}
 MML=${MAX_MODEL_LEN:-4096}
 N=${NUM_PROMPTS:-500}
+N4=${NUM_PROMPTS_RATE4:-200}
 T=${T:-900}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -59,12 +63,13 @@ stop_server() {  # PID
   kill -KILL "$1" 2> /dev/null
 }
 
-# client ENGINE NAME RATE DATASET_FLAGS...: one vLLM bench serve run against the server up now.
+# client ENGINE NAME RATE DATASET_FLAGS...: one vLLM bench serve run against the server up now
+# (NUM=... in the environment overrides the number of prompts).
 client() {
   local engine=$1 name=$2 rate=$3
   shift 3
   timeout "$T" "${VLLM[@]}" bench serve --backend openai --base-url "http://127.0.0.1:$PORT" \
-    --endpoint /v1/completions --model "$MODEL" --tokenizer "$MODEL" --num-prompts "$N" \
+    --endpoint /v1/completions --model "$MODEL" --tokenizer "$MODEL" --num-prompts "${NUM:-$N}" \
     --request-rate "$rate" --ignore-eos --percentile-metrics ttft,tpot,itl,e2el \
     --metric-percentiles 50,99 --goodput ttft:500 tpot:50 --save-result \
     --result-dir "$OUT_DIR" --result-filename "${engine}_${name}.json" "$@" \
@@ -81,17 +86,15 @@ RATIO=("${RANDOM_512[@]}" --random-range-ratio 0.9)
 
 serve_sets() {  # ENGINE
   local engine=$1
-  want r4 && client "$engine" random_rate4 4 "${RANDOM_512[@]}"
+  want r4 && NUM=$N4 client "$engine" random_rate4 4 "${RANDOM_512[@]}"
   want r16 && client "$engine" random_rate16 16 "${RANDOM_512[@]}"
   want rinf && client "$engine" random_rateinf inf "${RANDOM_512[@]}"
   want prefix && client "$engine" prefix_rateinf inf "${PREFIX[@]}"
-  if want ratio; then
-    client "$engine" ratio_rate16 16 "${RATIO[@]}"
-    client "$engine" ratio_rateinf inf "${RATIO[@]}"
-  fi
+  want ratio16 && client "$engine" ratio_rate16 16 "${RATIO[@]}"
+  want ratio && client "$engine" ratio_rateinf inf "${RATIO[@]}"
 }
 
-needs_server() { want r4 || want r16 || want rinf || want prefix || want ratio; }
+needs_server() { want r4 || want r16 || want rinf || want prefix || want ratio || want ratio16; }
 
 if has_engine pyorch && needs_server; then
   echo "== pyorch-serve"
@@ -153,7 +156,7 @@ plot() {  # NAME FILE_SUFFIXES...
   done
   ((${#p[@]} && ${#v[@]})) || return 0
   python3 "$HERE/bench/plot_serve_compare.py" --engine vllm "${v[@]}" --engine pyorch "${p[@]}" \
-    --title "$name: $(basename "$MODEL"), $N prompts, vLLM's client" \
+    --title "$name: $(basename "$MODEL"), $N prompts ($N4 at rate 4), vLLM's client" \
     --out "$OUT_DIR/compare_$name.png" || status=1
 }
 plot random_512_256 random_rate4 random_rate16 random_rateinf

@@ -187,7 +187,8 @@ class EngineCore:
         done = time.perf_counter()
         step_ms = (done - max(launched, self._last_step_done)) * 1e3
         self._last_step_done = done
-        self.scheduler.record_step_time(scheduler_output.total_num_scheduled_tokens, step_ms)
+        self.scheduler.record_step_time(scheduler_output.total_num_scheduled_tokens, step_ms,
+                                        scheduler_output.num_decode_tokens)
 
     def _must_wait_first(self) -> bool:
         """Whether the in-flight step must land before the next is scheduled: some running

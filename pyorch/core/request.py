@@ -194,25 +194,32 @@ def check_stop(request: Request, max_model_len: int) -> bool:
 
 
 class FCFSRequestQueue:
-    """Waiting requests in arrival order; preempted ones go back to the front."""
+    """Waiting requests in arrival order; preempted ones go back to the front.
+    `num_prompt_tokens` is the sum of their prompt lengths (the scheduler's prefill backlog)."""
 
     def __init__(self) -> None:
         self._queue: deque[Request] = deque()
+        self.num_prompt_tokens = 0
 
     def add(self, request: Request) -> None:
         self._queue.append(request)
+        self.num_prompt_tokens += request.num_prompt_tokens
 
     def prepend(self, request: Request) -> None:
         self._queue.appendleft(request)
+        self.num_prompt_tokens += request.num_prompt_tokens
 
     def peek(self) -> Request:
         return self._queue[0]
 
     def pop(self) -> Request:
-        return self._queue.popleft()
+        request = self._queue.popleft()
+        self.num_prompt_tokens -= request.num_prompt_tokens
+        return request
 
     def remove(self, request: Request) -> None:
         self._queue.remove(request)
+        self.num_prompt_tokens -= request.num_prompt_tokens
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -222,15 +229,18 @@ class FCFSRequestQueue:
 
 
 class PriorityRequestQueue:
-    """Waiting requests by (priority, arrival_time): lower priority value first, then earlier."""
+    """Waiting requests by (priority, arrival_time): lower priority value first, then earlier.
+    `num_prompt_tokens` is the sum of their prompt lengths (the scheduler's prefill backlog)."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, float, int, Request]] = []
         self._counter = itertools.count()  # ties keep insertion order; Requests never compare
+        self.num_prompt_tokens = 0
 
     def add(self, request: Request) -> None:
         entry = (request.priority, request.arrival_time, next(self._counter), request)
         heapq.heappush(self._heap, entry)
+        self.num_prompt_tokens += request.num_prompt_tokens
 
     # A preempted request keeps its (priority, arrival_time), which already puts it ahead of
     # every later arrival of the same priority.
@@ -240,11 +250,16 @@ class PriorityRequestQueue:
         return self._heap[0][3]
 
     def pop(self) -> Request:
-        return heapq.heappop(self._heap)[3]
+        request = heapq.heappop(self._heap)[3]
+        self.num_prompt_tokens -= request.num_prompt_tokens
+        return request
 
     def remove(self, request: Request) -> None:
+        size = len(self._heap)
         self._heap = [e for e in self._heap if e[3] is not request]
         heapq.heapify(self._heap)
+        if len(self._heap) < size:
+            self.num_prompt_tokens -= request.num_prompt_tokens
 
     def __len__(self) -> int:
         return len(self._heap)

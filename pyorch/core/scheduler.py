@@ -50,6 +50,8 @@ _PREEMPTION_BUMP = 0.1
 # Prefill tokens a step carries at least, whatever the step budget (capped by
 # max_num_batched_tokens): a decode batch slower than target_step_ms alone never stalls prompts.
 _MIN_PREFILL_TOKENS = 256
+# The step-cost fit is logged every this many measured steps.
+_LOG_FIT_EVERY = 1000
 
 
 @dataclass
@@ -141,6 +143,9 @@ class Scheduler:
         self.step_cost = (StepCostModel(target_step_ms, max_num_batched_tokens,
                                         self.min_prefill_tokens)
                           if target_step_ms else None)
+        # A prefill backlog of more than one full step is being worked off (_update_burst):
+        # prompt chunks fill max_num_batched_tokens instead of the step budget.
+        self.burst = False
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, enable_prefix_caching, hash_bits
         )
@@ -257,15 +262,32 @@ class Scheduler:
                 continue  # (async) waits for its in-flight token, which may finish it
             (decodes if num_wanted == 1 else prefills).append(request)
 
-        for request in decodes:  # every decode that fits gets its token, whatever the budget
-            if request.status == RequestStatus.RUNNING and st.budget > 0:
+        # Every decode that fits gets its token, whatever the budget. The common case (room
+        # left in its last block) is inlined: it runs for every running request on every step.
+        kv_blocks, block_size = self.kv_cache_manager.req_to_blocks, self.block_size
+        running_status = RequestStatus.RUNNING
+        scheduled_running, num_scheduled = st.scheduled_running, st.num_scheduled
+        new_block_ids = st.new_block_ids
+        for request in decodes:
+            if st.budget <= 0:
+                break
+            if request.status != running_status:
+                continue  # preempted earlier in this pass
+            blocks = kv_blocks.get(request.request_id)
+            if blocks and request.num_computed_tokens < len(blocks) * block_size:
+                scheduled_running.append(request)
+                num_scheduled[request.request_id] = 1
+                new_block_ids[request.request_id] = []
+                st.budget -= 1
+            else:
                 self._schedule_running(request, 1, st)
         num_decode_tokens = self.max_num_batched_tokens - st.budget
         if self.enable_chunked_prefill:
             # What prefill chunks may add: the step budget past the decodes, at least
             # min_prefill_tokens so that prompts progress under any decode load. (A prompt
             # that runs whole needs max_num_batched_tokens, so without chunking this is off.)
-            st.budget = min(st.budget, max(self.step_token_budget - num_decode_tokens,
+            self._update_burst(bool(prefills))
+            st.budget = min(st.budget, max(self.prefill_token_budget(num_decode_tokens),
                                            self.min_prefill_tokens))
 
         prefills.sort(key=self._queue_key)
@@ -278,11 +300,24 @@ class Scheduler:
             num_new = self._num_new_tokens(num_wanted, st.budget)
             if self._schedule_running(request, num_new, st):
                 self._take_prefill_slot(num_wanted, st)
+        # Full prompt blocks this step fills may serve the requests admitted after them in this
+        # same step (no preemption can undo a scheduled request past this point): each layer
+        # writes the KV of every token of the step before its attention reads any (vLLM caches
+        # at allocation for the same reason). Without this, requests sharing a prefix that
+        # arrive together each recompute it.
+        if self.kv_cache_manager.enable_caching:
+            for request in prefills:
+                num_chunk = st.num_scheduled.get(request.request_id, 0)
+                if num_chunk:
+                    self.kv_cache_manager.cache_blocks(
+                        request, min(request.num_computed_tokens + num_chunk, request.num_tokens))
 
         if not st.preempted:  # a step that had to preempt has no room to grow
             self._schedule_waiting(st)
+        if st.preempted:  # a preemption may have taken back a decode scheduled above
+            num_decode_tokens = sum(st.num_scheduled.get(r.request_id) == 1 for r in decodes)
         return self._make_output(st.scheduled_new, st.scheduled_running, st.num_scheduled,
-                                 st.new_block_ids)
+                                 st.new_block_ids, num_decode_tokens)
 
     def _schedule_running(self, request: Request, num_new: int, st: _StepState) -> bool:
         """Allocates for a running request, preempting from the low-priority end when blocks
@@ -348,6 +383,8 @@ class Scheduler:
             blocks = kv.allocate_slots(request, num_new, num_hit, hit_blocks)
             if blocks is None:
                 break
+            # Its prompt blocks may serve the requests admitted after it in this step (above).
+            kv.cache_blocks(request, min(num_hit + num_new, request.num_tokens))
             if kv.enable_caching and request.use_prefix_cache:
                 kv.record_prefix_lookup(request.num_tokens, num_hit)
             if skipped:
@@ -398,17 +435,52 @@ class Scheduler:
     # ---- the step budget ---------------------------------------------------------------------
     @property
     def step_token_budget(self) -> int:
-        """Tokens a step may carry: from the step-time model when `target_step_ms` is set,
-        else max_num_batched_tokens."""
-        if self.step_cost is None:
-            return self.max_num_batched_tokens
-        return self.step_cost.budget
+        """Tokens a step without decodes may carry: from the step-time model when
+        `target_step_ms` is set, else max_num_batched_tokens."""
+        return self.prefill_token_budget(0)
 
-    def record_step_time(self, num_tokens: int, step_ms: float) -> None:
-        """The engine reports each step it ran: `num_tokens` scheduled tokens, `step_ms` wall
-        milliseconds. Feeds the step-time model (a no-op without `target_step_ms`)."""
-        if self.step_cost is not None:
-            self.step_cost.record(num_tokens, step_ms)
+    def prefill_token_budget(self, num_decode_tokens: int) -> int:
+        """Prompt tokens a step that already carries `num_decode_tokens` decodes may add: what
+        keeps the step near `target_step_ms` by the step-time model, else what is left of
+        max_num_batched_tokens."""
+        if self.step_cost is None or self.burst:
+            return self.max_num_batched_tokens - num_decode_tokens
+        return self.step_cost.prefill_budget(num_decode_tokens)
+
+    def _update_burst(self, prefills_running: bool) -> None:
+        """A burst starts when the waiting prompts hold more tokens than one step of
+        max_num_batched_tokens, and ends when no prompt is waiting or part-way through its
+        prefill. During a burst prompt chunks fill max_num_batched_tokens, as vLLM's do: small
+        steps would pay the fixed cost of a step (weights, every running decode) many more
+        times per prompt token and push the queue's first tokens back by that much (see
+        docs/architecture.md, "The step budget under a burst")."""
+        if self.step_cost is None:
+            return
+        if not self.burst and self.waiting.num_prompt_tokens > self.max_num_batched_tokens:
+            self.burst = True
+            logger.debug("burst: %d prompt tokens waiting", self.waiting.num_prompt_tokens)
+        elif self.burst and not self.waiting and not prefills_running:
+            self.burst = False
+            logger.debug("burst over")
+
+    def record_step_time(self, num_tokens: int, step_ms: float,
+                         num_decode_tokens: int = 0) -> None:
+        """The engine reports each step it ran: `num_tokens` scheduled tokens (of them
+        `num_decode_tokens` decodes), `step_ms` wall milliseconds. Feeds the step-time model (a
+        no-op without `target_step_ms`)."""
+        model = self.step_cost
+        if model is None:
+            return
+        measured = model.num_steps
+        model.record(num_tokens, step_ms, num_decode_tokens)
+        if model.num_steps != measured and model.num_steps % _LOG_FIT_EVERY == 0:
+            fit = model.coefficients()
+            if fit is not None:
+                logger.info(
+                    "step cost: %.2f ms + %.4f ms/prompt token + %.4f ms/decode token (%d steps "
+                    "fitted, %d clamped); prompt budget %d tokens with no decodes, %d with 256",
+                    fit.a, fit.bp, fit.bd, model.num_fitted, model.num_clamped,
+                    model.prefill_budget(0), model.prefill_budget(256))
 
     def _num_new_tokens(self, num_wanted: int, budget: int) -> int:
         threshold = self.long_prefill_token_threshold
@@ -464,6 +536,7 @@ class Scheduler:
         scheduled_running: list[Request],
         num_scheduled: dict[str, int],
         new_block_ids: dict[str, list[int]],
+        num_decode_tokens: int = 0,
     ) -> SchedulerOutput:
         kv = self.kv_cache_manager
         new_reqs = [
@@ -491,9 +564,11 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
             structured_output_request_ids=structured_ids,
+            num_decode_tokens=num_decode_tokens,
         )
         self.finished_req_ids = set()
-        # The tokens count as computed from now on; their KV is cached after the step ran. A
+        # The tokens count as computed from now on (prompt blocks were cached in schedule();
+        # decode blocks are, once their token ids land, in update_from_output). A
         # request scheduled up to its last token samples one: a placeholder until it lands.
         for request in (*scheduled_running, *scheduled_new):
             request.num_computed_tokens += num_scheduled[request.request_id]
@@ -522,6 +597,8 @@ class Scheduler:
         # Per-request work runs for every request on every step: hoist what the loop reads.
         get_request, get_row = self.requests.get, row_of.get
         kv = self.kv_cache_manager
+        caching, num_cached_blocks = kv.enable_caching, kv.num_cached_blocks
+        block_size = self.block_size
         max_model_len = self.max_model_len
         last_unfinished, running_status = RequestStatus.PREEMPTED, RequestStatus.RUNNING
         # Matchers advance together after the loop (a batch call past a few rows).
@@ -536,19 +613,25 @@ class Scheduler:
                 request.num_output_placeholders = max(0, request.num_output_placeholders
                                                       - len(sampled))
             running = request.status == running_status
-            if running:
+            if running and caching:
                 # The step wrote these tokens' KV: their full blocks may now serve other
                 # requests (only tokens whose ids are known: later ones are still in flight).
-                kv.cache_blocks(request, min(request.num_computed_tokens,
-                                             request.num_tokens))
+                # Most steps fill no block: that check is inlined.
+                num_known = min(request.num_computed_tokens, len(request.all_token_ids))
+                num_cached = num_cached_blocks.get(req_id)
+                if num_cached is not None and num_known // block_size > num_cached:
+                    kv.cache_blocks(request, num_known)
             # (A request preempted while this step was in flight still takes its token.)
             new_token_ids: list[int] = []
-            for token_id in sampled:
-                request.append_output_token_ids(token_id)
-                new_token_ids.append(token_id)
-                if check_stop(request, max_model_len):
-                    stopped = True
-                    break
+            if sampled:
+                outputs_of, all_of = request.output_token_ids, request.all_token_ids
+                for token_id in sampled:
+                    outputs_of.append(token_id)
+                    all_of.append(token_id)
+                    new_token_ids.append(token_id)
+                    if check_stop(request, max_model_len):
+                        stopped = True
+                        break
             if new_token_ids and request.structured_output_request is not None:
                 grammar_steps.append((req_id, request.structured_output_request,
                                       new_token_ids))

@@ -62,3 +62,6 @@ class SchedulerOutput:
     # Requests with structured_outputs that sample a token this step, in scheduling order: the
     # rows of the step's grammar bitmask (StructuredOutputManager.grammar_bitmask).
     structured_output_request_ids: list[str] = field(default_factory=list)
+    # Of total_num_scheduled_tokens, the one-token decodes of running requests (the step-time
+    # model prices them apart from prompt tokens).
+    num_decode_tokens: int = 0

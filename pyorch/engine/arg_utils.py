@@ -23,6 +23,8 @@ _GPU_DEFAULTS = (8192, 256)
 _CPU_DEFAULTS = (4096, 256)
 # target_step_ms="auto" (pyorch-serve's default): this on CUDA, off on the CPU.
 SERVE_TARGET_STEP_MS = 40.0
+# vLLM's computed defaults for the API server (usage_context "openai_api_server"): smaller steps.
+_SERVER_DEFAULTS = {"large_gpu": (8192, 1024), "gpu": (2048, 256), "cpu": (2048, 128)}
 
 
 @dataclass
@@ -79,10 +81,15 @@ class EngineArgs:
     pooler_config: Optional[Any] = None
     # vLLM's quantization method ("fp8", "compressed-tensors", ...); None: the checkpoint's.
     quantization: Optional[str] = None
+    # vLLM's UsageContext, which picks the max_num_batched_tokens / max_num_seqs defaults:
+    # "llm_class" (offline) or "openai_api_server" (pyorch-serve).
+    usage_context: str = "llm_class"
 
     @classmethod
     def field_names(cls) -> set[str]:
-        return {f.name for f in dataclasses.fields(cls)}
+        """The user-facing fields (LLM(**kwargs), benchmark flags); usage_context is set by
+        the entry point, as in vLLM."""
+        return {f.name for f in dataclasses.fields(cls)} - {"usage_context"}
 
     def create_engine_config(self) -> EngineConfig:
         from pyorch.model_loader import default_model_path
@@ -163,9 +170,14 @@ class EngineArgs:
             raise ValueError(f"target_step_ms must be >= 0 (0: off), got {target!r}")
         return value or None
 
-    @staticmethod
-    def _default_batch_sizes(device: str) -> tuple[int, int]:
+    def _default_batch_sizes(self, device: str) -> tuple[int, int]:
+        if self.usage_context not in ("llm_class", "openai_api_server"):
+            raise ValueError(f"usage_context must be llm_class or openai_api_server, got "
+                             f"{self.usage_context!r}")
+        server = self.usage_context == "openai_api_server"
         if device == "cpu":
-            return _CPU_DEFAULTS
+            return _SERVER_DEFAULTS["cpu"] if server else _CPU_DEFAULTS
         total = torch.cuda.get_device_properties(torch.device(device)).total_memory
-        return _LARGE_GPU_DEFAULTS if total >= 70 * 2**30 else _GPU_DEFAULTS
+        if total >= 70 * 2**30:
+            return _SERVER_DEFAULTS["large_gpu"] if server else _LARGE_GPU_DEFAULTS
+        return _SERVER_DEFAULTS["gpu"] if server else _GPU_DEFAULTS

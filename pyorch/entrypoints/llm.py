@@ -48,6 +48,12 @@ class LLM:
     """
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any):
+        # An EngineArgs' vars() carry its usage_context, which the entry point sets (vLLM's
+        # UsageContext): LLM is always "llm_class", any other value is refused.
+        if kwargs.get("usage_context", "llm_class") != "llm_class":
+            raise TypeError("LLM() takes no usage_context: it always uses vLLM's LLM-class "
+                            "batch defaults")
+        kwargs.pop("usage_context", None)
         unknown = set(kwargs) - EngineArgs.field_names()
         if unknown:
             raise TypeError(f"LLM() got unknown engine arguments: {sorted(unknown)}")

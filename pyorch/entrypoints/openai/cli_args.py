@@ -537,6 +537,7 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         generation_config=args.generation_config,
         override_generation_config=args.override_generation_config or {},
         runner=args.runner, convert=args.convert, pooler_config=args.pooler_config,
+        usage_context="openai_api_server",  # vLLM's server defaults for the batch sizes
     )
 
 

@@ -3,16 +3,13 @@ loggers."""
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
-import torch
 
 from pyorch.core.engine_core import EngineCore
 from pyorch.core.request import Request, RequestStatus
 from pyorch.engine.llm_engine import LLMEngine
 from pyorch.metrics.stats import StatLoggerBase
-from pyorch.sampling_params import RequestOutputKind, SamplingParams
+from pyorch.sampling_params import SamplingParams
 from tests.pyorch.engine.test_async_llm import engine_args, make_tiny_model
 
 pytest.importorskip("transformers")

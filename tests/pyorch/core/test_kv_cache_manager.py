@@ -92,6 +92,24 @@ def test_hits_on_free_blocks_are_not_counted_twice():
     kv.free(ok)
 
 
+def test_hits_on_held_blocks_leave_the_free_blocks_to_the_request():
+    # 4 usable blocks; a (running) holds a cached 2-block prefix, 2 blocks are free. b hits a's
+    # blocks (held: not in the free queue) and needs exactly the 2 free ones: it fits, though the
+    # bound that counts every hit block as evictable says it might not.
+    kv = KVCacheManager(num_blocks=5, block_size=BS)
+    a = make_request("a", list(range(8)))
+    run_prefill(kv, a)
+    assert kv.num_free_blocks == 2
+    b = make_request("b", list(range(8)) + [50] * 8)  # 16 tokens: 4 blocks, 2 hit
+    hit, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 8 and hit == kv.get_block_ids("a")
+    new = kv.allocate_slots(b, b.num_tokens - num_hit, num_hit, hit)
+    assert new is not None and len(new) == 2 and kv.num_free_blocks == 0
+    c = make_request("c", list(range(8)) + [60] * 5)  # 2 new blocks, none free
+    hit, num_hit = kv.get_computed_blocks(c)
+    assert kv.allocate_slots(c, c.num_tokens - num_hit, num_hit, hit) is None
+
+
 def test_blocks_are_cached_only_once_computed():
     kv = KVCacheManager(num_blocks=16, block_size=BS)
     a = make_request("a", list(range(12)))

@@ -56,25 +56,31 @@ class FakeRunner:
             }
         cached = so.scheduled_cached_reqs
         for rid, blocks, computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
         ):
             state = self.reqs[rid]
             assert state["computed"] == computed
             state["blocks"].extend(blocks)
         req_ids, sampled = [], []
+        # As a model layer does: the KV of every token of the step is written first, then
+        # attention reads (so a request may hit blocks another one fills in the same step).
         for rid, n in so.num_scheduled_tokens.items():
             state = self.reqs[rid]
             tokens, blocks, start = state["tokens"], state["blocks"], state["computed"]
             end = start + n
             assert 0 < n and end <= len(tokens) and len(blocks) * bs >= end
             assert 0 not in blocks, "the null block was handed out"
-            for pos in range(start):  # every context slot holds this request's prefix KV
-                assert self.kv[blocks[pos // bs]][pos % bs] == hash(tuple(tokens[: pos + 1])), (
-                    f"{rid} read wrong KV at position {pos}"
-                )
             for pos in range(start, end):
                 slots = self.kv.setdefault(blocks[pos // bs], [None] * bs)
                 slots[pos % bs] = hash(tuple(tokens[: pos + 1]))
+        for rid, n in so.num_scheduled_tokens.items():
+            state = self.reqs[rid]
+            tokens, blocks, start = state["tokens"], state["blocks"], state["computed"]
+            end = start + n
+            for pos in range(end):  # every slot read holds this request's prefix KV
+                assert self.kv[blocks[pos // bs]][pos % bs] == hash(tuple(tokens[: pos + 1])), (
+                    f"{rid} read wrong KV at position {pos}"
+                )
             state["computed"] = end
             req_ids.append(rid)
             if end == len(tokens):
@@ -260,6 +266,38 @@ def test_prefix_hits(make_scheduler):
     assert stats.prefix_cache_hits == 32 + 28
     assert stats.prefix_cache_queries == 35 + 34 + 34 + 32
     assert 0 < stats.prefix_cache_hit_rate < 1
+
+
+def test_prefix_hits_within_one_step(make_scheduler):
+    """Requests that share a prompt prefix and are admitted in the same step: the first one's
+    full prompt blocks serve the others at once (the fake runner, like a model layer, writes
+    every token's KV before any read), so the prefix is computed once, not once per request; a
+    running prompt's chunk serves the requests admitted after it too."""
+    sched = make_scheduler(max_num_batched_tokens=64, num_blocks=64)
+    runner = FakeRunner(BS)
+    shared = prompt_of(16)
+    for i in range(3):
+        sched.add_request(req(f"s{i}", shared + prompt_of(3, 10 + i), arrival=i, max_tokens=2))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"s0": 19, "s1": 3, "s2": 3}
+    assert [r.num_computed_tokens for r in so.scheduled_new_reqs] == [0, 16, 16]
+    sched.update_from_output(so, runner.execute(so))
+    stats = sched.make_stats()
+    assert (stats.prefix_cache_hits, stats.prefix_cache_queries) == (32, 57)
+    # A 40-token prompt chunked over steps: the blocks its first chunk fills serve a request
+    # admitted after it in the same step.
+    long = prompt_of(40, 5)
+    chunked = make_scheduler(max_num_batched_tokens=24, num_blocks=64)
+    chunked.add_request(req("long", long, arrival=0, max_tokens=1))
+    chunked.add_request(req("twin", long[:36] + [9], arrival=1, max_tokens=1))
+    so = chunked.schedule()
+    assert so.num_scheduled_tokens == {"long": 24}
+    chunked.update_from_output(so, runner.execute(so))
+    chunked.add_request(req("late", long[:16] + [8], arrival=2, max_tokens=1))
+    # long's second chunk (16 tokens, up to 40) fills the blocks twin's 36-token hit ends in.
+    so = chunked.schedule()
+    assert so.num_scheduled_tokens == {"long": 16, "twin": 1, "late": 1}
+    chunked.update_from_output(so, runner.execute(so))
 
 
 def test_prefix_caching_off(make_scheduler):
@@ -567,7 +605,7 @@ def test_async_scheduling_gives_the_same_outputs(make_scheduler, prefix_caching,
         assert sched.make_stats().num_preemptions > 0
     # Requests ran in consecutive steps before their previous token had landed.
     assert any(set(a.num_scheduled_tokens) & set(b.num_scheduled_tokens)
-               for a, b in zip(got["steps"], got["steps"][1:]))
+               for a, b in zip(got["steps"], got["steps"][1:], strict=False))
 
 
 def test_async_placeholder_stops_at_max_tokens(make_scheduler):
@@ -581,7 +619,8 @@ def test_async_placeholder_stops_at_max_tokens(make_scheduler):
     assert sched.schedule().total_num_scheduled_tokens == 0  # output 3 would pass max_tokens
     runner = FakeRunner(BS)
     out1, out2 = runner.execute(first), runner.execute(second)
-    assert [o.new_token_ids for o in sched.update_from_output(first, out1)] == [out1.sampled_token_ids[0]]
+    assert [o.new_token_ids for o in sched.update_from_output(first, out1)] == \
+        [out1.sampled_token_ids[0]]
     outs = sched.update_from_output(second, out2)
     assert outs[0].finish_reason == "length" and not sched.has_unfinished_requests()
 
@@ -624,9 +663,8 @@ def test_decodes_first_and_prefills_fill_the_step_budget(make_scheduler):
     """Under a step budget of 20 tokens (learned from step times), every running decode gets
     its token in every step, and prompt chunks add only what the budget leaves (at least
     min_prefill_tokens), however many long prompts wait."""
-    # max_num_batched_tokens 24: a prefill pass that ran first with the step budget (20) would
-    # leave the 8 decodes 4 tokens.
-    sched = make_scheduler(max_num_batched_tokens=24, max_num_seqs=16, num_blocks=256,
+    # max_num_batched_tokens 300: the 290 waiting prompt tokens are no burst (_update_burst).
+    sched = make_scheduler(max_num_batched_tokens=300, max_num_seqs=16, num_blocks=256,
                            max_model_len=256, target_step_ms=4.0, min_prefill_tokens=4,
                            enable_prefix_caching=False)
     _fit_budget(sched, 20)
@@ -648,6 +686,64 @@ def test_decodes_first_and_prefills_fill_the_step_budget(make_scheduler):
     assert steps_with_prefill > 12  # the 290 prompt tokens went in small chunks
 
 
+def test_burst_fills_max_num_batched_tokens_then_the_budget_returns(make_scheduler):
+    """A backlog of waiting prompt tokens larger than one step of max_num_batched_tokens is a
+    burst: prompt chunks fill max_num_batched_tokens (vLLM's chunk) while every running decode
+    still gets its token first, first tokens come in arrival order, and once no prompt waits or
+    is part-way through, prompt chunks are held to the step budget again."""
+    sched = make_scheduler(max_num_batched_tokens=64, max_num_seqs=32, num_blocks=512,
+                           max_model_len=128, target_step_ms=4.0, min_prefill_tokens=4,
+                           enable_prefix_caching=False)
+    _fit_budget(sched, 16)
+    burst = {0: [req(f"b{i}", prompt_of(20, i), arrival=i, max_tokens=30) for i in range(12)]}
+    modes: list[tuple[bool, int, int]] = []  # (burst, prompt tokens, decodes) per step
+
+    def check(ready: set[str], so: SchedulerOutput) -> None:
+        assert all(so.num_scheduled_tokens.get(rid) == 1 for rid in ready), (ready, so)
+        assert so.num_decode_tokens == len(ready)
+        num_prefill = so.total_num_scheduled_tokens - len(ready)
+        modes.append((sched.burst, num_prefill, len(ready)))
+        if sched.burst:  # chunks fill the step while prompts are left to fill it with
+            left = sum(r.num_tokens - r.num_computed_tokens for r in sched.requests.values()
+                       if r.num_computed_tokens < r.num_prompt_tokens) + num_prefill
+            assert so.total_num_scheduled_tokens == min(64, len(ready) + left)
+        else:
+            assert num_prefill <= max(16 - len(ready), 4)
+
+    first = _first_token_steps(sched, FakeRunner(BS), check, burst)
+    steps = [first[f"b{i}"] for i in range(12)]
+    assert steps == sorted(steps)
+    assert modes[0][0] and modes[0][1] == 64 and not modes[-1][0]
+    # After the burst: a late pair of prompts (40 tokens <= 64) runs under the step budget.
+    modes.clear()
+    late = {0: [req(f"l{i}", prompt_of(20, 100 + i), arrival=100 + i, max_tokens=3)
+                for i in range(2)]}
+    first = _first_token_steps(sched, FakeRunner(BS), check, late)
+    assert set(first) == {"l0", "l1"} and not any(m[0] for m in modes)
+    assert max(m[1] for m in modes) == 16
+
+
+def test_prompt_budget_shrinks_with_the_decodes_a_step_carries(make_scheduler):
+    """The step-time model prices decode tokens apart from prompt tokens: with a decode token
+    twice as dear as a prompt token, a step that carries 8 decodes leaves room for 16 fewer
+    prompt tokens."""
+    sched = make_scheduler(max_num_batched_tokens=64, max_num_seqs=32, num_blocks=512,
+                           max_model_len=128, target_step_ms=8.0, min_prefill_tokens=4,
+                           enable_prefix_caching=False)
+    for i in range(40):  # 0.25 ms per prompt token, 0.5 per decode token
+        p, d = 4 + 9 * (i % 7), 10 * (i % 5)
+        sched.record_step_time(p + d, 0.25 * p + 0.5 * d, num_decode_tokens=d)
+    assert sched.prefill_token_budget(0) == 32 and sched.prefill_token_budget(8) == 16
+    runner = FakeRunner(BS)
+    for i in range(8):
+        sched.add_request(req(f"d{i}", prompt_of(3, i), arrival=i, max_tokens=20))
+    so = sched.schedule()  # 24 prompt tokens: all eight prompts in one step
+    sched.update_from_output(so, runner.execute(so))
+    sched.add_request(req("p", prompt_of(60, 50), arrival=50, max_tokens=2))
+    so = sched.schedule()
+    assert so.num_decode_tokens == 8 and so.num_scheduled_tokens["p"] == 16
+
+
 def test_step_budget_defaults_to_max_num_batched_tokens(make_scheduler):
     sched = make_scheduler(max_num_batched_tokens=48)
     sched.record_step_time(40, 30.0)  # no target: nothing is learned
@@ -655,9 +751,12 @@ def test_step_budget_defaults_to_max_num_batched_tokens(make_scheduler):
     timed = make_scheduler(max_num_batched_tokens=48, target_step_ms=5.0, max_model_len=128,
                            min_prefill_tokens=4)
     assert timed.step_token_budget == 48  # nothing measured yet: no throttling on guesses
-    timed.add_request(req("a", prompt_of(100), max_tokens=1))
-    assert timed.schedule().total_num_scheduled_tokens == 48
+    timed.add_request(req("a", prompt_of(45), max_tokens=1))  # no burst: 45 <= 48 waiting
+    assert timed.schedule().total_num_scheduled_tokens == 45
+    timed = make_scheduler(max_num_batched_tokens=48, target_step_ms=5.0, max_model_len=128,
+                           min_prefill_tokens=4)
     _fit_budget(timed, 24)
+    timed.add_request(req("a", prompt_of(45), max_tokens=1))
     assert timed.schedule().total_num_scheduled_tokens == 24
 
 

@@ -147,6 +147,23 @@ def test_prefix_cache_hits_and_matches(tiny_model, async_scheduling):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_prefix_shared_within_one_step_matches(tiny_model, async_scheduling):
+    """Prompts sharing a 48-token prefix, sent together to an empty cache: the first one's
+    prefix blocks serve the others in the same step (each layer writes the step's KV before its
+    attention reads), and every output still matches transformers."""
+    path, hf = tiny_model
+    llm = _make_llm(path, async_scheduling=async_scheduling)
+    shared = _prompts(hf.config.vocab_size, [48], seed=7)[0]
+    tails = _prompts(hf.config.vocab_size, [3, 11, 17], seed=8)
+    outs = llm.generate([{"prompt_token_ids": shared + t} for t in tails], _greedy(),
+                        use_tqdm=False)
+    assert [o.num_cached_tokens for o in outs] == [0, 48, 48]
+    for tail, out in zip(tails, outs, strict=True):
+        _assert_greedy_matches(hf, shared + tail, out.outputs[0].token_ids, MAX_TOKENS)
+    _assert_pool_empty(llm)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("reserve", [False, True], ids=["preempt", "reserve"])
 def test_preemption_keeps_outputs_exact(tiny_model, async_scheduling, reserve):
     path, hf = tiny_model
@@ -308,3 +325,29 @@ def test_generate_freezes_the_gc_heap_only_while_it_runs(tiny_model):
         assert len(seen) >= 3 and all(b - a > 900 for a, b in zip(seen, seen[1:]))
     finally:
         gc.unfreeze()
+
+
+def test_generate_priority_orders_requests_and_fcfs_refuses_it(tmp_path):
+    """LLM.generate(priority=...) under scheduling_policy="priority": with one sequence at a
+    time, requests run lowest priority value first, ties in arrival order (vLLM's semantics);
+    results still come back in input order. Under fcfs a non-zero priority is refused."""
+    from tests.pyorch.engine.test_async_llm import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "m")
+    llm = LLM(model=path, dtype=torch.float32, device="cpu", max_model_len=128, seed=0,
+              kv_cache_memory_bytes=8 << 20, max_num_seqs=1, scheduling_policy="priority",
+              skip_tokenizer_init=True)
+    prompts = [{"prompt_token_ids": list(range(10 + i, 30 + i))} for i in range(4)]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False, priority=[3, 0, 1, 0])
+    assert [o.prompt_token_ids for o in outs] == [p["prompt_token_ids"] for p in prompts]
+    order = sorted(range(4), key=lambda i: outs[i].metrics.first_token_time)
+    assert order == [1, 3, 2, 0]
+    with pytest.raises(ValueError, match="priority must have one entry per prompt"):
+        llm.generate(prompts, params, use_tqdm=False, priority=[0])
+    del llm
+    gc.collect()
+    fcfs = LLM(model=path, dtype=torch.float32, device="cpu", max_model_len=128, seed=0,
+               kv_cache_memory_bytes=8 << 20, skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="priority"):
+        fcfs.generate(prompts[:1], params, use_tqdm=False, priority=[2])

@@ -71,6 +71,36 @@ def test_scheduling_flags_map_to_engine_args():
     assert EngineArgs()._target_step_ms("cuda") is None  # offline LLM keeps the fixed budget
 
 
+def test_server_gets_vllms_api_server_batch_defaults(monkeypatch):
+    """pyorch-serve sizes max_num_batched_tokens / max_num_seqs as vLLM's API server does
+    (8192 / 1024 on a >= 70 GiB GPU, 2048 / 128 on the CPU); the offline LLM class keeps the
+    larger LLM-class defaults (16384 / 1024, 4096 / 256); usage_context is no LLM() kwarg."""
+    import torch
+
+    from pyorch.engine.arg_utils import EngineArgs
+
+    served = cli_args.engine_args_from(parse([]))
+    assert served.usage_context == "openai_api_server"
+    assert served._default_batch_sizes("cpu") == (2048, 128)
+    assert EngineArgs()._default_batch_sizes("cpu") == (4096, 256)
+
+    class Props:
+        total_memory = 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props)
+    assert served._default_batch_sizes("cuda") == (8192, 1024)
+    assert EngineArgs()._default_batch_sizes("cuda") == (16384, 1024)
+    Props.total_memory = 40 * 2**30
+    assert served._default_batch_sizes("cuda") == (2048, 256)
+    assert "usage_context" not in EngineArgs.field_names()
+    from pyorch import LLM
+
+    with pytest.raises(TypeError, match="usage_context"):
+        LLM(usage_context="openai_api_server")
+    with pytest.raises(ValueError, match="usage_context"):
+        EngineArgs(usage_context="bogus")._default_batch_sizes("cpu")
+
+
 def test_pooling_flags_map_to_engine_args(tmp_path):
     e = cli_args.engine_args_from(parse(["--runner", "pooling", "--convert", "embed",
                                          "--pooler-config", '{"pooling_type": "MEAN"}']))
