@@ -11,6 +11,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from pyorch.distributed.communication_op import (
+    fuse_all_reduce_rms_norm,
+    tensor_model_parallel_all_reduce_rms_norm,
+)
 from pyorch.layers.activation import SiluAndMul, get_act_and_mul_fn
 from pyorch.layers.attention import Attention
 from pyorch.layers.fused_linear import (
@@ -165,20 +169,31 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = make_mlp(config, layer_idx, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # Tensor parallel: o_proj's (and a dense MLP's down_proj's) all-reduce moves into the
+        # next norm, one fused kernel (pyorch/distributed/communication_op.py). The MLP's output
+        # then leaves this layer unreduced: `mlp_output_reduced` tells the model.
+        self.attn_output_reduced = self.mlp_output_reduced = True
+        if fuse_all_reduce_rms_norm():
+            self.self_attn.o_proj.reduce_results = self.attn_output_reduced = False
+            if isinstance(self.mlp, LlamaMLP):
+                self.mlp.down_proj.reduce_results = self.mlp_output_reduced = False
 
     def forward(
         self,
         positions: torch.Tensor,  # [T] int64
         hidden_states: torch.Tensor,  # [T, hidden]
         residual: torch.Tensor | None,  # [T, hidden], None before the first layer
+        reduce_input: bool = False,  # hidden_states is the previous layer's unreduced MLP output
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+            hidden_states, residual = _add_norm(
+                self.input_layernorm, hidden_states, residual, reduce_input)
         hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        hidden_states, residual = _add_norm(
+            self.post_attention_layernorm, hidden_states, residual, not self.attn_output_reduced)
         return self.mlp(hidden_states), residual
 
     def fusable(self) -> bool:
@@ -200,6 +215,15 @@ class LlamaDecoderLayer(nn.Module):
         linear_add_(residual, attn.attend(positions, qkv), attn.o_proj)
         act = norm_linear(residual, self.post_attention_layernorm, mlp.gate_up_proj, "silu_and_mul")
         linear_add_(residual, act, mlp.down_proj)
+
+
+def _add_norm(
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor, reduce: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm(x, residual), all-reducing x first (fused with the norm) when reduce."""
+    if reduce:
+        return tensor_model_parallel_all_reduce_rms_norm(x, residual, norm)
+    return cast(tuple[torch.Tensor, torch.Tensor], norm(x, residual))
 
 
 class LlamaModel(nn.Module):
@@ -245,9 +269,12 @@ class LlamaModel(nn.Module):
                 layer.forward_fused(positions, hidden_states)
             return self.norm(hidden_states)
         residual = None
+        unreduced = False  # the previous layer left its MLP output unreduced (fused norms)
         for layer in self._decoder_layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
-        hidden_states, _ = self.norm(hidden_states, residual)
+            hidden_states, residual = layer(positions, hidden_states, residual, unreduced)
+            unreduced = not layer.mlp_output_reduced
+        assert residual is not None  # a model has at least one layer
+        hidden_states, _ = _add_norm(self.norm, hidden_states, residual, unreduced)
         return hidden_states
 
 
