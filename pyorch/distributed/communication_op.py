@@ -16,16 +16,16 @@ from pyorch.distributed.parallel_state import (
 if TYPE_CHECKING:
     from pyorch.layers.layernorm import RMSNorm
 
-# Decoder layers under tensor parallelism leave their row-parallel outputs (o_proj, down_proj)
-# unreduced and reduce them inside the next RMSNorm (tensor_model_parallel_all_reduce_rms_norm):
-# one kernel instead of the all-reduce and fused_add_rms_norm on CUDA. Tests turn it off to
-# compare; read once when a layer is built.
-FUSE_ALL_REDUCE_RMS_NORM = True
-
 
 def fuse_all_reduce_rms_norm() -> bool:
-    """Whether layers built now defer their row-parallel reduction into the next norm."""
-    return FUSE_ALL_REDUCE_RMS_NORM and get_tensor_model_parallel_world_size() > 1
+    """Whether decoder layers built now leave their row-parallel outputs (o_proj, down_proj)
+    unreduced and reduce them inside the next RMSNorm (tensor_model_parallel_all_reduce_rms_norm):
+    one kernel instead of the all-reduce and fused_add_rms_norm on CUDA. Under tensor
+    parallelism unless PYORCH_FUSED_ALLREDUCE_RMS_NORM=0; read once when a layer is built."""
+    from pyorch import envs
+
+    return get_tensor_model_parallel_world_size() > 1 and bool(
+        envs.PYORCH_FUSED_ALLREDUCE_RMS_NORM)
 
 
 def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:

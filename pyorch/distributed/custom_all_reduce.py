@@ -41,7 +41,8 @@ ALGO_LIMITS: dict[int, list[tuple[int, int]]] = {
 }
 # Largest message the kernel takes per world size, NCCL beyond. Each rank holds two message
 # buffers of this size plus the push slots (cuda/allreduce/custom_all_reduce.cuh).
-MAX_BYTES_BY_WORLD_SIZE = {n: limits[-1][0] for n, limits in ALGO_LIMITS.items()}
+# A world size whose table is empty (NCCL won at every size measured) gets no custom all-reduce.
+MAX_BYTES_BY_WORLD_SIZE = {n: limits[-1][0] for n, limits in ALGO_LIMITS.items() if limits}
 # Largest [rows, hidden] message the fused all-reduce + RMSNorm takes per world size (it is a
 # one-shot push kernel; past this, all-reduce then fused_add_rms_norm).
 FUSED_NORM_MAX_BYTES = {n: min(b, 256 << 10) for n, b in MAX_BYTES_BY_WORLD_SIZE.items()}
@@ -125,7 +126,8 @@ class CustomAllreduce:
         """The measured-fastest algorithm for a message of nbytes, None past the range."""
         for limit, algo in self.limits:
             if nbytes <= limit:
-                return algo
+                return ALGO_ONE_SHOT if (algo == ALGO_ONE_SHOT_PUSH
+                                         and nbytes > self.push_bytes) else algo
         return None
 
     def all_reduce(self, x: torch.Tensor) -> Optional[torch.Tensor]:

@@ -3,8 +3,9 @@ processes (gloo) and must give the same greedy tokens as one rank, token for tok
 
 Tiny random Llama (2 KV heads: one per rank), Qwen3 with one KV head (replicated on both
 ranks, q/k norms on sharded heads) and Qwen2-MoE (experts sharded on their intermediate
-dimension, plus the tensor-parallel shared expert), synchronous and async scheduling; a worker killed mid-run
-takes the engine down with a clear error; a model that cannot be split is refused up front.
+dimension, plus the tensor-parallel shared expert), synchronous and async scheduling; a worker
+killed mid-run takes the engine down with a clear error; a model that cannot be split is refused
+up front.
 """
 
 from __future__ import annotations
@@ -108,28 +109,63 @@ def test_tp2_greedy_equals_tp1(arch, async_scheduling, tmp_path_factory):
     assert all(p.poll() is not None for p in executor.procs)
 
 
+def _greedy_with_logprobs(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                            logprobs=TOP_LOGPROBS)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+
+def _assert_logprobs_close(expected: list, got: list) -> None:
+    """vLLM's check_logprobs_close: sequences may part only where both runs saw a near-tie,
+    each run's token among the other's top logprobs at the first position they differ (bf16
+    sums in another order under tensor parallelism), and nothing is compared after it."""
+    for i, ((want, want_lp), (have, have_lp)) in enumerate(zip(expected, got, strict=True)):
+        for pos, (a, b) in enumerate(zip(want, have, strict=True)):
+            if a != b:
+                assert a in have_lp[pos] and b in want_lp[pos], (
+                    f"prompt {i} position {pos}: TP=1 chose {a}, TP=2 chose {b}, not a near-tie "
+                    f"(TP=1 top {sorted(want_lp[pos])}, TP=2 top {sorted(have_lp[pos])})")
+                break
+
+
+TOP_LOGPROBS = 5
+GPU_CASES = [(arch, dtype) for arch in ("llama", "qwen3_kv1", "qwen2_moe")
+             for dtype in (torch.bfloat16, torch.float32)]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("arch", ["llama", "qwen3_kv1", "qwen2_moe"])
+@pytest.mark.parametrize("arch, dtype", GPU_CASES,
+                         ids=[f"{a}-{str(d).split('.')[1]}" for a, d in GPU_CASES])
 @pytest.mark.parametrize("custom_all_reduce", [True, False], ids=["custom_ar", "nccl"])
-def test_tp2_greedy_equals_tp1_on_two_gpus(arch, custom_all_reduce, tmp_path_factory):
-    """bf16 on 2 GPUs with CUDA graphs (the custom all-reduce inside them) and async
-    scheduling, against one GPU, token for token."""
+def test_tp2_greedy_equals_tp1_on_two_gpus(arch, dtype, custom_all_reduce, tmp_path_factory):
+    """2 GPUs with CUDA graphs (the custom all-reduce inside them) and async scheduling, against
+    one GPU. float32: token for token. bfloat16: one rank decodes with the fused skinny GEMMs
+    (norm and residual add inside the GEMM, pyorch/layers/fused_linear.py) and two ranks with
+    row-parallel partial sums reduced in the fused all-reduce + RMSNorm: the roundings differ,
+    so greedy runs may part at a near-tie (_assert_logprobs_close), and only there. qwen3_kv1
+    failed the exact bf16 comparison on 2 H100s; float32 (no fused skinny path, roundings
+    1e-7) tells a real sharding bug from a near-tie."""
     path, vocab = _tiny_model(arch, tmp_path_factory)
     prompts = _prompts(vocab, PROMPT_LENS)
-    gpu = dict(device="cuda", dtype=torch.bfloat16, kv_cache_memory_bytes=None,
+    gpu = dict(device="cuda", dtype=dtype, kv_cache_memory_bytes=None,
                gpu_memory_utilization=0.3)
     # The one-rank reference runs in a worker process too ("mp"): an in-process engine keeps its
     # GPU memory after shutdown, which the next test's engines would count as taken.
     one = _llm(path, distributed_executor_backend="mp", **gpu)
-    expected = _greedy_tokens(one, prompts)
+    expected = _greedy_with_logprobs(one, prompts)
     one.llm_engine.shutdown()
     del one
     two = _llm(path, tensor_parallel_size=2, disable_custom_all_reduce=not custom_all_reduce,
                **gpu)
     try:
-        assert _call_with_deadline(_greedy_tokens, two, prompts) == expected
+        got = _call_with_deadline(_greedy_with_logprobs, two, prompts)
     finally:
         two.llm_engine.shutdown()
+    if dtype == torch.float32:
+        assert [t for t, _ in got] == [t for t, _ in expected]
+    else:
+        _assert_logprobs_close(expected, got)
 
 
 def test_killed_worker_fails_the_engine_with_a_clear_error(tiny_llama):
