@@ -50,6 +50,10 @@ class WorkerDiedError(RuntimeError):
     """A worker process exited while the engine needed it."""
 
 
+# How long a wait on a shared-memory queue spins before it sleeps, on GPUs (a core per process).
+_GPU_SPIN_S = 0.05
+
+
 def get_open_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -74,9 +78,10 @@ class MultiprocExecutor(Executor):
                         for _ in range(self.world_size)]
         for q in (self.broadcast, *self.replies):
             q.check = self.check_health
-            # A GPU step takes milliseconds: spin briefly rather than oversleep. On the CPU the
-            # workers need every core.
-            q.spin_s = 1e-3 if on_gpu else 0.0
+            # A GPU step takes milliseconds: spin through one rather than oversleep (past the
+            # spin the sleeps grow to 1 ms, so a wait of a few ms could overshoot by ~0.5 ms: a
+            # decode step's worth of latency at batch 1). On the CPU the workers need every core.
+            q.spin_s = _GPU_SPIN_S if on_gpu else 0.0
         init_method = f"tcp://127.0.0.1:{get_open_port()}"
         self.procs: list[subprocess.Popen] = []
         try:
@@ -100,7 +105,7 @@ class MultiprocExecutor(Executor):
             "config": self.config, "rank": rank, "local_rank": rank,
             "distributed_init_method": init_method, "broadcast": self.broadcast.handle(),
             "reply": self.replies[rank].handle(), "parent_pid": os.getpid(),
-            "spin_s": 1e-3 if on_gpu else 0.0,
+            "spin_s": _GPU_SPIN_S if on_gpu else 0.0,
         }
         # The workers import the same pyorch as this process (a checkout, or the installed one).
         root = os.path.dirname(os.path.dirname(os.path.abspath(pyorch.__file__)))
