@@ -168,6 +168,26 @@ def test_tp2_greedy_equals_tp1_on_two_gpus(arch, dtype, custom_all_reduce, tmp_p
         _assert_logprobs_close(expected, got)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs")
+@pytest.mark.parametrize("arch", ["llama", "qwen3_kv1"])
+def test_tp4_greedy_equals_tp1_on_four_gpus(arch, tmp_path_factory):
+    """float32, token for token: 4 ranks of 1 query head each; llama's 2 KV heads and qwen3's
+    one are replicated over 2 and 4 ranks (the 4-rank custom all-reduce and its fused norm)."""
+    path, vocab = _tiny_model(arch, tmp_path_factory)
+    prompts = _prompts(vocab, PROMPT_LENS)
+    gpu = dict(device="cuda", dtype=torch.float32, kv_cache_memory_bytes=None,
+               gpu_memory_utilization=0.3)
+    one = _llm(path, distributed_executor_backend="mp", **gpu)
+    expected = _greedy_tokens(one, prompts)
+    one.llm_engine.shutdown()
+    del one
+    four = _llm(path, tensor_parallel_size=4, **gpu)
+    try:
+        assert _call_with_deadline(_greedy_tokens, four, prompts) == expected
+    finally:
+        four.llm_engine.shutdown()
+
+
 def test_killed_worker_fails_the_engine_with_a_clear_error(tiny_llama):
     path, vocab = tiny_llama
     llm = _llm(path, tensor_parallel_size=2)
