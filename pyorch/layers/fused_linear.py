@@ -41,15 +41,16 @@ def _weight_and_bias(layer: nn.Module) -> tuple[torch.Tensor, Optional[torch.Ten
     return cast(torch.Tensor, layer.weight), cast(Optional[torch.Tensor], layer.bias)
 
 
-def skinny_fusable(layer: nn.Module) -> bool:
-    """Whether a linear layer may run inside skinny_gemm_fused: an unquantized weight of one
-    rank (a sharded layer needs its collective between the GEMM and the epilogue) in the skinny
-    GEMM's layout."""
+def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
+    """Whether a linear layer may run inside skinny_gemm_fused: an unquantized weight in the
+    skinny GEMM's layout, of one rank (a row-parallel layer needs its collective between the
+    GEMM and the epilogue) unless sharded_ok (a column-parallel layer's epilogue is per column:
+    gate_up's silu_and_mul under tensor parallelism)."""
     weight = getattr(layer, "weight", None)
     bias = getattr(layer, "bias", None)
     return (
         isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
-        and getattr(layer, "tp_size", 1) == 1
+        and (sharded_ok or getattr(layer, "tp_size", 1) == 1)
         and weight is not None
         and weight.dtype in _FUSED_DTYPES
         and weight.is_contiguous()
@@ -93,3 +94,15 @@ def linear_add_(
     weight, bias = _weight_and_bias(layer)
     _ops.skinny_gemm_fused(residual, x, weight, bias, None, 0.0, "add")
     return residual
+
+
+def linear_silu_and_mul(
+    x: torch.Tensor,  # [T, input_size]: already normed
+    layer: nn.Module,  # a merged [gate; up] column-parallel layer (this rank's shard)
+) -> torch.Tensor:  # [T, output_size / 2]
+    """silu(gate) * up of layer(x), as one kernel (the tensor-parallel decode MLP: its norm
+    comes from the fused all-reduce + RMSNorm before it)."""
+    weight, bias = _weight_and_bias(layer)
+    out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+    _ops.skinny_gemm_fused(out, x, weight, bias, None, 0.0, "silu_and_mul")
+    return out

@@ -20,6 +20,7 @@ from pyorch.layers.attention import Attention
 from pyorch.layers.fused_linear import (
     fused_decode_batch,
     linear_add_,
+    linear_silu_and_mul,
     norm_linear,
     skinny_fusable,
 )
@@ -76,8 +77,17 @@ class LlamaMLP(nn.Module):
             prefix=f"{prefix}.down_proj",
         )
         self.act_fn = get_act_and_mul_fn(hidden_act)
+        self._silu_fused: bool | None = None  # tensor-parallel decode: silu in gate_up's GEMM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if self._silu_fused is None:  # after the weights are loaded: the first forward
+            self._silu_fused = (self.gate_up_proj.tp_size > 1
+                                and isinstance(self.act_fn, SiluAndMul)
+                                and skinny_fusable(self.gate_up_proj, sharded_ok=True))
+        if self._silu_fused and fused_decode_batch(x, self.gate_up_proj):
+            # Tensor-parallel decode: the one-rank path fuses the whole layer
+            # (LlamaDecoderLayer.forward_fused); here SiLU-and-mul joins gate_up's GEMM.
+            return self.down_proj(linear_silu_and_mul(x, self.gate_up_proj))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 

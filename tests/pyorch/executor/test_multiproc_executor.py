@@ -188,6 +188,26 @@ def test_tp4_greedy_equals_tp1_on_four_gpus(arch, tmp_path_factory):
         four.llm_engine.shutdown()
 
 
+def test_every_rank_profiles_itself(tiny_llama, tmp_path):
+    """Worker.profile through collective_rpc (bench/profile_gpu.py under tensor parallelism):
+    each rank's op table and its own Chrome trace; stopping twice is an error."""
+    path, vocab = tiny_llama
+    llm = _llm(path, tensor_parallel_size=2)
+    executor = llm.llm_engine.engine_core.model_executor
+    try:
+        assert executor.collective_rpc("profile", (True,)) == [None, None]
+        _call_with_deadline(_greedy_tokens, llm, _prompts(vocab, [5]))
+        pattern = str(tmp_path / "trace_{rank}.json")
+        tables = executor.collective_rpc("profile", (False, pattern))
+        assert len(tables) == 2 and all("aten::" in t for t in tables)
+        assert (tmp_path / "trace_0.json").stat().st_size > 0
+        assert (tmp_path / "trace_1.json").stat().st_size > 0
+        with pytest.raises(RuntimeError, match="profiler was not started"):
+            executor.collective_rpc("profile", (False,))
+    finally:
+        llm.llm_engine.shutdown()
+
+
 def test_killed_worker_fails_the_engine_with_a_clear_error(tiny_llama):
     path, vocab = tiny_llama
     llm = _llm(path, tensor_parallel_size=2)
