@@ -10,8 +10,8 @@
 // replays, as the engine's decode runs them: one host thread driving every GPU cannot launch
 // kernels as fast as they finish (about 10 us per call for two GPUs), so eager timings of small
 // messages measure the launches, for NCCL and the kernel alike. --graph 0 times eager launches.
-// --nccl-graph 0 times NCCL eagerly even in graph mode (for NCCL builds that refuse to capture
-// several GPUs from one thread).
+// NCCL's graphs are captured by one host thread per GPU (no group call); --nccl-graph 0 times
+// NCCL eagerly even in graph mode.
 // --op all_reduce_rms_norm: the fused all-reduce + residual add + RMSNorm against the custom
 // all-reduce then fused_add_rms_norm, and NCCL then fused_add_rms_norm, on [rows, --hidden]
 // messages (rows 1, 2, 4, ... up to --max-rows); every fused result is compared bit for bit with
@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -161,8 +162,11 @@ double time_all_us(std::vector<Rank>& ranks, const std::function<void(Rank&)>& f
 // As time_all_us, but the `inner` calls of each rank are captured into one CUDA graph per rank
 // (all ranks' streams captured together, so collectives that need every rank inside a group
 // call can be captured too), and a sample times one replay of every rank's graph.
+// per_rank (optional): what rank r's graph records, captured by one host thread per rank
+// (NCCL: one device per thread needs no group call, and each rank's capture may wait for the
+// others); without it the ranks' `fn` calls are captured from this thread.
 double time_graph_us(std::vector<Rank>& ranks, const std::function<void(Rank&)>& fn, int warmup,
-                     int iters, int inner) {
+                     int iters, int inner, const std::function<void(Rank&)>& per_rank = nullptr) {
   for (int i = 0; i < warmup; ++i)
     for (auto& r : ranks) {
       BENCH_CHECK(cudaSetDevice(r.device));
@@ -173,22 +177,39 @@ double time_graph_us(std::vector<Rank>& ranks, const std::function<void(Rank&)>&
     BENCH_CHECK(cudaStreamSynchronize(r.stream));
   }
   const size_t n = ranks.size();
-  for (auto& r : ranks) {
-    BENCH_CHECK(cudaSetDevice(r.device));
-    BENCH_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeRelaxed));
-  }
-  for (int j = 0; j < inner; ++j)
+  std::vector<cudaGraphExec_t> execs(n);
+  if (per_rank) {
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < n; ++k) {
+      threads.emplace_back([&, k] {
+        Rank& r = ranks[k];
+        BENCH_CHECK(cudaSetDevice(r.device));
+        BENCH_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+        for (int j = 0; j < inner; ++j) per_rank(r);
+        cudaGraph_t graph;
+        BENCH_CHECK(cudaStreamEndCapture(r.stream, &graph));
+        BENCH_CHECK(cudaGraphInstantiate(&execs[k], graph, 0));
+        BENCH_CHECK(cudaGraphDestroy(graph));
+      });
+    }
+    for (auto& t : threads) t.join();
+  } else {
     for (auto& r : ranks) {
       BENCH_CHECK(cudaSetDevice(r.device));
-      fn(r);
+      BENCH_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeRelaxed));
     }
-  std::vector<cudaGraphExec_t> execs(n);
-  for (size_t k = 0; k < n; ++k) {
-    BENCH_CHECK(cudaSetDevice(ranks[k].device));
-    cudaGraph_t graph;
-    BENCH_CHECK(cudaStreamEndCapture(ranks[k].stream, &graph));
-    BENCH_CHECK(cudaGraphInstantiate(&execs[k], graph, 0));
-    BENCH_CHECK(cudaGraphDestroy(graph));
+    for (int j = 0; j < inner; ++j)
+      for (auto& r : ranks) {
+        BENCH_CHECK(cudaSetDevice(r.device));
+        fn(r);
+      }
+    for (size_t k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaSetDevice(ranks[k].device));
+      cudaGraph_t graph;
+      BENCH_CHECK(cudaStreamEndCapture(ranks[k].stream, &graph));
+      BENCH_CHECK(cudaGraphInstantiate(&execs[k], graph, 0));
+      BENCH_CHECK(cudaGraphDestroy(graph));
+    }
   }
   auto replay = [&](Rank& r) {
     const size_t k = &r - ranks.data();
@@ -403,8 +424,16 @@ int main(int argc, char** argv) {
           }
         }
       };
-      nccl_us = nccl_graph ? time_graph_us(ranks, nccl_then_norm, warmup, iters, inner)
-                           : time_all_us(ranks, nccl_then_norm, warmup, iters, inner);
+      auto nccl_then_norm_one = [&](Rank& r) {
+        NormBufs& b = nb[r.device];
+        NCCL_CHECK(
+            ncclAllReduce(r.input, b.tmp, numel, nccl_type, ncclSum, comms[r.device], r.stream));
+        BENCH_CHECK(pyorch::fused_add_rms_norm(b.tmp, b.residual_b, b.weight, dtype, rows, hidden,
+                                               hidden, hidden, eps, r.stream));
+      };
+      nccl_us = nccl_graph
+                    ? time_graph_us(ranks, nccl_then_norm, warmup, iters, inner, nccl_then_norm_one)
+                    : time_all_us(ranks, nccl_then_norm, warmup, iters, inner);
 #endif
       report.add({{"op", "all_reduce_rms_norm"},
                   {"mode", mode},
@@ -440,7 +469,11 @@ int main(int argc, char** argv) {
         if (r.device == num_ranks - 1) NCCL_CHECK(ncclGroupEnd());
       };
       const uint64_t bad = check_all(ranks, nccl_all, numel, dtype);
-      nccl_us = nccl_graph ? time_graph_us(ranks, nccl_all, warmup, iters, inner)
+      auto nccl_one = [&](Rank& r) {
+        NCCL_CHECK(
+            ncclAllReduce(r.input, r.out, numel, nccl_type, ncclSum, comms[r.device], r.stream));
+      };
+      nccl_us = nccl_graph ? time_graph_us(ranks, nccl_all, warmup, iters, inner, nccl_one)
                            : time_all_us(ranks, nccl_all, warmup, iters, inner);
       if (std::find(algos.begin(), algos.end(), "nccl") != algos.end()) {
         const double algbw = bytes / (nccl_us * 1e3);
