@@ -8,7 +8,9 @@ launch finds its weight in L2; the median replay over --iters, per launch. vLLM'
 through its registered schema with arguments matched by name (its signature changes between
 releases); use_fp32_reduce and use_atomic_add as vLLM's own linear method picks them. Both
 outputs are checked against the dequantized weight (cuBLAS on the bf16 copy) before timing.
-Without vLLM importable, only pyorch's rows are printed (and the reason).
+vLLM's ops come from `import vllm._custom_ops` (which loads vllm/_C) or, when the vllm package
+does not import, from loading vllm/_C*.so directly (torch.ops.load_library) with the two small
+marlin_utils helpers done here. Without either, only pyorch's rows are printed (and why).
 """
 
 from __future__ import annotations
@@ -55,13 +57,65 @@ def _time_us(fn: Callable[[int], None], copies: int, launches: int, iters: int) 
     return statistics.median(times)
 
 
+class _OwnMarlinUtils:
+    """The three helpers this script takes from vLLM's marlin_utils, written from their documented
+    behaviour, for when vLLM's Python package does not import but its compiled ops (vllm/_C) load:
+    a zeroed int32 workspace of one lock per SM, and Marlin's scale layout (within each 64 scale
+    columns, column 8 i + j moves to 8 j + i for grouped scales; per-channel scales interleave
+    pairs of 8-column blocks)."""
+
+    @staticmethod
+    def marlin_make_workspace_new(device: torch.device) -> torch.Tensor:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return torch.zeros(sms, dtype=torch.int32, device=device)
+
+    @staticmethod
+    def marlin_permute_scales(s: torch.Tensor, size_k: int, size_n: int,
+                              group_size: int) -> torch.Tensor:
+        if 0 < group_size < size_k:
+            order = [8 * j + i for i in range(8) for j in range(8)]
+        else:
+            order = [2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)]
+        return s.reshape(-1, len(order))[:, order].reshape(-1, size_n).contiguous()
+
+
+def _load_vllm_ops() -> str:
+    """Loads vLLM's compiled ops (vllm/_C*.so, which registers torch.ops._C) without importing
+    the vllm package; returns the library's path."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("no vllm package on sys.path (PYTHONPATH=/tmp/site?)")
+    for root in spec.submodule_search_locations:
+        libs = sorted(glob.glob(f"{root}/_C*.so"))
+        if libs:
+            torch.ops.load_library(libs[0])
+            return libs[0]
+    raise ImportError(f"no vllm/_C*.so under {list(spec.submodule_search_locations)}")
+
+
 def _vllm() -> tuple[Any, str]:
+    """(marlin helpers, "") with vLLM's ops registered, or (None, why not). vLLM's own
+    `vllm._custom_ops` registers torch.ops._C by importing vllm._C (and logs, not raises, when
+    that fails); when the package itself does not import, the library is loaded directly."""
+    why = ""
     try:
-        from vllm import _custom_ops  # noqa: F401  (registers torch.ops._C)
+        from vllm import _custom_ops  # noqa: F401
         from vllm.model_executor.layers.quantization.utils import marlin_utils
+        if not hasattr(torch.ops._C, "gptq_marlin_gemm"):
+            _load_vllm_ops()
         return marlin_utils, ""
-    except Exception as e:  # noqa: BLE001 - report why and go on with pyorch alone
-        return None, f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - try the library alone, then report why
+        why = f"import vllm: {type(e).__name__}: {e}"
+    try:
+        path = _load_vllm_ops()
+        torch.ops._C.gptq_marlin_gemm.default  # noqa: B018 - raises when not registered
+        print(f"vLLM package import failed ({why}); loaded its ops from {path}", flush=True)
+        return _OwnMarlinUtils(), ""
+    except Exception as e:  # noqa: BLE001
+        return None, f"{why}; loading vllm/_C: {type(e).__name__}: {e}"
 
 
 def _vllm_gemm(mu: Any, n: int, k: int) -> tuple[Callable[..., torch.Tensor], Any, Any]:

@@ -14,6 +14,9 @@
 // graph, ours against cuBLAS bf16 (--chain-tokens; --no-chain skips it).
 // Flags: --models 8b,70b --tokens 1,2,4,8,16,32,64,128,512,2048 --launches 20 --iters 20
 //        --chain-tokens 1,8,16 --no-chain --prefetch N (L2 prefetch depth; 0: off) --json FILE
+//        --kernel stream|registers (the m <= 16 kernel)
+//        --stages N (stream ring slots per warp, 1..8) --ctas-per-sm N (the k-split's target)
+//        --pdl 0|1 (the stream kernel's PDL launch) --shapes qkv_proj,o_proj,... (default: all)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +30,7 @@
 #endif
 
 #include "common/bench_util.h"
+#include "pyorch/launch.h"
 #include "pyorch/w4a16.h"
 
 namespace {
@@ -50,6 +54,10 @@ using cublasHandle_t = void*;
 #endif
 
 constexpr int64_t kGroupSize = 128;
+
+const char* kernel_name() {
+  return pyorch::w4a16_kernel() == pyorch::W4A16Kernel::kStream ? "stream" : "registers";
+}
 
 struct Shape {
   std::string model, name;
@@ -102,7 +110,10 @@ __global__ void reference_kernel(float* out, const bf16* a, const uint32_t* b_q,
   for (int64_t kk = 0; kk < k; ++kk) {
     const int64_t kb = kk / 64, within = kk % 64, t = within / 16, kt = (within % 16) / 4;
     const int64_t j = within % 4, h = j % 2, r = (j / 2) * 2 + rlow, p = 4 * h + r;
-    const int64_t word = ((nt * (k / 64) + kb) * 32 + g * 4 + t) * 4 + kt;
+    // Tiles in groups of 4 (the last may have fewer), a group's blocks k-block-major.
+    const int64_t first = nt / 4 * 4, in_group = n / 16 - first < 4 ? n / 16 - first : 4;
+    const int64_t block = first * (k / 64) + kb * in_group + (nt - first);
+    const int64_t word = (block * 32 + g * 4 + t) * 4 + kt;
     const int q = static_cast<int>((b_q[word] >> (4 * p)) & 0xF);
     const float w = __bfloat162float(__float2bfloat16(
         static_cast<float>(q - 8) * __bfloat162float(scales[(kk / kGroupSize) * n + col])));
@@ -189,7 +200,7 @@ struct Buffers {
     fill_bf16_kernel<<<2048, 256>>>(a, size_t(max_m) * s.k, -1.f, 1.f, 8);
     out = device_alloc<bf16>(size_t(max_m) * s.n);
     chunk =
-        std::min<int64_t>(s.n, std::max<int64_t>(16, (int64_t{64} << 20) / (2 * s.k) / 16 * 16));
+        std::min<int64_t>(s.n, std::max<int64_t>(64, (int64_t{64} << 20) / (2 * s.k) / 64 * 64));
     dequant = device_alloc<bf16>(size_t(chunk) * s.k);
     workspace = device_alloc<int32_t>(size_t(s.n / pyorch::kW4A16BlockN + 1));
     BENCH_CHECK(cudaMemset(workspace, 0, (s.n / pyorch::kW4A16BlockN + 1) * sizeof(int32_t)));
@@ -297,6 +308,12 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
                    {"N", std::to_string(s.n)},
                    {"K", std::to_string(s.k)},
                    {"path", m <= pyorch::kW4A16MaxMmaRows ? "mma" : "dequant+cublas"},
+                   {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name()
+                              : m <= pyorch::kW4A16MaxMmaRows  ? "registers"
+                                                               : "dequant"},
+                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+                   {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
+                   {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
                    {"splits", std::to_string(pyorch::w4a16_num_splits(s.n, s.k))},
                    {"time_us", Report::fmt(us)},
                    {"cublas_bf16_us", Report::fmt(cublas_us)},
@@ -379,6 +396,10 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
         b.stream, std::max(5, b.iters / 2));
     b.report->add({{"op", "w4a16_decode_chain"},
                    {"model", "8b"},
+                   {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name() : "registers"},
+                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+                   {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
+                   {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
                    {"M", std::to_string(m)},
                    {"num_gemms", std::to_string(chain.size())},
                    {"weight_GB", Report::fmt(q_bytes / 1e9, 2)},
@@ -422,13 +443,26 @@ int main(int argc, char** argv) {
   b.report = &report;
   if (args.has("prefetch"))
     pyorch::set_w4a16_l2_prefetch(static_cast<int>(args.num("prefetch", 0)));
-  std::printf("device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d\n",
-              pyorch::bench::device_name().c_str(), pyorch::bench::copy_bandwidth_gbs(b.stream),
-              pyorch::w4a16_l2_prefetch());
+  if (args.has("kernel")) {
+    const auto kernel = args.strs("kernel", {"stream"});
+    pyorch::set_w4a16_kernel(kernel.at(0) == "registers" ? pyorch::W4A16Kernel::kRegisters
+                                                         : pyorch::W4A16Kernel::kStream);
+  }
+  if (args.has("stages")) pyorch::set_w4a16_stream_stages(static_cast<int>(args.num("stages", 4)));
+  if (args.has("pdl")) pyorch::set_pdl_enabled(args.num("pdl", 1) != 0);
+  if (args.has("ctas-per-sm"))
+    pyorch::set_w4a16_ctas_per_sm(static_cast<int>(args.num("ctas-per-sm", 4)));
+  std::printf(
+      "device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d ctas_per_sm=%d pdl=%d\n",
+      pyorch::bench::device_name().c_str(), pyorch::bench::copy_bandwidth_gbs(b.stream),
+      pyorch::w4a16_l2_prefetch(), kernel_name(), pyorch::w4a16_stream_stages(),
+      pyorch::w4a16_ctas_per_sm(), static_cast<int>(pyorch::pdl_enabled()));
   const auto models = args.strs("models", {"8b", "70b"});
   const auto tokens = args.list("tokens", {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048});
+  const auto shapes = args.strs("shapes", {});
   for (const Shape& s : kShapes) {
-    if (std::find(models.begin(), models.end(), s.model) != models.end()) {
+    if (std::find(models.begin(), models.end(), s.model) != models.end() &&
+        (shapes.empty() || std::find(shapes.begin(), shapes.end(), s.name) != shapes.end())) {
       bench_shape(b, s, tokens);
     }
   }

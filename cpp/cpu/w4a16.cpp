@@ -35,7 +35,7 @@ at::Tensor repack(const at::Tensor& b_q_weight, const std::optional<at::Tensor>&
       uint32_t packed = 0;
       for (int c = 0; c < 8; ++c) {
         int64_t n, k;
-        w4a16_code_coord(word, c, size_k, &n, &k);
+        w4a16_code_coord(word, c, size_k, size_n, &n, &k);
         uint32_t code;
         if (AWQ) {
           code = src[k * (size_n / 8) + n / 8] >> (4 * awq_nibble_of_column(n % 8));
@@ -61,7 +61,8 @@ void dequantize_columns(float* w, const uint32_t* b_q, const T* scales, const ui
   const int64_t kblocks = size_k / kW4A16BlockK;
   for (int64_t nt = n0 / kW4A16TileN; nt < (n0 + columns) / kW4A16TileN; ++nt) {
     for (int64_t kb = 0; kb < kblocks; ++kb) {
-      const uint32_t* block = b_q + (nt * kblocks + kb) * kW4A16WordsPerBlock;
+      const uint32_t* block =
+          b_q + w4a16_block_index(nt, kb, kblocks, size_n / kW4A16TileN) * kW4A16WordsPerBlock;
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, t = lane % 4;
         const int64_t group = (kb * kW4A16BlockK + 16 * t) / group_size;

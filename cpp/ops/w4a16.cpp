@@ -93,8 +93,10 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
                                                  size_m, size_k, a_stride, stream));
   }
   const int64_t elem = a.element_size();
-  int64_t chunk = kDequantChunkBytes / (size_k * elem) / pyorch::kW4A16TileN * pyorch::kW4A16TileN;
-  chunk = std::max(pyorch::kW4A16TileN, std::min(chunk, size_n));
+  // Whole tile groups (w4a16_dequantize's column ranges; pyorch/w4a16_layout.h).
+  int64_t chunk =
+      kDequantChunkBytes / (size_k * elem) / pyorch::kW4A16BlockN * pyorch::kW4A16BlockN;
+  chunk = std::max(pyorch::kW4A16BlockN, std::min(chunk, size_n));
   at::Tensor w = at::empty({chunk, size_k}, a.options());
   for (int64_t n0 = 0; n0 < size_n; n0 += chunk) {
     const int64_t cols = std::min(chunk, size_n - n0);

@@ -5,13 +5,22 @@
 #include "pyorch/w4a16.h"
 #include "w4a16/w4a16_gemm.cuh"
 #include "w4a16/w4a16_repack.cuh"
+#include "w4a16/w4a16_stream.cuh"
 
 namespace pyorch {
 
 namespace {
 
-// Thread blocks the k-split aims for per SM: 4 x 4 warps keep ~32 KiB of codes in flight per SM.
-constexpr int64_t kW4BlocksPerSm = 4;
+// Thread blocks the k-split aims for per SM (set_w4a16_ctas_per_sm): 4 x 4 warps keep ~32 KiB
+// of codes in flight per SM with register stages, 4 x 4 x 8 KiB with the stream kernel's rings.
+std::atomic<int> g_ctas_per_sm{4};
+// The decode kernel for m <= kW4A16StreamMaxRows (set_w4a16_kernel) and its ring depth.
+std::atomic<int> g_kernel{static_cast<int>(W4A16Kernel::kStream)};
+// H100, Llama-3-8B / 70B shapes at M = 1, 4, 16 (bench_w4a16 --stages): 2 slots beat 4 on every
+// shape (8B gate_up 42 against 65 us, 70B gate_up 149 against 228) and 8 was slowest (89, 307):
+// deeper rings cost resident thread blocks (shared memory), and the time follows the number of
+// resident warps, not the bytes in flight.
+std::atomic<int> g_stream_stages{2};
 // Fewest k-blocks (64 rows each) one split streams: shorter ones spend more on the partials.
 constexpr int64_t kW4MinBlocksPerSplit = 2;
 // k-blocks each warp keeps requested from L2 ahead of its register stages (set_w4a16_l2_prefetch).
@@ -40,7 +49,7 @@ int w4_num_sms() {
 int64_t w4_blocks_per_split(int64_t size_n, int64_t size_k) {
   const int64_t kblocks = size_k / kW4A16BlockK;
   const int64_t column_groups = (size_n + kW4A16BlockN - 1) / kW4A16BlockN;
-  const int64_t target = kW4BlocksPerSm * w4_num_sms();
+  const int64_t target = int64_t{g_ctas_per_sm.load(std::memory_order_relaxed)} * w4_num_sms();
   const int64_t splits = std::max<int64_t>(1, (target + column_groups - 1) / column_groups);
   const int64_t per_split = std::max((kblocks + splits - 1) / splits, kW4MinBlocksPerSplit);
   return std::max<int64_t>(1, std::min(kblocks, per_split));
@@ -55,6 +64,20 @@ bool w4_shape_ok(int64_t size_n, int64_t size_k) {
 void set_w4a16_l2_prefetch(int blocks) { g_prefetch_blocks.store(blocks < 0 ? 0 : blocks); }
 
 int w4a16_l2_prefetch() { return g_prefetch_blocks.load(); }
+
+void set_w4a16_kernel(W4A16Kernel kernel) { g_kernel.store(static_cast<int>(kernel)); }
+
+W4A16Kernel w4a16_kernel() { return static_cast<W4A16Kernel>(g_kernel.load()); }
+
+void set_w4a16_stream_stages(int stages) {
+  g_stream_stages.store(std::clamp(stages, 1, kernels::kW4StreamMaxStages));
+}
+
+int w4a16_stream_stages() { return g_stream_stages.load(); }
+
+void set_w4a16_ctas_per_sm(int ctas) { g_ctas_per_sm.store(std::max(ctas, 1)); }
+
+int w4a16_ctas_per_sm() { return g_ctas_per_sm.load(); }
 
 int64_t w4a16_num_splits(int64_t size_n, int64_t size_k) {
   if (!w4_shape_ok(size_n, size_k)) return 1;
@@ -110,8 +133,11 @@ cudaError_t w4a16_dequantize(void* out, const int32_t* b_q, const void* scales,
                              int64_t size_k, int64_t group_size, int64_t n_begin, int64_t n_count,
                              cudaStream_t stream) {
   if (!w4_shape_ok(size_n, size_k) || group_size <= 0 || size_k % group_size != 0 ||
-      n_begin % kW4A16TileN != 0 || n_count % kW4A16TileN != 0 || n_begin + n_count > size_n) {
-    PYORCH_INVALID("w4a16_dequantize: bad shape");
+      n_begin % kW4A16BlockN != 0 || n_count % kW4A16TileN != 0 || n_begin + n_count > size_n ||
+      (n_count % kW4A16BlockN != 0 && n_begin + n_count != size_n)) {
+    PYORCH_INVALID(
+        "w4a16_dequantize: bad shape (columns n_begin .. n_begin + n_count must be whole tile "
+        "groups of 64, the last one ending at size_n)");
   }
   if ((type == W4A16Type::kUint4) != (zeros != nullptr)) {
     PYORCH_INVALID("w4a16_dequantize: zero points go with uint4 and only with it");
@@ -177,9 +203,16 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
   p.out_stride = out_stride;
   p.blocks_per_split = static_cast<int>(w4_blocks_per_split(size_n, size_k));
   p.num_splits = static_cast<int>(w4a16_num_splits(size_n, size_k));
+  p.group_shift = (group_size & (group_size - 1)) == 0 ? __builtin_ctzll(group_size) : -1;
   p.prefetch_blocks = g_prefetch_blocks.load(std::memory_order_relaxed);
-  return PYORCH_DISPATCH_HALF_TYPES(
-      dtype, T, [&] { return kernels::launch_w4a16_gemm<T>(p, zeros != nullptr, stream); });
+  const bool stream_kernel =
+      size_m <= kW4A16StreamMaxRows &&
+      g_kernel.load(std::memory_order_relaxed) == static_cast<int>(W4A16Kernel::kStream);
+  const int stages = g_stream_stages.load(std::memory_order_relaxed);
+  return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
+    return stream_kernel ? kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, stream)
+                         : kernels::launch_w4a16_gemm<T>(p, zeros != nullptr, stream);
+  });
 }
 
 }  // namespace pyorch

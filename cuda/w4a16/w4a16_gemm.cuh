@@ -48,6 +48,7 @@ struct W4A16GemmArgs {
   int m, n, k, group_size;
   int64_t a_stride, out_stride;
   int blocks_per_split, num_splits;
+  int group_shift;      // log2(group_size) when it is a power of two, else -1
   int prefetch_blocks;  // k-blocks a warp asks L2 for beyond its register stages (0: none)
 };
 
@@ -62,6 +63,13 @@ template <typename T2>
 __device__ __forceinline__ uint32_t w4_dequant_pair(uint32_t pair, T2 bias, T2 scale) {
   T2 x = *reinterpret_cast<T2*>(&pair);
   x = __hmul2(__hsub2(x, bias), scale);  // (magic + q) - (magic + z) is exact; one rounding
+  return *reinterpret_cast<uint32_t*>(&x);
+}
+
+template <typename T2>
+__device__ __forceinline__ uint32_t w4_center_pair(uint32_t pair, T2 bias) {
+  T2 x = *reinterpret_cast<T2*>(&pair);
+  x = __hsub2(x, bias);  // (magic + q) - (magic + z) = q - z, exact
   return *reinterpret_cast<uint32_t*>(&x);
 }
 
@@ -91,12 +99,33 @@ __device__ __forceinline__ uint4 w4_load_stream(const uint4* p) {
   return v;
 }
 
-// Asks L2 for blocks [from, to) of a warp's codes (512 bytes each) with one bulk prefetch (sm_90):
-// more bytes in flight per warp without holding registers.
-__device__ __forceinline__ void w4_prefetch_blocks(const uint4* warp_codes, int from, int to) {
+// Where n-tile nt's k-blocks are (pyorch/w4a16_layout.h: tiles in groups of 4, a group's
+// blocks k-block-major): block kb of the tile at base + kb * stride (uint4 units, 32 per block);
+// group_base + kb * stride is k-block kb of the whole group (stride uint4s of contiguous codes).
+struct W4TileStream {
+  const uint4* base;
+  const uint4* group_base;
+  int stride;
+};
+
+__device__ __forceinline__ W4TileStream w4_tile_stream(const W4A16GemmArgs& p, int64_t nt,
+                                                       int kblocks) {
+  const int64_t ntiles = p.n / kW4A16TileN;
+  const int64_t first = nt / kW4A16GroupTiles * kW4A16GroupTiles;
+  const int tiles = static_cast<int>(min(ntiles - first, kW4A16GroupTiles));
+  W4TileStream s;
+  s.group_base = p.b_q + first * kblocks * 32;
+  s.base = s.group_base + (nt - first) * 32;
+  s.stride = tiles * 32;
+  return s;
+}
+
+// Asks L2 for k-blocks [from, to) of a tile group's codes (contiguous) with one bulk prefetch
+// (sm_90): more bytes in flight without holding registers.
+__device__ __forceinline__ void w4_prefetch_blocks(const W4TileStream& ts, int from, int to) {
   if (from >= to) return;
-  const uint32_t bytes = static_cast<uint32_t>(to - from) * 32 * sizeof(uint4);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(warp_codes + from * 32),
+  const uint32_t bytes = static_cast<uint32_t>(to - from) * ts.stride * sizeof(uint4);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ts.group_base + from * ts.stride),
                "r"(bytes)
                : "memory");
 }
@@ -109,21 +138,31 @@ struct W4Stage {
   uint32_t zeros;   // bits 0-3: column n_lo, 4-7: n_lo + 8 (HAS_ZEROS)
 };
 
+// The lane's two scales (rows g and g + 8 of the n-tile) and zero points of k-block kb's group
+// (everything of a stage but the codes).
+template <typename T, bool HAS_ZEROS>
+__device__ __forceinline__ void w4_load_group(const W4A16GemmArgs& p, int64_t nt, int kb, int lane,
+                                              W4Stage* s) {
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n_lo = nt * kW4A16TileN + g;
+  const int row = kb * static_cast<int>(kW4A16BlockK) + 16 * t;  // k < 2^31
+  const int64_t group = p.group_shift >= 0 ? row >> p.group_shift : row / p.group_size;
+  const uint16_t* sc = static_cast<const uint16_t*>(p.scales) + group * p.n + n_lo;
+  s->scales = static_cast<uint32_t>(__ldg(sc)) | (static_cast<uint32_t>(__ldg(sc + 8)) << 16);
+  s->zeros = 0;
+  if constexpr (HAS_ZEROS) {
+    const uint32_t* z = p.zeros + group * (p.n / 8) + nt * 2;
+    s->zeros = ((__ldg(z) >> (4 * g)) & 0xF) | (((__ldg(z + 1) >> (4 * g)) & 0xF) << 4);
+  }
+}
+
 template <typename T, bool HAS_ZEROS>
 __device__ __forceinline__ W4Stage w4_load_stage(const W4A16GemmArgs& p, int64_t nt, int kb,
                                                  int kblocks, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  const int64_t n_lo = nt * kW4A16TileN + g;
-  const int64_t group = (static_cast<int64_t>(kb) * kW4A16BlockK + 16 * t) / p.group_size;
   W4Stage s;
-  s.codes = w4_load_stream(p.b_q + ((nt * kblocks + kb) * 32 + lane));
-  const uint16_t* sc = static_cast<const uint16_t*>(p.scales) + group * p.n + n_lo;
-  s.scales = static_cast<uint32_t>(__ldg(sc)) | (static_cast<uint32_t>(__ldg(sc + 8)) << 16);
-  s.zeros = 0;
-  if constexpr (HAS_ZEROS) {
-    const uint32_t* z = p.zeros + group * (p.n / 8) + nt * 2;
-    s.zeros = ((__ldg(z) >> (4 * g)) & 0xF) | (((__ldg(z + 1) >> (4 * g)) & 0xF) << 4);
-  }
+  s.codes =
+      w4_load_stream(p.b_q + (w4a16_block_index(nt, kb, kblocks, p.n / kW4A16TileN) * 32 + lane));
+  w4_load_group<T, HAS_ZEROS>(p, nt, kb, lane, &s);
   return s;
 }
 
@@ -140,8 +179,10 @@ __device__ __forceinline__ uint16_t w4_bias_bits(int z) {
   return *reinterpret_cast<const uint16_t*>(&v);
 }
 
-// acc[mt] += a rows 8 mt .. 8 mt + 7 of k-block kb @ the stage's dequantized codes.
-template <typename T, int M_TILES, bool HAS_ZEROS>
+// acc[mt] += a rows 8 mt .. 8 mt + 7 of k-block kb @ the stage's dequantized codes; with
+// SCALED = false the codes are only centred (q - z, exact in 16 bits) and the caller applies the
+// group scale to the fp32 sums (w4a16_stream.cuh, groups of whole k-blocks).
+template <typename T, int M_TILES, bool HAS_ZEROS, bool SCALED = true>
 __device__ __forceinline__ void w4_compute_stage(const W4A16GemmArgs& p, const W4Stage& s, int kb,
                                                  int lane, float (&acc)[M_TILES][4]) {
   using T2 = typename W4Traits<T>::T2;
@@ -160,8 +201,12 @@ __device__ __forceinline__ void w4_compute_stage(const W4A16GemmArgs& p, const W
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const uint32_t pair = w4_code_pair(words[kt] >> (4 * r), W4Traits<T>::kMagic);
-      frag[kt][r] = (r % 2) ? w4_dequant_pair(pair, bias_hi, scale_hi)
-                            : w4_dequant_pair(pair, bias_lo, scale_lo);
+      if constexpr (SCALED) {
+        frag[kt][r] = (r % 2) ? w4_dequant_pair(pair, bias_hi, scale_hi)
+                              : w4_dequant_pair(pair, bias_lo, scale_lo);
+      } else {
+        frag[kt][r] = w4_center_pair(pair, (r % 2) ? bias_hi : bias_lo);
+      }
     }
   }
   const T* a = static_cast<const T*>(p.a);
@@ -210,52 +255,13 @@ __device__ __forceinline__ void w4_reduce_splits(const W4A16GemmArgs& p) {
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
-// grid (ceil(n / 64), num_splits), kW4Threads threads.
-template <typename T, int M_TILES, bool HAS_ZEROS>
-__global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmArgs p) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int64_t nt = static_cast<int64_t>(blockIdx.x) * kW4Warps + warp;
-  const int kblocks = p.k / static_cast<int>(kW4A16BlockK);
-  const int kb_begin = blockIdx.y * p.blocks_per_split;
-  const int kb_end = min(kb_begin + p.blocks_per_split, kblocks);
-  float acc[M_TILES][4] = {};
-  if (nt < p.n / kW4A16TileN) {
-    const uint4* warp_codes = p.b_q + nt * kblocks * 32;  // block kb at warp_codes + 32 kb
-    const bool prefetch = p.prefetch_blocks > 0 && lane == 0;
-    if (prefetch) {
-      w4_prefetch_blocks(warp_codes, kb_begin + kW4Stages,
-                         min(kb_begin + kW4Stages + p.prefetch_blocks, kb_end));
-    }
-    W4Stage cur[kW4Stages];
-#pragma unroll
-    for (int s = 0; s < kW4Stages; ++s) {
-      if (kb_begin + s < kb_end)
-        cur[s] = w4_load_stage<T, HAS_ZEROS>(p, nt, kb_begin + s, kblocks, lane);
-    }
-    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kW4Stages) {
-      if (prefetch) {  // keep prefetch_blocks ahead of the register stages being loaded
-        const int from = kb0 + kW4Stages + p.prefetch_blocks;
-        w4_prefetch_blocks(warp_codes, from, min(from + kW4Stages, kb_end));
-      }
-      W4Stage next[kW4Stages];
-#pragma unroll
-      for (int s = 0; s < kW4Stages; ++s) {
-        const int kb = kb0 + kW4Stages + s;
-        if (kb < kb_end) next[s] = w4_load_stage<T, HAS_ZEROS>(p, nt, kb, kblocks, lane);
-      }
-#pragma unroll
-      for (int s = 0; s < kW4Stages; ++s) {
-        if (kb0 + s < kb_end)
-          w4_compute_stage<T, M_TILES, HAS_ZEROS>(p, cur[s], kb0 + s, lane, acc);
-      }
-#pragma unroll
-      for (int s = 0; s < kW4Stages; ++s) cur[s] = next[s];
-    }
-  }
-  // acc[mt] = out rows 8 mt + 2 t (+1), columns n_lo and n_lo + 8.
+// acc[mt] = out rows 8 mt + 2 t (+1), columns n_lo and n_lo + 8: stored (no k-split) or written
+// as this split's partials and reduced by the column group's last thread block.
+template <typename T, int M_TILES>
+__device__ __forceinline__ void w4_store_or_reduce(const W4A16GemmArgs& p,
+                                                   const float (&acc)[M_TILES][4], int64_t nt,
+                                                   bool valid_tile, int g, int t) {
   const int64_t n_lo = nt * kW4A16TileN + g;
-  const bool valid_tile = nt < p.n / kW4A16TileN;
   if (p.num_splits == 1) {
     if (!valid_tile) return;
     T* out = static_cast<T*>(p.out);
@@ -281,6 +287,52 @@ __global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmA
     }
   }
   w4_reduce_splits<T>(p);
+}
+
+// grid (ceil(n / 64), num_splits), kW4Threads threads.
+template <typename T, int M_TILES, bool HAS_ZEROS>
+__global__ void __launch_bounds__(kW4Threads) w4a16_gemm_kernel(const W4A16GemmArgs p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t nt = static_cast<int64_t>(blockIdx.x) * kW4Warps + warp;
+  const int kblocks = p.k / static_cast<int>(kW4A16BlockK);
+  const int kb_begin = blockIdx.y * p.blocks_per_split;
+  const int kb_end = min(kb_begin + p.blocks_per_split, kblocks);
+  float acc[M_TILES][4] = {};
+  if (nt < p.n / kW4A16TileN) {
+    const W4TileStream ts = w4_tile_stream(p, nt, kblocks);
+    const bool prefetch = p.prefetch_blocks > 0 && lane == 0 && warp == 0;  // for the group
+    if (prefetch) {
+      w4_prefetch_blocks(ts, kb_begin + kW4Stages,
+                         min(kb_begin + kW4Stages + p.prefetch_blocks, kb_end));
+    }
+    W4Stage cur[kW4Stages];
+#pragma unroll
+    for (int s = 0; s < kW4Stages; ++s) {
+      if (kb_begin + s < kb_end)
+        cur[s] = w4_load_stage<T, HAS_ZEROS>(p, nt, kb_begin + s, kblocks, lane);
+    }
+    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kW4Stages) {
+      if (prefetch) {  // keep prefetch_blocks ahead of the register stages being loaded
+        const int from = kb0 + kW4Stages + p.prefetch_blocks;
+        w4_prefetch_blocks(ts, from, min(from + kW4Stages, kb_end));
+      }
+      W4Stage next[kW4Stages];
+#pragma unroll
+      for (int s = 0; s < kW4Stages; ++s) {
+        const int kb = kb0 + kW4Stages + s;
+        if (kb < kb_end) next[s] = w4_load_stage<T, HAS_ZEROS>(p, nt, kb, kblocks, lane);
+      }
+#pragma unroll
+      for (int s = 0; s < kW4Stages; ++s) {
+        if (kb0 + s < kb_end)
+          w4_compute_stage<T, M_TILES, HAS_ZEROS>(p, cur[s], kb0 + s, lane, acc);
+      }
+#pragma unroll
+      for (int s = 0; s < kW4Stages; ++s) cur[s] = next[s];
+    }
+  }
+  w4_store_or_reduce<T, M_TILES>(p, acc, nt, nt < p.n / kW4A16TileN, g, t);
 }
 
 template <typename T>

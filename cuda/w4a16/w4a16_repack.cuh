@@ -24,7 +24,7 @@ __global__ void w4a16_repack_kernel(uint32_t* __restrict__ out, const uint32_t* 
 #pragma unroll
   for (int p = 0; p < 8; ++p) {
     int64_t n, k;
-    w4a16_code_coord(word, p, size_k, &n, &k);
+    w4a16_code_coord(word, p, size_k, size_n, &n, &k);
     uint32_t code;
     if constexpr (AWQ) {
       code = b_q[k * (size_n / 8) + n / 8] >> (4 * awq_nibble_of_column(static_cast<int>(n % 8)));
@@ -51,7 +51,7 @@ __global__ void w4a16_dequantize_kernel(T* __restrict__ out, const uint32_t* __r
 #pragma unroll
   for (int p = 0; p < 4; ++p) {  // codes p and p + 4 are neighbours k, k + 1 of one column
     int64_t n, k;
-    w4a16_code_coord(word, p, size_k, &n, &k);
+    w4a16_code_coord(word, p, size_k, size_n, &n, &k);
     const int64_t group = k / group_size;
     const int z =
         HAS_ZEROS ? static_cast<int>((zeros[group * (size_n / 8) + n / 8] >> (4 * (n % 8))) & 0xF)

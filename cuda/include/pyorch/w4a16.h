@@ -4,9 +4,14 @@
 //
 // The tile layout ("w4 tiles"). For a weight W [size_k, size_n] (K rows = input features, N
 // columns = output features) of 4-bit codes, the packed tensor is int32 [size_n / 16,
-// size_k * 2]: for each 16-column n-tile nt and each 64-row k-block kb, 32 lanes x 4 words
-// (one uint4 per lane, 512 bytes per block). Word kt (0..3) of lane L = (g = L / 4, t = L % 4)
-// holds 8 codes; code p (bits 4p..4p+3), with r = p % 4 and h = p / 4, is the one of
+// size_k * 2] of 512-byte blocks, one per (16-column n-tile nt, 64-row k-block kb). The n-tiles
+// come in groups of 4 (64 columns, one thread block of the CUDA GEMM; the last group of a size_n
+// that is not a multiple of 64 has fewer), and a group's blocks are k-block-major: block (nt, kb)
+// is number 4 G kblocks + kb T + (nt - 4 G) for G = nt / 4 and T tiles in that group
+// (w4a16_block_index in pyorch/w4a16_layout.h), so k-block kb of the group's tiles is one
+// contiguous run. A block is 32 lanes x 4 words (one uint4 per lane). Word kt (0..3) of lane L = (g
+// = L / 4, t = L % 4) holds 8 codes; code p (bits 4p..4p+3), with r = p % 4 and h = p / 4, is the
+// one of
 //   n = 16 nt + g + 8 (r % 2),  k = 64 kb + 16 t + 4 kt + h + 2 (r / 2).
 // That is the A-fragment of mma.m16n8k16 (rows = n, columns = k) with the k order inside each
 // 64-row block permuted so that lane t's activations are 16 consecutive elements (one 32-byte
@@ -40,7 +45,9 @@ cudaError_t awq_marlin_repack(int32_t* out, const int32_t* b_q_weight, int64_t s
 
 // out [size_m, size_n] = a [size_m, size_k] @ W, W dequantized from the w4 tiles:
 //   W[k, n] = (q[k, n] - z[k / group, n]) * scales[k / group, n], rounded to dtype (z = 8 for
-//   kUint4b8), products accumulated in fp32 and rounded once.
+//   kUint4b8), products accumulated in fp32 and rounded once. (The stream kernel, m <= 16 with
+//   groups of whole 64-row blocks, multiplies exact q - z and scales each group's fp32 sum
+//   instead: W is then not rounded, which is closer to the exact product.)
 //   a:         [size_m, size_k], row stride a_stride, 16-byte aligned rows (dtype fp16/bf16)
 //   b_q:       w4 tiles [size_n / 16, size_k * 2] int32
 //   scales:    [size_k / group_size, size_n] in dtype (one row when group_size = size_k)
@@ -64,6 +71,21 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
 // A/B (bench_w4a16 --prefetch N); the default is in w4a16.cu.
 void set_w4a16_l2_prefetch(int blocks);
 int w4a16_l2_prefetch();
+
+// The kernel of gptq_marlin_gemm for m <= kW4A16StreamMaxRows: kStream (w4a16_stream.cuh: TMA
+// bulk copies of the codes into a per-warp shared-memory ring, the default) or kRegisters
+// (w4a16_gemm.cuh: register-staged loads, the kernel of every m above). Process-wide, for the
+// benchmark's A/B (bench_w4a16 --kernel stream|registers --stages N --ctas-per-sm N).
+enum class W4A16Kernel : int { kRegisters = 0, kStream = 1 };
+constexpr int64_t kW4A16StreamMaxRows = 16;
+void set_w4a16_kernel(W4A16Kernel kernel);
+W4A16Kernel w4a16_kernel();
+// Ring slots (2 KiB each) per warp of the stream kernel, 1..8 (default 2).
+void set_w4a16_stream_stages(int stages);
+int w4a16_stream_stages();
+// Thread blocks per SM the k-split aims for (default 4).
+void set_w4a16_ctas_per_sm(int ctas);
+int w4a16_ctas_per_sm();
 
 // The k-split gptq_marlin_gemm uses for a shape on the current device (1 = none) and the fp32
 // partial sums it needs (0 without a split).

@@ -5,9 +5,12 @@ A GGUF file's linear and embedding weights are kept as the file's blocks (uint8
 ops (pyorch/_ops.py):
 
 - linear layers: `ggml_mul_mat_vec_a8` for up to MMVQ_MAX_TOKENS tokens (decode),
-  `ggml_mul_mat_a8` above; a quantized type without a product kernel would be dequantized and
-  multiplied (`DEQUANT_ONLY_TYPES`, empty today: every type we load has one). Float tensors (F32,
-  F16, BF16) stay float, in the model's dtype, and use a plain matmul.
+  `ggml_mul_mat_a8` above; on the GPU above MMQ_MAX_TOKENS_CUDA tokens the blocks are instead
+  dequantized to the activations' dtype (`ggml_dequantize`, in chunks of at most
+  DEQUANT_CHUNK_BYTES) and multiplied by cuBLAS (vLLM's dequantize path); a quantized type
+  without a product kernel would be dequantized and multiplied (`DEQUANT_ONLY_TYPES`, empty
+  today: every type we load has one). Float tensors (F32, F16, BF16) stay float, in the model's
+  dtype, and use a plain matmul.
 - merged layers (qkv_proj, gate_up_proj) are built from separate GGUF tensors that may have
   different types: each shard keeps its own blocks and runs its own product, as vLLM does; when
   every shard has the same type they are joined into one tensor (one product).
@@ -57,6 +60,13 @@ PRODUCT_TYPES: dict[int, tuple[str, int, int]] = {
 DEQUANT_ONLY_TYPES: dict[int, tuple[str, int, int]] = {}
 # Up to this many tokens a product uses ggml_mul_mat_vec_a8 (vLLM's switch point).
 MMVQ_MAX_TOKENS = 8
+# Above this many tokens on CUDA: dequantize + cuBLAS instead of ggml_mul_mat_a8. On an H100
+# (bench/gguf_matmul_crossover.py, Llama-3-8B shapes, Q4_K and Q8_0, bf16) the int8-mma kernel
+# is 1.1-1.7x faster on gate_up / down up to 32 tokens (the dequantize writes 2-4x the block
+# bytes), the two tie at 64 on gate_up, and at 512 dequantize + cuBLAS is 3-7x faster.
+MMQ_MAX_TOKENS_CUDA = 32
+# The dequantized weight is made this many bytes at a time (bounds the temporary).
+DEQUANT_CHUNK_BYTES = 64 << 20
 
 _GGML_TYPE_ATTR = "ggml_type"
 
@@ -122,7 +132,26 @@ def gguf_matmul(x: torch.Tensor, shard: GGUFShard) -> torch.Tensor:
         return F.linear(x, w)
     if x.shape[0] <= MMVQ_MAX_TOKENS:
         return _ops.ggml_mul_mat_vec_a8(shard.data, x, shard.ggml_type, shard.rows)
+    if x.is_cuda and x.shape[0] > MMQ_MAX_TOKENS_CUDA:
+        return dequantize_matmul(x, shard)
     return _ops.ggml_mul_mat_a8(shard.data, x, shard.ggml_type, shard.rows)
+
+
+def dequantize_matmul(
+    x: torch.Tensor, shard: GGUFShard, chunk_bytes: int = DEQUANT_CHUNK_BYTES
+) -> torch.Tensor:
+    """x @ shard^T with the blocks dequantized to x's dtype (`ggml_dequantize`) and a plain
+    matmul (cuBLAS on the GPU), at most chunk_bytes of dequantized rows at a time."""
+    rows_per_chunk = max(1, chunk_bytes // (shard.cols * x.element_size()))
+    if rows_per_chunk >= shard.rows:
+        w = _ops.ggml_dequantize(shard.data, shard.ggml_type, shard.rows, shard.cols, x.dtype)
+        return F.linear(x, w)
+    out = torch.empty(x.shape[0], shard.rows, dtype=x.dtype, device=x.device)
+    for r0 in range(0, shard.rows, rows_per_chunk):
+        r1 = min(shard.rows, r0 + rows_per_chunk)
+        w = _ops.ggml_dequantize(shard.data[r0:r1], shard.ggml_type, r1 - r0, shard.cols, x.dtype)
+        out[:, r0:r1] = F.linear(x, w)
+    return out
 
 
 def _narrow_columns(data: torch.Tensor, ggml_type: int, start: int, size: int) -> torch.Tensor:

@@ -102,24 +102,30 @@ def test_strided_input_and_output_buffer(device: str):
     torch.testing.assert_close(c, (a.double() @ w_ref).to(dtype), **tol(dtype))
 
 
-def test_layout_is_the_documented_one():
-    """Decodes repacked codes with the formula of cuda/include/pyorch/w4a16.h."""
-    k, n = 128, 32
+@pytest.mark.parametrize("k,n", [(128, 32), (192, 80), (128, 144)])
+def test_layout_is_the_documented_one(k: int, n: int):
+    """Decodes repacked codes with the formula of cuda/include/pyorch/w4a16.h: tiles in groups of
+    4 (the last one partial for N = 80, 144), each group's blocks k-block-major."""
     codes = torch.randint(0, 16, (k, n))
     tiles = _ops.gptq_marlin_repack(ref.pack_rows(codes), None, k, n, 4)
     assert tiles.shape == (n // 16, k * 2)
     words = tiles.flatten().to(torch.int64) & 0xFFFFFFFF
     decoded = torch.full((k, n), -1, dtype=torch.int64)
-    kblocks = k // 64
-    for word in range(words.numel()):
-        kt, lane, block = word % 4, (word // 4) % 32, word // 128
-        kb, nt = block % kblocks, block // kblocks
-        g, t = lane // 4, lane % 4
-        for p in range(8):
-            r, h = p % 4, p // 4
-            row = kb * 64 + 16 * t + 4 * kt + h + 2 * (r // 2)
-            col = nt * 16 + g + 8 * (r % 2)
-            decoded[row, col] = (words[word] >> (4 * p)) & 0xF
+    kblocks, ntiles = k // 64, n // 16
+    for nt in range(ntiles):
+        first = nt // 4 * 4
+        in_group = min(4, ntiles - first)
+        for kb in range(kblocks):
+            block = first * kblocks + kb * in_group + (nt - first)
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for kt in range(4):
+                    word = words[(block * 32 + lane) * 4 + kt]
+                    for p in range(8):
+                        r, h = p % 4, p // 4
+                        row = kb * 64 + 16 * t + 4 * kt + h + 2 * (r // 2)
+                        col = nt * 16 + g + 8 * (r % 2)
+                        decoded[row, col] = (word >> (4 * p)) & 0xF
     assert torch.equal(decoded, codes)
 
 
@@ -203,6 +209,24 @@ def test_llama_shapes_cuda(fmt: str, k: int, n: int):
         if m <= 64:  # the k-split reduces in a fixed order: same bits every time
             assert torch.equal(out, _gemm(a, args, n))
     assert int(args[4].abs().sum()) == 0  # the workspace's counters are back to zero
+
+
+@cuda_only
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("group_size,dtype", [(32, torch.bfloat16), (64, torch.float16),
+                                              (-1, torch.bfloat16)])
+def test_stream_kernel_long_k_range_cuda(fmt: str, group_size: int, dtype: torch.dtype):
+    # m <= 16 runs the stream kernel (cuda/w4a16/w4a16_stream.cuh). 2200 n-tiles are enough
+    # column groups for no k-split on a 132-SM GPU, so each warp streams all 35 k-blocks: nine
+    # 4-block chunks through a 4-slot ring (it wraps twice; the last chunk is 3 blocks), group 32
+    # changes scales inside a block, per-channel (K = 2240, not a power of two) divides.
+    k, n = 2240, 16 * 2200
+    args, w_ref = _layer(k, n, group_size, fmt, dtype, "cuda", seed=3)
+    for m in [1, 5, 8, 9, 16]:
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        out = _gemm(a, args, n)
+        expected = (a.double() @ w_ref).to(dtype)
+        torch.testing.assert_close(out, expected, **tol(dtype), msg=f"M={m}")
 
 
 @cuda_only

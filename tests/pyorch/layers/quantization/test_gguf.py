@@ -96,6 +96,40 @@ def test_same_type_shards_are_joined_and_the_kernel_follows_the_token_count(monk
     assert calls == ["ggml_mul_mat_vec_a8", "ggml_mul_mat_a8"]
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.Q6_K])
+@pytest.mark.parametrize("chunk_rows", [1, 7, 48, 1000])
+def test_dequantize_matmul_in_row_chunks(qtype: Q, chunk_rows: int) -> None:
+    # The many-token GPU path: blocks dequantized to x's dtype a chunk of rows at a time (the
+    # last chunk partial for 7), then a float matmul; x is not quantized on this path.
+    rows, cols = 48, 512
+    w, wv = tensor(qtype, rows, cols, 11)
+    shard = gguf_method.GGUFShard(w, int(qtype), rows, cols)
+    x = torch.randn(MMVQ_MAX_TOKENS + 5, cols)
+    out = gguf_method.dequantize_matmul(x, shard, chunk_bytes=chunk_rows * cols * 4)
+    assert out.shape == (x.shape[0], rows) and out.dtype == x.dtype
+    check(out, x, [(wv, False)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_many_tokens_on_cuda_dequantize_and_use_cublas_above_32(monkeypatch) -> None:
+    rows, cols = 96, 256
+    w, wv = tensor(Q.Q4_K, rows, cols, 12)
+    shard = gguf_method.GGUFShard(w.cuda(), int(Q.Q4_K), rows, cols)
+    calls: list[str] = []
+    for name in ("ggml_mul_mat_vec_a8", "ggml_mul_mat_a8", "ggml_dequantize"):
+        real = getattr(_ops, name)
+        monkeypatch.setattr(
+            _ops, name, lambda *a, _n=name, _r=real: (calls.append(_n), _r(*a))[1]
+        )
+    limit = gguf_method.MMQ_MAX_TOKENS_CUDA
+    for n in (MMVQ_MAX_TOKENS, MMVQ_MAX_TOKENS + 1, limit, limit + 1, 64):
+        x = torch.randn(n, cols, device="cuda")
+        out = gguf_method.gguf_matmul(x, shard)
+        check(out.cpu(), x.cpu(), [(wv, n <= limit)])  # the int8 kernels quantize x
+    assert calls == ["ggml_mul_mat_vec_a8", "ggml_mul_mat_a8", "ggml_mul_mat_a8",
+                     "ggml_dequantize", "ggml_dequantize"]
+
+
 @pytest.mark.parametrize("tp_size", [2, 4])
 def test_tensor_parallel_shards_of_blocks(tp_size: int) -> None:
     # Column-parallel: rank r's output is columns r of the whole; row-parallel: the ranks'
