@@ -30,11 +30,13 @@ logger = logging.getLogger(__name__)
 
 ALGO_AUTO, ALGO_ONE_SHOT, ALGO_TWO_SHOT, ALGO_ONE_SHOT_PUSH = 0, 1, 2, 3
 # Per world size: (up to this many bytes, the algorithm), by increasing size; NCCL past the last.
-# 2 ranks: bench/results/NVIDIA_H100_80GB_HBM3x2/ (bench/all_reduce_cutoffs.py prints this
-# table from a bench_custom_all_reduce JSON). 4/6/8 ranks: not measured yet; the push kernel up
-# to its slot size and then two-shot up to vLLM's published Hopper limits.
+# 2 ranks: measured on 2 H100s (NVLink), CUDA-graph timings, bench/results/
+# NVIDIA_H100_80GB_HBM3x2/all_reduce_graph.json; `python bench/all_reduce_cutoffs.py
+# bench/results/NVIDIA_H100_80GB_HBM3x2/all_reduce_graph.json` prints this row.
+# 4/6/8 ranks: UNMEASURED (no 4-GPU run yet): the push kernel up to its slot size and then
+# two-shot up to vLLM's published Hopper limits.
 ALGO_LIMITS: dict[int, list[tuple[int, int]]] = {
-    2: [(256 << 10, ALGO_ONE_SHOT_PUSH)],
+    2: [(512 << 10, ALGO_ONE_SHOT_PUSH), (8192 << 10, ALGO_ONE_SHOT)],
     4: [(512 << 10, ALGO_ONE_SHOT_PUSH), (32 << 20, ALGO_TWO_SHOT)],
     6: [(512 << 10, ALGO_ONE_SHOT_PUSH)],
     8: [(256 << 10, ALGO_ONE_SHOT_PUSH)],

@@ -214,6 +214,78 @@ def test_every_rank_profiles_itself(tiny_llama, tmp_path):
         llm.llm_engine.shutdown()
 
 
+def _engine_greedy_with_calls(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    """bench/profile_gpu.py's sequence under TP: engine.step() by hand, with a collective_rpc
+    (profile start, then stop) after every step, i.e. while the async core has a step in
+    flight."""
+    engine = llm.llm_engine
+    executor = engine.engine_core.model_executor
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), {"prompt_token_ids": p}, params)
+    tokens: dict[str, list[int]] = {}
+    profiling = False
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                tokens[out.request_id] = list(out.outputs[0].token_ids)
+        replies = executor.collective_rpc("profile", (not profiling,))
+        assert len(replies) == 2
+        assert all((r is None) if not profiling else "aten::" in r for r in replies), replies
+        profiling = not profiling
+    if profiling:
+        executor.collective_rpc("profile", (False,))
+    return [tokens[str(i)] for i in range(len(prompts))]
+
+
+def test_calls_between_async_steps_keep_the_steps_outputs(tiny_llama):
+    """A collective_rpc while a step is in flight (async scheduling) gets its own answers, and
+    the step's output still reaches the scheduler: rank 0 answers the step first, and the
+    executor keeps that output for resolve (profile_gpu.py --tensor-parallel-size 2 crashed on
+    an H100 pair with update_from_output(None) before)."""
+    path, vocab = tiny_llama
+    prompts = _prompts(vocab, [5, 17])
+    llm = _llm(path, tensor_parallel_size=2, async_scheduling=True)
+    try:
+        expected = _call_with_deadline(_greedy_tokens, llm, prompts)
+        got = _call_with_deadline(_engine_greedy_with_calls, llm, prompts)
+        assert got == expected
+        assert all(len(t) == MAX_TOKENS for t in got)
+        sched = llm.llm_engine.scheduler
+        assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_usable_blocks
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def _join_watchers(executor: MultiprocExecutor) -> None:
+    for proc in executor.procs:
+        proc.wait(30)
+    for t in threading.enumerate():
+        if t.name.startswith("pyorch-worker-") and t.name.endswith("-monitor"):
+            t.join(10)
+
+
+@pytest.mark.parametrize("how", ["shutdown", "finalizer"])
+def test_an_exit_the_executor_causes_is_not_a_worker_death(tiny_llama, how, caplog):
+    """shutdown(), and the finalizer that kills the workers when the executor is dropped or the
+    interpreter exits without shutdown() (SIGKILL: exit code -9), are not reported as a worker
+    dying."""
+    path, vocab = tiny_llama
+    llm = _llm(path, tensor_parallel_size=2)
+    executor = llm.llm_engine.engine_core.model_executor
+    assert len(_call_with_deadline(_greedy_tokens, llm, _prompts(vocab, [5]))[0]) == MAX_TOKENS
+    with caplog.at_level("ERROR", logger="pyorch.executor.multiproc_executor"):
+        if how == "shutdown":
+            llm.llm_engine.shutdown()
+        else:
+            executor._finalizer()  # what atexit runs when nobody called shutdown()
+            assert [p.returncode for p in executor.procs] == [-signal.SIGKILL] * 2
+        _join_watchers(executor)
+    assert executor._failure is None
+    assert "died" not in caplog.text
+    executor.check_health()  # nothing to raise
+
+
 def test_killed_worker_fails_the_engine_with_a_clear_error(tiny_llama):
     path, vocab = tiny_llama
     llm = _llm(path, tensor_parallel_size=2)
