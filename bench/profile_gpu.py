@@ -10,6 +10,10 @@ With --phase prefill it profiles the steps that take the prompts in instead (e.g
 
 A developer's tool (the figures to report come from `pyorch bench`); with --out it writes the
 tables and a Chrome trace there.
+
+With --tensor-parallel-size N the model runs in N worker processes: each rank profiles itself
+(`Worker.profile` through the executor's collective_rpc) and the script prints rank 0's kernel
+table (and with --out writes every rank's table and trace), next to the engine's wall time.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                         default=True)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--phase", choices=("decode", "prefill"), default="decode",
                         help="decode: steady decode once every prompt is in; prefill: the steps "
@@ -44,7 +49,8 @@ def main() -> None:
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, async_scheduling=args.async_scheduling))
+        max_num_seqs=args.max_num_seqs, async_scheduling=args.async_scheduling,
+        tensor_parallel_size=args.tensor_parallel_size))
     vocab = engine.config.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
@@ -75,6 +81,9 @@ def main() -> None:
     unprofiled = (f"unprofiled, {phases['steps']} steps: wall {plain_ms:.2f} ms/step, host (CPU) "
                   f"{phases['host']:.2f} ms/step: {format_phases(phases)}")
 
+    if args.tensor_parallel_size > 1:
+        profile_workers(engine, args, plain_ms, unprofiled)
+        return
     walls = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
@@ -101,6 +110,33 @@ def main() -> None:
         with open(os.path.join(args.out, "profile_gpu.txt"), "w") as f:
             f.write(report)
         prof.export_chrome_trace(os.path.join(args.out, "profile_gpu_trace.json"))
+
+
+def profile_workers(engine: LLMEngine, args: argparse.Namespace, plain_ms: float,
+                    unprofiled: str) -> None:
+    """Every rank profiles `args.steps` steps in its worker; rank 0's table is printed."""
+    executor = engine.engine_core.model_executor
+    executor.collective_rpc("profile", (True,))
+    walls = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - start)
+    # The same call goes to every rank: each fills its rank into the trace path.
+    pattern = os.path.join(args.out, "profile_gpu_trace_rank{rank}.json") if args.out else None
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    tables = executor.collective_rpc("profile", (False, pattern))
+    wall_ms = 1e3 * sum(walls) / len(walls)
+    report = "\n".join([
+        f"TP={args.tensor_parallel_size} {args.phase}, batch {len(engine.scheduler.running)}: "
+        f"wall {wall_ms:.2f} ms/step (profiled); {unprofiled} (plain {plain_ms:.2f} ms/step)",
+        "", "== rank 0, by GPU time", tables[0]])
+    print(report)
+    if args.out:
+        for r, table in enumerate(tables):
+            with open(os.path.join(args.out, f"profile_gpu_rank{r}.txt"), "w") as f:
+                f.write(report if r == 0 else table)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ status=0
 want() { [[ ",$SETS," == *",$1,"* ]]; }
 VLLM=(python3 -m vllm.entrypoints.cli.main)
 # VLLM_EXTRA: more engine arguments for every set, e.g. "--quantization fp8 --kv-cache-dtype fp8".
+# VLLM_TP: the start-up set's tensor_parallel_size (the others take it from VLLM_EXTRA).
 # shellcheck disable=SC2206
 EXTRA=(${VLLM_EXTRA:-})
 T=${VLLM_BENCH_TIMEOUT:-400}
@@ -27,12 +28,13 @@ if want startup; then
   # Cold start to ready: a fresh process imports vLLM and builds LLM(...) with dummy weights.
   start=$(date +%s.%N)
   timeout "$T" python3 - "$MODEL" "$start" > "$OUT_DIR/vllm_startup.log" 2>&1 <<'EOF' || status=1
-import json, sys, time
+import json, os, sys, time
 model, spawn = sys.argv[1], float(sys.argv[2])
 t0 = time.time()
 from vllm import LLM
 t_import = time.time()
-llm = LLM(model, load_format="dummy", dtype="bfloat16", max_model_len=2048)
+llm = LLM(model, load_format="dummy", dtype="bfloat16", max_model_len=2048,
+          tensor_parallel_size=int(os.environ.get("VLLM_TP", "1")))
 t_ready = time.time()
 print("VLLM_STARTUP " + json.dumps({"total_s": t_ready - spawn, "import_vllm_s": t_import - t0,
                                     "llm_init_s": t_ready - t_import}), flush=True)

@@ -150,8 +150,13 @@ void custom_all_reduce(at::Tensor& out, const at::Tensor& input,
                        const std::vector<int64_t>& buffers, int64_t rank, int64_t max_bytes,
                        int64_t algo);
 void custom_all_reduce_init_buffer(at::Tensor& buffer);
+void custom_all_reduce_rms_norm(at::Tensor& out, const at::Tensor& input, at::Tensor& residual,
+                                const at::Tensor& weight, double epsilon,
+                                const std::vector<int64_t>& buffers, int64_t rank,
+                                int64_t max_bytes);
 namespace pyorch {
 int64_t custom_all_reduce_buffer_size(int64_t max_bytes);
+int64_t custom_all_reduce_push_bytes(int64_t max_bytes);
 std::string ipc_handle_of(int64_t ptr);
 int64_t ipc_open(const std::string& handle);
 void ipc_close(int64_t ptr);

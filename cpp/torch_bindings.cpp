@@ -116,13 +116,19 @@ TORCH_LIBRARY(pyorch, m) {
   // out = the sum over the ranks of each rank's input, identical on every rank. input, out: [n]
   // contiguous fp32/fp16/bf16, n * element size a multiple of 16 and <= max_bytes; buffers: the
   // address of every rank's IPC buffer in this process (own at [rank]), each of
-  // pyorch._C.custom_all_reduce_buffer_size(max_bytes) bytes; algo 0 auto, 1 one-shot, 2 two-shot.
+  // pyorch._C.custom_all_reduce_buffer_size(max_bytes) bytes; algo 0 auto, 1 one-shot, 2 two-shot,
+  // 3 one-shot push (at most pyorch._C.custom_all_reduce_push_bytes(max_bytes)).
   // Every rank calls it with the same sizes, in the same order (pyorch/distributed/).
   m.def(
       "custom_all_reduce(Tensor! out, Tensor input, int[] buffers, int rank, int max_bytes, "
       "int algo) -> ()");
   // Zeroes the signal area of a fresh buffer (uint8, on the rank's GPU), before the first call.
   m.def("custom_all_reduce_init_buffer(Tensor! buffer) -> ()");
+  // Fused: residual += all-reduce(input); out = RMSNorm(residual) * weight. input, residual, out
+  // [rows, hidden], weight [hidden]; rows * hidden * element size <= custom_all_reduce_push_bytes.
+  m.def(
+      "custom_all_reduce_rms_norm(Tensor! out, Tensor input, Tensor! residual, Tensor weight, "
+      "float epsilon, int[] buffers, int rank, int max_bytes) -> ()");
   // ---- mixture of experts (M tokens, E experts, top_k per token, H hidden) ----------------------
   // Router: softmax of gating_output [M, E] in fp32, then the top_k largest (ties to the lower
   // expert id) into topk_weights [M, top_k] fp32 and topk_indices [M, top_k] int32/int64,
@@ -320,6 +326,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("skinny_gemm_fused", c10::kCUDA, &skinny_gemm_fused);
   m.impl("custom_all_reduce", c10::kCUDA, &custom_all_reduce);
   m.impl("custom_all_reduce_init_buffer", c10::kCUDA, &custom_all_reduce_init_buffer);
+  m.impl("custom_all_reduce_rms_norm", c10::kCUDA, &custom_all_reduce_rms_norm);
   m.impl("topk_softmax", c10::kCUDA, &topk_softmax);
   m.impl("moe_sum", c10::kCUDA, &moe_sum);
   m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
@@ -371,6 +378,8 @@ PYBIND11_MODULE(_C, m) {
   // mapping a peer's handle into this process (on the current device) and unmapping it.
   m.def("custom_all_reduce_buffer_size", &pyorch::custom_all_reduce_buffer_size,
         py::arg("max_bytes"), "Bytes of one rank's custom all-reduce buffer.");
+  m.def("custom_all_reduce_push_bytes", &pyorch::custom_all_reduce_push_bytes, py::arg("max_bytes"),
+        "Largest message of the push kernels (algo 3, the fused norm).");
   m.def(
       "ipc_handle_of", [](int64_t ptr) { return py::bytes(pyorch::ipc_handle_of(ptr)); },
       py::arg("ptr"), "The CUDA IPC handle (bytes) of a cudaMalloc'd device address.");

@@ -408,11 +408,28 @@ def custom_all_reduce(
     buffers: list[int],  # [world_size] every rank's IPC buffer address in this process
     rank: int,
     max_bytes: int,  # the size the buffers were made for (input's bytes <= max_bytes)
-    algo: int = 0,  # 0 auto, 1 one-shot, 2 two-shot
+    algo: int = 0,  # 0 auto, 1 one-shot, 2 two-shot, 3 one-shot push
 ) -> None:
     """pyorch's all-reduce over CUDA-IPC buffers (CUDA only; pyorch.distributed.custom_all_reduce
     sets the buffers up)."""
     torch.ops.pyorch.custom_all_reduce(out, input, buffers, rank, max_bytes, algo)
+
+
+def custom_all_reduce_rms_norm(
+    out: torch.Tensor,  # [rows, hidden]: RMSNorm(residual) * weight
+    input: torch.Tensor,  # [rows, hidden]: this rank's partial sum
+    residual: torch.Tensor,  # [rows, hidden]: += the all-reduce of input, in place
+    weight: torch.Tensor,  # [hidden]
+    epsilon: float,
+    buffers: list[int],  # [world_size] every rank's IPC buffer address in this process
+    rank: int,
+    max_bytes: int,  # the size the buffers were made for
+) -> None:
+    """The fused all-reduce + residual add + RMSNorm (CUDA only, one kernel); the same roundings
+    as custom_all_reduce then fused_add_rms_norm."""
+    torch.ops.pyorch.custom_all_reduce_rms_norm(
+        out, input, residual, weight, epsilon, buffers, rank, max_bytes
+    )
 
 
 def custom_all_reduce_init_buffer(buffer: torch.Tensor) -> None:

@@ -56,6 +56,11 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
     "PYORCH_ENGINE_CORE_TEST_HOOKS": (
         _flag("PYORCH_ENGINE_CORE_TEST_HOOKS", False),
         "`1` lets the engine-core process accept test-only utility calls (fault injection)"),
+    "PYORCH_FUSED_ALLREDUCE_RMS_NORM": (
+        _flag("PYORCH_FUSED_ALLREDUCE_RMS_NORM", True),
+        "`0` keeps tensor parallelism's row-parallel all-reduce and the next RMSNorm as two "
+        "kernels instead of the fused all-reduce + residual add + RMSNorm (default on; for "
+        "comparisons)"),
 }
 
 # Read by setup.py at build time or by bench/ scripts (documented in the same table).

@@ -6,14 +6,27 @@
 // launch skew between GPUs is amortized), algbw_GBs = bytes / time and busbw_GBs = algbw *
 // 2 (n - 1) / n (nccl-tests' bus bandwidth), and for the kernel its speedup over NCCL at that size.
 // Every configuration first checks the result on every GPU against the exact sum.
+// --graph 1 (the default) captures the --inner calls of each GPU into a CUDA graph and times its
+// replays, as the engine's decode runs them: one host thread driving every GPU cannot launch
+// kernels as fast as they finish (about 10 us per call for two GPUs), so eager timings of small
+// messages measure the launches, for NCCL and the kernel alike. --graph 0 times eager launches.
+// NCCL's graphs are captured by one host thread per GPU (no group call); --nccl-graph 0 times
+// NCCL eagerly even in graph mode.
+// --op all_reduce_rms_norm: the fused all-reduce + residual add + RMSNorm against the custom
+// all-reduce then fused_add_rms_norm, and NCCL then fused_add_rms_norm, on [rows, --hidden]
+// messages (rows 1, 2, 4, ... up to --max-rows); every fused result is compared bit for bit with
+// the unfused one (wrong = elements that differ).
 // Flags: --ranks 2 --dtype bf16|fp16|fp32 --min-bytes 4096 --max-bytes 268435456 (x2 steps)
-//        --algos one_shot,two_shot,auto,nccl --iters 20 --inner 20 --warmup 5 --json FILE
+//        --algos one_shot_push,one_shot,two_shot,auto,nccl --iters 20 --inner 20 --warmup 5
+//        --graph 1 --nccl-graph 1 --op all_reduce|all_reduce_rms_norm --hidden 4096
+//        --max-rows 64 --json FILE
 // NCCL comes from the CUDA toolkit or the nvidia-nccl wheel (CMakeLists.txt); a build without it
 // runs the kernel alone and says so in each row (nccl_us=nan).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -21,6 +34,7 @@
 
 #include "common/bench_util.h"
 #include "pyorch/custom_all_reduce.h"
+#include "pyorch/norm.h"
 
 #ifdef PYORCH_BENCH_NCCL
 #include <nccl.h>
@@ -69,6 +83,19 @@ __global__ void check_kernel(const void* out, int64_t n, DType dtype, int num_ra
     }
     const float want = static_cast<float>(num_ranks * (i % 7) + num_ranks * (num_ranks - 1) / 2);
     if (got != want) atomicAdd(num_bad, 1ull);
+  }
+}
+
+// Counts the elements of a and b ([n] of dtype) whose bits differ.
+__global__ void diff_kernel(const void* a, const void* b, int64_t n, DType dtype,
+                            unsigned long long* num_bad) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const bool differ =
+        dtype == DType::kFloat32
+            ? static_cast<const uint32_t*>(a)[i] != static_cast<const uint32_t*>(b)[i]
+            : static_cast<const uint16_t*>(a)[i] != static_cast<const uint16_t*>(b)[i];
+    if (differ) atomicAdd(num_bad, 1ull);
   }
 }
 
@@ -132,6 +159,72 @@ double time_all_us(std::vector<Rank>& ranks, const std::function<void(Rank&)>& f
   return samples[samples.size() / 2];
 }
 
+// As time_all_us, but the `inner` calls of each rank are captured into one CUDA graph per rank
+// (all ranks' streams captured together, so collectives that need every rank inside a group
+// call can be captured too), and a sample times one replay of every rank's graph.
+// per_rank (optional): what rank r's graph records, captured by one host thread per rank
+// (NCCL: one device per thread needs no group call, and each rank's capture may wait for the
+// others); without it the ranks' `fn` calls are captured from this thread.
+double time_graph_us(std::vector<Rank>& ranks, const std::function<void(Rank&)>& fn, int warmup,
+                     int iters, int inner, const std::function<void(Rank&)>& per_rank = nullptr) {
+  for (int i = 0; i < warmup; ++i)
+    for (auto& r : ranks) {
+      BENCH_CHECK(cudaSetDevice(r.device));
+      fn(r);
+    }
+  for (auto& r : ranks) {
+    BENCH_CHECK(cudaSetDevice(r.device));
+    BENCH_CHECK(cudaStreamSynchronize(r.stream));
+  }
+  const size_t n = ranks.size();
+  std::vector<cudaGraphExec_t> execs(n);
+  if (per_rank) {
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < n; ++k) {
+      threads.emplace_back([&, k] {
+        Rank& r = ranks[k];
+        BENCH_CHECK(cudaSetDevice(r.device));
+        BENCH_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+        for (int j = 0; j < inner; ++j) per_rank(r);
+        cudaGraph_t graph;
+        BENCH_CHECK(cudaStreamEndCapture(r.stream, &graph));
+        BENCH_CHECK(cudaGraphInstantiate(&execs[k], graph, 0));
+        BENCH_CHECK(cudaGraphDestroy(graph));
+      });
+    }
+    for (auto& t : threads) t.join();
+  } else {
+    for (auto& r : ranks) {
+      BENCH_CHECK(cudaSetDevice(r.device));
+      BENCH_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeRelaxed));
+    }
+    for (int j = 0; j < inner; ++j)
+      for (auto& r : ranks) {
+        BENCH_CHECK(cudaSetDevice(r.device));
+        fn(r);
+      }
+    for (size_t k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaSetDevice(ranks[k].device));
+      cudaGraph_t graph;
+      BENCH_CHECK(cudaStreamEndCapture(ranks[k].stream, &graph));
+      BENCH_CHECK(cudaGraphInstantiate(&execs[k], graph, 0));
+      BENCH_CHECK(cudaGraphDestroy(graph));
+    }
+  }
+  auto replay = [&](Rank& r) {
+    const size_t k = &r - ranks.data();
+    BENCH_CHECK(cudaGraphLaunch(execs[k], r.stream));
+  };
+  // One replay is `inner` calls: time_all_us's per-call division by 1, then by inner here.
+  const double us = time_all_us(ranks, replay, 2, iters, 1) / inner;
+  for (size_t k = 0; k < n; ++k) {
+    BENCH_CHECK(cudaSetDevice(ranks[k].device));
+    BENCH_CHECK(cudaStreamSynchronize(ranks[k].stream));
+    BENCH_CHECK(cudaGraphExecDestroy(execs[k]));
+  }
+  return us;
+}
+
 // Runs one all-reduce of numel elements on every rank, then counts wrong outputs.
 uint64_t check_all(std::vector<Rank>& ranks, const std::function<void(Rank&)>& fn, int64_t numel,
                    DType dtype) {
@@ -174,7 +267,11 @@ int main(int argc, char** argv) {
   const int inner = static_cast<int>(args.num("inner", 20));
   const int warmup = static_cast<int>(args.num("warmup", 5));
   const std::vector<std::string> algos =
-      args.strs("algos", {"one_shot", "two_shot", "auto", "nccl"});
+      args.strs("algos", {"one_shot_push", "one_shot", "two_shot", "auto", "nccl"});
+  const bool graph = args.num("graph", 1) != 0;
+  const bool nccl_graph = graph && args.num("nccl-graph", 1) != 0;
+  const std::string op = args.str("op", "all_reduce");
+  const char* mode = graph ? "graph" : "eager";
   int device_count = 0;
   BENCH_CHECK(cudaGetDeviceCount(&device_count));
   if (!args.has("ranks") && device_count < 2) {
@@ -229,6 +326,135 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
 
+  if (op == "all_reduce_rms_norm") {
+    const int64_t hidden = args.num("hidden", 4096);
+    const int64_t max_rows = args.num("max-rows", 64);
+    const float eps = 1e-6f;
+    const size_t esize = dtype_bytes(dtype);
+    struct NormBufs {
+      void* residual_a;  // fused
+      void* residual_b;  // unfused
+      void* weight;
+      void* out;  // fused output
+      void* tmp;  // unfused: the all-reduce's output, normed in place
+    };
+    std::vector<NormBufs> nb(num_ranks);
+    const int64_t cap = max_rows * hidden * static_cast<int64_t>(esize);
+    for (int k = 0; k < num_ranks; ++k) {
+      BENCH_CHECK(cudaSetDevice(k));
+      for (void** p :
+           {&nb[k].residual_a, &nb[k].residual_b, &nb[k].weight, &nb[k].out, &nb[k].tmp}) {
+        BENCH_CHECK(cudaMalloc(p, cap));
+      }
+      // Residual and weight are the same on every rank (replicated), the input is not.
+      fill_kernel<<<1024, 256, 0, ranks[k].stream>>>(nb[k].weight, hidden, dtype, 1);
+      BENCH_CHECK(cudaStreamSynchronize(ranks[k].stream));
+    }
+    for (int64_t rows = 1; rows <= max_rows; rows *= 2) {
+      const int64_t numel = rows * hidden;
+      const int64_t bytes = numel * static_cast<int64_t>(esize);
+      if (bytes > pyorch::custom_all_reduce_push_max_bytes(max_bytes)) break;
+      auto fused = [&](Rank& r) {
+        NormBufs& b = nb[r.device];
+        BENCH_CHECK(pyorch::custom_all_reduce_rms_norm(b.out, r.input, b.residual_a, b.weight, eps,
+                                                       buffers.data(), r.device, num_ranks,
+                                                       max_bytes, dtype, rows, hidden, r.stream));
+      };
+      auto unfused = [&](Rank& r) {
+        NormBufs& b = nb[r.device];
+        BENCH_CHECK(pyorch::custom_all_reduce(b.tmp, r.input, buffers.data(), r.device, num_ranks,
+                                              max_bytes, dtype, numel, AllReduceAlgo::kAuto,
+                                              r.stream));
+        BENCH_CHECK(pyorch::fused_add_rms_norm(b.tmp, b.residual_b, b.weight, dtype, rows, hidden,
+                                               hidden, hidden, eps, r.stream));
+      };
+      // Correctness: one call of each from the same residual, compared bit for bit.
+      for (int k = 0; k < num_ranks; ++k) {
+        BENCH_CHECK(cudaSetDevice(k));
+        fill_kernel<<<256, 256, 0, ranks[k].stream>>>(nb[k].residual_a, numel, dtype, 0);
+        fill_kernel<<<256, 256, 0, ranks[k].stream>>>(nb[k].residual_b, numel, dtype, 0);
+        BENCH_CHECK(cudaStreamSynchronize(ranks[k].stream));
+      }
+      for (auto& r : ranks) {
+        BENCH_CHECK(cudaSetDevice(r.device));
+        fused(r);
+      }
+      for (auto& r : ranks) {
+        BENCH_CHECK(cudaSetDevice(r.device));
+        unfused(r);
+      }
+      uint64_t bad = 0;
+      for (int k = 0; k < num_ranks; ++k) {
+        BENCH_CHECK(cudaSetDevice(k));
+        BENCH_CHECK(
+            cudaMemsetAsync(ranks[k].num_bad, 0, sizeof(unsigned long long), ranks[k].stream));
+        diff_kernel<<<256, 256, 0, ranks[k].stream>>>(nb[k].out, nb[k].tmp, numel, dtype,
+                                                      ranks[k].num_bad);
+        diff_kernel<<<256, 256, 0, ranks[k].stream>>>(nb[k].residual_a, nb[k].residual_b, numel,
+                                                      dtype, ranks[k].num_bad);
+        unsigned long long host = 0;
+        BENCH_CHECK(cudaMemcpyAsync(&host, ranks[k].num_bad, sizeof(host), cudaMemcpyDeviceToHost,
+                                    ranks[k].stream));
+        BENCH_CHECK(cudaStreamSynchronize(ranks[k].stream));
+        bad += host;
+      }
+      auto time = [&](const std::function<void(Rank&)>& fn) {
+        return graph ? time_graph_us(ranks, fn, warmup, iters, inner)
+                     : time_all_us(ranks, fn, warmup, iters, inner);
+      };
+      const double fused_us = time(fused);
+      const double unfused_us = time(unfused);
+      double nccl_us = NAN;
+#ifdef PYORCH_BENCH_NCCL
+      auto nccl_norm = [&](Rank& r) {
+        NormBufs& b = nb[r.device];
+        if (r.device == 0) NCCL_CHECK(ncclGroupStart());
+        NCCL_CHECK(
+            ncclAllReduce(r.input, b.tmp, numel, nccl_type, ncclSum, comms[r.device], r.stream));
+        if (r.device == num_ranks - 1) NCCL_CHECK(ncclGroupEnd());
+      };
+      auto nccl_then_norm = [&](Rank& r) {
+        nccl_norm(r);
+        if (r.device == num_ranks - 1) {
+          for (auto& q : ranks) {
+            BENCH_CHECK(cudaSetDevice(q.device));
+            NormBufs& b = nb[q.device];
+            BENCH_CHECK(pyorch::fused_add_rms_norm(b.tmp, b.residual_b, b.weight, dtype, rows,
+                                                   hidden, hidden, hidden, eps, q.stream));
+          }
+        }
+      };
+      auto nccl_then_norm_one = [&](Rank& r) {
+        NormBufs& b = nb[r.device];
+        NCCL_CHECK(
+            ncclAllReduce(r.input, b.tmp, numel, nccl_type, ncclSum, comms[r.device], r.stream));
+        BENCH_CHECK(pyorch::fused_add_rms_norm(b.tmp, b.residual_b, b.weight, dtype, rows, hidden,
+                                               hidden, hidden, eps, r.stream));
+      };
+      nccl_us = nccl_graph
+                    ? time_graph_us(ranks, nccl_then_norm, warmup, iters, inner, nccl_then_norm_one)
+                    : time_all_us(ranks, nccl_then_norm, warmup, iters, inner);
+#endif
+      report.add({{"op", "all_reduce_rms_norm"},
+                  {"mode", mode},
+                  {"dtype", dtype_name},
+                  {"ranks", std::to_string(num_ranks)},
+                  {"rows", std::to_string(rows)},
+                  {"hidden", std::to_string(hidden)},
+                  {"bytes", std::to_string(bytes)},
+                  {"fused_us", Report::fmt(fused_us)},
+                  {"custom_then_norm_us", Report::fmt(unfused_us)},
+                  {"nccl_then_norm_us", std::isnan(nccl_us) ? "nan" : Report::fmt(nccl_us)},
+                  {"speedup_vs_custom_then_norm", Report::fmt(unfused_us / fused_us)},
+                  {"wrong", std::to_string(bad)},
+                  {"device", prop.name}});
+    }
+#ifdef PYORCH_BENCH_NCCL
+    for (auto& c : comms) ncclCommDestroy(c);
+#endif
+    return 0;
+  }
+
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const int64_t numel = bytes / static_cast<int64_t>(dtype_bytes(dtype));
     double nccl_us = NAN;
@@ -243,12 +469,18 @@ int main(int argc, char** argv) {
         if (r.device == num_ranks - 1) NCCL_CHECK(ncclGroupEnd());
       };
       const uint64_t bad = check_all(ranks, nccl_all, numel, dtype);
-      nccl_us = time_all_us(ranks, nccl_all, warmup, iters, inner);
+      auto nccl_one = [&](Rank& r) {
+        NCCL_CHECK(
+            ncclAllReduce(r.input, r.out, numel, nccl_type, ncclSum, comms[r.device], r.stream));
+      };
+      nccl_us = nccl_graph ? time_graph_us(ranks, nccl_all, warmup, iters, inner, nccl_one)
+                           : time_all_us(ranks, nccl_all, warmup, iters, inner);
       if (std::find(algos.begin(), algos.end(), "nccl") != algos.end()) {
         const double algbw = bytes / (nccl_us * 1e3);
         report.add({{"op", "all_reduce"},
                     {"impl", "nccl"},
                     {"algo", "nccl"},
+                    {"mode", nccl_graph ? "graph" : "eager"},
                     {"dtype", dtype_name},
                     {"ranks", std::to_string(num_ranks)},
                     {"bytes", std::to_string(bytes)},
@@ -262,22 +494,31 @@ int main(int argc, char** argv) {
 #endif
     for (const std::string& name : algos) {
       if (name == "nccl") continue;
-      const AllReduceAlgo algo = name == "one_shot"   ? AllReduceAlgo::kOneShot
-                                 : name == "two_shot" ? AllReduceAlgo::kTwoShot
-                                                      : AllReduceAlgo::kAuto;
+      const AllReduceAlgo algo = name == "one_shot"        ? AllReduceAlgo::kOneShot
+                                 : name == "two_shot"      ? AllReduceAlgo::kTwoShot
+                                 : name == "one_shot_push" ? AllReduceAlgo::kOneShotPush
+                                                           : AllReduceAlgo::kAuto;
+      if (algo == AllReduceAlgo::kOneShotPush &&
+          bytes > pyorch::custom_all_reduce_push_max_bytes(max_bytes)) {
+        continue;  // past the push slots
+      }
       auto custom = [&](Rank& r) {
         BENCH_CHECK(pyorch::custom_all_reduce(r.out, r.input, buffers.data(), r.device, num_ranks,
                                               max_bytes, dtype, numel, algo, r.stream));
       };
       const uint64_t bad = check_all(ranks, custom, numel, dtype);
-      const double us = time_all_us(ranks, custom, warmup, iters, inner);
+      const double us = graph ? time_graph_us(ranks, custom, warmup, iters, inner)
+                              : time_all_us(ranks, custom, warmup, iters, inner);
       const double algbw = bytes / (us * 1e3);
       const AllReduceAlgo picked =
           algo == AllReduceAlgo::kAuto ? pyorch::custom_all_reduce_pick(bytes, num_ranks) : algo;
       report.add({{"op", "all_reduce"},
                   {"impl", "custom"},
                   {"algo", name},
-                  {"picked", picked == AllReduceAlgo::kOneShot ? "one_shot" : "two_shot"},
+                  {"picked", picked == AllReduceAlgo::kOneShot       ? "one_shot"
+                             : picked == AllReduceAlgo::kOneShotPush ? "one_shot_push"
+                                                                     : "two_shot"},
+                  {"mode", mode},
                   {"dtype", dtype_name},
                   {"ranks", std::to_string(num_ranks)},
                   {"bytes", std::to_string(bytes)},

@@ -17,7 +17,7 @@ from typing import Any
 
 DECODE_SIZES = (16 << 10, 256 << 10)
 DECODE_SPEEDUP = 1.5
-IMPLS = ("nccl", "one_shot", "two_shot", "auto")
+IMPLS = ("nccl", "one_shot_push", "one_shot", "two_shot", "auto")
 
 
 def series(rows: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, float]]]:

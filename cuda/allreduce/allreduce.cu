@@ -8,11 +8,10 @@ namespace pyorch {
 
 namespace {
 
-// NOTE(tp): one-shot reads every peer's whole message; with two ranks that is the same remote
-// traffic as two-shot and one barrier fewer, so two ranks always take one-shot. With more ranks
-// two-shot reads (2 / world_size) of the message remotely instead of (world_size - 1) / world_size
-// per rank; the crossover below is vLLM's published one for NVLink H100s, to be re-measured with
-// bench/cpp/bench_custom_all_reduce.cu.
+// NOTE(tp): kAuto is a default for callers without a measured table (pyorch.distributed's
+// CustomAllreduce passes the algorithm it measured best, bench/all_reduce_cutoffs.py): push
+// one-shot while the message fits the push slots, then pull one-shot (two ranks: the same remote
+// traffic as two-shot and one barrier fewer) or two-shot past kOneShotMaxBytes.
 constexpr int64_t kOneShotMaxBytes = 256 << 10;
 
 template <int NRANKS>
@@ -28,10 +27,16 @@ cudaError_t dispatch_dtype(const kernels::RankBuffers& bufs, int rank, const voi
 }  // namespace
 
 size_t custom_all_reduce_buffer_bytes(int64_t max_bytes) {
-  return static_cast<size_t>(kernels::kAllReduceSignalBytes + 2 * max_bytes);
+  return static_cast<size_t>(kernels::kAllReduceSignalBytes + 2 * max_bytes +
+                             2 * kCustomAllReduceMaxRanks * kernels::push_slot_bytes(max_bytes));
+}
+
+int64_t custom_all_reduce_push_max_bytes(int64_t max_bytes) {
+  return kernels::push_slot_bytes(max_bytes);
 }
 
 AllReduceAlgo custom_all_reduce_pick(int64_t bytes, int world_size) {
+  if (bytes <= kernels::kPushMaxBytes) return AllReduceAlgo::kOneShotPush;
   return (world_size == 2 || bytes <= kOneShotMaxBytes) ? AllReduceAlgo::kOneShot
                                                         : AllReduceAlgo::kTwoShot;
 }
@@ -65,6 +70,11 @@ cudaError_t custom_all_reduce(void* out, const void* input, void* const* buffers
   }
   if (bytes == 0) return cudaSuccess;
   if (algo == AllReduceAlgo::kAuto) algo = custom_all_reduce_pick(bytes, world_size);
+  if (algo == AllReduceAlgo::kOneShotPush && bytes > kernels::push_slot_bytes(max_bytes)) {
+    PYORCH_INVALID("custom_all_reduce: %lld bytes exceed the push slots (%lld bytes)",
+                   static_cast<long long>(bytes),
+                   static_cast<long long>(kernels::push_slot_bytes(max_bytes)));
+  }
   kernels::RankBuffers bufs{};
   for (int r = 0; r < world_size; ++r) bufs.ptr[r] = static_cast<char*>(buffers[r]);
   const int64_t num_packs = bytes / static_cast<int64_t>(sizeof(kernels::Pack));
@@ -79,6 +89,70 @@ cudaError_t custom_all_reduce(void* out, const void* input, void* const* buffers
       return dispatch_dtype<8>(bufs, rank, input, out, dtype, num_packs, max_bytes, algo, stream);
     default:
       PYORCH_INVALID("custom_all_reduce: unsupported world size %d (2, 4, 6 or 8)", world_size);
+  }
+}
+
+namespace {
+
+template <int NRANKS>
+cudaError_t dispatch_norm_dtype(const kernels::RankBuffers& bufs, int rank, const void* input,
+                                void* residual, const void* weight, void* out, float eps,
+                                DType dtype, int64_t num_rows, int64_t row_packs, int64_t max_bytes,
+                                cudaStream_t stream) {
+  return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    return kernels::launch_all_reduce_rms_norm<T, NRANKS>(
+        bufs, rank, input, residual, weight, out, num_rows, row_packs, eps, max_bytes, stream);
+  });
+}
+
+}  // namespace
+
+cudaError_t custom_all_reduce_rms_norm(void* out, const void* input, void* residual,
+                                       const void* weight, float eps, void* const* buffers,
+                                       int rank, int world_size, int64_t max_bytes, DType dtype,
+                                       int64_t num_rows, int64_t hidden, cudaStream_t stream) {
+  if (world_size < 2 || world_size > kCustomAllReduceMaxRanks || rank < 0 || rank >= world_size) {
+    PYORCH_INVALID("custom_all_reduce_rms_norm: rank %d of world size %d (2..%d ranks)", rank,
+                   world_size, kCustomAllReduceMaxRanks);
+  }
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+    PYORCH_INVALID("custom_all_reduce_rms_norm: unsupported dtype %s", dtype_name(dtype));
+  }
+  const int64_t elem_bytes = dtype == DType::kFloat32 ? 4 : 2;
+  const int64_t row_bytes = hidden * elem_bytes;
+  const int64_t pack = static_cast<int64_t>(sizeof(kernels::Pack));
+  if (num_rows < 0 || hidden <= 0 || row_bytes % pack != 0 || row_bytes > kFusedNormMaxRowBytes ||
+      num_rows * row_bytes > kernels::push_slot_bytes(max_bytes)) {
+    PYORCH_INVALID(
+        "custom_all_reduce_rms_norm: %lld rows of %lld bytes (rows a multiple of 16 bytes, at "
+        "most %lld; at most %lld bytes in all)",
+        static_cast<long long>(num_rows), static_cast<long long>(row_bytes),
+        static_cast<long long>(kFusedNormMaxRowBytes),
+        static_cast<long long>(kernels::push_slot_bytes(max_bytes)));
+  }
+  for (const void* p :
+       {static_cast<const void*>(out), input, static_cast<const void*>(residual), weight}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      PYORCH_INVALID("custom_all_reduce_rms_norm: tensors must be 16-byte aligned");
+    }
+  }
+  if (num_rows == 0) return cudaSuccess;
+  kernels::RankBuffers bufs{};
+  for (int r = 0; r < world_size; ++r) bufs.ptr[r] = static_cast<char*>(buffers[r]);
+  const int64_t row_packs = row_bytes / pack;
+  switch (world_size) {
+#define PYORCH_CASE(N)                                                                            \
+  case N:                                                                                         \
+    return dispatch_norm_dtype<N>(bufs, rank, input, residual, weight, out, eps, dtype, num_rows, \
+                                  row_packs, max_bytes, stream);
+    PYORCH_CASE(2)
+    PYORCH_CASE(4)
+    PYORCH_CASE(6)
+    PYORCH_CASE(8)
+#undef PYORCH_CASE
+    default:
+      PYORCH_INVALID("custom_all_reduce_rms_norm: unsupported world size %d (2, 4, 6 or 8)",
+                     world_size);
   }
 }
 

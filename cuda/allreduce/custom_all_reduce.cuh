@@ -1,25 +1,39 @@
-// Custom all-reduce kernels: one-shot and two-shot over CUDA-IPC-mapped buffers, with per-block
-// flag barriers. See cuda/include/pyorch/custom_all_reduce.h for the contract.
+// Custom all-reduce kernels over CUDA-IPC-mapped buffers, with per-block flag barriers. See
+// cuda/include/pyorch/custom_all_reduce.h for the contract.
 //
-// Each rank's buffer: [Signal][message buffer 0][message buffer 1], each message buffer
-// max_bytes. A call runs one kernel per rank with the same grid on every rank. Block b of each
-// rank copies its part of the input into the rank's message buffer, then meets block b of every
-// other rank at a barrier, then reads the peers' buffers. Only block b's of the ranks wait for
-// each other, so every block reads exactly the elements the peers' block b wrote (the index
-// mapping is the same on every rank).
+// Each rank's buffer: [Signal][message buffer 0][message buffer 1][push area 0][push area 1].
+// A message buffer is max_bytes; a push area holds one slot of push_bytes (min(max_bytes,
+// kPushMaxBytes)) per source rank. A call runs one kernel per rank with the same grid on every
+// rank, and only block b of every rank meet at a barrier, so the index mapping (the same on every
+// rank) decides which elements each barrier covers.
 //
-// Why no barrier at the end: consecutive calls alternate between the two message buffers (the
-// parity of the call counter kept in the rank's own Signal, one copy per block slot, all equal
-// between calls; device memory, so CUDA-graph replays alternate too). A rank overwrites buffer p at
-// call n + 2 only after its call n + 1 passed its start barrier, so every peer had started call n +
-// 1, so (stream order) every peer's call n, the last reader of buffer p, had finished. Flags are
-// call numbers compared with `>=` (in wrapping arithmetic), so a fast rank's next flag cannot hide
-// the current one from a slow peer.
+// - one-shot push (kOneShotPush, and the fused all-reduce + residual add + RMSNorm): block b
+//   stores its part of the input straight into its slot of every rank's push area (remote
+//   stores are posted: no round trip), meets block b of every rank, then sums the slots of its
+//   own push area with local loads. One NVLink crossing per call.
+// - one-shot pull (kOneShot): block b copies its part into its own message buffer, meets the
+//   peers, then loads the peers' buffers (a remote round trip per load).
+// - two-shot (kTwoShot): as pull, but rank q reduces partition q and the peers gather it after a
+//   second barrier (bandwidth-bound sizes, more than two ranks).
+//
+// The barrier is one release store per peer after __syncthreads (the release is cumulative: it
+// publishes every write the block made before the __syncthreads, local or remote) and an acquire
+// spin on the own flags; no per-thread __threadfence_system.
+//
+// Why no barrier at the end: consecutive calls alternate between the two message buffers and the
+// two push areas (the parity of the call counter kept in the rank's own Signal, one copy per
+// block slot, all equal between calls; device memory, so CUDA-graph replays alternate too). A
+// rank writes buffer p (its own, or a peer's push slot) at call n + 2 only after its call n + 1
+// passed its start barrier in block 0, so every peer had started call n + 1, so (stream order)
+// every peer's call n, the last reader of buffer p, had finished. Flags are call numbers compared
+// with `>=` (in wrapping arithmetic), so a fast rank's next flag cannot hide the current one from
+// a slow peer.
 #pragma once
 
 #include <cstdint>
 
 #include "common/dtype.cuh"
+#include "common/reduce.cuh"
 #include "pyorch/custom_all_reduce.h"
 
 namespace pyorch::kernels {
@@ -27,6 +41,8 @@ namespace pyorch::kernels {
 constexpr int kAllReduceMaxBlocks = 64;     // signal slots; the launch uses at most this many
 constexpr int kAllReduceLaunchBlocks = 36;  // blocks a call launches at most
 constexpr int kAllReduceThreads = 512;
+// Largest message the push kernels take (each rank's push areas: 2 x 8 slots of this).
+constexpr int64_t kPushMaxBytes = 512 << 10;
 
 struct alignas(128) AllReduceSignal {
   uint32_t start[kAllReduceMaxBlocks][kCustomAllReduceMaxRanks];  // written by peers
@@ -34,6 +50,10 @@ struct alignas(128) AllReduceSignal {
   uint32_t counter[kAllReduceMaxBlocks];                          // own: calls made by block b
 };
 constexpr int64_t kAllReduceSignalBytes = (sizeof(AllReduceSignal) + 255) / 256 * 256;
+
+__host__ __device__ __forceinline__ int64_t push_slot_bytes(int64_t max_bytes) {
+  return max_bytes < kPushMaxBytes ? max_bytes : kPushMaxBytes;
+}
 
 // Every rank's buffer base as mapped in this process, passed by value (graph-capture safe).
 struct RankBuffers {
@@ -51,11 +71,12 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* addr) {
 }
 
 // Block b of this rank meets block b of every rank. slots(signal) picks the flag row (start or
-// mid). The writes before it are made visible system-wide first.
+// mid). Every write the block made before it (own buffer or a peer's) is visible to the peers
+// after it: the __syncthreads orders them before the release store of thread `peer`, and a
+// release is cumulative.
 template <int NRANKS, typename Slots>
 __device__ __forceinline__ void block_barrier(const RankBuffers& bufs, int rank, uint32_t flag,
                                               Slots slots) {
-  __threadfence_system();
   __syncthreads();
   if (threadIdx.x < NRANKS) {
     auto* peer = reinterpret_cast<AllReduceSignal*>(bufs.ptr[threadIdx.x]);
@@ -100,6 +121,14 @@ __device__ __forceinline__ Pack* message(const RankBuffers& bufs, int r, uint32_
   return reinterpret_cast<Pack*>(bufs.ptr[r] + kAllReduceSignalBytes + (flag & 1) * max_bytes);
 }
 
+// The slot of source rank `src` in rank r's push area of this call's parity.
+__device__ __forceinline__ Pack* push_slot(const RankBuffers& bufs, int r, int src, uint32_t flag,
+                                           int64_t max_bytes) {
+  const int64_t slot = push_slot_bytes(max_bytes);
+  return reinterpret_cast<Pack*>(bufs.ptr[r] + kAllReduceSignalBytes + 2 * max_bytes +
+                                 ((flag & 1) * kCustomAllReduceMaxRanks + src) * slot);
+}
+
 // The sum of pack idx over all ranks, in rank order (the same bits on every rank).
 template <typename T, int NRANKS>
 __device__ __forceinline__ Pack sum_ranks(const RankBuffers& bufs, uint32_t flag, int64_t max_bytes,
@@ -109,6 +138,26 @@ __device__ __forceinline__ Pack sum_ranks(const RankBuffers& bufs, uint32_t flag
 #pragma unroll
   for (int r = 1; r < NRANKS; ++r) acc.add(message(bufs, r, flag, max_bytes)[idx]);
   return acc.get();
+}
+
+// The same sum from this rank's push area (local loads): slot r holds rank r's input.
+template <typename T, int NRANKS>
+__device__ __forceinline__ void sum_pushed(PackAcc<T>& acc, const RankBuffers& bufs, int rank,
+                                           uint32_t flag, int64_t max_bytes, int64_t idx) {
+  acc.set(push_slot(bufs, rank, 0, flag, max_bytes)[idx]);
+#pragma unroll
+  for (int r = 1; r < NRANKS; ++r) acc.add(push_slot(bufs, rank, r, flag, max_bytes)[idx]);
+}
+
+// Stores pack idx of this rank's input into its slot of every rank's push area.
+template <int NRANKS>
+__device__ __forceinline__ void push_to_all(const RankBuffers& bufs, int rank, uint32_t flag,
+                                            int64_t max_bytes, int64_t idx, const Pack& value) {
+#pragma unroll
+  for (int q = 0; q < NRANKS; ++q) {
+    const int r = (rank + q) % NRANKS;  // spread the ranks' stores over the peers
+    push_slot(bufs, r, rank, flag, max_bytes)[idx] = value;
+  }
 }
 
 __device__ __forceinline__ uint32_t next_flag(const RankBuffers& bufs, int rank) {
@@ -126,6 +175,27 @@ __device__ __forceinline__ void finish_call(const RankBuffers& bufs, int rank, u
       self->counter[b] = flag;
     }
   }
+}
+
+template <typename T, int NRANKS>
+__global__ void __launch_bounds__(kAllReduceThreads)
+    one_shot_push_all_reduce_kernel(RankBuffers bufs, int rank,
+                                    const Pack* input,  // [num_packs]
+                                    Pack* out,          // [num_packs]
+                                    int64_t num_packs, int64_t max_bytes) {
+  const uint32_t flag = next_flag(bufs, rank);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = first; i < num_packs; i += stride) {
+    push_to_all<NRANKS>(bufs, rank, flag, max_bytes, i, input[i]);
+  }
+  block_barrier<NRANKS>(bufs, rank, flag, [](AllReduceSignal* s) { return s->start[blockIdx.x]; });
+  for (int64_t i = first; i < num_packs; i += stride) {
+    PackAcc<T> acc;
+    sum_pushed<T, NRANKS>(acc, bufs, rank, flag, max_bytes, i);
+    out[i] = acc.get();
+  }
+  finish_call(bufs, rank, flag);
 }
 
 template <typename T, int NRANKS>
@@ -188,6 +258,82 @@ __global__ void __launch_bounds__(kAllReduceThreads)
   finish_call(bufs, rank, flag);
 }
 
+// Fused all-reduce + residual add + RMSNorm, one-shot push. Block b handles rows b, b + grid,
+// ...; a row is row_packs packs, each thread holds up to kFusedNormPacks of them in registers.
+// Per element, the same roundings as custom all-reduce then fused_add_rms_norm
+// (cuda/norm/rms_norm.cuh): sum = T(sum over ranks, fp32, rank order); residual = T(sum +
+// residual); out = T(T(residual * inv_rms) * weight), with inv_rms from the fp32 squares of the
+// rounded residual.
+constexpr int kFusedNormThreads = 512;
+constexpr int kFusedNormPacks = 4;
+static_assert(kFusedNormMaxRowBytes == kFusedNormThreads * kFusedNormPacks * sizeof(uint4),
+              "the row limit of the C API is what one block holds in registers");
+
+template <typename T, int NRANKS>
+__global__ void __launch_bounds__(kFusedNormThreads)
+    all_reduce_rms_norm_kernel(RankBuffers bufs, int rank,
+                               const Pack* input,   // [num_rows, row_packs]: this rank's partial
+                               Pack* residual,      // [num_rows, row_packs], updated in place
+                               const Pack* weight,  // [row_packs]
+                               Pack* out,           // [num_rows, row_packs]
+                               int64_t num_rows, int64_t row_packs, float eps, int64_t max_bytes) {
+  constexpr int kElems = PackAcc<T>::kElems;
+  const uint32_t flag = next_flag(bufs, rank);
+  for (int64_t row = blockIdx.x; row < num_rows; row += gridDim.x) {
+    for (int64_t j = threadIdx.x; j < row_packs; j += blockDim.x) {
+      const int64_t idx = row * row_packs + j;
+      push_to_all<NRANKS>(bufs, rank, flag, max_bytes, idx, input[idx]);
+    }
+  }
+  block_barrier<NRANKS>(bufs, rank, flag, [](AllReduceSignal* s) { return s->start[blockIdx.x]; });
+  const float hidden = static_cast<float>(row_packs * kElems);
+  for (int64_t row = blockIdx.x; row < num_rows; row += gridDim.x) {
+    Pack kept[kFusedNormPacks];
+    float sum_sq = 0.f;
+#pragma unroll
+    for (int k = 0; k < kFusedNormPacks; ++k) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (j < row_packs) {
+        const int64_t idx = row * row_packs + j;
+        PackAcc<T> acc;
+        sum_pushed<T, NRANKS>(acc, bufs, rank, flag, max_bytes, idx);
+        const Pack reduced = acc.get();
+        const Pack res = residual[idx];
+        const T* a = reinterpret_cast<const T*>(&reduced);
+        const T* r = reinterpret_cast<const T*>(&res);
+        T* s = reinterpret_cast<T*>(&kept[k]);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) {
+          s[e] = from_float<T>(to_float(a[e]) + to_float(r[e]));
+          const float f = to_float(s[e]);
+          sum_sq += f * f;
+        }
+        residual[idx] = kept[k];
+      }
+    }
+    sum_sq = block_reduce_sum<kFusedNormThreads>(sum_sq);
+    const float inv_rms = rsqrtf(sum_sq / hidden + eps);
+#pragma unroll
+    for (int k = 0; k < kFusedNormPacks; ++k) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (j < row_packs) {
+        const Pack w = weight[j];
+        const T* wv = reinterpret_cast<const T*>(&w);
+        const T* s = reinterpret_cast<const T*>(&kept[k]);
+        Pack o;
+        T* ov = reinterpret_cast<T*>(&o);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) {
+          const float normed = to_float(from_float<T>(to_float(s[e]) * inv_rms));
+          ov[e] = from_float<T>(normed * to_float(wv[e]));
+        }
+        out[row * row_packs + j] = o;
+      }
+    }
+  }
+  finish_call(bufs, rank, flag);
+}
+
 inline int all_reduce_blocks(int64_t work) {
   const int64_t blocks = (work + kAllReduceThreads - 1) / kAllReduceThreads;
   return static_cast<int>(
@@ -200,7 +346,11 @@ cudaError_t launch_custom_all_reduce(const RankBuffers& bufs, int rank, const vo
                                      AllReduceAlgo algo, cudaStream_t stream) {
   const auto* in = static_cast<const Pack*>(input);
   auto* o = static_cast<Pack*>(out);
-  if (algo == AllReduceAlgo::kOneShot) {
+  if (algo == AllReduceAlgo::kOneShotPush) {
+    one_shot_push_all_reduce_kernel<T, NRANKS>
+        <<<all_reduce_blocks(num_packs), kAllReduceThreads, 0, stream>>>(bufs, rank, in, o,
+                                                                         num_packs, max_bytes);
+  } else if (algo == AllReduceAlgo::kOneShot) {
     one_shot_all_reduce_kernel<T, NRANKS>
         <<<all_reduce_blocks(num_packs), kAllReduceThreads, 0, stream>>>(bufs, rank, in, o,
                                                                          num_packs, max_bytes);
@@ -210,6 +360,20 @@ cudaError_t launch_custom_all_reduce(const RankBuffers& bufs, int rank, const vo
         <<<all_reduce_blocks(part), kAllReduceThreads, 0, stream>>>(bufs, rank, in, o, num_packs,
                                                                     part, max_bytes);
   }
+  return cudaGetLastError();
+}
+
+template <typename T, int NRANKS>
+cudaError_t launch_all_reduce_rms_norm(const RankBuffers& bufs, int rank, const void* input,
+                                       void* residual, const void* weight, void* out,
+                                       int64_t num_rows, int64_t row_packs, float eps,
+                                       int64_t max_bytes, cudaStream_t stream) {
+  const int grid =
+      static_cast<int>(num_rows < kAllReduceLaunchBlocks ? num_rows : kAllReduceLaunchBlocks);
+  all_reduce_rms_norm_kernel<T, NRANKS><<<grid, kFusedNormThreads, 0, stream>>>(
+      bufs, rank, static_cast<const Pack*>(input), static_cast<Pack*>(residual),
+      static_cast<const Pack*>(weight), static_cast<Pack*>(out), num_rows, row_packs, eps,
+      max_bytes);
   return cudaGetLastError();
 }
 

@@ -62,6 +62,18 @@ class GroupCoordinator:
         dist.all_reduce(out, group=self.group)
         return out
 
+    def all_reduce_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> Optional[torch.Tensor]:
+        """The custom communicator's fused all-reduce + residual add + RMSNorm (residual updated
+        in place, the normed output returned), or None where it does not take x: then nothing
+        has happened and the caller reduces and norms separately."""
+        comm = self.device_communicator
+        if self.world_size == 1 or comm is None or not x.is_cuda:
+            return None
+        out: Optional[torch.Tensor] = comm.all_reduce_rms_norm(x, residual, weight, eps)
+        return out
+
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenation along `dim` of every rank's x (same shape on every rank), rank order."""
         if self.world_size == 1:

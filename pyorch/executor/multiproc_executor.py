@@ -11,7 +11,13 @@ if step N + 1 has not arrived yet, else it launches N + 1 first.
 
 Failure: a thread per worker waits on its process; when one exits, every wait of the engine
 core on the queues raises `WorkerDiedError` naming the rank, its exit code and its last error,
-and the other workers are killed. Workers exit when the engine core's process is gone.
+and the other workers are killed. Workers exit when the engine core's process is gone. Exits
+the executor causes itself (shutdown(), or the finalizer that kills the workers when the
+executor is dropped or the interpreter exits without shutdown()) are not reported as deaths.
+
+A call (`collective_rpc`) may come while steps are in flight (async scheduling): the workers
+answer those steps first, so rank 0's step outputs that arrive ahead of the call's answer are
+kept for `resolve`, in order.
 
 Workers are started with subprocess (not multiprocessing): the serving engine core is a daemon
 process, which multiprocessing forbids to have children.
@@ -29,6 +35,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -50,6 +57,10 @@ class WorkerDiedError(RuntimeError):
     """A worker process exited while the engine needed it."""
 
 
+# How long a wait on a shared-memory queue spins before it sleeps, on GPUs (a core per process).
+_GPU_SPIN_S = 0.05
+
+
 def get_open_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -68,27 +79,33 @@ class MultiprocExecutor(Executor):
         self._failure: Optional[str] = None
         self._failed_rank: Optional[int] = None
         self._closed = False
+        # Set before any exit the executor causes itself (shutdown, the finalizer): the watcher
+        # threads then do not report it as a worker death.
+        self._stopping = threading.Event()
+        # Rank 0's outputs of launched steps that a collective_rpc read ahead of its own answer.
+        self._early_outputs: deque[ModelRunnerOutput] = deque()
         on_gpu = config.model_config.device.startswith("cuda")
         self.broadcast = ShmBroadcastQueue.create(self.world_size)
         self.replies = [ShmBroadcastQueue.create(1, num_slots=4, reader_rank=0)
                         for _ in range(self.world_size)]
         for q in (self.broadcast, *self.replies):
             q.check = self.check_health
-            # A GPU step takes milliseconds: spin briefly rather than oversleep. On the CPU the
-            # workers need every core.
-            q.spin_s = 1e-3 if on_gpu else 0.0
+            # A GPU step takes milliseconds: spin through one rather than oversleep (past the
+            # spin the sleeps grow to 1 ms, so a wait of a few ms could overshoot by ~0.5 ms: a
+            # decode step's worth of latency at batch 1). On the CPU the workers need every core.
+            q.spin_s = _GPU_SPIN_S if on_gpu else 0.0
         init_method = f"tcp://127.0.0.1:{get_open_port()}"
         self.procs: list[subprocess.Popen] = []
         try:
             for rank in range(self.world_size):
                 self.procs.append(self._start_worker(rank, init_method, on_gpu))
         except BaseException:
-            _release(self.procs, [self.broadcast, *self.replies])
+            _release(self.procs, [self.broadcast, *self.replies], self._stopping)
             raise
         # Kills the workers and frees the shared memory if the executor is dropped (or the
         # interpreter exits) without shutdown().
         self._finalizer = weakref.finalize(self, _release, self.procs,
-                                           [self.broadcast, *self.replies])
+                                           [self.broadcast, *self.replies], self._stopping)
         for rank, proc in enumerate(self.procs):
             threading.Thread(target=self._watch, args=(rank, proc), daemon=True,
                              name=f"pyorch-worker-{rank}-monitor").start()
@@ -100,7 +117,7 @@ class MultiprocExecutor(Executor):
             "config": self.config, "rank": rank, "local_rank": rank,
             "distributed_init_method": init_method, "broadcast": self.broadcast.handle(),
             "reply": self.replies[rank].handle(), "parent_pid": os.getpid(),
-            "spin_s": 1e-3 if on_gpu else 0.0,
+            "spin_s": _GPU_SPIN_S if on_gpu else 0.0,
         }
         # The workers import the same pyorch as this process (a checkout, or the installed one).
         root = os.path.dirname(os.path.dirname(os.path.abspath(pyorch.__file__)))
@@ -116,7 +133,7 @@ class MultiprocExecutor(Executor):
     # ---- health -------------------------------------------------------------------------------
     def _watch(self, rank: int, proc: subprocess.Popen) -> None:
         code = proc.wait()
-        if self._closed or self._failure is not None:
+        if self._stopping.is_set() or self._failure is not None:
             return
         self._failure = f"worker rank {rank} (pid {proc.pid}) died with exit code {code}"
         self._failed_rank = rank
@@ -169,6 +186,9 @@ class MultiprocExecutor(Executor):
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         self.check_health()
         self.broadcast.enqueue((_RPC, method, args))
+        # Steps launched before the call are answered (by rank 0) before it: keep their outputs.
+        while self._resolved + len(self._early_outputs) < self._launched:
+            self._early_outputs.append(self._reply(0))
         return [self._reply(rank) for rank in range(self.world_size)]
 
     def execute_model(self, scheduler_output: SchedulerOutput,
@@ -185,7 +205,7 @@ class MultiprocExecutor(Executor):
             raise RuntimeError(f"step {handle.index} resolved out of order (next is "
                                f"{self._resolved + 1})")
         start = time.perf_counter()
-        out = self._reply(0)
+        out = self._early_outputs.popleft() if self._early_outputs else self._reply(0)
         self.timings.wait += time.perf_counter() - start
         self._resolved += 1
         return out
@@ -200,6 +220,7 @@ class MultiprocExecutor(Executor):
         if self._closed:
             return
         self._closed = True
+        self._stopping.set()
         if self._failure is None and all(p.poll() is None for p in self.procs):
             try:
                 self.broadcast.enqueue((_SHUTDOWN,), timeout_s=_SHUTDOWN_GRACE_S)
@@ -214,8 +235,11 @@ class MultiprocExecutor(Executor):
         self._finalizer()
 
 
-def _release(procs: list[subprocess.Popen], queues: list[ShmBroadcastQueue]) -> None:
-    """Kills the workers still running and frees the queues' shared memory."""
+def _release(procs: list[subprocess.Popen], queues: list[ShmBroadcastQueue],
+             stopping: threading.Event) -> None:
+    """Kills the workers still running and frees the queues' shared memory (`stopping` tells
+    the watcher threads that these exits are the executor's own)."""
+    stopping.set()
     for proc in procs:
         if proc.poll() is None:
             proc.kill()

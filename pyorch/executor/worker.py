@@ -105,6 +105,34 @@ class Worker:
     def ping(self) -> int:
         return self.rank
 
+    def profile(self, is_start: bool, trace_path: Optional[str] = None) -> Optional[str]:
+        """vLLM's Worker.profile: starts torch.profiler (CPU and CUDA activity) on this rank, or
+        stops it and returns its table of kernels and ops by device time (and writes a Chrome
+        trace to trace_path, whose `{rank}` becomes this rank). bench/profile_gpu.py calls it
+        on every rank under tensor parallelism, where the model runs in the workers."""
+        from torch.profiler import ProfilerActivity, profile
+
+        if is_start:
+            if getattr(self, "_profiler", None) is not None:
+                raise RuntimeError(f"rank {self.rank}: the profiler is already running")
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self._profiler: Any = profile(activities=activities)
+            self._profiler.__enter__()
+            return None
+        prof, self._profiler = getattr(self, "_profiler", None), None
+        if prof is None:
+            raise RuntimeError(f"rank {self.rank}: the profiler was not started")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        prof.__exit__(None, None, None)
+        if trace_path:
+            prof.export_chrome_trace(trace_path.replace("{rank}", str(self.rank)))
+        table: str = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30,
+                                               max_name_column_width=60)
+        return table
+
     def expert_placement(self) -> list[tuple[int, int, list[int]]]:
         """Per MoE layer of this rank's model: (expert-parallel size, intermediate columns
         held per expert, the global expert ids held), for logs and tests."""

@@ -52,14 +52,18 @@ def _fp8_weight(layer: nn.Module) -> Optional[tuple[torch.Tensor, torch.Tensor]]
     return None if skinny_weight is None else skinny_weight(layer)
 
 
-def skinny_fusable(layer: nn.Module) -> bool:
-    """Whether a linear layer may run inside skinny_gemm_fused: an unquantized weight of one
-    rank (a sharded layer needs its collective between the GEMM and the epilogue) in the skinny
-    GEMM's layout."""
+def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
+    """Whether a linear layer may run inside skinny_gemm_fused (or skinny_gemm_fp8 for an fp8
+    layer): a weight in the skinny GEMM's layout, of one rank (a row-parallel layer needs its
+    collective between the GEMM and the epilogue) unless sharded_ok (a column-parallel layer's
+    epilogue is per column: gate_up's silu_and_mul under tensor parallelism; bf16/fp16 weights
+    only, as linear_silu_and_mul streams those)."""
     weight = getattr(layer, "weight", None)
     bias = getattr(layer, "bias", None)
     fp8 = _fp8_weight(layer)
     if fp8 is not None:
+        if sharded_ok:
+            return False
         weight_nk, scale = fp8
         return (
             getattr(layer, "tp_size", 1) == 1
@@ -72,7 +76,7 @@ def skinny_fusable(layer: nn.Module) -> bool:
         )
     return (
         isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
-        and getattr(layer, "tp_size", 1) == 1
+        and (sharded_ok or getattr(layer, "tp_size", 1) == 1)
         and weight is not None
         and weight.dtype in _FUSED_DTYPES
         and weight.is_contiguous()
@@ -127,3 +131,15 @@ def linear_add_(
     else:
         _ops.skinny_gemm_fused(residual, x, weight, bias, None, 0.0, "add")
     return residual
+
+
+def linear_silu_and_mul(
+    x: torch.Tensor,  # [T, input_size]: already normed
+    layer: nn.Module,  # a merged [gate; up] column-parallel layer (this rank's shard)
+) -> torch.Tensor:  # [T, output_size / 2]
+    """silu(gate) * up of layer(x), as one kernel (the tensor-parallel decode MLP: its norm
+    comes from the fused all-reduce + RMSNorm before it)."""
+    weight, bias = _weight_and_bias(layer)
+    out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+    _ops.skinny_gemm_fused(out, x, weight, bias, None, 0.0, "silu_and_mul")
+    return out

@@ -11,11 +11,16 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from pyorch.distributed.communication_op import (
+    fuse_all_reduce_rms_norm,
+    tensor_model_parallel_all_reduce_rms_norm,
+)
 from pyorch.layers.activation import SiluAndMul, get_act_and_mul_fn
 from pyorch.layers.attention import Attention
 from pyorch.layers.fused_linear import (
     fused_decode_batch,
     linear_add_,
+    linear_silu_and_mul,
     norm_linear,
     skinny_fusable,
 )
@@ -72,8 +77,17 @@ class LlamaMLP(nn.Module):
             prefix=f"{prefix}.down_proj",
         )
         self.act_fn = get_act_and_mul_fn(hidden_act)
+        self._silu_fused: bool | None = None  # tensor-parallel decode: silu in gate_up's GEMM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if self._silu_fused is None:  # after the weights are loaded: the first forward
+            self._silu_fused = (self.gate_up_proj.tp_size > 1
+                                and isinstance(self.act_fn, SiluAndMul)
+                                and skinny_fusable(self.gate_up_proj, sharded_ok=True))
+        if self._silu_fused and fused_decode_batch(x, self.gate_up_proj):
+            # Tensor-parallel decode: the one-rank path fuses the whole layer
+            # (LlamaDecoderLayer.forward_fused); here SiLU-and-mul joins gate_up's GEMM.
+            return self.down_proj(linear_silu_and_mul(x, self.gate_up_proj))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
@@ -165,20 +179,31 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = make_mlp(config, layer_idx, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # Tensor parallel: o_proj's (and a dense MLP's down_proj's) all-reduce moves into the
+        # next norm, one fused kernel (pyorch/distributed/communication_op.py). The MLP's output
+        # then leaves this layer unreduced: `mlp_output_reduced` tells the model.
+        self.attn_output_reduced = self.mlp_output_reduced = True
+        if fuse_all_reduce_rms_norm():
+            self.self_attn.o_proj.reduce_results = self.attn_output_reduced = False
+            if isinstance(self.mlp, LlamaMLP):
+                self.mlp.down_proj.reduce_results = self.mlp_output_reduced = False
 
     def forward(
         self,
         positions: torch.Tensor,  # [T] int64
         hidden_states: torch.Tensor,  # [T, hidden]
         residual: torch.Tensor | None,  # [T, hidden], None before the first layer
+        reduce_input: bool = False,  # hidden_states is the previous layer's unreduced MLP output
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+            hidden_states, residual = _add_norm(
+                self.input_layernorm, hidden_states, residual, reduce_input)
         hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        hidden_states, residual = _add_norm(
+            self.post_attention_layernorm, hidden_states, residual, not self.attn_output_reduced)
         return self.mlp(hidden_states), residual
 
     def fusable(self) -> bool:
@@ -200,6 +225,15 @@ class LlamaDecoderLayer(nn.Module):
         linear_add_(residual, attn.attend(positions, qkv), attn.o_proj)
         act = norm_linear(residual, self.post_attention_layernorm, mlp.gate_up_proj, "silu_and_mul")
         linear_add_(residual, act, mlp.down_proj)
+
+
+def _add_norm(
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor, reduce: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm(x, residual), all-reducing x first (fused with the norm) when reduce."""
+    if reduce:
+        return tensor_model_parallel_all_reduce_rms_norm(x, residual, norm)
+    return cast(tuple[torch.Tensor, torch.Tensor], norm(x, residual))
 
 
 class LlamaModel(nn.Module):
@@ -245,9 +279,12 @@ class LlamaModel(nn.Module):
                 layer.forward_fused(positions, hidden_states)
             return self.norm(hidden_states)
         residual = None
+        unreduced = False  # the previous layer left its MLP output unreduced (fused norms)
         for layer in self._decoder_layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
-        hidden_states, _ = self.norm(hidden_states, residual)
+            hidden_states, residual = layer(positions, hidden_states, residual, unreduced)
+            unreduced = not layer.mlp_output_reduced
+        assert residual is not None  # a model has at least one layer
+        hidden_states, _ = _add_norm(self.norm, hidden_states, residual, unreduced)
         return hidden_states
 
 

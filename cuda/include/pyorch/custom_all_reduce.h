@@ -23,11 +23,16 @@ constexpr int kCustomAllReduceIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t
 
 // How the kernel sums: kOneShot reads every peer's whole buffer (one barrier: latency-bound
 // sizes); kTwoShot reduces 1/world_size of it per rank, then gathers the reduced parts (two
-// barriers, each rank reads about 2x its data: bandwidth-bound sizes). kAuto picks by size.
-enum class AllReduceAlgo : int32_t { kAuto = 0, kOneShot = 1, kTwoShot = 2 };
+// barriers, each rank reads about 2x its data: bandwidth-bound sizes); kOneShotPush stores the
+// input into every peer's buffer and sums locally (one barrier, no remote loads; messages up to
+// custom_all_reduce_push_max_bytes). kAuto picks by size.
+enum class AllReduceAlgo : int32_t { kAuto = 0, kOneShot = 1, kTwoShot = 2, kOneShotPush = 3 };
 
 // Bytes one rank allocates for messages of up to max_bytes (signals + two message buffers).
 size_t custom_all_reduce_buffer_bytes(int64_t max_bytes);
+
+// Largest message kOneShotPush and custom_all_reduce_rms_norm take with buffers of max_bytes.
+int64_t custom_all_reduce_push_max_bytes(int64_t max_bytes);
 
 // The algorithm kAuto uses for a message of `bytes` over world_size ranks.
 AllReduceAlgo custom_all_reduce_pick(int64_t bytes, int world_size);
@@ -44,6 +49,18 @@ cudaError_t custom_all_reduce_init_buffer(void* buffer, cudaStream_t stream);
 cudaError_t custom_all_reduce(void* out, const void* input, void* const* buffers, int rank,
                               int world_size, int64_t max_bytes, DType dtype, int64_t numel,
                               AllReduceAlgo algo, cudaStream_t stream);
+
+// Fused all-reduce + residual add + RMSNorm (one kernel, one-shot push): with s the all-reduce
+// of input (rounded to the dtype), residual = residual + s and out = RMSNorm(residual) * weight,
+// the same roundings as custom_all_reduce then fused_add_rms_norm. input, residual, out:
+// [num_rows, hidden] contiguous, 16-byte aligned; weight: [hidden]; hidden * sizeof(dtype) a
+// multiple of 16 and at most kFusedNormMaxRowBytes; num_rows * hidden * sizeof(dtype) at most
+// custom_all_reduce_push_max_bytes(max_bytes). out may alias input.
+constexpr int64_t kFusedNormMaxRowBytes = 512 * 4 * 16;
+cudaError_t custom_all_reduce_rms_norm(void* out, const void* input, void* residual,
+                                       const void* weight, float eps, void* const* buffers,
+                                       int rank, int world_size, int64_t max_bytes, DType dtype,
+                                       int64_t num_rows, int64_t hidden, cudaStream_t stream);
 
 // CUDA IPC: export a cudaMalloc'd pointer as kCustomAllReduceIpcHandleBytes bytes, map a peer's
 // into this process (on the current device), unmap it.

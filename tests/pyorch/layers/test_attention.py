@@ -41,7 +41,10 @@ def _reference(q, k, v, ctx, q_len, scale, window, soft_cap):  # type: ignore[no
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_size,num_heads,num_kv_heads", [(64, 4, 2), (128, 4, 4), (64, 8, 1)])
+# (64, 4, 1) and (64, 2, 1): one rank of a one-KV-head model at TP=1 and TP=2 (the KV head
+# replicated), the two shapes tensor parallelism compares.
+@pytest.mark.parametrize("head_size,num_heads,num_kv_heads",
+                         [(64, 4, 2), (128, 4, 4), (64, 8, 1), (64, 4, 1), (64, 2, 1)])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (8, None), (None, 30.0)])
 def test_attention_mixed_batch(device: str, dtype: torch.dtype, head_size: int, num_heads: int,
                                num_kv_heads: int, window: int | None, soft_cap: float | None):
