@@ -21,6 +21,7 @@ VLLM=(python3 -m vllm.entrypoints.cli.main)
 # shellcheck disable=SC2206
 EXTRA=(${VLLM_EXTRA:-})
 T=${VLLM_BENCH_TIMEOUT:-400}
+NUM_PROMPTS=${VLLM_NUM_PROMPTS:-1000}  # prompts per throughput set
 
 if want startup; then
   # Cold start to ready: a fresh process imports vLLM and builds LLM(...) with dummy weights.
@@ -41,12 +42,12 @@ EOF
 fi
 
 # throughput NAME IN OUT MAX_MODEL_LEN: vLLM's own bench (random prompts, ignore_eos,
-# temperature 1.0), 1000 prompts.
+# temperature 1.0), VLLM_NUM_PROMPTS prompts (default 1000).
 throughput() {
   local name=$1 in=$2 out=$3 mml=$4
   timeout "$T" "${VLLM[@]}" bench throughput --model "$MODEL" --load-format dummy --dtype bfloat16 \
     "${EXTRA[@]}" --dataset-name random --random-input-len "$in" --random-output-len "$out" \
-    --num-prompts 1000 --max-model-len "$mml" --output-json "$OUT_DIR/$name.json" \
+    --num-prompts "$NUM_PROMPTS" --max-model-len "$mml" --output-json "$OUT_DIR/$name.json" \
     > "$OUT_DIR/$name.log" 2>&1 || status=1
   grep -E "^Throughput|Total num" "$OUT_DIR/$name.log"
 }

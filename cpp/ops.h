@@ -87,6 +87,18 @@
                       const at::Tensor& num_tokens_post_padded, int64_t top_k, int64_t block_size, \
                       bool silu_and_mul);
 
+// MoE prefill path: permute, grouped GEMM, un-permute (cpp/cpu/moe_grouped.cpp,
+// cpp/ops/moe_grouped.cpp).
+#define PYORCH_DECLARE_MOE_GROUPED_OPS                                                             \
+  void moe_grouped_permute(const at::Tensor& input, const at::Tensor& topk_ids,                    \
+                           int64_t num_experts, const std::optional<at::Tensor>& expert_map,       \
+                           at::Tensor& permuted, at::Tensor& expert_offsets,                       \
+                           at::Tensor& inv_perm);                                                  \
+  void moe_grouped_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& weight,            \
+                        const at::Tensor& expert_offsets, const std::optional<at::Tensor>& alpha); \
+  void moe_grouped_unpermute(const at::Tensor& permuted, const at::Tensor& inv_perm,               \
+                             const std::optional<at::Tensor>& topk_weights, at::Tensor& output);
+
 // W4A16: 4-bit weights x 16-bit activations (cpp/cpu/w4a16.cpp, cpp/ops/w4a16.cpp).
 #define PYORCH_DECLARE_W4A16_OPS                                                               \
   at::Tensor gptq_marlin_repack(const at::Tensor& b_q_weight,                                  \
@@ -113,6 +125,7 @@
 // CUDA adapters (cpp/ops/*.cpp).
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
+PYORCH_DECLARE_MOE_GROUPED_OPS
 PYORCH_DECLARE_W4A16_OPS
 PYORCH_DECLARE_GGUF_OPS
 
@@ -134,6 +147,7 @@ void ipc_close(int64_t ptr);
 namespace pyorch::cpu {
 PYORCH_DECLARE_OPS
 PYORCH_DECLARE_MOE_OPS
+PYORCH_DECLARE_MOE_GROUPED_OPS
 PYORCH_DECLARE_W4A16_OPS
 PYORCH_DECLARE_GGUF_OPS
 // The instruction set of the CPU GGUF products: sets it ("best", "avx512_vnni", "avx2",

@@ -8,6 +8,7 @@
 #include "pyorch/launch.h"
 #include "quantization_ops.h"
 #ifdef PYORCH_WITH_CUDA
+#include "pyorch/moe_grouped.h"
 #include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
 #endif
 
@@ -143,6 +144,24 @@ TORCH_LIBRARY(pyorch, m) {
       "Tensor sorted_token_ids, Tensor expert_ids, Tensor num_tokens_post_padded, int top_k, "
       "int block_size, bool silu_and_mul) -> ()");
 
+  // ---- MoE prefill path (cuda/include/pyorch/moe_grouped.h) ---------------------------------
+  // Sorts the pairs of topk_ids [M, top_k] by local expert (through expert_map [num_experts]
+  // int32 when given): expert_offsets [E_local + 1] int32, inv_perm [M, top_k] int32 (the pair's
+  // row in permuted, -1 when its expert is not local) and permuted [M * top_k, H] (row inv_perm[f]
+  // = input[f / top_k]).
+  m.def(
+      "moe_grouped_permute(Tensor input, Tensor topk_ids, int num_experts, Tensor? expert_map, "
+      "Tensor! permuted, Tensor! expert_offsets, Tensor! inv_perm) -> ()");
+  // out[r] = alpha[e] * a[r] @ weight[e]^T for rows r in [offsets[e], offsets[e + 1]) (alpha: fp8
+  // only, [E] float32). CUDA: a CUTLASS ptr-array grouped GEMM (sm90a, bf16 or fp8 e4m3).
+  m.def(
+      "moe_grouped_gemm(Tensor! out, Tensor a, Tensor weight, Tensor expert_offsets, "
+      "Tensor? alpha) -> ()");
+  // output[t] = sum_j topk_weights[t, j] * permuted[inv_perm[t, j]] (fp32 sum, rounded once).
+  m.def(
+      "moe_grouped_unpermute(Tensor permuted, Tensor inv_perm, Tensor? topk_weights, "
+      "Tensor! output) -> ()");
+
   // ---- sampling ------------------------------------------------------------------------------
   // Structured output: logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0, for the
   // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
@@ -249,6 +268,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_a8);
+  m.impl("moe_grouped_permute", c10::kCPU, &pyorch::cpu::moe_grouped_permute);
+  m.impl("moe_grouped_gemm", c10::kCPU, &pyorch::cpu::moe_grouped_gemm);
+  m.impl("moe_grouped_unpermute", c10::kCPU, &pyorch::cpu::moe_grouped_unpermute);
   // @cpu-impls (keep this marker: areas add their m.impl lines above it)
 
 #ifdef PYORCH_WITH_CUDA
@@ -293,6 +315,9 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
+  m.impl("moe_grouped_permute", c10::kCUDA, &moe_grouped_permute);
+  m.impl("moe_grouped_gemm", c10::kCUDA, &moe_grouped_gemm);
+  m.impl("moe_grouped_unpermute", c10::kCUDA, &moe_grouped_unpermute);
   // @cuda-impls (keep this marker: areas add their m.impl lines above it)
 #endif
 }
@@ -331,6 +356,12 @@ PYBIND11_MODULE(_C, m) {
   // ops are registered but raise "built without CUTLASS" (cuda/include/pyorch/scaled_mm.h).
   m.def("cutlass_scaled_mm_available", &pyorch::cutlass_scaled_mm_available,
         "Whether the CUTLASS W8A8 GEMMs (cutlass_scaled_mm, cutlass_scaled_mm_azp) were built.");
+#endif
+#ifdef PYORCH_WITH_CUDA
+  // Whether cuda/ was compiled with the CUTLASS headers: without them the CUDA moe_grouped_gemm
+  // is registered but raises "built without CUTLASS" (cuda/include/pyorch/moe_grouped.h).
+  m.def("moe_grouped_gemm_available", &pyorch::moe_grouped_gemm_available,
+        "Whether the CUTLASS grouped expert GEMM (moe_grouped_gemm) was built.");
 #endif
   // @pybind (keep this marker)
 }

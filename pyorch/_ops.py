@@ -461,6 +461,63 @@ def fused_moe_gemm(
     )
 
 
+# ---- MoE prefill path: permute, grouped expert GEMM, un-permute -------------------------------
+def moe_grouped_permute(
+    input: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    expert_map: Optional[torch.Tensor],
+    permuted: torch.Tensor,
+    expert_offsets: torch.Tensor,
+    inv_perm: torch.Tensor,
+) -> None:
+    """Sorts the (token, expert) pairs of topk_ids [M, top_k] by local expert and gathers their
+    token rows.
+
+    expert_offsets : [num_local_experts + 1] int32 (out): local expert e's rows of permuted are
+        [offsets[e], offsets[e + 1]).
+    inv_perm : [M, top_k] int32 (out): the row of pair (t, j) in permuted; -1 when its expert is
+        not on this rank (expert_map [num_experts] int32, -1 = elsewhere) or out of range.
+    permuted : [M * top_k, H] of input's dtype (out): row inv_perm[t, j] = input[t]; rows past
+        offsets[-1] are left as they were. One expert's row order is unspecified on CUDA.
+    """
+    _ops.moe_grouped_permute(input, topk_ids, num_experts, expert_map, permuted, expert_offsets,
+                             inv_perm)
+
+
+def moe_grouped_gemm(
+    out: torch.Tensor,
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    expert_offsets: torch.Tensor,
+    alpha: Optional[torch.Tensor] = None,
+) -> None:
+    """out[r] = alpha[e] * (a[r] @ weight[e]^T) for r in [offsets[e], offsets[e + 1]), one
+    launch for all experts (CUDA: a CUTLASS ptr-array grouped GEMM, sm90a).
+
+    a : [rows, K]; weight : [E, N, K]; out : [rows, N]; all contiguous. bf16 (or, on the CPU,
+    fp32/fp16) with out of a's dtype and alpha None; or float8_e4m3fn with out bf16 and alpha [E]
+    float32 (activation scale x expert weight scale). Rows past offsets[E] are not written.
+    """
+    _ops.moe_grouped_gemm(out, a, weight, expert_offsets, alpha)
+
+
+def moe_grouped_unpermute(
+    permuted: torch.Tensor,
+    inv_perm: torch.Tensor,
+    topk_weights: Optional[torch.Tensor],
+    output: torch.Tensor,
+) -> None:
+    """output[t] = sum_j topk_weights[t, j] * permuted[inv_perm[t, j]] (pairs with -1 add
+    nothing; topk_weights None: weight 1), float32 sum rounded once to output's dtype."""
+    _ops.moe_grouped_unpermute(permuted, inv_perm, topk_weights, output)
+
+
+def moe_grouped_gemm_available() -> bool:
+    """Whether this build has the CUDA grouped expert GEMM (CUDA torch and CUTLASS headers)."""
+    return bool(_C.with_cuda and _C.moe_grouped_gemm_available())
+
+
 # ---- W4A16: 4-bit weights x 16-bit activations (GPTQ, AWQ, compressed-tensors) ----------------
 def gptq_marlin_repack(
     b_q_weight: torch.Tensor, perm: Optional[torch.Tensor], size_k: int, size_n: int,

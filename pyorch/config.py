@@ -98,6 +98,24 @@ class ModelConfig:
                 f"Total number of KV heads ({kv_heads}) and tensor parallel size ({tp}) must "
                 "divide one another."
             )
+        # Expert parallelism needs experts (vLLM's check and message).
+        if parallel_config.enable_expert_parallel and self.num_experts == 0:
+            raise ValueError("Number of experts in the model must be greater than 0 when "
+                             "expert parallelism is enabled.")
+        if parallel_config.enable_expert_parallel and self.num_experts < tp:
+            raise ValueError(
+                f"enable_expert_parallel: the expert-parallel size (tensor_parallel_size {tp}) "
+                f"is larger than the model's number of experts ({self.num_experts}); some "
+                "ranks would hold no expert")
+
+    @property
+    def num_experts(self) -> int:
+        """The routed experts of an MoE model's config (0 for a dense model)."""
+        for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+            value = getattr(self.hf_config, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return 0
 
     def _check_settings(self) -> None:
         if self.tokenizer_mode not in ("auto", "hf", "slow"):
@@ -336,6 +354,7 @@ class SchedulerConfig:
 
 
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
+EXPERT_PLACEMENT_STRATEGIES = ("linear", "round_robin")  # vLLM's ExpertPlacementStrategy
 
 
 @dataclass
@@ -349,6 +368,9 @@ class ParallelConfig:
     # Ray placement group, else mp.
     distributed_executor_backend: Optional[str] = None
     disable_custom_all_reduce: bool = False  # NCCL (torch.distributed) for every all-reduce
+    # ---- expert parallelism (wt-ep): vLLM's names; EP size = TP x DP (DP = 1 here) ----
+    enable_expert_parallel: bool = False  # MoE layers place whole experts on ranks
+    expert_placement_strategy: str = "linear"  # "linear" | "round_robin"
 
     @property
     def world_size(self) -> int:
@@ -363,6 +385,10 @@ class ParallelConfig:
                 "pipeline_parallel_size must be 1: pyorch offers tensor parallelism only "
                 f"(got {self.pipeline_parallel_size})"
             )
+        if self.expert_placement_strategy not in EXPERT_PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"expert_placement_strategy {self.expert_placement_strategy!r} is not supported; "
+                f"use one of {', '.join(EXPERT_PLACEMENT_STRATEGIES)}")
         backend = self.distributed_executor_backend
         if backend is not None and backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
             raise ValueError(

@@ -6,6 +6,11 @@ position with `get_tensor_model_parallel_rank()` / `..._world_size()`; a process
 up a group (one GPU, the CPU engine in-process) is rank 0 of 1, and no collective runs then.
 
 Pipeline parallelism is not offered, so the tensor-parallel group is the whole world.
+
+Expert parallelism (`enable_expert_parallel`): the MoE layers place whole experts on the ranks of
+the expert-parallel group instead of sharding every expert's intermediate dimension. Its size is
+TP x DP (vLLM's rule); without data parallelism that is the tensor-parallel group itself, so the
+EP group is the TP group and the layers' all-reduce combines the experts' partial outputs.
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ class GroupCoordinator:
 
 _WORLD: Optional[GroupCoordinator] = None
 _TP: Optional[GroupCoordinator] = None
+# ---- expert parallelism (wt-ep) ----
+_EP: Optional[GroupCoordinator] = None  # set only with enable_expert_parallel
+_EXPERT_PLACEMENT = "linear"  # vLLM's expert_placement_strategy: "linear" | "round_robin"
 
 
 def init_distributed_environment(
@@ -101,9 +109,11 @@ def init_distributed_environment(
     _WORLD = GroupCoordinator(list(range(world_size)), rank, dist.group.WORLD, device)
 
 
-def initialize_model_parallel(tensor_parallel_size: int) -> None:
-    """Builds the tensor-parallel group over the whole world (no pipeline stages)."""
-    global _TP
+def initialize_model_parallel(tensor_parallel_size: int, enable_expert_parallel: bool = False,
+                              expert_placement_strategy: str = "linear") -> None:
+    """Builds the tensor-parallel group over the whole world (no pipeline stages) and, with
+    enable_expert_parallel, the expert-parallel group (the same ranks: EP = TP x DP, DP = 1)."""
+    global _TP, _EP, _EXPERT_PLACEMENT
     if _WORLD is None:
         raise RuntimeError("init_distributed_environment() must run before "
                            "initialize_model_parallel()")
@@ -114,6 +124,8 @@ def initialize_model_parallel(tensor_parallel_size: int) -> None:
         )
     _TP = GroupCoordinator(list(_WORLD.ranks), _WORLD.rank_in_group, _WORLD.group,
                            _WORLD.device)
+    _EXPERT_PLACEMENT = expert_placement_strategy
+    _EP = _TP if enable_expert_parallel else None
 
 
 def model_parallel_is_initialized() -> bool:
@@ -134,12 +146,30 @@ def get_tensor_model_parallel_world_size() -> int:
     return _TP.world_size if _TP is not None else 1
 
 
+# ---- expert parallelism (wt-ep) ----
+def get_ep_group() -> GroupCoordinator:
+    if _EP is None:
+        raise RuntimeError("the expert-parallel group is not initialized")
+    return _EP
+
+
+def get_expert_parallel_rank_and_size() -> tuple[int, int]:
+    """(rank, size) of this process in the expert-parallel group: (0, 1) without expert
+    parallelism (the MoE layers then shard experts with tensor parallelism)."""
+    return (_EP.rank_in_group, _EP.world_size) if _EP is not None else (0, 1)
+
+
+def get_expert_placement_strategy() -> str:
+    return _EXPERT_PLACEMENT
+
+
 def destroy_model_parallel() -> None:
     """Drops the groups and leaves torch.distributed (a worker's last act)."""
-    global _TP, _WORLD
+    global _TP, _WORLD, _EP, _EXPERT_PLACEMENT
     if _TP is not None and _TP.device_communicator is not None:
         _TP.device_communicator.close()
     _TP = None
+    _EP, _EXPERT_PLACEMENT = None, "linear"
     _WORLD = None
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -53,6 +53,8 @@ class EngineArgs:
     # None: uni for one rank, else ray inside a Ray placement group, else mp (vLLM's choice)
     distributed_executor_backend: Optional[str] = None
     disable_custom_all_reduce: bool = False
+    enable_expert_parallel: bool = False  # vLLM's: whole experts per rank (EP = TP here)
+    expert_placement_strategy: str = "linear"  # "linear" | "round_robin"
     device: str = "auto"  # "auto" (CUDA when available), "cuda", "cpu"
     # None: on for CUDA (overlaps scheduling with the GPU), off on the CPU (nothing to overlap)
     async_scheduling: Optional[bool] = None
@@ -97,6 +99,8 @@ class EngineArgs:
         parallel = ParallelConfig(
             self.tensor_parallel_size, self.pipeline_parallel_size,
             self.distributed_executor_backend, bool(self.disable_custom_all_reduce),
+            enable_expert_parallel=bool(self.enable_expert_parallel),
+            expert_placement_strategy=self.expert_placement_strategy,
         )
         parallel.validate(device)
         model_config = ModelConfig(

@@ -61,7 +61,9 @@ class Worker:
         if self.world_size > 1:
             init_distributed_environment(self.world_size, self.rank,
                                          self.distributed_init_method, self.local_rank, backend)
-            initialize_model_parallel(self.config.parallel_config.tensor_parallel_size)
+            pc = self.config.parallel_config
+            initialize_model_parallel(pc.tensor_parallel_size, pc.enable_expert_parallel,
+                                      pc.expert_placement_strategy)
             if backend == "nccl":
                 self._init_custom_all_reduce()
         self.model_runner = ModelRunner(self.config)
@@ -102,6 +104,17 @@ class Worker:
 
     def ping(self) -> int:
         return self.rank
+
+    def expert_placement(self) -> list[tuple[int, int, list[int]]]:
+        """Per MoE layer of this rank's model: (expert-parallel size, intermediate columns
+        held per expert, the global expert ids held), for logs and tests."""
+        from pyorch.layers.fused_moe import FusedMoE
+
+        model = self.runner.model
+        if model is None:
+            raise RuntimeError(f"worker {self.rank}: the model is not loaded")
+        return [(m.ep_size, m.intermediate_size_per_partition, list(m.local_expert_ids))
+                for m in model.modules() if isinstance(m, FusedMoE)]
 
     def get_timings(self) -> Any:
         return self.runner.timings

@@ -10,9 +10,13 @@ import torch
 from torch import nn
 
 from pyorch.distributed.communication_op import tensor_model_parallel_all_reduce
+from pyorch.distributed.parallel_state import (
+    get_expert_parallel_rank_and_size,
+    get_expert_placement_strategy,
+)
 from pyorch.layers.fused_moe import FusedMoE
 from pyorch.layers.linear import ReplicatedLinear, get_tensor_model_parallel_rank_and_size
-from pyorch.layers.quantization import QuantizationConfig, check_moe_unquantized
+from pyorch.layers.quantization import QuantizationConfig
 from pyorch.models.llama import LlamaMLP
 from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
 
@@ -20,8 +24,11 @@ from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
 _EXPERT_SHARDS = {
     "w1": "w1", "w3": "w3", "w2": "w2", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2",
 }
-# <prefix>.experts.<id>.<proj>.weight (every release's checkpoint layout).
-_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+# <prefix>.experts.<id>.<proj>.weight (every release's checkpoint layout), and an fp8
+# checkpoint's per-expert .weight_scale / .input_scale beside it.
+_PER_EXPERT = re.compile(
+    r"^(.*\.experts)\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\."
+    r"(weight|weight_scale|input_scale)$")
 # <prefix>.experts.gate_up_proj [E, 2I, H] / .down_proj [E, H, I] (transformers v5 in memory).
 _STACKED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
 
@@ -45,14 +52,24 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"MoE experts support hidden_act='silu' only, got {hidden_act!r}")
-        check_moe_unquantized(quant_config, f"{prefix}.experts")
         # The router stays unquantized, as in vLLM (quant_config=None for the gate).
         self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, prefix=f"{prefix}.gate")
-        # Tensor parallelism shards every expert's intermediate dimension: each rank's expert
-        # output is a partial sum, all-reduced before the (already reduced) shared expert adds.
+        # Tensor parallelism shards every expert's intermediate dimension; expert parallelism
+        # (enable_expert_parallel) gives each rank whole experts instead. Either way each rank's
+        # expert output is a partial sum, all-reduced before the (already reduced, tensor-
+        # parallel) shared expert adds.
         tp_rank, self.tp_size = get_tensor_model_parallel_rank_and_size()
-        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize,
-                                tp_size=self.tp_size, tp_rank=tp_rank)
+        # A quantization method that does not cover the experts is refused there.
+        ep_rank, ep_size = get_expert_parallel_rank_and_size()
+        if ep_size > 1:
+            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size,
+                                    renormalize, ep_size=ep_size, ep_rank=ep_rank,
+                                    expert_placement_strategy=get_expert_placement_strategy(),
+                                    quant_config=quant_config, prefix=f"{prefix}.experts")
+        else:
+            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size,
+                                    renormalize, tp_size=self.tp_size, tp_rank=tp_rank,
+                                    quant_config=quant_config, prefix=f"{prefix}.experts")
         self.shared_expert: LlamaMLP | None = None
         self.shared_expert_gate: ReplicatedLinear | None = None
         if shared_expert_intermediate_size > 0:
@@ -99,15 +116,21 @@ def load_moe_weights(
     }
     loaded: set[str] = set()
 
-    def load_expert(prefix: str, hf_name: str, expert_id: int, shard: str, t: torch.Tensor) -> None:
+    def load_expert(prefix: str, hf_name: str, expert_id: int, shard: str, t: torch.Tensor,
+                    kind: str = "weight") -> None:
         layer = moe_layers.get(prefix)
         if layer is None or not 0 <= expert_id < layer.global_num_experts:
             raise KeyError(f"Unexpected weight {hf_name!r} in the checkpoint: no such expert")
-        param = layer.w2_weight if shard == "w2" else layer.w13_weight
-        layer.weight_loader(param, t, hf_name, shard, expert_id)
-        if layer.local_expert(expert_id) is not None:
+        # weight -> w13_weight / w2_weight; weight_scale -> w13_weight_scale / ...
+        name = f"{'w2' if shard == 'w2' else 'w13'}_{kind}"
+        param = getattr(layer, name, None)
+        if not isinstance(param, nn.Parameter):
+            raise KeyError(f"Unexpected weight {hf_name!r} in the checkpoint: {prefix} has no "
+                           f"{name} (is the checkpoint quantized differently?)")
+        getattr(param, "weight_loader", layer.weight_loader)(param, t, hf_name, shard, expert_id)
+        if kind == "weight" and layer.local_expert(expert_id) is not None:
             expected[(prefix, expert_id, shard)] = True
-        loaded.add(f"{prefix}.{'w2_weight' if shard == 'w2' else 'w13_weight'}")
+        loaded.add(f"{prefix}.{name}")
 
     def others() -> Iterable[tuple[str, torch.Tensor]]:
         for hf_name, tensor in weights:
@@ -115,8 +138,8 @@ def load_moe_weights(
             per_expert = _PER_EXPERT.match(name)
             stacked = _STACKED_EXPERTS.match(name)
             if per_expert:
-                prefix, expert_id, proj = per_expert.groups()
-                load_expert(prefix, hf_name, int(expert_id), _EXPERT_SHARDS[proj], tensor)
+                prefix, expert_id, proj, kind = per_expert.groups()
+                load_expert(prefix, hf_name, int(expert_id), _EXPERT_SHARDS[proj], tensor, kind)
             elif stacked and stacked.group(1) in moe_layers:
                 prefix, proj = stacked.groups()
                 for e in range(tensor.shape[0]):

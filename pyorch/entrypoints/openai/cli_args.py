@@ -397,6 +397,14 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add(par, "--disable-custom-all-reduce", "bool", action=argparse.BooleanOptionalAction,
          default=False, help="use NCCL for every all-reduce instead of pyorch's custom kernel "
                              "(default: off)")
+    _add(par, "--enable-expert-parallel", "bool", action=argparse.BooleanOptionalAction,
+         default=False, help="MoE layers place whole experts on the ranks (expert "
+                             "parallelism, size = --tensor-parallel-size) instead of sharding "
+                             "every expert; attention stays tensor-parallel (default: off)")
+    _add(par, "--expert-placement-strategy", default="linear",
+         choices=["linear", "round_robin"],
+         help="with --enable-expert-parallel: linear (contiguous experts per rank) or "
+              "round_robin (every N-th expert) (default: %(default)s)")
 
 
 # ---- --config FILE.yaml ------------------------------------------------------------------------
@@ -517,6 +525,8 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         pipeline_parallel_size=args.pipeline_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,
         disable_custom_all_reduce=args.disable_custom_all_reduce, device=args.device,
+        enable_expert_parallel=args.enable_expert_parallel,
+        expert_placement_strategy=args.expert_placement_strategy,
         async_scheduling=args.async_scheduling, reserve_kv_for_growth=args.reserve_kv_for_growth,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_num_partial_prefills=args.max_num_partial_prefills,

@@ -66,6 +66,9 @@ def fused_experts(
     global_num_experts: int,
     expert_map: torch.Tensor | None = None,  # [global_num_experts] int32, -1 = not local
 ) -> torch.Tensor:  # [T, H]: sum_j topk_weights[t, j] * expert_{ids[t, j]}(hidden[t])
+    if _use_grouped_gemm(hidden_states, w13, w2):
+        return fused_experts_grouped(hidden_states, w13, w2, topk_weights, topk_ids,
+                                     global_num_experts, expert_map)
     num_tokens, hidden_size = hidden_states.shape
     top_k = topk_ids.shape[1]
     num_flat = num_tokens * top_k
@@ -86,4 +89,82 @@ def fused_experts(
     )
     out = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
     _ops.moe_sum(per_pair.view(num_tokens, top_k, hidden_size), out)
+    return out
+
+
+# ---- the prefill path: permute, CUTLASS grouped GEMMs, un-permute --------------------------------
+# From this many tokens on, CUDA bf16 layers take the grouped path (M < 64 is the decode path).
+GROUPED_GEMM_MIN_TOKENS = 64
+
+
+def _use_grouped_gemm(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether fused_experts runs the prefill path (fused_experts_grouped): CUDA, bf16, at least
+    GROUPED_GEMM_MIN_TOKENS tokens, sizes the TMA loads take, and a build with the kernel."""
+    return (
+        hidden_states.is_cuda
+        and hidden_states.dtype == torch.bfloat16
+        and hidden_states.shape[0] >= GROUPED_GEMM_MIN_TOKENS
+        and w13.shape[1] % 16 == 0 and w13.shape[2] % 16 == 0 and w2.shape[2] % 16 == 0
+        and w13.shape[0] <= 1024
+        and _ops.moe_grouped_gemm_available()
+    )
+
+
+def fused_experts_grouped(
+    hidden_states: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E_local, 2 * I, H]
+    w2: torch.Tensor,  # [E_local, H, I]
+    topk_weights: torch.Tensor,  # [T, top_k] float32
+    topk_ids: torch.Tensor,  # [T, top_k] global expert ids
+    global_num_experts: int,
+    expert_map: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,  # [E_local] float32: fp8 weights' per-tensor scales
+    w2_scale: torch.Tensor | None = None,
+    a13_scale: torch.Tensor | None = None,  # [1] float32: static fp8 activation scales (else
+    a2_scale: torch.Tensor | None = None,  # computed per tensor on the fly)
+) -> torch.Tensor:  # [T, H], hidden_states' dtype
+    """fused_experts over expert-sorted rows: gather the routed rows by expert
+    (moe_grouped_permute), gate_up as one grouped GEMM (one problem per expert), SiLU-and-mul,
+    down as a second grouped GEMM, and the routing-weighted sum back into token order
+    (moe_grouped_unpermute). With fp8 weights (w13/w2 float8_e4m3fn and their per-expert scales)
+    the activations are quantized per tensor on the fly and the GEMMs scale by activation scale
+    x expert scale. Every size is a function of T only: CUDA-graph safe."""
+    num_tokens, hidden_size = hidden_states.shape
+    top_k = topk_ids.shape[1]
+    num_flat = num_tokens * top_k
+    num_local, intermediate = w2.shape[0], w2.shape[2]
+    dtype, device = hidden_states.dtype, hidden_states.device
+    fp8 = w13.dtype == _ops.FP8_DTYPE
+    if fp8 != (w13_scale is not None) or fp8 != (w2_scale is not None) or w2.dtype != w13.dtype:
+        raise ValueError("fused_experts_grouped: fp8 weights (both) come with w13_scale and "
+                         "w2_scale, bf16 weights without")
+    if fp8 and dtype != torch.bfloat16:
+        raise ValueError(f"fused_experts_grouped: fp8 experts take bfloat16 activations, got "
+                         f"{dtype}")
+    if num_tokens == 0:  # nothing routed (and no empty launch of the fp8 quantizers)
+        return torch.empty(0, hidden_size, dtype=dtype, device=device)
+    x, a1_scale = hidden_states, None
+    if fp8:  # quantize before the gather: the permuted copy's rows are then already fp8
+        x, a1_scale = _ops.scaled_fp8_quant(hidden_states, a13_scale)
+    permuted = torch.empty(num_flat, hidden_size, dtype=x.dtype, device=device)
+    offsets = torch.empty(num_local + 1, dtype=torch.int32, device=device)
+    inv_perm = torch.empty(num_tokens, top_k, dtype=torch.int32, device=device)
+    _ops.moe_grouped_permute(x, topk_ids, global_num_experts, expert_map, permuted, offsets,
+                             inv_perm)
+    # Rows past offsets[-1] (pairs of other ranks' experts) are never written by the GEMMs; zero
+    # them where they exist so the fp8 per-tensor scale of the activation sees no stale memory.
+    alloc = torch.zeros if expert_map is not None else torch.empty
+    gate_up = alloc(num_flat, 2 * intermediate, dtype=dtype, device=device)
+    _ops.moe_grouped_gemm(gate_up, permuted, w13, offsets,
+                          a1_scale * w13_scale if fp8 else None)  # type: ignore[operator]
+    act = torch.empty(num_flat, intermediate, dtype=dtype, device=device)
+    _ops.silu_and_mul(act, gate_up)
+    a2, act_scale = act, None
+    if fp8:
+        a2, act_scale = _ops.scaled_fp8_quant(act, a2_scale)
+    down = torch.empty(num_flat, hidden_size, dtype=dtype, device=device)
+    _ops.moe_grouped_gemm(down, a2, w2, offsets,
+                          act_scale * w2_scale if fp8 else None)  # type: ignore[operator]
+    out = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
+    _ops.moe_grouped_unpermute(down, inv_perm, topk_weights, out)
     return out

@@ -1,14 +1,20 @@
 """FusedMoE: the experts of a mixture-of-experts block as two stacked weights (vLLM's layer).
 
 w13_weight [E_local, 2 * I_shard, H] holds each expert's [gate; up] projections, w2_weight
-[E_local, H, I_shard] its down projection. The parallel seam: `tp_size`/`tp_rank` shard the
-intermediate dimension (each rank holds I / tp_size columns of every expert, so its output is a
-partial sum) and `ep_size`/`ep_rank` place experts on ranks (linear placement: rank r holds
-global experts [r * E / ep_size, (r + 1) * E / ep_size)), through `expert_map` (global -> local
-id, -1 elsewhere). NOTE(moe): the cross-rank reduction of the output belongs to the parallel
-runtime (tensor-parallel issue); with tp_size = ep_size = 1 (the default) nothing is needed.
+[E_local, H, I_shard] its down projection. Two ways to split it over ranks, as in vLLM:
+- tensor parallelism (`tp_size`/`tp_rank`): every rank holds every expert, I / tp_size columns
+  of each, so its output is a partial sum;
+- expert parallelism (`ep_size`/`ep_rank`, vLLM's `enable_expert_parallel`; the model passes
+  tp_size=1 then): each rank holds whole experts, placed by `expert_placement_strategy`
+  (`expert_placement`): "linear" gives rank r a contiguous range, "round_robin" the experts
+  r, r + ep_size, ...; when E does not divide by ep_size the first E % ep_size ranks hold one
+  more (vLLM's rule). `expert_map` (global -> local id, -1 elsewhere) makes the kernels skip the
+  other ranks' experts, whose rows come out zero, so this rank's output is again a partial sum.
+Every rank routes the same (replicated) tokens; the model all-reduces the partial sums (vLLM's
+naive dispatch/combine without data parallelism). With tp_size = ep_size = 1 nothing is needed.
 """
 
+import logging
 from typing import cast
 
 import torch
@@ -16,6 +22,14 @@ from torch import nn
 
 from pyorch.layers.fused_moe.fused_moe import fused_experts, fused_topk
 from pyorch.layers.linear import set_weight_attrs
+from pyorch.layers.quantization import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+    check_moe_unquantized,
+)
+
+logger = logging.getLogger(__name__)
+_logged_placement: set[tuple[int, int, int, str]] = set()  # one log line per layout a process
 
 
 class FusedMoE(nn.Module):
@@ -34,15 +48,21 @@ class FusedMoE(nn.Module):
         tp_rank: int = 0,
         ep_size: int = 1,
         ep_rank: int = 0,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        expert_placement_strategy: str = "linear",
     ):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"FusedMoE: top_k={top_k} must be in [1, num_experts={num_experts}]")
-        if intermediate_size % tp_size or num_experts % ep_size:
+        if intermediate_size % tp_size:
             raise ValueError(
                 f"FusedMoE: intermediate_size={intermediate_size} must divide by tp_size="
-                f"{tp_size} and num_experts={num_experts} by ep_size={ep_size}"
+                f"{tp_size}"
             )
+        if ep_size > num_experts:
+            raise ValueError(f"FusedMoE: expert parallel size {ep_size} is larger than the "
+                             f"number of experts ({num_experts}): a rank would hold none")
         if not (0 <= tp_rank < tp_size and 0 <= ep_rank < ep_size):
             raise ValueError(f"FusedMoE: tp_rank={tp_rank} / ep_rank={ep_rank} out of range")
         self.global_num_experts = num_experts
@@ -50,21 +70,39 @@ class FusedMoE(nn.Module):
         self.hidden_size = hidden_size
         self.renormalize = renormalize
         self.tp_size, self.tp_rank, self.ep_size, self.ep_rank = tp_size, tp_rank, ep_size, ep_rank
-        self.local_num_experts = num_experts // ep_size
+        self.expert_placement_strategy = expert_placement_strategy
+        # Global ids of this rank's experts, in local order.
+        self.local_expert_ids = expert_placement(num_experts, ep_size, ep_rank,
+                                                 expert_placement_strategy)
+        self._local_of = {e: i for i, e in enumerate(self.local_expert_ids)}
+        self.local_num_experts = len(self.local_expert_ids)
         self.intermediate_size_per_partition = intermediate_size // tp_size
-        self.first_local_expert = ep_rank * self.local_num_experts
         if ep_size > 1:
             expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
-            first = self.first_local_expert
-            expert_map[first:first + self.local_num_experts] = torch.arange(
-                self.local_num_experts, dtype=torch.int32)
+            expert_map[self.local_expert_ids] = torch.arange(self.local_num_experts,
+                                                             dtype=torch.int32)
             self.register_buffer("_expert_map", expert_map, persistent=False)
+            layout = (num_experts, ep_size, ep_rank, expert_placement_strategy)
+            if layout not in _logged_placement:
+                _logged_placement.add(layout)
+                logger.info("[EP rank %d/%d] expert parallelism (%s placement): %d of %d "
+                            "experts local: %s", ep_rank, ep_size, expert_placement_strategy,
+                            self.local_num_experts, num_experts, self.local_expert_ids)
         dtype = params_dtype or torch.get_default_dtype()
         e, i, h = self.local_num_experts, self.intermediate_size_per_partition, hidden_size
         self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(e, h, i, dtype=dtype), requires_grad=False)
         for param in (self.w13_weight, self.w2_weight):
             set_weight_attrs(param, {"weight_loader": self.weight_loader})
+        # A quantized expert block gets its method's weights (fp8: Fp8MoEMethod); a method that
+        # does not cover FusedMoE is refused, never run in the model dtype.
+        self.quant_method: QuantizeMethodBase | None = None
+        if quant_config is not None and not quant_config.is_layer_skipped(prefix):
+            self.quant_method = quant_config.get_quant_method(self, prefix)
+            if self.quant_method is None:
+                check_moe_unquantized(quant_config, prefix)
+            else:
+                self.quant_method.create_weights(self, e, h, i, dtype)
 
     @property
     def expert_map(self) -> torch.Tensor | None:
@@ -74,8 +112,7 @@ class FusedMoE(nn.Module):
 
     def local_expert(self, expert_id: int) -> int | None:
         """The local index of a global expert id, or None when another rank holds it."""
-        local = expert_id - self.first_local_expert
-        return local if 0 <= local < self.local_num_experts else None
+        return self._local_of.get(expert_id)
 
     def weight_loader(
         self,
@@ -117,6 +154,8 @@ class FusedMoE(nn.Module):
         hidden_states: torch.Tensor,  # [T, H]
         router_logits: torch.Tensor,  # [T, E]
     ) -> torch.Tensor:  # [T, H]
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, hidden_states, router_logits)
         topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
         return fused_experts(
             hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
@@ -130,4 +169,22 @@ class FusedMoE(nn.Module):
             f"intermediate_size_per_partition={self.intermediate_size_per_partition}, "
             f"renormalize={self.renormalize}, tp={self.tp_rank}/{self.tp_size}, "
             f"ep={self.ep_rank}/{self.ep_size}"
+            + (f", placement={self.expert_placement_strategy}" if self.ep_size > 1 else "")
         )
+
+
+def expert_placement(num_experts: int, ep_size: int, ep_rank: int,
+                     strategy: str = "linear") -> list[int]:
+    """The global expert ids rank ep_rank of ep_size holds (vLLM's determine_expert_map): the
+    first num_experts % ep_size ranks hold one expert more; "linear" gives each rank a
+    contiguous range, "round_robin" every ep_size-th expert from ep_rank."""
+    if not 0 <= ep_rank < ep_size:
+        raise ValueError(f"FusedMoE: ep_rank={ep_rank} out of range for ep_size={ep_size}")
+    if strategy == "round_robin":
+        return list(range(ep_rank, num_experts, ep_size))
+    if strategy != "linear":
+        raise ValueError(f"expert_placement_strategy {strategy!r} is not supported; use "
+                         "linear or round_robin")
+    base, extra = divmod(num_experts, ep_size)
+    first = ep_rank * base + min(ep_rank, extra)
+    return list(range(first, first + base + (1 if ep_rank < extra else 0)))

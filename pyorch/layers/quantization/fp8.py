@@ -13,7 +13,14 @@
   `weight_scale_inv` per 128 x 128 block; activations quantized per token in groups of 128
   (per_token_group_quant_fp8); dynamic activations only.
 - `ignored_layers` (checkpoint names; a merged layer is skipped when all its shards are) stay in
-  the model dtype. Mixture-of-experts layers are refused (pyorch/models/moe.py).
+  the model dtype.
+- Mixture-of-experts layers (`Fp8MoEMethod`, vLLM's parameter names): fp8 expert weights with one
+  per-tensor scale per expert (`w13_weight_scale`, `w2_weight_scale`; online: quantized at load,
+  one scale per expert over gate and up; checkpoints: per-shard scales, gate and up requantized
+  to their max as vLLM does), activations quantized per tensor (dynamic, or the max of the
+  static `w13_input_scale` / `w2_input_scale`), run by the grouped expert GEMM
+  (fused_experts_grouped; CUDA needs sm90). bf16 activations only. Block-wise fp8 experts
+  (`weight_block_size`) are refused: the grouped GEMM has no block-scaled form yet.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from typing import Any
 import torch
 
 from pyorch import _ops
-from pyorch.layers.linear import LinearBase, LinearMethodBase
+from pyorch.layers.fused_moe.fused_moe import fused_experts_grouped, fused_topk
+from pyorch.layers.fused_moe.layer import FusedMoE
+from pyorch.layers.linear import LinearBase, LinearMethodBase, set_weight_attrs
 from pyorch.layers.parameter import (
     BlockQuantScaleParameter,
     ModelWeightParameter,
@@ -43,6 +52,8 @@ from pyorch.layers.quantization.utils.w8a8_utils import (
 )
 
 ACTIVATION_SCHEMES = ("static", "dynamic")
+# A scale no checkpoint tensor has written (float32 explicitly: a bf16 default dtype overflows).
+_UNSET = torch.finfo(torch.float32).min
 
 
 @register_quantization_config("fp8")
@@ -103,6 +114,8 @@ class Fp8Config(QuantizationConfig):
     def get_quant_method(self, layer: Any, prefix: str) -> QuantizeMethodBase | None:
         if isinstance(layer, LinearBase):
             return None if self.is_layer_skipped(prefix) else Fp8LinearMethod(self)
+        if isinstance(layer, FusedMoE):
+            return None if self.is_layer_skipped(prefix) else Fp8MoEMethod(self)
         return None
 
 
@@ -142,10 +155,10 @@ class Fp8LinearMethod(LinearMethodBase):
             return
         shards = len(output_partition_sizes)
         layer.register_parameter("weight_scale", PerTensorScaleParameter(
-            torch.full((shards,), torch.finfo(torch.float32).min), weight_loader=loader))
+            torch.full((shards,), _UNSET, dtype=torch.float32), weight_loader=loader))
         if self.static_input:
             layer.register_parameter("input_scale", PerTensorScaleParameter(
-                torch.full((shards,), torch.finfo(torch.float32).min), weight_loader=loader))
+                torch.full((shards,), _UNSET, dtype=torch.float32), weight_loader=loader))
 
     @staticmethod
     def _check_block_shapes(layer: Any, input_size_per_partition: int,
@@ -189,3 +202,136 @@ class Fp8LinearMethod(LinearMethodBase):
         input_scale = layer.input_scale if self.static_input else None
         return apply_fp8_linear(x, layer.weight, layer.weight_scale, input_scale, bias,
                                 per_token=True)
+
+
+
+class Fp8MoEMethod(QuantizeMethodBase):
+    """fp8 experts of a FusedMoE layer (see the module docstring)."""
+
+    def __init__(self, quant_config: Fp8Config):
+        if quant_config.weight_block_size is not None:
+            raise NotImplementedError(
+                "fp8: block-wise (weight_block_size) mixture-of-experts weights are not supported "
+                "yet (the grouped expert GEMM takes one scale per expert); list the experts in "
+                "ignored_layers or use a per-tensor fp8 checkpoint")
+        self.quant_config = quant_config
+        self.static_input = quant_config.activation_scheme == "static"
+
+    def create_weights(  # type: ignore[override]
+        self, layer: FusedMoE, num_experts: int, hidden_size: int, intermediate_size: int,
+        params_dtype: torch.dtype,
+    ) -> None:
+        if params_dtype != torch.bfloat16:
+            raise ValueError(f"fp8 mixture-of-experts layers take bfloat16 activations; the model "
+                             f"dtype is {params_dtype} (use --dtype bfloat16)")
+        if not self.quant_config.is_checkpoint_fp8_serialized:
+            return  # bf16 weights as loaded; quantized in process_weights_after_loading
+        fp8 = _ops.FP8_DTYPE
+        shapes = {"w13_weight": (num_experts, 2 * intermediate_size, hidden_size),
+                  "w2_weight": (num_experts, hidden_size, intermediate_size)}
+        for name, shape in shapes.items():
+            param = torch.nn.Parameter(torch.empty(shape, dtype=fp8), requires_grad=False)
+            set_weight_attrs(param, {"weight_loader": layer.weight_loader})
+            layer.register_parameter(name, param)
+        scales: dict[str, tuple[int, ...]] = {"w13_weight_scale": (num_experts, 2),
+                                              "w2_weight_scale": (num_experts,)}
+        if self.static_input:
+            scales.update(w13_input_scale=(num_experts,), w2_input_scale=(num_experts,))
+        for name, scale_shape in scales.items():
+            param = torch.nn.Parameter(torch.full(scale_shape, _UNSET, dtype=torch.float32),
+                                       requires_grad=False)
+            set_weight_attrs(param, {"weight_loader": self._scale_loader(layer)})
+            layer.register_parameter(name, param)
+
+    @staticmethod
+    def _scale_loader(layer: FusedMoE) -> Any:
+        def load(param: torch.nn.Parameter, loaded: torch.Tensor, weight_name: str,
+                 shard_id: str, expert_id: int) -> None:
+            """One expert's per-tensor scale: w13_weight_scale[e, 0 gate / 1 up],
+            w2_weight_scale[e]; input scales keep the max of gate's and up's."""
+            if loaded.numel() != 1:
+                raise ValueError(f"{weight_name}: expected one per-tensor scale, got shape "
+                                 f"{tuple(loaded.shape)} (per-channel fp8 experts are not "
+                                 "supported)")
+            local = layer.local_expert(expert_id)
+            if local is None:
+                return
+            value = loaded.reshape(()).to(torch.float32)
+            if param.dim() == 2:
+                param.data[local, 0 if shard_id == "w1" else 1] = value
+            else:
+                param.data[local] = torch.maximum(param.data[local], value)
+        return load
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        assert isinstance(layer, FusedMoE)
+        device = layer.w13_weight.device
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) != (9, 0):
+            raise NotImplementedError("fp8 mixture-of-experts layers run on sm90 (Hopper) GPUs "
+                                      "only: the grouped expert GEMM is built for sm90a")
+        if not self.quant_config.is_checkpoint_fp8_serialized:
+            w13, s13 = self._quantize(layer.w13_weight.data)
+            w2, s2 = self._quantize(layer.w2_weight.data)
+        else:
+            for name in ("w13_weight_scale", "w2_weight_scale"):
+                if bool((getattr(layer, name).data == _UNSET).any()):
+                    raise ValueError(f"{getattr(layer, 'prefix', 'FusedMoE')}: the checkpoint "
+                                     f"has no {name} for some expert")
+            w13, s13 = self._requantize_to_max(layer.w13_weight.data,
+                                               _tensor(layer, "w13_weight_scale"))
+            w2, s2 = layer.w2_weight.data, _tensor(layer, "w2_weight_scale")
+            if self.static_input:
+                for name in ("w13_input_scale", "w2_input_scale"):
+                    scale = getattr(layer, name).data
+                    if bool((scale == _UNSET).any()):
+                        raise ValueError(f"the checkpoint has no {name} for some expert")
+                    replace_parameter(layer, name, scale.max().reshape(1))
+        replace_parameter(layer, "w13_weight", w13)
+        replace_parameter(layer, "w2_weight", w2)
+        replace_parameter(layer, "w13_weight_scale", s13)
+        replace_parameter(layer, "w2_weight_scale", s2)
+
+    @staticmethod
+    def _quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[E, N, K] float -> fp8 with one dynamic per-tensor scale per expert ([E] float32)."""
+        q = torch.empty(w.shape, dtype=_ops.FP8_DTYPE, device=w.device)
+        scales = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+        for e in range(w.shape[0]):
+            q[e], s = _ops.scaled_fp8_quant(w[e].reshape(-1, w.shape[-1]))
+            scales[e] = s.reshape(())
+        return q, scales
+
+    @staticmethod
+    def _requantize_to_max(w13: torch.Tensor, scales: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[E, 2I, H] fp8 with per-shard scales [E, 2] -> one scale per expert (the max); the
+        shard whose scale was smaller is requantized (vLLM's choice)."""
+        half = w13.shape[1] // 2
+        out = w13.clone()
+        new = scales.max(dim=1).values
+        for e in range(w13.shape[0]):
+            for j in range(2):
+                if bool(scales[e, j] != new[e]):
+                    rows = slice(j * half, (j + 1) * half)
+                    deq = w13[e, rows].to(torch.float32) * scales[e, j]
+                    out[e, rows], _ = _ops.scaled_fp8_quant(deq, new[e].reshape(1))
+        return out, new.contiguous()
+
+    def apply(  # type: ignore[override]
+        self, layer: FusedMoE, x: torch.Tensor, router_logits: torch.Tensor
+    ) -> torch.Tensor:
+        topk_weights, topk_ids = fused_topk(router_logits, layer.top_k, layer.renormalize)
+        return fused_experts_grouped(
+            x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids,
+            layer.global_num_experts, layer.expert_map, _tensor(layer, "w13_weight_scale"),
+            _tensor(layer, "w2_weight_scale"),
+            _tensor(layer, "w13_input_scale") if self.static_input else None,
+            _tensor(layer, "w2_input_scale") if self.static_input else None,
+        )
+
+
+def _tensor(layer: torch.nn.Module, name: str) -> torch.Tensor:
+    """A parameter the method registered on the layer, typed."""
+    value = getattr(layer, name)
+    assert isinstance(value, torch.Tensor), name
+    return value

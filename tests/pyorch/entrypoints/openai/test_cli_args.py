@@ -99,12 +99,19 @@ def test_parallel_flags_map_to_engine_args():
     e = cli_args.engine_args_from(parse(["--tensor-parallel-size", "4"]))
     assert (e.tensor_parallel_size, e.distributed_executor_backend) == (4, None)
     assert e.disable_custom_all_reduce is False
+    assert (e.enable_expert_parallel, e.expert_placement_strategy) == (False, "linear")
+    e = cli_args.engine_args_from(parse(["-tp", "4", "--enable-expert-parallel",
+                                         "--expert-placement-strategy", "round_robin"]))
+    assert (e.enable_expert_parallel, e.expert_placement_strategy) == (True, "round_robin")
+    e = cli_args.engine_args_from(parse(["--no-enable-expert-parallel"]))
+    assert e.enable_expert_parallel is False
 
 
 @pytest.mark.parametrize("argv, message", [
     (["-tp", "0"], "must be >= 1"),
     (["--pipeline-parallel-size", "2"], "tensor parallelism only"),
     (["--distributed-executor-backend", "external_launcher"], "invalid choice"),
+    (["--expert-placement-strategy", "striped"], "invalid choice"),
     (["--max-model-len", "lots"], "expected an integer"),
     (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
     (["--block-size", "3"], "invalid choice"),
@@ -225,6 +232,8 @@ def test_bad_vllm_flag_values(argv, message, capsys):
     (["--cpu-offload-gb", "4"], "weight offloading"),
     (["--allow-deprecated-quantization"], "deprecated quantization methods"),
     (["--tool-parser-plugin", "p.py"], "tool-parser plugins"),
+    (["--enable-expert-parallel", "--all2all-backend", "deepep_low_latency"],
+     "--all2all-backend deepep_low_latency: all-to-all expert dispatch"),
 ])
 def test_refused_flags_name_the_flag_and_feature(argv, message):
     from pyorch.entrypoints.openai.cli_refused import refusal
@@ -236,7 +245,8 @@ def test_neutral_values_of_refused_flags_are_accepted(tmp_path):
     from pyorch.entrypoints.openai.cli_refused import refusal
 
     argv = ["-dp", "1", "--logprobs-mode", "raw_logprobs", "--model-impl", "vllm",
-            "--cpu-offload-gb", "0", "--stream-interval", "1", "--disable-cascade-attn"]
+            "--cpu-offload-gb", "0", "--stream-interval", "1", "--disable-cascade-attn",
+            "--all2all-backend", "allgather_reducescatter"]
     assert refusal(parse(argv)) is None
     config = tmp_path / "serve.yaml"
     config.write_text("enable-lora: true\ndata_parallel_size: 1\n")
