@@ -32,6 +32,8 @@ namespace {
 
 constexpr int kRowTile = 32;  // query rows per work item
 constexpr int kKvTile = 64;   // keys per KV tile
+// Below this total work (query rows x keys, summed over the work items) one thread runs it all.
+constexpr int64_t kMinParallelCost = 4096;
 // Head dims a work item's tiles are compiled for (multiples of 8: whole vectors), smallest first:
 // vLLM's head sizes run unpadded, any other size on the next capacity up.
 constexpr int kHeadCapacities[] = {32, 64, 80, 96, 112, 120, 128, 192, 256, 512, 1024};
@@ -293,7 +295,12 @@ template <typename T, typename CacheT, int D>
 void run_items(const Problem<T, CacheT>& pb, const std::vector<WorkItem>& items) {
   std::atomic<int64_t> next{0};
   const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t num_workers = std::min<int64_t>(at::get_num_threads(), num_items);
+  // Small batches (a decode step of a few sequences) run on the calling thread: a thread-pool
+  // wake and join costs more than their work, far more on a loaded machine.
+  int64_t total_cost = 0;
+  for (const WorkItem& it : items) total_cost += it.cost;
+  const int64_t num_workers =
+      total_cost < kMinParallelCost ? 1 : std::min<int64_t>(at::get_num_threads(), num_items);
   at::parallel_for(0, num_workers, 1, [&](int64_t, int64_t) {
     auto scratch = std::make_unique<Scratch<D>>();
     for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {

@@ -93,12 +93,14 @@ def _check_product(out: torch.Tensor, x: torch.Tensor, raw: np.ndarray, qtype: Q
 
 @pytest.mark.parametrize("op", ["ggml_mul_mat_vec_a8", "ggml_mul_mat_a8"])
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("num_tokens", [1, 3, 9, 17])
-@pytest.mark.parametrize("rows,blocks", [(1, 1), (83, 3)])
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, 9, 17])
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (4, 2), (83, 3)])
 def test_ggml_mul_mat_cpu(
     cpu_isa: str, op: str, qtype: Q, num_tokens: int, rows: int, blocks: int
 ) -> None:
     # 9 and 17 tokens: past one tile of 8 tokens (the kernel's), with a partial last tile.
+    # 1 and 2 tokens of a 32-element type: the SIMD kernels' groups of 4 rows (4 rows: exactly
+    # one group; 83: groups plus a tail of single rows in each thread's range).
     rng = np.random.default_rng(int(qtype) * 7919 + rows + num_tokens)
     cols = _cols(qtype, blocks)
     raw = ref.make_weight(qtype, rows, cols, rng)
