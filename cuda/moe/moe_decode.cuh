@@ -101,16 +101,16 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   float acc[M_TILES][4] = {};
   int slice = warp;
   for (; slice < num_full_slices; slice += NUM_WARPS) {
-    SkinnySlice<M_TILES> s;
+    SkinnySlice<M_TILES, T> s;
     s.template load<false, true>(w_lo_row, w_hi_row, x_rows,
                                  static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
-    s.template multiply<T>(acc);
+    s.multiply(acc);
   }
   if (slice < num_slices) {
-    SkinnySlice<M_TILES> s;
+    SkinnySlice<M_TILES, T> s;
     s.template load<true, true>(w_lo_row, w_hi_row, x_rows,
                                 static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
-    s.template multiply<T>(acc);
+    s.multiply(acc);
   }
 #pragma unroll
   for (int mt = 0; mt < M_TILES; ++mt) {
@@ -202,14 +202,14 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
     int64_t slice = item - b * num_slices;
     const int64_t slice_end = run_end - b * num_slices;
     for (; slice < min(slice_end, num_full_slices); ++slice) {
-      SkinnySlice<M_TILES> s;
+      SkinnySlice<M_TILES, T> s;
       s.template load<false, true>(w_lo_row, w_hi_row, x_rows, slice * kSkinnySliceK + lane_k, K);
-      s.template multiply<T>(acc);
+      s.multiply(acc);
     }
     if (slice < slice_end) {  // the K tail
-      SkinnySlice<M_TILES> s;
+      SkinnySlice<M_TILES, T> s;
       s.template load<true, true>(w_lo_row, w_hi_row, x_rows, slice * kSkinnySliceK + lane_k, K);
-      s.template multiply<T>(acc);
+      s.multiply(acc);
     }
     // acc[mt]: weight rows (g, g + 8) x pairs (mt * 8 + 2t, + 1). Stage, then add pair by pair.
 #pragma unroll
