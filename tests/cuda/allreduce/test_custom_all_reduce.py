@@ -182,5 +182,6 @@ def test_nvlink_topology_check_sees_the_gpus_of_this_host():
     import os
 
     if os.environ.get("PYORCH_EXPECT_NVLINK", "1") == "0":
-        pytest.skip("PYORCH_EXPECT_NVLINK=0")
+        pytest.skip("PYORCH_EXPECT_NVLINK=0: this host's GPUs are not joined by NVLink, so the "
+                    "topology check has nothing to find")
     _check_nvlink(0, torch.cuda.device_count())
