@@ -152,7 +152,8 @@ class FakeCoreMain:
             sock.close()
 
 
-def serve(argv: list[str], step_ms: float, loop: Optional[str], http: Optional[str]) -> int:
+def serve(argv: list[str], step_ms: float, loop: Optional[str], http: Optional[str],
+          profile: Optional[str] = None) -> int:
     """The server subprocess: pyorch-serve with FakeEngineCore as its engine core."""
     import uvicorn
 
@@ -168,7 +169,15 @@ def serve(argv: list[str], step_ms: float, loop: Optional[str], http: Optional[s
             base_init(self, *args, **kwargs)
 
         uvicorn.Config.__init__ = init  # type: ignore[method-assign]
-    return api_server.main(argv)
+    if not profile:
+        return api_server.main(argv)
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(api_server.main, argv)
+    finally:
+        profiler.dump_stats(profile)
 
 
 # ---- a trivial SSE server (the client's own limit) --------------------------------------------
@@ -425,7 +434,7 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     if args.target == "trivial":
         cmd[3] = "trivial"
     else:
-        for flag in ("loop", "http"):
+        for flag in ("loop", "http", "profile"):
             if getattr(args, flag):
                 cmd += [f"--{flag}", getattr(args, flag)]
         cmd += ["--", args.model, "--host", "127.0.0.1", "--port", str(port),
@@ -499,6 +508,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--pin", action="store_true",
                         help="pin the API server to CPU 0, the client elsewhere")
     parser.add_argument("--verbose", action="store_true", help="show the server's output")
+    parser.add_argument("--profile", default=None,
+                        help="write a cProfile of the API-server process to this file")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("server_args", nargs="*", help="after --: more pyorch-serve flags")
     return parser.parse_args(argv)
@@ -507,7 +518,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if args.role == "server":
-        return serve(args.server_args, args.step_ms, args.loop, args.http)
+        return serve(args.server_args, args.step_ms, args.loop, args.http, args.profile)
     if args.role == "trivial":
         serve_trivial(args.port, args.step_ms)
         return 0

@@ -71,13 +71,17 @@ class FrameReader:
     def feed(self, data: bytes) -> list[Any]:
         self._buf += data
         msgs = []
-        while len(self._buf) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self._buf)
-            end = _HEADER.size + length
-            if len(self._buf) < end:
-                break
-            msgs.append(_PlainUnpickler(io.BytesIO(self._buf[_HEADER.size:end])).load())
-            del self._buf[:end]
+        buf, start, size = self._buf, 0, len(self._buf)
+        with memoryview(buf) as view:
+            while size - start >= _HEADER.size:
+                (length,) = _HEADER.unpack_from(buf, start)
+                end = start + _HEADER.size + length
+                if size < end:
+                    break
+                msgs.append(_PlainUnpickler(io.BytesIO(view[start + _HEADER.size:end])).load())
+                start = end
+        # One deletion per read, not per frame: many frames arrive together under load.
+        del buf[:start]
         return msgs
 
 
@@ -129,6 +133,8 @@ def encode_output(o: EngineCoreOutput) -> tuple:
 
 def decode_output(t: tuple) -> EngineCoreOutput:
     req_id, new_ids, finish, stop, lp, plp, cached, pooled = t
+    if lp is None and plp is None and pooled is None:  # the usual output: one per request
+        return EngineCoreOutput(req_id, new_ids, finish, stop, None, None, cached)
     return EngineCoreOutput(
         req_id=req_id, new_token_ids=new_ids, finish_reason=finish, stop_reason=stop,
         new_logprobs=None if lp is None else LogprobsLists(*lp),

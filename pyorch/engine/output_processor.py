@@ -334,15 +334,19 @@ class OutputProcessor:
     def _completion(child: _Child, delta: bool) -> CompletionOutput:
         det, lp = child.detokenizer, child.logprobs
         finished = child.finish_reason is not None
-        token_ids = list(det.output_token_ids)
-        # A copy: outputs may be consumed later, after the processor's list has grown.
-        logprobs = None if lp.logprobs is None else list(lp.logprobs)
+        # Slices are copies: outputs may be consumed later, after the processor's lists have
+        # grown. A delta copies only its new tokens (this runs per request per step).
+        all_ids = det.token_ids
         if delta:
-            token_ids = token_ids[child.num_token_ids_sent:]
+            token_ids = all_ids[det.num_prompt_tokens + child.num_token_ids_sent:]
             child.num_token_ids_sent += len(token_ids)
-            if logprobs is not None:
-                logprobs = logprobs[child.num_logprobs_sent:]
+            logprobs = None
+            if lp.logprobs is not None:
+                logprobs = lp.logprobs[child.num_logprobs_sent:]
                 child.num_logprobs_sent += len(logprobs)
+        else:
+            token_ids = all_ids[det.num_prompt_tokens:]
+            logprobs = None if lp.logprobs is None else list(lp.logprobs)
         return CompletionOutput(
             index=child.index,
             text=det.get_next_output_text(finished, delta=delta),

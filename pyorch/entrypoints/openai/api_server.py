@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import secrets
@@ -537,6 +538,12 @@ def run_server(args: argparse.Namespace) -> int:
     # a no-op, so a server stopped by SIGTERM or Ctrl-C exits 0 after its clean shutdown.
     signal.signal(signal.SIGTERM, _ignore)
     signal.signal(signal.SIGINT, _ignore)
+    # NOTE(apisrv): the start-up heap (tokenizer, transformers, FastAPI, the engine client) lives
+    # as long as the process; moved out of the collector's reach (as vLLM's server does), it is
+    # no longer walked by every full collection, which per-token garbage triggers often at
+    # hundreds of streams (issue 24).
+    gc.collect()
+    gc.freeze()
     try:
         server.run(sockets=[sock])
     finally:

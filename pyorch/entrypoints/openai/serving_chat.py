@@ -44,6 +44,7 @@ from pyorch.entrypoints.openai.request_fields import (
 from pyorch.entrypoints.openai.serving_engine import (
     SSE_DONE,
     OpenAIServing,
+    TextChunks,
     clamp_logprob,
     close_quietly,
     collect_finals,
@@ -282,6 +283,11 @@ class OpenAIServingChat(OpenAIServing):
             return UsageInfo(prompt_tokens=num_prompt, completion_tokens=per_choice[index],
                              total_tokens=num_prompt + per_choice[index])
 
+        plain = TextChunks({"id": request_id, "object": "chat.completion.chunk",
+                            "created": created, "model": self.ctx.model_name},
+                           '{"index":{index},"delta":{"content":',
+                           '},"logprobs":null,"finish_reason":null}')
+        plain_only = not fields.continuous_usage and not fields.return_token_ids
         try:
             for index in range(req.n):
                 role_delta = {"role": self._role(req), "content": echo}
@@ -306,6 +312,9 @@ class OpenAIServingChat(OpenAIServing):
                         finish = parser.finish_reason(finish, parser.streamed_tool_calls)
                         if not delta and finish is None and logprobs is None:
                             continue  # held back (a tag may be starting)
+                    elif plain_only and logprobs is None and finish is None:
+                        yield plain.chunk(c.index, c.text)  # the usual chunk: text only
+                        continue
                     else:
                         delta = {"content": c.text}
                     choice: dict[str, Any] = {

@@ -32,6 +32,7 @@ from pyorch.entrypoints.openai.request_fields import (
 from pyorch.entrypoints.openai.serving_engine import (
     SSE_DONE,
     OpenAIServing,
+    TextChunks,
     clamp_logprob,
     close_quietly,
     collect_finals,
@@ -203,8 +204,14 @@ class OpenAIServingCompletion(OpenAIServing):
         cached = [0] * len(prompts)
         as_ids = fields.as_token_ids
         # Chunks carry no prompt_logprobs (refused with stream) and token ids only if asked.
-        hidden = {"prompt_logprobs"} | (set() if fields.return_token_ids
-                                        else {"prompt_token_ids", "token_ids"})
+        # Each chunk is a plain dict in CompletionChoice's field order (its model_dump, minus
+        # the pydantic round trip: this runs once per token per stream).
+        return_ids = fields.return_token_ids
+        model_name = self.ctx.model_name
+        plain = TextChunks({"id": request_id, "object": "text_completion", "created": created,
+                            "model": model_name}, '{"index":{index},"text":',
+                           ',"logprobs":null,"finish_reason":null,"stop_reason":null}')
+        plain_only = not return_ids and not fields.continuous_usage
         num_generated = 0
         try:
             async for prompt_idx, output in stream_with_errors(first, merged):
@@ -231,18 +238,23 @@ class OpenAIServingCompletion(OpenAIServing):
                     per_choice[index] += len(c.token_ids)
                     if not text and logprobs is None and c.finish_reason is None:
                         continue  # nothing new (e.g. an incomplete UTF-8 character)
-                    choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                              finish_reason=c.finish_reason,
-                                              stop_reason=c.stop_reason)
-                    if fields.return_token_ids:
-                        if not started[index]:
-                            choice.prompt_token_ids = prompt.token_ids
-                        choice.token_ids = list(c.token_ids)
+                    if (plain_only and logprobs is None and c.finish_reason is None
+                            and c.stop_reason is None):
+                        started[index] = True
+                        yield plain.chunk(index, text)
+                        continue
+                    choice: dict[str, Any] = {
+                        "index": index, "text": text,
+                        "logprobs": None if logprobs is None else logprobs.model_dump(),
+                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                    if return_ids:
+                        choice["prompt_token_ids"] = (None if started[index]
+                                                      else prompt.token_ids)
+                        choice["token_ids"] = list(c.token_ids)
                     started[index] = True
                     body: dict[str, Any] = {
                         "id": request_id, "object": "text_completion", "created": created,
-                        "model": self.ctx.model_name,
-                        "choices": [choice.model_dump(exclude=hidden)]}
+                        "model": model_name, "choices": [choice]}
                     if fields.continuous_usage:  # vLLM: this choice's counts so far
                         body["usage"] = UsageInfo(
                             prompt_tokens=len(prompt.token_ids),

@@ -319,6 +319,16 @@ class OpenAIServing:
         Closing this generator early (client gone, error) closes every engine generator, which
         aborts those requests in the engine and frees their KV blocks.
         """
+        if len(prompts) == 1:  # the usual case: no pump task, one hop less per output
+            gen = self.ctx.engine.generate(prompts[0], params, request_id, priority=priority)
+            try:
+                async for output in gen:
+                    yield 0, output
+            finally:
+                # The engine generator's clean-up (abort) is synchronous: this never suspends,
+                # so it also runs under a cancelled anyio scope.
+                await gen.aclose()
+            return
         queue: asyncio.Queue = asyncio.Queue()
         done = object()
 
@@ -465,6 +475,33 @@ def sse(payload: Any) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+# What json.dumps(..., ensure_ascii=False) writes for a str (the C encoder).
+_json_string = json.encoder.encode_basestring
+
+
+class TextChunks:
+    """Streamed chunks that carry one choice's new text and nothing else (no logprobs, token
+    ids, usage or finish reason): the usual chunk, one per token per stream. Each is the exact
+    text `sse(body)` writes for such a body, built from a JSON prefix made once per choice and
+    the encoded text, without building or serializing a dict per token.
+
+    `head`: the chunk's keys before "choices" (id, object, created, model), in order;
+    `choice_open`: the choice's JSON up to its text value, with `{index}` in it;
+    `choice_close`: the rest of the choice after the text, with its closing braces.
+    """
+
+    def __init__(self, head: dict[str, Any], choice_open: str, choice_close: str) -> None:
+        encoded = json.dumps(head, ensure_ascii=False, separators=(",", ":"))
+        self._open = "data: " + encoded[:-1] + ',"choices":[' + choice_open
+        self._close = choice_close + "]}\n\n"
+        self._prefixes: dict[int, str] = {}
+
+    def chunk(self, index: int, text: str) -> str:
+        prefix = self._prefixes.get(index)
+        if prefix is None:
+            prefix = self._prefixes[index] = self._open.replace("{index}", str(index))
+        return prefix + _json_string(text) + self._close
 
 
 def sse_error(exc: BaseException) -> str:
