@@ -107,6 +107,8 @@ setup(
     install_requires=[
         "numpy", "transformers", "safetensors", "gguf", "tqdm",
         "fastapi", "uvicorn", "pydantic>=2", "prometheus_client", "pyyaml",
+        # uvicorn's C event loop and HTTP parser: what keeps hundreds of streams fed (issue 24)
+        "uvloop", "httptools",
     ],
     extras_require={
         "test": ["pytest", "openai", "httpx", "schemathesis"],

@@ -1,7 +1,7 @@
 """The API server's own cost at many concurrent streams, on the CPU (issue 24).
 
     python bench/api_server_cpu.py --streams 500 --step-ms 20 [--endpoint chat] [--pin]
-    python bench/api_server_cpu.py --target trivial --streams 500 --step-ms 5   # the client's own limit
+    python bench/api_server_cpu.py --target trivial --streams 500 --step-ms 5  # the client's limit
 
 What runs: the real `pyorch-serve` (api_server under uvicorn, AsyncLLM, output processor,
 detokenizer, the completion/chat SSE handlers, the wire protocol to a separate engine-core
@@ -31,6 +31,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -364,7 +365,8 @@ async def run_streams(port: int, requests: list[bytes]) -> tuple[list[StreamResu
             fut.set_result(None)
         await fut
 
-    await asyncio.gather(*(one(r, s, f) for r, s, f in zip(requests, results, futures)))
+    streams = zip(requests, results, futures, strict=True)
+    await asyncio.gather(*(one(r, s, f) for r, s, f in streams))
     return results, time.perf_counter() - start
 
 
@@ -381,7 +383,8 @@ def summarize(results: list[StreamResult], wall_s: float, output_len: int) -> di
     chunks = sum(len(r.chunk_times) for r in ok)
     tokens = sum(r.completion_tokens if r.completion_tokens is not None else output_len
                  for r in ok)
-    itl = [(b - a) * 1e3 for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    itl = [(b - a) * 1e3 for r in ok
+           for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
     ttft = [(r.chunk_times[0] - r.start) * 1e3 for r in ok if r.chunk_times]
     times = [t for r in ok for t in r.chunk_times]
     span = (max(times) - min(times)) if len(times) > 1 else float("nan")
@@ -412,11 +415,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
+def wait_healthy(port: int, proc: subprocess.Popen, log_path: str,
+                 timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode}")
+            raise RuntimeError(f"the server exited with code {proc.returncode}: "
+                               f"{_tail(log_path)}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
                 s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
@@ -425,7 +430,16 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float = 300.0) ->
         except OSError:
             pass
         time.sleep(0.3)
-    raise RuntimeError(f"the server did not answer /health in {timeout_s:.0f} s")
+    raise RuntimeError(f"the server did not answer /health in {timeout_s:.0f} s: "
+                       f"{_tail(log_path)}")
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-15:])
+    except OSError:
+        return "(no server log)"
 
 
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
@@ -438,18 +452,20 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
             if getattr(args, flag):
                 cmd += [f"--{flag}", getattr(args, flag)]
         cmd += ["--", args.model, "--host", "127.0.0.1", "--port", str(port),
-                "--load-format", "dummy", "--served-model-name", "bench", "--max-num-seqs", str(max(args.streams, 256)),
+                "--load-format", "dummy", "--served-model-name", "bench",
+                "--max-num-seqs", str(max(args.streams, 256)),
                 "--max-model-len", str(args.input_len + args.output_len + 64),
                 *args.server_args]
-    out = None if args.verbose else subprocess.DEVNULL
-    return subprocess.Popen(cmd, stdout=out, stderr=out)
+    # The server's output goes to a file (shown when it fails to start), or here with --verbose.
+    log = None if args.verbose else open(args.server_log, "wb")  # noqa: SIM115
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     proc = start_server(args, port)
     try:
-        wait_healthy(port, proc)
+        wait_healthy(port, proc, args.server_log)
         if args.pin:  # the server on CPU 0, this client (and everything else) elsewhere
             os.sched_setaffinity(proc.pid, {0})
             others = os.sched_getaffinity(0) - {0}
@@ -508,6 +524,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--pin", action="store_true",
                         help="pin the API server to CPU 0, the client elsewhere")
     parser.add_argument("--verbose", action="store_true", help="show the server's output")
+    parser.add_argument("--server-log", default=os.path.join(tempfile.gettempdir(),
+                                                             "api_server_cpu.server.log"),
+                        help="where the server's output goes (without --verbose)")
     parser.add_argument("--profile", default=None,
                         help="write a cProfile of the API-server process to this file")
     parser.add_argument("--output-json", default=None)

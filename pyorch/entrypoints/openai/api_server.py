@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import importlib.util
 import logging
 import os
 import secrets
@@ -430,6 +431,14 @@ def _startup_report(engine: Any, names: list[str], url: str) -> None:
          + (f" (prompt chunks sized for {sc.target_step_ms:g} ms steps)" if sc.target_step_ms
             else "") + f"; engine core pid {pid}")
     _say(f"serving the OpenAI API at {url}/v1 (docs at {url}/docs)")
+    missing = [name for name in ("uvloop", "httptools") if importlib.util.find_spec(name) is None]
+    if missing:  # uvicorn falls back to asyncio's loop and h11, its pure-Python HTTP parser
+        logger.warning("%s not installed: uvicorn serves with %s, which costs the API server "
+                       "several times more CPU per streamed token (pip install %s)",
+                       " and ".join(missing),
+                       " and ".join({"uvloop": "asyncio's event loop",
+                                     "httptools": "h11"}[m] for m in missing),
+                       " ".join(missing))
 
 
 def make_server_context(args: argparse.Namespace, engine: Any, names: list[str],
@@ -442,7 +451,8 @@ def make_server_context(args: argparse.Namespace, engine: Any, names: list[str],
     return ServerContext(
         engine=engine, served_model_names=names, max_model_len=max_model_len,
         vocab_size=engine.model_config.vocab_size, tokenizer=tokenizer,
-        chat_template=chat_template, log_requests=not args.disable_log_requests,
+        chat_template=chat_template, log_requests=args.enable_log_requests,
+        max_log_len=getattr(args, "max_log_len", None),
         chars_per_token=engine.input_processor.chars_per_token, renderer=renderer,
         max_logprobs=engine.model_config.max_logprobs,
         default_sampling_params=engine.model_config.get_diff_sampling_param(),

@@ -212,9 +212,14 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     _add(server, "--enable-prompt-tokens-details", "flag", action="store_true",
          help="report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)")
     _add(server, "--disable-log-requests", "flag", action="store_true",
-         help="do not log each request")
+         help="no uvicorn access log (vLLM's deprecated flag: requests are logged only with "
+              "--enable-log-requests)")
     _add(server, "--enable-log-requests", "flag", action="store_true",
-         help="log each request (vLLM's flag; pyorch logs them unless --disable-log-requests)")
+         help="log each request: its id and sampling parameters at INFO, its prompt at DEBUG "
+              "(vLLM's flag; off by default)")
+    _add(server, "--max-log-len", type=_size_or_zero, default=None,
+         help="at most this many prompt characters (or token ids) in a logged prompt "
+              "(default: all of it)")
     _add(server, "--uvicorn-log-level", default="info",
          choices=["critical", "error", "warning", "info", "debug", "trace"],
          help="uvicorn's log level (default: %(default)s)")

@@ -26,7 +26,6 @@ _REFUSED: list[tuple[str, Optional[str], str, str, tuple[str, ...]]] = [
      "running the API server in the engine process (pyorch always uses two processes)", ()),
     ("--enable-request-id-headers", None, "flag", "X-Request-Id response headers", ()),
     ("--log-config-file", None, "value", "a logging config file", ()),
-    ("--max-log-len", None, "value", "a configurable logged-prompt length", ()),
     ("--enable-force-include-usage", None, "flag", "forced usage on every stream", ()),
     ("--enable-log-outputs", None, "flag", "logging generated outputs", ()),
     ("--h11-max-incomplete-event-size", None, "value", "h11 header-size limits", ()),

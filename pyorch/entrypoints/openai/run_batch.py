@@ -30,7 +30,7 @@ _SERVER_ONLY = ("host", "port", "api_key", "metrics_require_api_key", "max_reque
                 "ssl_cert_reqs", "uvicorn_log_level", "disable_uvicorn_access_log",
                 "disable_fastapi_docs", "enable_tokenizer_info_endpoint",
                 "enable_server_load_tracking", "metrics_prefix", "disable_log_stats",
-                "enable_log_requests")
+                "enable_log_requests", "max_log_len")
 # Requests in flight at once; the engine batches them (max_num_seqs per step).
 _MAX_CONCURRENT = 1024
 

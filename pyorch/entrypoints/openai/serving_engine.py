@@ -50,7 +50,6 @@ logger = logging.getLogger("pyorch.entrypoints.openai")
 T = TypeVar("T")
 # JSON has no -inf; OpenAI's and vLLM's floor for impossible tokens.
 MIN_LOGPROB = -9999.0
-_LOG_PROMPT_CHARS = 200
 
 
 @dataclass
@@ -63,7 +62,10 @@ class ServerContext:
     vocab_size: int
     tokenizer: Any  # a transformers tokenizer; None with skip_tokenizer_init
     chat_template: Optional[str] = None
-    log_requests: bool = True
+    # --enable-log-requests (vLLM's): one INFO line per request, its prompt at DEBUG, cut to
+    # max_log_len characters or token ids (None: all of it).
+    log_requests: bool = False
+    max_log_len: Optional[int] = None
     # K of `max_chars_per_token`: prompts longer than max_model_len * K characters are refused
     # before they are tokenized (None: this tokenizer gives no such guarantee).
     chars_per_token: Optional[int] = None
@@ -303,12 +305,13 @@ class OpenAIServing:
                     params: SamplingParams) -> None:
         if not self.ctx.log_requests:
             return
-        text = prompt if isinstance(prompt, str) else str(prompt)
-        if len(text) > _LOG_PROMPT_CHARS:
-            text = text[:_LOG_PROMPT_CHARS] + "..."
         logger.info("request %s: %d prompt tokens, n=%d, max_tokens=%s, temperature=%s, "
-                    "stream=%s, prompt=%r", request_id, num_tokens, params.n, params.max_tokens,
-                    params.temperature, params.output_kind == RequestOutputKind.DELTA, text)
+                    "stream=%s", request_id, num_tokens, params.n, params.max_tokens,
+                    params.temperature, params.output_kind == RequestOutputKind.DELTA)
+        if logger.isEnabledFor(logging.DEBUG):
+            limit = self.ctx.max_log_len
+            logger.debug("request %s: prompt: %r", request_id,
+                         prompt if limit is None else prompt[:limit])
 
     # ---- running prompts ---------------------------------------------------------------------
     async def generate_many(self, prompts: list[dict], params: SamplingParams,

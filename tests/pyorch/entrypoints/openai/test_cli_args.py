@@ -337,3 +337,23 @@ def test_structured_outputs_config_applies():
     check_tool_args(args)
     assert args.structured_outputs_disable_any_whitespace is False
     assert args.reasoning_parser is None
+
+
+def test_request_logging_flags_follow_vllm():
+    from pyorch.entrypoints.openai.api_server import make_server_context
+    from pyorch.entrypoints.openai.cli_refused import refusal
+
+    assert parse([]).enable_log_requests is False and parse([]).max_log_len is None
+    args = parse(["--enable-log-requests", "--max-log-len", "1k"])
+    assert refusal(args) is None  # --max-log-len is implemented, no longer refused
+    assert (args.enable_log_requests, args.max_log_len) == (True, 1000)
+    engine = argparse.Namespace(
+        model_config=argparse.Namespace(max_model_len=64, vocab_size=100, max_logprobs=20,
+                                        get_diff_sampling_param=dict),
+        get_tokenizer=lambda: None, input_processor=argparse.Namespace(chars_per_token=None))
+    for argv, logged, limit in (([], False, None), (["--enable-log-requests"], True, None),
+                                (["--enable-log-requests", "--max-log-len", "9"], True, 9)):
+        ctx = make_server_context(parse(argv), engine, ["m"], None, None)
+        assert (ctx.log_requests, ctx.max_log_len) == (logged, limit)
+    with pytest.raises(SystemExit):
+        parse(["--max-log-len", "-1"])
