@@ -39,6 +39,9 @@ from typing import Any, Optional
 _HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODEL = "/work/shared/tools/vllm-peer/llama3-8b-dummy"
 _FIRST_WORD_ID = 3  # the dummy tokenizer's words are t3.. (0-2 are special)
+# For --endpoint chat: the messages' text, then one word as the assistant's header.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}t4{% endif %}")
 
 
 # ---- the fake engine core (runs in the engine-core process) ------------------------------------
@@ -456,6 +459,8 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
                 "--max-num-seqs", str(max(args.streams, 256)),
                 "--max-model-len", str(args.input_len + args.output_len + 64),
                 *args.server_args]
+        if args.endpoint == "chat" and "--chat-template" not in args.server_args:
+            cmd += ["--chat-template", CHAT_TEMPLATE]  # dummy tokenizers come without one
     # The server's output goes to a file (shown when it fails to start), or here with --verbose.
     log = None if args.verbose else open(args.server_log, "wb")  # noqa: SIM115
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None)
@@ -541,9 +546,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.role == "trivial":
         serve_trivial(args.port, args.step_ms)
         return 0
+    load_start = os.getloadavg()
     summary = run(args)
     config = {k: v for k, v in vars(args).items() if k not in ("role", "port", "verbose")}
-    report = {"config": config, "result": summary}
+    env = {"python": sys.version.split()[0], "cpu_count": os.cpu_count(),
+           "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+           "pythonpath": os.environ.get("PYTHONPATH", "")}
+    report = {"config": config, "env": env, "result": summary}
     print(json.dumps(report, indent=2))
     if args.output_json:
         os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
