@@ -116,6 +116,55 @@ def test_fused_experts_dispatch_by_batch_size(device: str, dtype: torch.dtype, m
     assert fm.moe_decode_block_size(33, 2, 8) is None
 
 
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_single_token_routing_skips_the_sort(device: str, dtype: torch.dtype, monkeypatch):
+    """One token (batch-1 decode) is routed one pair per block, without moe_align_block_size:
+    the same result as the sorted routing, with a token routed to one expert twice, with other
+    ranks' experts (expert_map), and the sort again for int64 ids and for several tokens."""
+    num_experts, top_k, hidden, inter = 24, 6, 136, 72
+    w13, w2 = _weights(num_experts, hidden, inter, device, dtype)
+    sorts: list[int] = []
+    real = fm.moe_align_block_size
+
+    def counted(ids, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sorts.append(ids.shape[0])
+        return real(ids, *args, **kwargs)
+
+    monkeypatch.setattr(fm, "moe_align_block_size", counted)
+    for trial in range(3):
+        x = torch.randn(1, hidden, device=device).to(dtype)
+        ids = torch.randperm(num_experts, device=device)[:top_k].to(torch.int32).view(1, top_k)
+        if trial == 1:
+            ids[0, 3] = ids[0, 1]  # one expert twice
+        weights = torch.rand(1, top_k, device=device)
+        out = fm.fused_experts_decode(x, w13, w2, weights, ids, num_experts)
+        torch.testing.assert_close(out.cpu().double(), ref.fused_moe(x, w13, w2, weights, ids),
+                                   **tol(dtype, 4.0))
+        sorted_out = fm.fused_experts_decode(x, w13, w2, weights, ids.long(), num_experts)
+        # The same pairs summed in another order (pair order here, expert order there).
+        torch.testing.assert_close(out, sorted_out, **tol(dtype, 1.0))
+    assert sorts == [1, 1, 1]  # only the int64 calls sorted
+    # Expert parallelism: this rank holds experts 12..23 as local 0..11.
+    expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
+    expert_map[12:] = torch.arange(12, dtype=torch.int32)
+    ids = torch.tensor([[0, 13, 5, 23, 12, 7]], dtype=torch.int32, device=device)
+    x = torch.randn(1, hidden, device=device).to(dtype)
+    weights = torch.rand(1, top_k, device=device)
+    local13, local2 = w13[12:].contiguous(), w2[12:].contiguous()
+    out = fm.fused_experts_decode(x, local13, local2, weights, ids, num_experts,
+                                  expert_map.to(device))
+    mine = ids.cpu() >= 12
+    want = ref.fused_moe(x.cpu(), local13.cpu(), local2.cpu(),
+                         torch.where(mine, weights.cpu(), torch.zeros(())),
+                         torch.where(mine, ids.cpu() - 12, torch.zeros((), dtype=ids.dtype)))
+    torch.testing.assert_close(out.cpu().double(), want, **tol(dtype, 4.0))
+    assert sorts == [1, 1, 1]
+    two = torch.randint(0, num_experts, (2, top_k), dtype=torch.int32, device=device)
+    fm.fused_experts_decode(torch.randn(2, hidden, device=device).to(dtype), w13, w2,
+                            torch.rand(2, top_k, device=device), two, num_experts)
+    assert sorts == [1, 1, 1, 2]
+
+
 @pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
 @pytest.mark.parametrize("num_tokens", [1, 7])
 def test_fused_moe_decode_cuda_graph(num_tokens: int):
