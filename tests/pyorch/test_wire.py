@@ -33,6 +33,19 @@ def test_frames_roundtrip_in_pieces():
     assert got == msgs
 
 
+def test_many_frames_in_one_read_then_a_partial_one():
+    """Under load one read holds many frames and the start of the next (the reader parses them
+    in place and trims its buffer once per read)."""
+    msgs = [(12, [("r%d" % i, [i], None)], i) for i in range(300)]
+    frames = [encode_frame(m) for m in msgs]
+    reader = FrameReader()
+    head, tail = frames[-1][:5], frames[-1][5:]
+    assert reader.feed(b"".join(frames[:-1]) + head) == msgs[:-1]
+    assert reader.feed(b"") == []
+    assert reader.feed(tail + frames[0]) == [msgs[-1], msgs[0]]
+    assert reader.feed(b"") == []
+
+
 def test_frames_refuse_objects():
     with pytest.raises(pickle.UnpicklingError, match="plain data only"):
         FrameReader().feed(encode_frame((12, torch.zeros(2))))
