@@ -198,6 +198,14 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
       if (f < 0) f = first;
       x_rows[mt] = p.act + f * K;
     }
+    // Lane j < kPairs fetches pair j's id and routing weight now, beside the weight stream, for
+    // the staging below (fetched there pair by pair, they were 2 * kPairs dependent L2 trips).
+    int64_t lane_pair = -1;
+    float lane_weight = 0.f;
+    if (lane < kPairs) {
+      lane_pair = moe_decode_pair(p, entry0 + lane);
+      if (lane_pair >= 0) lane_weight = p.topk_weights[lane_pair];
+    }
     float acc[M_TILES][4] = {};
     int64_t slice = item - b * num_slices;
     const int64_t slice_end = run_end - b * num_slices;
@@ -222,12 +230,11 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
       }
     }
     __syncwarp();
-    if (lane < kSkinnyRows) {
-      for (int pair = 0; pair < kPairs; ++pair) {
-        const int64_t f = moe_decode_pair(p, entry0 + pair);
-        if (f < 0) continue;
-        rows[(f / p.top_k) * kSkinnyRows + lane] +=
-            p.topk_weights[f] * stage[pair * kSkinnyRows + lane];
+    for (int pair = 0; pair < kPairs; ++pair) {  // pair order: a fixed order of the sums
+      const int64_t f = __shfl_sync(0xffffffffu, lane_pair, pair);
+      const float w = __shfl_sync(0xffffffffu, lane_weight, pair);
+      if (f >= 0 && lane < kSkinnyRows) {
+        rows[(f / p.top_k) * kSkinnyRows + lane] += w * stage[pair * kSkinnyRows + lane];
       }
     }
     __syncwarp();
