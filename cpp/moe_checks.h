@@ -119,6 +119,26 @@ struct FusedMoeGemmShape {
   int64_t num_sorted;    // entries of sorted_token_ids (rows past it are never read)
 };
 
+// The routing buffers of moe_align_block_size as the expert kernels read them: sorted_token_ids,
+// expert_ids and num_tokens_post_padded contiguous 1-D int32, one expert id per block of
+// block_size sorted entries, one padded count.
+inline void check_moe_routing_buffers(const char* op, const at::Tensor& sorted_token_ids,
+                                      const at::Tensor& expert_ids,
+                                      const at::Tensor& num_tokens_post_padded,
+                                      int64_t block_size) {
+  for (const at::Tensor* x : {&sorted_token_ids, &expert_ids, &num_tokens_post_padded}) {
+    TORCH_CHECK(x->scalar_type() == at::kInt && x->dim() == 1 && x->is_contiguous(), op,
+                ": sorted_token_ids, expert_ids and num_tokens_post_padded must be contiguous 1-D "
+                "int32");
+  }
+  TORCH_CHECK(num_tokens_post_padded.numel() == 1, op,
+              ": num_tokens_post_padded must hold one element");
+  TORCH_CHECK(expert_ids.numel() == (sorted_token_ids.numel() + block_size - 1) / block_size, op,
+              ": expert_ids needs one entry per block of ", block_size,
+              " entries of sorted_token_ids (", sorted_token_ids.numel(), "), got ",
+              expert_ids.numel());
+}
+
 // fused_moe_gemm: input [num_input_rows, K] (last dim contiguous); weight [E, N, K] contiguous;
 // out [num_flat, N or N / 2] contiguous; topk_weights [num_flat] float32 (contiguous) or None;
 // sorted_token_ids [num_padded] int32; expert_ids [num_padded / block_size] int32;
@@ -156,17 +176,7 @@ inline FusedMoeGemmShape check_fused_moe_gemm(
                 op, ": topk_weights must be contiguous float32 with num_flat=", num_flat,
                 " elements, got ", topk_weights->sizes());
   }
-  for (const at::Tensor* x : {&sorted_token_ids, &expert_ids, &num_tokens_post_padded}) {
-    TORCH_CHECK(x->scalar_type() == at::kInt && x->dim() == 1 && x->is_contiguous(), op,
-                ": sorted_token_ids, expert_ids and num_tokens_post_padded must be contiguous 1-D "
-                "int32");
-  }
-  TORCH_CHECK(num_tokens_post_padded.numel() == 1, op,
-              ": num_tokens_post_padded must hold one element");
-  TORCH_CHECK(expert_ids.numel() == (sorted_token_ids.numel() + block_size - 1) / block_size, op,
-              ": expert_ids needs one entry per block of ", block_size,
-              " entries of sorted_token_ids (", sorted_token_ids.numel(), "), got ",
-              expert_ids.numel());
+  check_moe_routing_buffers(op, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size);
   const int64_t in_stride = input.size(0) <= 1 ? k : input.stride(0);
   return {num_flat,           weight.size(0),          n, k, out_cols, in_stride,
           expert_ids.numel(), sorted_token_ids.numel()};

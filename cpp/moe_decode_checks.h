@@ -60,17 +60,7 @@ inline FusedMoeDecodeShape check_fused_moe_decode(
   TORCH_CHECK(h <= 1 || hidden.stride(1) == 1, op,
               ": hidden_states' last dimension must be contiguous");
   TORCH_CHECK(block_size >= 1, op, ": block_size must be >= 1, got ", block_size);
-  for (const at::Tensor* x : {&sorted_token_ids, &expert_ids, &num_tokens_post_padded}) {
-    TORCH_CHECK(x->scalar_type() == at::kInt && x->dim() == 1 && x->is_contiguous(), op,
-                ": sorted_token_ids, expert_ids and num_tokens_post_padded must be contiguous 1-D "
-                "int32");
-  }
-  TORCH_CHECK(num_tokens_post_padded.numel() == 1, op,
-              ": num_tokens_post_padded must hold one element");
-  TORCH_CHECK(expert_ids.numel() == (sorted_token_ids.numel() + block_size - 1) / block_size, op,
-              ": expert_ids needs one entry per block of ", block_size,
-              " entries of sorted_token_ids (", sorted_token_ids.numel(), "), got ",
-              expert_ids.numel());
+  check_moe_routing_buffers(op, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size);
   const int64_t stride = m <= 1 ? h : hidden.stride(0);
   return {m, top_k, e, h, inter, stride, sorted_token_ids.numel(), expert_ids.numel()};
 }

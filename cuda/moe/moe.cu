@@ -1,4 +1,6 @@
 // Instantiates the MoE kernels behind the torch-free C API (pyorch/moe.h).
+#include <type_traits>
+
 #include "moe/fused_moe_gemm.cuh"
 #include "moe/moe_routing.cuh"
 #include "pyorch/moe.h"
@@ -22,16 +24,34 @@ cudaError_t topk_softmax(float* topk_weights, void* topk_indices, DType indices_
     const T* g = static_cast<const T*>(gating);
     const int m = static_cast<int>(num_tokens), e = static_cast<int>(num_experts);
     const int k = static_cast<int>(top_k);
-    if (indices_dtype == DType::kInt32) {
-      kernels::topk_softmax_kernel<T, int32_t><<<grid, threads, 0, stream>>>(
-          topk_weights, static_cast<int32_t*>(topk_indices), token_expert_indices, g, m, e, k,
-          gating_stride, renormalize);
-    } else if (indices_dtype == DType::kInt64) {
-      kernels::topk_softmax_kernel<T, int64_t><<<grid, threads, 0, stream>>>(
-          topk_weights, static_cast<int64_t*>(topk_indices), token_expert_indices, g, m, e, k,
-          gating_stride, renormalize);
-    } else {
+    if (indices_dtype != DType::kInt32 && indices_dtype != DType::kInt64) {
       PYORCH_INVALID("topk_softmax: topk_indices must be int32 or int64");
+    }
+    // Experts per lane: the smallest power of two covering E / 32.
+    auto launch = [&](auto per_lane) {
+      constexpr int kPerLane = decltype(per_lane)::value;
+      if (indices_dtype == DType::kInt32) {
+        kernels::topk_softmax_kernel<T, int32_t, kPerLane><<<grid, threads, 0, stream>>>(
+            topk_weights, static_cast<int32_t*>(topk_indices), token_expert_indices, g, m, e, k,
+            gating_stride, renormalize);
+      } else {
+        kernels::topk_softmax_kernel<T, int64_t, kPerLane><<<grid, threads, 0, stream>>>(
+            topk_weights, static_cast<int64_t*>(topk_indices), token_expert_indices, g, m, e, k,
+            gating_stride, renormalize);
+      }
+    };
+    if (e <= 32) {
+      launch(std::integral_constant<int, 1>{});
+    } else if (e <= 64) {
+      launch(std::integral_constant<int, 2>{});
+    } else if (e <= 128) {
+      launch(std::integral_constant<int, 4>{});
+    } else if (e <= 256) {
+      launch(std::integral_constant<int, 8>{});
+    } else if (e <= 512) {
+      launch(std::integral_constant<int, 16>{});
+    } else {
+      launch(std::integral_constant<int, 32>{});
     }
     return cudaGetLastError();
   });

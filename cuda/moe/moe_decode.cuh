@@ -27,7 +27,8 @@
 // 2 blocks x 112 slices). When a warp's run leaves a block it multiplies the block's partial sums
 // by the routing weights and adds them, pair by pair in a fixed order, into its own per-token rows
 // in shared memory; at the end the warps' rows are added in warp order. The result is
-// deterministic (a fixed order for a given routing), rounded to T once.
+// deterministic (a fixed order for a given routing), rounded to T once. Under PDL the down kernel
+// reads the routing and asks L2 for its warps' first weight slices before waiting on gate_up.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,8 @@ namespace pyorch::kernels {
 
 constexpr int kMoeDecodeGateUpWarps = 4;
 constexpr int kMoeDecodeDownWarps = 16;
+// Weight slices per warp of the down kernel asked of L2 before it waits on gate_up's output.
+constexpr int kMoeDecodeDownPrefetchSlices = 2;
 
 template <typename T>
 struct MoeDecodeParams {
@@ -163,8 +166,10 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
       moe_down_smem + NUM_WARPS * T_ * kSkinnyRows + warp * kPairs * kSkinnyRows;  // [kPairs][16]
   for (int64_t i = lane; i < T_ * kSkinnyRows; i += kWarpSize) rows[i] = 0.f;
 
-  pdl_wait();  // act is the gate_up kernel's output
-  pdl_launch_dependents();
+  // Everything here up to pdl_wait reads only the routing, which was complete before the gate_up
+  // kernel let this one launch (each of its CTAs waited on the routing first): the work split,
+  // and this warp's first weight slices asked of L2, overlapping gate_up's tail. (gate_up is
+  // launched whenever there is a pair; without one there are no items to read.)
   const int64_t K = p.inter;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kSkinnyRows;
   const int64_t last_row = p.hidden - 1;
@@ -177,6 +182,26 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   const int64_t per_warp = (num_items + NUM_WARPS - 1) / NUM_WARPS;
   const int64_t item_end = min(num_items, (warp + 1) * per_warp);
   const int64_t lane_k = kSkinnyChunk * t;
+  if (warp * per_warp < item_end) {
+    const int64_t b = warp * per_warp / num_slices;
+    const int32_t expert = p.expert_ids[b];
+    if (expert >= 0 && expert < p.num_experts) {
+      const T* w = p.w2 + static_cast<int64_t>(expert) * p.hidden * K;
+      const int64_t run_end = min(item_end, (b + 1) * num_slices);
+      const int64_t last = min(run_end, warp * per_warp + kMoeDecodeDownPrefetchSlices);
+      for (int64_t item = warp * per_warp; item < last; ++item) {
+        // Two 128-byte lines of each of the rows g and g + 8 per slice: lane t asks for bytes
+        // 64t.. of the slice's 256.
+        const int64_t k = (item - b * num_slices) * kSkinnySliceK + (64 / sizeof(T)) * t;
+        if (k < K) {
+          prefetch_l2(w + min(row0 + g, last_row) * K + k);
+          prefetch_l2(w + min(row0 + g + 8, last_row) * K + k);
+        }
+      }
+    }
+  }
+  pdl_wait();  // act is the gate_up kernel's output
+  pdl_launch_dependents();
 
   for (int64_t item = warp * per_warp; item < item_end;) {
     const int64_t b = item / num_slices;
@@ -197,6 +222,14 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
       int64_t f = moe_decode_pair(p, entry0 + mt * kSkinnyTileTokens + g);
       if (f < 0) f = first;
       x_rows[mt] = p.act + f * K;
+    }
+    // Lane j < kPairs fetches pair j's id and routing weight now, beside the weight stream, for
+    // the staging below (fetched there pair by pair, they were 2 * kPairs dependent L2 trips).
+    int64_t lane_pair = -1;
+    float lane_weight = 0.f;
+    if (lane < kPairs) {
+      lane_pair = moe_decode_pair(p, entry0 + lane);
+      if (lane_pair >= 0) lane_weight = p.topk_weights[lane_pair];
     }
     float acc[M_TILES][4] = {};
     int64_t slice = item - b * num_slices;
@@ -222,12 +255,11 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
       }
     }
     __syncwarp();
-    if (lane < kSkinnyRows) {
-      for (int pair = 0; pair < kPairs; ++pair) {
-        const int64_t f = moe_decode_pair(p, entry0 + pair);
-        if (f < 0) continue;
-        rows[(f / p.top_k) * kSkinnyRows + lane] +=
-            p.topk_weights[f] * stage[pair * kSkinnyRows + lane];
+    for (int pair = 0; pair < kPairs; ++pair) {  // pair order: a fixed order of the sums
+      const int64_t f = __shfl_sync(0xffffffffu, lane_pair, pair);
+      const float w = __shfl_sync(0xffffffffu, lane_weight, pair);
+      if (f >= 0 && lane < kSkinnyRows) {
+        rows[(f / p.top_k) * kSkinnyRows + lane] += w * stage[pair * kSkinnyRows + lane];
       }
     }
     __syncwarp();

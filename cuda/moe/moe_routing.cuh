@@ -12,10 +12,12 @@ namespace pyorch::kernels {
 
 constexpr int kTopkWarps = 4;  // tokens per CTA of topk_softmax: one warp each
 
-// One warp per token. Lane l owns experts l, l + 32, ... (at most 32 of them: E <= 1024) and a
-// bit per owned expert once it is taken; each of the top_k rounds is a warp argmax over the
-// untaken ones, ties to the lower expert id.
-template <typename T, typename IndexT>
+// One warp per token. Lane l owns experts l, l + 32, ..., l + 32 * (PER_LANE - 1) (PER_LANE >=
+// ceil(E / 32), a power of two up to 32: E <= 1024), read into registers once, and a bit per
+// owned expert once it is taken; each of the top_k rounds is a warp argmax over the untaken ones,
+// ties to the lower expert id. (Reading the row again in every round, through L1, cost about
+// twice the kernel's time at 128 experts.)
+template <typename T, typename IndexT, int PER_LANE>
 __global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, top_k]
                                     IndexT* __restrict__ topk_indices,   // [M, top_k]
                                     int32_t* __restrict__ token_expert,  // [M, top_k]
@@ -26,11 +28,20 @@ __global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, 
   const int token = blockIdx.x * kTopkWarps + threadIdx.x / kWarpSize;
   if (token >= num_tokens) return;
   const T* row = gating + token * gating_stride;
+  float v[PER_LANE];
   float row_max = -INFINITY;
-  for (int e = lane; e < num_experts; e += kWarpSize) row_max = fmaxf(row_max, to_float(row[e]));
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    const int e = lane + i * kWarpSize;
+    v[i] = e < num_experts ? to_float(row[e]) : -INFINITY;
+    row_max = fmaxf(row_max, v[i]);
+  }
   row_max = warp_reduce_max(row_max);
   float sum = 0.f;
-  for (int e = lane; e < num_experts; e += kWarpSize) sum += __expf(to_float(row[e]) - row_max);
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    if (lane + i * kWarpSize < num_experts) sum += __expf(v[i] - row_max);
+  }
   sum = warp_reduce_sum(sum);
   const float inv_sum = 1.f / sum;
   uint32_t taken = 0;
@@ -40,10 +51,11 @@ __global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, 
   for (int j = 0; j < top_k; ++j) {
     float best = -INFINITY;
     int best_e = num_experts;
-    for (int i = 0, e = lane; e < num_experts; ++i, e += kWarpSize) {
-      const float p = to_float(row[e]);
-      if (!(taken >> i & 1u) && (p > best || best_e == num_experts)) {
-        best = p;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      const int e = lane + i * kWarpSize;
+      if (e < num_experts && !(taken >> i & 1u) && (v[i] > best || best_e == num_experts)) {
+        best = v[i];
         best_e = e;
       }
     }
