@@ -432,3 +432,61 @@ def test_pooling_encode_matches_llm_frees_blocks_and_refuses_bad_requests(model_
     want = LLM(**vars(args)).embed(PROMPTS, use_tqdm=False)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, torch.tensor(w.outputs.embedding), atol=1e-5, rtol=1e-5)
+
+
+class _LetterTokenizer:
+    """Token t decodes to one letter (1 -> "a"); no engine needed."""
+
+    def decode(self, token_ids, **kwargs):
+        return "".join(chr(ord("a") + (t - 1) % 26) for t in token_ids)
+
+    def get_added_vocab(self):
+        return {}
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
+def test_slow_consumer_gets_outputs_merged(kind):
+    """A consumer that falls behind gets one output holding every step it missed: delta
+    outputs concatenated (text, token ids, per child), cumulative ones replaced by the newest;
+    an output taken early is not changed by later steps."""
+    from pyorch.core_types import EngineCoreOutput
+    from pyorch.engine.async_llm import _RequestStream
+    from pyorch.engine.output_processor import OutputProcessor
+
+    async def main():
+        op = OutputProcessor(_LetterTokenizer())
+        params = SamplingParams(n=2, output_kind=kind, max_tokens=50)
+        child_ids = [cid for cid, _ in op.add_request("r", "p", [1, 2], params, None, 64)]
+        stream = _RequestStream(kind)
+        steps = [[1], [2, 3], [4], [5], [6]]
+        taken = []
+        for i, tokens in enumerate(steps):
+            finish = "length" if i == len(steps) - 1 else None
+            outs, _ = op.process_outputs([EngineCoreOutput(c, [t + j for t in tokens], finish)
+                                          for j, c in enumerate(child_ids)])
+            for out in outs:
+                stream.put(out)
+            if i == 0:  # one output taken early, then the consumer stalls for three steps
+                taken.append(await stream.get())
+            if i == 3:
+                taken.append(await stream.get())
+        taken.append(await stream.get())
+        return taken
+
+    first, middle, last = asyncio.run(main())
+    texts = {0: "abcdef", 1: "bcdefg"}
+    assert [c.text for c in first.outputs] == ["a", "b"] and not first.finished
+    if kind == RequestOutputKind.DELTA:
+        assert [c.text for c in middle.outputs] == ["bcde", "cdef"]
+        assert [c.token_ids for c in middle.outputs] == [[2, 3, 4, 5], [3, 4, 5, 6]]
+        assert [c.text for c in last.outputs] == ["f", "g"]
+        for index, text in texts.items():
+            pieces = [out.outputs[index] for out in (first, middle, last)]
+            assert "".join(c.text for c in pieces) == text
+            assert [t for c in pieces for t in c.token_ids] == [ord(ch) - 96 for ch in text]
+    else:
+        assert [c.text for c in middle.outputs] == ["abcde", "bcdef"]
+        assert [c.text for c in last.outputs] == list(texts.values())
+        assert last.outputs[0].token_ids == [1, 2, 3, 4, 5, 6]
+    assert first.outputs[0].token_ids == [1] and first.outputs[0].text == "a"  # unchanged
+    assert last.finished and [c.finish_reason for c in last.outputs] == ["length"] * 2
