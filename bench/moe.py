@@ -29,7 +29,7 @@ import torch
 
 from pyorch import _ops
 from pyorch.benchmarks import common
-from pyorch.benchmarks.attention import copy_bandwidth, event_times
+from pyorch.benchmarks.attention import copy_bandwidth, event_times, graph_ms
 from pyorch.layers.fused_moe import fused_experts, fused_topk
 from pyorch.layers.fused_moe import fused_moe as fm
 
@@ -82,23 +82,10 @@ def _fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale[:, None, None]).to(_ops.FP8_DTYPE), scale
 
 
-def _graph_ms(fn: Callable[[], Any], iters: int) -> float:
-    """Median ms of one replay of a CUDA graph holding one call of fn."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return common.median(event_times(graph.replay, iters))
-
-
 def _time(row: dict[str, Any], name: str, fn: Callable[[], Any], iters: int) -> None:
     row[f"{name}_eager_us"] = common.median(event_times(fn, iters)) * 1e3
     try:
-        row[f"{name}_us"] = _graph_ms(fn, iters) * 1e3
+        row[f"{name}_us"] = graph_ms(fn, iters) * 1e3
     except RuntimeError as e:  # a path that cannot be captured: report the eager time
         print(f"{name}: CUDA graph capture failed ({e}); graph time = eager time")
         row[f"{name}_us"] = row[f"{name}_eager_us"]

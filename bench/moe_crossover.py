@@ -15,28 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from pyorch.benchmarks import common
-from pyorch.benchmarks.attention import copy_bandwidth, event_times
+from pyorch.benchmarks.attention import copy_bandwidth, graph_ms
 from pyorch.layers.fused_moe import fused_moe as fm
 
 # name -> (num_experts, top_k, hidden_size, moe_intermediate_size)
 SHAPES = {"mixtral": (8, 2, 4096, 14336), "qwen3_moe": (128, 8, 2048, 768)}
-
-
-def _graph_us(fn: Callable[[], Any], iters: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return common.median(event_times(graph.replay, iters)) * 1e3
 
 
 def _row(model: str, m: int, bandwidth: float, iters: int) -> dict[str, Any]:
@@ -68,8 +56,8 @@ def _row(model: str, m: int, bandwidth: float, iters: int) -> dict[str, Any]:
     row: dict[str, Any] = dict(model=model, M=m, active_experts=active,
                                floor_us=active * 3 * hidden * inter * 2 / bandwidth * 1e6,
                                max_rel_diff=float((a - b).abs().max() / b.abs().max()))
-    row["decode_us"] = _graph_us(decode, iters)
-    row["grouped_us"] = _graph_us(other, iters)
+    row["decode_us"] = graph_ms(decode, iters) * 1e3
+    row["grouped_us"] = graph_ms(other, iters) * 1e3
     row["grouped_over_decode"] = row["grouped_us"] / row["decode_us"]
     row["decode_over_floor"] = row["decode_us"] / row["floor_us"]
     return row

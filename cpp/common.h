@@ -1,6 +1,8 @@
 // Helpers shared by the torch adapters (cpp/ops) and the CPU kernels (cpp/cpu).
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -46,6 +48,20 @@ inline void check_kv_cache_dtype(const at::Tensor& cache, KVCacheDType kv_dtype,
 inline float scale_value(const at::Tensor& scale, const char* op) {
   TORCH_CHECK(scale.numel() == 1, op, ": scale tensors must hold one element");
   return scale.item<float>();
+}
+
+// The adapters' device check: every tensor on the first one's CUDA device.
+inline void check_same_cuda(std::initializer_list<const at::Tensor*> tensors, const char* op) {
+  const at::Device device = (*tensors.begin())->device();
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK(t->is_cuda() && t->device() == device, op,
+                ": tensors must be on the same CUDA device");
+  }
+}
+
+// Whether a tensor's data starts on a 16-byte boundary (the kernels' vector loads).
+inline bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
 }
 
 }  // namespace pyorch

@@ -7,28 +7,16 @@
 #include "ops.h"
 #include "pyorch/moe.h"
 
-namespace {
-
-void check_cuda(std::initializer_list<const at::Tensor*> tensors, const char* op) {
-  const at::Device device = (*tensors.begin())->device();
-  for (const at::Tensor* t : tensors) {
-    TORCH_CHECK(t->is_cuda() && t->device() == device, op,
-                ": tensors must be on the same CUDA device");
-  }
-}
-
-bool aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-}
-
-}  // namespace
+using pyorch::aligned16;
+using pyorch::check_same_cuda;
 
 void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,
                   at::Tensor& token_expert_indices, const at::Tensor& gating_output,
                   bool renormalize) {
   const int64_t top_k =
       pyorch::check_topk_softmax(topk_weights, topk_indices, token_expert_indices, gating_output);
-  check_cuda({&gating_output, &topk_weights, &topk_indices, &token_expert_indices}, "topk_softmax");
+  check_same_cuda({&gating_output, &topk_weights, &topk_indices, &token_expert_indices},
+                  "topk_softmax");
   const int64_t num_experts = gating_output.size(1);
   TORCH_CHECK(num_experts <= pyorch::kMoeMaxExperts && top_k <= 32,
               "topk_softmax: CUDA takes up to ", pyorch::kMoeMaxExperts,
@@ -45,7 +33,7 @@ void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,
 
 void moe_sum(const at::Tensor& input, at::Tensor& output) {
   pyorch::check_moe_sum(input, output);
-  check_cuda({&input, &output}, "moe_sum");
+  check_same_cuda({&input, &output}, "moe_sum");
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   PYORCH_CHECK_CUDA(pyorch::moe_sum(
       output.data_ptr(), input.const_data_ptr(), pyorch::to_pyorch_dtype(input.scalar_type()),
@@ -58,9 +46,9 @@ void moe_align_block_size(const at::Tensor& topk_ids, int64_t num_experts, int64
                           const std::optional<at::Tensor>& expert_map) {
   pyorch::check_moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids,
                                      experts_ids, num_tokens_post_pad, expert_map);
-  check_cuda({&topk_ids, &sorted_token_ids, &experts_ids, &num_tokens_post_pad},
-             "moe_align_block_size");
-  if (expert_map) check_cuda({&topk_ids, &*expert_map}, "moe_align_block_size");
+  check_same_cuda({&topk_ids, &sorted_token_ids, &experts_ids, &num_tokens_post_pad},
+                  "moe_align_block_size");
+  if (expert_map) check_same_cuda({&topk_ids, &*expert_map}, "moe_align_block_size");
   TORCH_CHECK(num_experts <= pyorch::kMoeMaxExperts, "moe_align_block_size: CUDA takes up to ",
               pyorch::kMoeMaxExperts, " experts, got ", num_experts);
   const c10::cuda::OptionalCUDAGuard guard(topk_ids.device());
@@ -80,9 +68,9 @@ void fused_moe_gemm(at::Tensor& out, const at::Tensor& input, const at::Tensor& 
   const pyorch::FusedMoeGemmShape s =
       pyorch::check_fused_moe_gemm(out, input, weight, topk_weights, sorted_token_ids, expert_ids,
                                    num_tokens_post_padded, top_k, block_size, silu_and_mul);
-  check_cuda({&out, &input, &weight, &sorted_token_ids, &expert_ids, &num_tokens_post_padded},
-             "fused_moe_gemm");
-  if (topk_weights) check_cuda({&out, &*topk_weights}, "fused_moe_gemm");
+  check_same_cuda({&out, &input, &weight, &sorted_token_ids, &expert_ids, &num_tokens_post_padded},
+                  "fused_moe_gemm");
+  if (topk_weights) check_same_cuda({&out, &*topk_weights}, "fused_moe_gemm");
   const char* op = "fused_moe_gemm";
   TORCH_CHECK(input.scalar_type() != at::kFloat, op,
               ": CUDA takes float16 or bfloat16 (tensor cores), got float32");

@@ -9,21 +9,8 @@
 #include "pyorch/launch.h"
 #include "pyorch/moe_decode.h"
 
-namespace {
-
-void check_same_cuda(std::initializer_list<const at::Tensor*> tensors, const char* op) {
-  const at::Device device = (*tensors.begin())->device();
-  for (const at::Tensor* t : tensors) {
-    TORCH_CHECK(t->is_cuda() && t->device() == device, op,
-                ": tensors must be on the same CUDA device");
-  }
-}
-
-bool aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-}
-
-}  // namespace
+using pyorch::aligned16;
+using pyorch::check_same_cuda;
 
 void fused_moe_decode(at::Tensor& out, at::Tensor& act, const at::Tensor& hidden_states,
                       const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& topk_weights,

@@ -9,21 +9,8 @@
 #include "pyorch/moe.h"
 #include "pyorch/moe_grouped.h"
 
-namespace {
-
-void check_same_cuda(std::initializer_list<const at::Tensor*> tensors, const char* op) {
-  const at::Device device = (*tensors.begin())->device();
-  for (const at::Tensor* t : tensors) {
-    TORCH_CHECK(t->is_cuda() && t->device() == device, op,
-                ": tensors must be on the same CUDA device");
-  }
-}
-
-bool is_aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-}
-
-}  // namespace
+using pyorch::aligned16;
+using pyorch::check_same_cuda;
 
 void moe_grouped_permute(const at::Tensor& input, const at::Tensor& topk_ids, int64_t num_experts,
                          const std::optional<at::Tensor>& expert_map, at::Tensor& permuted,
@@ -61,7 +48,7 @@ void moe_grouped_gemm(at::Tensor& out, const at::Tensor& a, const at::Tensor& we
               ": CUDA takes bfloat16 or float8_e4m3fn operands, got ", t);
   TORCH_CHECK(s.n % 16 == 0 && s.k % 16 == 0, op, ": CUDA needs N (", s.n, ") and K (", s.k,
               ") to be multiples of 16");
-  TORCH_CHECK(is_aligned16(out) && is_aligned16(a) && is_aligned16(weight), op,
+  TORCH_CHECK(aligned16(out) && aligned16(a) && aligned16(weight), op,
               ": out, a and weight must be 16-byte aligned");
   if (s.rows == 0) return;
   const c10::cuda::OptionalCUDAGuard guard(a.device());

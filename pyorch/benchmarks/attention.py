@@ -77,6 +77,20 @@ def event_times(fn: Callable[[], Any], iters: int, warmup: int = 5) -> list[floa
     return times
 
 
+def graph_ms(fn: Callable[[], Any], iters: int) -> float:
+    """Median ms of one replay of a CUDA graph holding one call of fn (warmed up first on a side
+    stream, outside the capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return common.median(event_times(graph.replay, iters))
+
+
 def _graph_ms_per_call(calls: list[Callable[[], Any]], iters: int) -> float:
     """One CUDA graph of GRAPH_CALLS calls (cycling through `calls`), replayed: ms per call."""
     stream = torch.cuda.Stream()
