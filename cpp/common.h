@@ -64,6 +64,16 @@ inline bool aligned16(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
 }
 
+// paged_attention's optional lse output: float32 [num_heads, >= num_tokens] with contiguous rows,
+// on query's device ("CPU" / "CUDA" names it in the error).
+inline void check_lse_out(const at::Tensor& lse, const at::Tensor& query, const char* where) {
+  TORCH_CHECK(lse.device() == query.device() && lse.scalar_type() == at::kFloat && lse.dim() == 2 &&
+                  lse.size(0) == query.size(1) && lse.size(1) >= query.size(0) &&
+                  lse.stride(1) == 1,
+              "paged_attention: lse must be a float32 ", where,
+              " tensor [num_heads, num_tokens] with contiguous rows on query's device");
+}
+
 }  // namespace pyorch
 
 // Turns a cudaError_t from the cuda/ C API into a Python exception.

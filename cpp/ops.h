@@ -58,7 +58,7 @@
                        int64_t max_query_len, int64_t max_seq_len, double scale, bool causal,     \
                        int64_t sliding_window, double logits_soft_cap,                            \
                        const std::string& kv_cache_dtype, const at::Tensor& k_scale,              \
-                       const at::Tensor& v_scale);                                                \
+                       const at::Tensor& v_scale, const std::optional<at::Tensor>& lse);          \
   void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,                \
                          const at::Tensor& prefix_output, const at::Tensor& prefix_lse,           \
                          const at::Tensor& suffix_output, const at::Tensor& suffix_lse);          \

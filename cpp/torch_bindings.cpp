@@ -87,7 +87,7 @@ TORCH_LIBRARY(pyorch, m) {
       "paged_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor query_start_loc, Tensor seq_lens, Tensor block_table, int max_query_len, "
       "int max_seq_len, float scale, bool causal, int sliding_window, float logits_soft_cap, "
-      "str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
+      "str kv_cache_dtype, Tensor k_scale, Tensor v_scale, Tensor!? lse=None) -> ()");
   // Combines two partial attentions by log-sum-exp. outputs: [num_tokens, num_heads, head_size];
   // lse: [num_heads, num_tokens] float32.
   m.def(

@@ -47,6 +47,7 @@ def paged_attention(
     kv_cache_dtype: str,
     k_scale: torch.Tensor,
     v_scale: torch.Tensor,
+    lse: Optional[torch.Tensor] = None,
 ) -> None:
     """Attention of a mixed batch (prefills, chunked prefills, decodes) over the NHD paged cache.
 
@@ -62,6 +63,10 @@ def paged_attention(
     sliding_window : > 0 keeps keys with position > pos - sliding_window; logits_soft_cap > 0
         applies cap * tanh(s / cap) to the scaled scores. Rows past query_start_loc[-1] untouched.
     k_scale, v_scale : [1] float32 dequantization scales of an fp8 cache.
+    lse : optional [num_heads, >= num_tokens] float32 (contiguous rows): receives each query row's
+        natural-log log-sum-exp of its scaled scores (-inf for a row that sees no key), the form
+        merge_attn_states combines (cascade attention: a shared prefix and each request's suffix
+        attended separately, then merged).
     """
     _ops.paged_attention(
         out,
@@ -80,6 +85,7 @@ def paged_attention(
         kv_cache_dtype,
         k_scale,
         v_scale,
+        lse,
     )
 
 

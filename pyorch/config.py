@@ -33,6 +33,9 @@ class ModelConfig:
     revision: Optional[str] = None
     trust_remote_code: bool = False
     enforce_eager: bool = False  # no CUDA graphs
+    # vLLM's switch: True never runs cascade attention (decode steps whose requests share a long
+    # cached prefix attend to it once per group; pyorch/executor/cascade.py decides per step).
+    disable_cascade_attn: bool = False
     cuda_graph_sizes: Optional[list[int]] = None  # padded batch sizes (tokens) to capture
     tokenizer_mode: str = "auto"  # "auto" | "hf" (the fast tokenizer if any) | "slow"
     download_dir: Optional[str] = None  # where hub models are downloaded to (HF cache if None)

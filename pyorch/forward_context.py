@@ -8,8 +8,26 @@ with `get_forward_context().attn_metadata`, so metadata is never threaded throug
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
+
+
+@dataclass
+class CascadeMetadata:
+    """A decode step's cascade (pyorch/executor/cascade.py): groups of requests that share a
+    cached prefix attend to it once per group, then to their own suffix, and the two partial
+    softmaxes are merged. Row i of the step is request i (every request decodes one token)."""
+
+    perm: torch.Tensor  # [N] int64: query rows of the grouped requests, group by group
+    prefix_query_start_loc: torch.Tensor  # [G + 1] int32: each group's rows within perm
+    prefix_seq_lens: torch.Tensor  # [G] int32: the shared prefix's tokens (whole blocks)
+    prefix_block_table: torch.Tensor  # [G, Wp] int32: the prefix's blocks
+    prefix_max_query_len: int  # the largest group
+    prefix_max_seq_len: int
+    suffix_seq_lens: torch.Tensor  # [S] int32: each request's tokens after its prefix
+    suffix_block_table: torch.Tensor  # [S, W] int32: each request's blocks after its prefix
+    suffix_max_seq_len: int
 
 
 @dataclass
@@ -27,6 +45,7 @@ class AttentionMetadata:
     block_table: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32: block ids per sequence
     max_query_len: int  # max over sequences of their new tokens this step
     max_seq_len: int  # max of seq_lens
+    cascade: Optional[CascadeMetadata] = None  # a decode step over shared prefixes
 
     @property
     def num_seqs(self) -> int:

@@ -131,6 +131,8 @@ struct Problem {
   const float* fp8;
   int head_size;  // <= the tile's D; dims [head_size, D) of q, k and v are zeros
   std::vector<SeqInfo> seqs;
+  float* lse = nullptr;  // optional [num_heads, lse_head_stride]: each row's log-sum-exp
+  int64_t lse_head_stride = 0;
 };
 
 // Visible keys [lo, hi) of the query at `pos`.
@@ -288,6 +290,10 @@ void attend_item(const Problem<T, CacheT>& pb, const WorkItem& it, Scratch<D>& s
     const float inv = sc.l[r] > 0.f ? pb.v_scale / sc.l[r] : 0.f;
     T* o = pb.out + token * pb.out_token_stride + head * pb.out_head_stride;
     for (int d = 0; d < pb.head_size; ++d) o[d] = static_cast<T>(sc.acc[r * D + d] * inv);
+    if (pb.lse != nullptr) {
+      pb.lse[head * pb.lse_head_stride + token] =
+          sc.l[r] > 0.f ? sc.m[r] + std::log(sc.l[r]) : kNegInf;
+    }
   }
 }
 
@@ -420,7 +426,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      int64_t max_query_len, int64_t max_seq_len, double scale, bool causal,
                      int64_t sliding_window, double logits_soft_cap,
                      const std::string& kv_cache_dtype, const at::Tensor& k_scale,
-                     const at::Tensor& v_scale) {
+                     const at::Tensor& v_scale, const std::optional<at::Tensor>& lse) {
   (void)max_query_len;  // grid-sizing hints for the CUDA kernel; the CPU reads the real lengths
   (void)max_seq_len;
   const auto dtype = query.scalar_type();
@@ -462,6 +468,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const float k_scale_v = fp8 ? scale_value(k_scale, "paged_attention") : 1.f;
   const float v_scale_v = fp8 ? scale_value(v_scale, "paged_attention") : 1.f;
   const int window = static_cast<int>(std::max<int64_t>(sliding_window, 0));
+  if (lse.has_value()) check_lse_out(*lse, query, "CPU");
   std::vector<SeqInfo> seqs = read_seqs(query_start_loc, seq_lens, block_table, query.size(0),
                                         key_cache.size(0), key_cache.size(1), window);
 
@@ -494,6 +501,10 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                                    fp8 ? fp8_table().data() : nullptr,
                                    static_cast<int>(head_size),
                                    std::move(seqs)};
+      if (lse.has_value()) {
+        pb.lse = lse->data_ptr<float>();
+        pb.lse_head_stride = lse->stride(0);
+      }
       run_head_size(pb, make_items(pb, num_kv_heads));
     };
     if (fp8) {

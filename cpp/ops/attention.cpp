@@ -64,7 +64,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      int64_t max_query_len, int64_t max_seq_len, double scale, bool causal,
                      int64_t sliding_window, double logits_soft_cap,
                      const std::string& kv_cache_dtype, const at::Tensor& k_scale,
-                     const at::Tensor& v_scale) {
+                     const at::Tensor& v_scale, const std::optional<at::Tensor>& lse) {
   TORCH_CHECK(query.is_cuda() && out.is_cuda(), "paged_attention: query and out must be on CUDA");
   TORCH_CHECK(is_half_type(query.scalar_type()),
               "paged_attention: query must be float16 or "
@@ -141,6 +141,11 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   p.causal = causal;
   p.sliding_window = static_cast<int32_t>(sliding_window);
   p.logits_soft_cap = static_cast<float>(logits_soft_cap);
+  if (lse.has_value()) {
+    pyorch::check_lse_out(*lse, query, "CUDA");
+    p.lse = lse->data_ptr<float>();
+    p.lse_head_stride = lse->stride(0);
+  }
 
   const c10::cuda::OptionalCUDAGuard guard(query.device());
   // The caching allocator hands out the workspace without a sync, also under graph capture.

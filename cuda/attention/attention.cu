@@ -262,10 +262,11 @@ cudaError_t launch_split_kv_merge(const PagedAttentionParams& p, int num_splits,
   if (p.head_size % 4 != 0) PYORCH_INVALID("paged_attention: merge needs head_size % 4 == 0");
   const int64_t pairs = p.num_tokens * p.num_heads;
   const dim3 grid(static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps));
-  return kernels::launch_kernel(
-      &kernels::merge_split_kv_kernel<T>, grid, dim3(kernels::kMergeThreads), 0, stream,
-      pdl_enabled(), static_cast<T*>(p.out), o_partial, lse_partial, p.query_start_loc, p.num_seqs,
-      p.num_tokens, p.num_heads, p.head_size, num_splits, p.out_token_stride, p.out_head_stride);
+  return kernels::launch_kernel(&kernels::merge_split_kv_kernel<T>, grid,
+                                dim3(kernels::kMergeThreads), 0, stream, pdl_enabled(),
+                                static_cast<T*>(p.out), o_partial, lse_partial, p.query_start_loc,
+                                p.num_seqs, p.num_tokens, p.num_heads, p.head_size, num_splits,
+                                p.out_token_stride, p.out_head_stride, p.lse, p.lse_head_stride);
 }
 
 static_assert(kernels::kPrefillRowsAbove == kernels::kDecodeMaxRows,

@@ -82,7 +82,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_split_kv_kernel(
     const float* __restrict__ lse_partial,        // [num_splits, num_tokens, num_heads]
     const int32_t* __restrict__ query_start_loc,  // [num_seqs + 1]
     int64_t num_seqs, int64_t num_tokens, int64_t num_heads, int64_t head_size, int num_splits,
-    int64_t out_token_stride, int64_t out_head_stride) {
+    int64_t out_token_stride, int64_t out_head_stride,
+    float* __restrict__ out_lse,  // optional [num_heads, lse_head_stride]: the merged lse
+    int64_t lse_head_stride) {
   pdl_wait();
   pdl_launch_dependents();
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
@@ -100,11 +102,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_split_kv_kernel(
   T* dst = out + token * out_token_stride + head * out_head_stride;
   if (max_lse == -INFINITY) {  // no split saw a key (cannot happen for a causal query)
     for (int64_t d = lane; d < head_size; d += kWarpSize) dst[d] = from_float<T>(0.f);
+    if (out_lse != nullptr && lane == 0) out_lse[head * lse_head_stride + token] = -INFINITY;
     return;
   }
   const float w0 = expf(lse0 - max_lse);  // 0 for an empty split or a lane past num_splits
   const float w1 = expf(lse1 - max_lse);
-  const float inv_sum = 1.f / warp_reduce_sum(w0 + w1);
+  const float total = warp_reduce_sum(w0 + w1);
+  const float inv_sum = 1.f / total;
+  if (out_lse != nullptr && lane == 0)
+    out_lse[head * lse_head_stride + token] = max_lse + logf(total);
   // 4 dims per lane and load (head_size % 4 == 0: the launcher checks it).
   const float4* src = reinterpret_cast<const float4*>(o_partial + pair * head_size);
   const int64_t num_vec = head_size / 4;

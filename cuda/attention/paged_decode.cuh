@@ -390,6 +390,10 @@ __device__ void decode_merge_warps(const AttnArgs& a, const WorkTile& w, int kv_
     if (w.live_splits == 1) {
       T* dst = static_cast<T*>(p.out) + token * p.out_token_stride + head * p.out_head_stride + col;
       *reinterpret_cast<uint32_t*>(dst) = attn::pack2<T>(o0 * inv, o1 * inv);
+      if (p.lse != nullptr && col == 0) {
+        p.lse[head * p.lse_head_stride + token] =
+            sum > 0.f ? (m_max + log2f(sum)) * kLn2 : -INFINITY;
+      }
     } else {
       const int64_t slot =
           (static_cast<int64_t>(split) * p.num_tokens + token) * p.num_heads + head;
@@ -490,6 +494,9 @@ __device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg
       run_max = new_max;
     }
     const float inv = run_sum > 0.f ? 1.f / run_sum : 0.f;  // no split saw a key: zeros
+    if (p.lse != nullptr && v == 0) {
+      p.lse[head * p.lse_head_stride + token] = run_sum > 0.f ? run_max + logf(run_sum) : -INFINITY;
+    }
     T* dst = static_cast<T*>(p.out) + token * p.out_token_stride + head * p.out_head_stride + 4 * v;
     reinterpret_cast<uint32_t*>(dst)[0] = attn::pack2<T>(acc.x * inv, acc.y * inv);
     reinterpret_cast<uint32_t*>(dst)[1] = attn::pack2<T>(acc.z * inv, acc.w * inv);

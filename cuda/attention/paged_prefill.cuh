@@ -446,10 +446,10 @@ __device__ __forceinline__ void prefill_pv(const uint32_t (&pa)[Tr::kMTiles][Tr:
   }
 }
 
-// Normalizes and writes the warp's rows: to `out`, or to the split's partial slot (rows of
-// Tr::kHeadSize floats) with its log-sum-exp (natural log; -inf and zeros for a row that saw no
-// key), as merge_split_kv_kernel expects. The n-tiles past the head size (a padded tile) are not
-// stored.
+// Normalizes and writes the warp's rows: to `out` (and their log-sum-exp to p.lse when set), or
+// to the split's partial slot (rows of Tr::kHeadSize floats) with its log-sum-exp (natural log;
+// -inf and zeros for a row that saw no key), as merge_split_kv_kernel expects. The n-tiles past
+// the head size (a padded tile) are not stored.
 template <class Tr, typename T>
 __device__ void store_prefill_rows(const AttnArgs& a, const WorkTile& w, int kv_head, int warp_row0,
                                    const float (&o)[Tr::kMTiles][Tr::kOTiles][4],
@@ -478,6 +478,10 @@ __device__ void store_prefill_rows(const AttnArgs& a, const WorkTile& w, int kv_
         for (int j = 0; j < kStoredTiles; ++j) {
           *reinterpret_cast<uint32_t*>(dst + j * 8) =
               attn::pack2<T>(o[mt][j][2 * i] * inv, o[mt][j][2 * i + 1] * inv);
+        }
+        if (p.lse != nullptr && lane % 4 == 0) {
+          p.lse[head * p.lse_head_stride + token] =
+              sum > 0.f ? (m[mt][i] + log2f(sum)) * kLn2 : -INFINITY;
         }
       } else {
         const int64_t slot = (blockIdx.y * p.num_tokens + token) * p.num_heads + head;

@@ -49,6 +49,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     load_format: str = "auto"
     enforce_eager: bool = False
+    disable_cascade_attn: bool = False  # vLLM's: never cascade attention over shared prefixes
     cuda_graph_sizes: Optional[list[int]] = None  # None: 1, 2, 4, 8, 16, ... up to 512
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -115,6 +116,7 @@ class EngineArgs:
             dtype=self.dtype, seed=self.seed, max_model_len=self.max_model_len,
             load_format=self.load_format, device=device, revision=self.revision,
             trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
+            disable_cascade_attn=bool(self.disable_cascade_attn),
             cuda_graph_sizes=list(self.cuda_graph_sizes) if self.cuda_graph_sizes else None,
             tokenizer_mode=self.tokenizer_mode, download_dir=self.download_dir,
             max_logprobs=self.max_logprobs, generation_config=self.generation_config,

@@ -99,6 +99,14 @@ _FIELDS = (
     # (async scheduling) input_ids[pending_dst[k]] = previous step's sampled[pending_src[k]]
     ("pending_dst", np.int64),
     ("pending_src", np.int64),
+    # A cascade decode step's (pyorch/executor/cascade.py); empty otherwise. Last, so that the
+    # fields above sit at the same offsets with or without them (the CUDA graphs' addresses).
+    ("cascade_perm", np.int64),
+    ("prefix_query_start_loc", np.int32),
+    ("prefix_seq_lens", np.int32),
+    ("prefix_block_table", np.int32),
+    ("suffix_seq_lens", np.int32),
+    ("suffix_block_table", np.int32),
 )
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 
@@ -111,7 +119,8 @@ class StepBuffers:
         self.max_seqs = max_seqs
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = torch.device(device)
-        counts = self._counts(max_tokens, max_seqs, max_seqs * max_blocks_per_seq)
+        table_size = max_seqs * max_blocks_per_seq
+        counts = self._counts(max_tokens, max_seqs, table_size, (max_seqs, max_seqs, table_size))
         nbytes = sum(np.dtype(dt).itemsize * n + 8 for (_, dt), n in
                      zip(_FIELDS, counts, strict=True))
         pin = self.device.type == "cuda"
@@ -125,15 +134,21 @@ class StepBuffers:
         self._copy_done: Optional[torch.cuda.Event] = None
 
     @staticmethod
-    def _counts(num_tokens: int, num_seqs: int, table_size: int) -> list[int]:
+    def _counts(num_tokens: int, num_seqs: int, table_size: int,
+                cascade: Optional[tuple[int, int, int]] = None) -> list[int]:
+        grouped, groups, prefix_table = cascade or (0, 0, 0)
+        suffix = (num_seqs, table_size) if cascade else (0, 0)
         return [num_tokens, num_tokens, num_tokens, num_seqs, num_seqs + 1, num_seqs, table_size,
-                num_seqs, num_seqs]
+                num_seqs, num_seqs, grouped, groups + 1 if cascade else 0, groups, prefix_table,
+                *suffix]
 
-    def layout(self, num_tokens: int, num_seqs: int, table_width: int) -> dict[str, tuple]:
-        """Byte offsets of each field for this step's sizes (8-byte aligned)."""
+    def layout(self, num_tokens: int, num_seqs: int, table_width: int,
+               cascade: Optional[tuple[int, int, int]] = None) -> dict[str, tuple]:
+        """Byte offsets of each field for this step's sizes (8-byte aligned). cascade: (grouped
+        requests, groups, prefix block-table entries) of a cascade step."""
         out: dict[str, tuple] = {}
         offset = 0
-        counts = self._counts(num_tokens, num_seqs, num_seqs * table_width)
+        counts = self._counts(num_tokens, num_seqs, num_seqs * table_width, cascade)
         for (name, dt), n in zip(_FIELDS, counts, strict=True):
             out[name] = (offset, n, dt)
             offset += -(-np.dtype(dt).itemsize * n // 8) * 8

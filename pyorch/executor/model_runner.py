@@ -18,6 +18,7 @@ from torch import nn
 from pyorch.config import EngineConfig, kv_cache_torch_dtype
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.core_types import LogprobsLists
+from pyorch.executor.cascade import plan_cascade
 from pyorch.executor.cuda_graph import (
     CUDAGraphRunner,
     default_capture_sizes,
@@ -33,7 +34,7 @@ from pyorch.executor.kv_cache import (
 )
 from pyorch.executor.memory_profile import profile_activation_peak
 from pyorch.executor.step import ModelRunnerOutput, StepHandle
-from pyorch.forward_context import AttentionMetadata, set_forward_context
+from pyorch.forward_context import AttentionMetadata, CascadeMetadata, set_forward_context
 from pyorch.layers.attention import Attention
 from pyorch.layers.pooler import Pooler, PoolingState
 from pyorch.layers.sampler import Sampler, compute_prompt_logprobs, sample_rows
@@ -93,6 +94,8 @@ class ModelRunner:
         self.block_table = BlockTable(self.max_num_seqs, self.max_blocks_per_seq)
         # Time per phase of the runner's part of each step (EngineCore shares its own).
         self.timings = StepTimings()
+        self._cascade_ok = False  # set when the KV cache is bound
+        self._kv_bytes_per_token = 0
         self._trace_last_end: Optional[torch.cuda.Event] = None
 
     def release(self) -> None:
@@ -185,6 +188,11 @@ class ModelRunner:
         for layer, cache in zip(self.attn_layers, self.kv_caches, strict=True):
             layer.kv_cache = cache
         self.cache_config.num_blocks = num_blocks
+        # Cascade attention (pyorch/executor/cascade.py) for decode steps over shared prefixes:
+        # not for sliding-window layers (a window cuts the prefix per query position).
+        self._kv_bytes_per_token = spec.bytes_per_block // self.block_size
+        self._cascade_ok = (not self.model_config.disable_cascade_attn and bool(self.attn_layers)
+                            and not any(layer.sliding_window for layer in self.attn_layers))
         tokens = (num_blocks - 1) * self.block_size
         max_model_len = self.model_config.max_model_len
         assert max_model_len is not None  # checked in __init__
@@ -287,6 +295,13 @@ class ModelRunner:
         pending = np.fromiter((st.num_pending for st in states), np.int64, num_seqs)
         rows = np.fromiter((st.table_row for st in states), np.int64, num_seqs)
         end = start + n
+        plan = None
+        if self._cascade_ok and num_tokens == num_seqs:  # decodes only
+            width = max(len(st.block_ids) for st in states)
+            plan = plan_cascade(self.block_table.table[rows, :width], end, self.block_size,
+                                self._kv_bytes_per_token, graph_size is not None)
+            if plan is not None:
+                graph_size = None  # a cascade step runs eagerly (its shapes vary per step)
         if graph_size is None:
             width = max(len(st.block_ids) for st in states)
             pad_tokens, pad_seqs = num_tokens, num_seqs
@@ -294,7 +309,10 @@ class ModelRunner:
             assert self.cuda_graphs is not None  # a graph size comes from the captured graphs
             width = self.max_blocks_per_seq
             pad_tokens, pad_seqs = graph_size, self.cuda_graphs.num_seqs_for(graph_size)
-        layout = self.buffers.layout(pad_tokens, pad_seqs, width)
+        cascade_sizes = None
+        if plan is not None:
+            cascade_sizes = (len(plan.perm), plan.num_groups, plan.prefix_block_table.size)
+        layout = self.buffers.layout(pad_tokens, pad_seqs, width, cascade_sizes)
         host = self.buffers.host_views(layout)
         table = host["block_table"].reshape(pad_seqs, width)
         # Rows hold zeros past each request's blocks (see BlockTable.release).
@@ -333,6 +351,13 @@ class ModelRunner:
             host["query_start_loc"][num_seqs + 1 :] = num_tokens
             host["seq_lens"][num_seqs:] = 0
             table[num_seqs:] = 0
+        if plan is not None:
+            host["cascade_perm"][:] = plan.perm
+            host["prefix_query_start_loc"][:] = plan.prefix_query_start_loc
+            host["prefix_seq_lens"][:] = plan.prefix_seq_lens
+            host["prefix_block_table"][:] = plan.prefix_block_table.ravel()
+            host["suffix_seq_lens"][:] = plan.suffix_seq_lens
+            host["suffix_block_table"][:] = plan.suffix_block_table.ravel()
         dev = self.buffers.to_device(layout)
         if num_pending:
             # Pending tokens come from the last step's samples (_gather_input_ids checked it).
@@ -344,6 +369,19 @@ class ModelRunner:
             seq_lens=dev["seq_lens"], block_table=dev["block_table"].view(pad_seqs, width),
             max_query_len=int(n.max()), max_seq_len=int(end.max()),
         )
+        if plan is not None:
+            meta.cascade = CascadeMetadata(
+                perm=dev["cascade_perm"],
+                prefix_query_start_loc=dev["prefix_query_start_loc"],
+                prefix_seq_lens=dev["prefix_seq_lens"],
+                prefix_block_table=dev["prefix_block_table"].view(
+                    plan.prefix_block_table.shape),
+                prefix_max_query_len=plan.max_group_size,
+                prefix_max_seq_len=int(plan.prefix_seq_lens.max()),
+                suffix_seq_lens=dev["suffix_seq_lens"],
+                suffix_block_table=dev["suffix_block_table"].view(num_seqs, width),
+                suffix_max_seq_len=int(plan.suffix_seq_lens.max()),
+            )
         return dev, meta, dev["logits_indices"][:num_logits], sampled_rows.tolist()
 
     def _gather_input_ids(self, input_ids: np.ndarray, states: list[CachedRequestState],
@@ -407,6 +445,9 @@ class ModelRunner:
         if self.cuda_graphs is not None:
             graph_size = self.cuda_graphs.padded_size(so.total_num_scheduled_tokens, decode_only)
         dev, meta, logits_indices, sampled_rows = self._prepare_inputs(req_ids, so, graph_size)
+        if meta.cascade is not None:
+            graph_size = None  # _prepare_inputs laid the step out for an eager run
+            self.timings.cascade_steps += 1
         launched = time.perf_counter()
         self.timings.prepare += launched - start
         if graph_size is not None:

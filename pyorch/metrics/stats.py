@@ -102,6 +102,7 @@ class StepTimings:
     wait: float = 0.0  # blocked until the step's sampled tokens reached the host
     update: float = 0.0  # runner + scheduler: append tokens, stop checks, free blocks
     output: float = 0.0  # front end: detokenization, stop strings, RequestOutputs
+    cascade_steps: int = 0  # decode steps that ran cascade attention (pyorch/executor/cascade.py)
     # Benchmarks set a list here to get one record per step on CUDA (`ModelRunner` fills it
     # from CUDA events; `summarize_step_trace` reads it). None: nothing is recorded.
     trace: Optional[list[dict[str, Any]]] = None

@@ -42,6 +42,29 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Float64 [query_start_loc[-1], num_heads, head_size]; rows of a q_len-0 sequence are absent."""
+    return paged_attention_with_lse(
+        query, key_cache, value_cache, query_start_loc, seq_lens, block_table, scale, causal,
+        sliding_window, logits_soft_cap, kv_cache_dtype, k_scale, v_scale,
+    )[0]
+
+
+def paged_attention_with_lse(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
+    kv_cache_dtype: str = "auto",
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """paged_attention's output and the float64 [num_heads, query_start_loc[-1]] natural-log
+    log-sum-exp of each row's scaled (capped) visible scores, -inf for a row that sees nothing."""
     one = torch.ones(1)
     k_all = dequantize_cache(key_cache.cpu(), kv_cache_dtype, k_scale if k_scale is not None else one)
     v_all = dequantize_cache(value_cache.cpu(), kv_cache_dtype, v_scale if v_scale is not None else one)
@@ -50,6 +73,7 @@ def paged_attention(
     num_heads, head_size = query.shape[1], query.shape[2]
     group = num_heads // key_cache.shape[2]
     out = torch.zeros(qsl[-1], num_heads, head_size, dtype=torch.float64)
+    lse = torch.full((num_heads, qsl[-1]), float("-inf"), dtype=torch.float64)
     for i, seq_len in enumerate(seq_lens.cpu().tolist()):
         q_len = qsl[i + 1] - qsl[i]
         if q_len == 0:
@@ -70,7 +94,8 @@ def paged_attention(
         s = s.masked_fill(~visible, float("-inf"))
         p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that sees nothing gives zeros
         out[qsl[i] : qsl[i + 1]] = torch.einsum("htk,khd->thd", p, v)
-    return out
+        lse[:, qsl[i] : qsl[i + 1]] = torch.logsumexp(s, dim=-1)
+    return out, lse
 
 
 def merge_attn_states(

@@ -45,6 +45,12 @@ struct PagedAttentionParams {
   bool causal;             // false: every query sees all seq_len keys
   int32_t sliding_window;  // > 0: only keys with position > pos - sliding_window
   float logits_soft_cap;   // > 0: s = cap * tanh(s / cap) on the scaled scores
+  // Optional (nullptr: not written): [num_heads, num_tokens] float32 with row stride
+  // lse_head_stride, the natural-log log-sum-exp of each query row's scaled (and capped) scores;
+  // -inf for a row that sees no key. With it, two calls over disjoint key ranges of the same
+  // queries combine exactly through merge_attn_states (cascade attention over a shared prefix).
+  float* lse;
+  int64_t lse_head_stride;
 };
 
 // The head sizes paged_attention runs: 32, 64, 80, 96, 112, 120, 128, 192 and 256 (vLLM's

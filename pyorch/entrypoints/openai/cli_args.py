@@ -304,7 +304,8 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add(model, "--override-generation-config", type=_json_object, default=None,
          help='JSON overriding generation-config fields, e.g. \'{"temperature": 0.5}\'')
     _add(model, "--disable-cascade-attn", "flag", action="store_true",
-         help="vLLM's switch for cascade attention, which pyorch never uses (accepted)")
+         help="never run cascade attention (decode steps whose requests share a long cached "
+             "prefix attend to it once per group of requests, then merge)")
     _add(model, "--trust-remote-code", "flag", action="store_true",
          help="allow custom code from the model's repository")
     _add(model, "--dtype", default="auto",
@@ -526,7 +527,8 @@ def engine_args_from(args: argparse.Namespace) -> Any:
         enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, load_format=args.load_format,
         quantization=args.quantization,
-        enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
+        enforce_eager=args.enforce_eager, disable_cascade_attn=args.disable_cascade_attn,
+        tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,
         disable_custom_all_reduce=args.disable_custom_all_reduce, device=args.device,

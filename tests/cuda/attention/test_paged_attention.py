@@ -543,3 +543,147 @@ def test_fp8_decode_query_range(device: str, head_size: int, num_heads: int,
     row_mag = 10.0 ** torch.linspace(-6, 6, q.shape[0] * q.shape[1], device=q.device)
     q.copy_(q.float() * row_mag.view(q.shape[0], q.shape[1], 1))
     check(b, run_op(b))
+
+
+# ---- the optional log-sum-exp output (cascade attention merges two calls by it) ----------------
+LSE_SENTINEL = 7.0  # lse columns of padding rows, and past num_tokens, must keep it
+
+
+def run_with_lse(b: dict, causal: bool = True, sliding_window: int = 0,
+                 soft_cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """paged_attention writing its lse into a [num_heads, num_tokens + 5] buffer (row stride past
+    num_tokens); returns (out, that buffer)."""
+    query = b["query"]
+    out = torch.full_like(query, SENTINEL, memory_format=torch.contiguous_format)
+    lse = torch.full((query.shape[1], query.shape[0] + 5), LSE_SENTINEL, dtype=torch.float32,
+                     device=query.device)
+    _ops.paged_attention(
+        out, query, b["key_cache"], b["value_cache"], b["query_start_loc"], b["seq_lens"],
+        b["block_table"], b["max_query_len"], b["max_seq_len"], 1.0 / math.sqrt(query.shape[-1]),
+        causal, sliding_window, soft_cap, b["kv_cache_dtype"], b["k_scale"], b["v_scale"],
+        lse=lse,
+    )  # fmt: skip
+    return out, lse
+
+
+def check_lse(b: dict, out: torch.Tensor, lse: torch.Tensor, causal: bool = True,
+              sliding_window: int = 0, soft_cap: float = 0.0) -> None:  # fmt: skip
+    want_out, want_lse = ref.paged_attention_with_lse(
+        b["query"], b["key_cache"], b["value_cache"], b["query_start_loc"], b["seq_lens"],
+        b["block_table"], 1.0 / math.sqrt(b["query"].shape[-1]), causal, sliding_window, soft_cap,
+        b["kv_cache_dtype"], b["k_scale"].cpu(), b["v_scale"].cpu(),
+    )  # fmt: skip
+    n = want_out.shape[0]
+    torch.testing.assert_close(out[:n].cpu().double(), want_out, **attn_tol(out.dtype))
+    got = lse[:, :n].cpu().double()
+    empty = want_lse == float("-inf")
+    assert (got[empty] == float("-inf")).all(), "a row that sees no key must report -inf"
+    # The lse is float32 from scores rounded like the output's probabilities.
+    torch.testing.assert_close(got[~empty], want_lse[~empty], atol=2e-3, rtol=1e-4)
+    assert (lse[:, n:].cpu() == LSE_SENTINEL).all(), "lse past the real rows was written"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_idx", [0, 1])
+@pytest.mark.parametrize("head_size", [64, 96, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_lse_mixed_batch(device: str, dtype_idx: int, head_size: int, causal: bool) -> None:
+    """Decodes, a chunked prefill, full prefills and a query-less sequence in one call: both
+    CUDA prefill kernels (wgmma at 64/128, mma.sync at 96) and the decode kernel write the lse."""
+    b = make_batch(MIXED, 16, 4, head_size, 16, dtypes_for(device)[dtype_idx], device)
+    check_lse(b, *run_with_lse(b, causal), causal)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_seqs,seq_len", [(1, 3000), (3, 1500), (300, 130)])
+def test_lse_decode_splits(device: str, num_seqs: int, seq_len: int) -> None:
+    """Pure decode: split KV ranges merged inside the decode launch, and no split."""
+    spec = [(1, seq_len - (7 * i) % 100) for i in range(num_seqs)]
+    b = make_batch(spec, 32, 8, 128, 16, dtypes_for(device)[1], device)
+    check_lse(b, *run_with_lse(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lse_prefill_splits(device: str) -> None:
+    """Few long non-causal sequences: CUDA splits the prefill kernel's KV range and merges the
+    partials in merge_split_kv_kernel, which writes the lse."""
+    b = make_batch([(40, 4000), (1, 3000), (70, 2500)], 8, 2, 128, 16, dtypes_for(device)[1],
+                   device)  # fmt: skip
+    check_lse(b, *run_with_lse(b, causal=False), causal=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8"])
+@pytest.mark.parametrize("soft_cap", [0.0, 30.0])
+def test_lse_fp8_and_soft_cap(device: str, kv_cache_dtype: str, soft_cap: float) -> None:
+    b = make_batch(PREFILL_MIXED, 8, 2, 128, 16, dtypes_for(device)[1], device, kv_cache_dtype)
+    check_lse(b, *run_with_lse(b, soft_cap=soft_cap), soft_cap=soft_cap)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lse_rejects_bad_buffer(device: str) -> None:
+    b = make_batch([(1, 50)], 8, 2, 64, 16, dtypes_for(device)[1], device)
+    out = torch.empty_like(b["query"])
+    for bad in (torch.empty(8, b["query"].shape[0], dtype=torch.float16, device=device),
+                torch.empty(4, b["query"].shape[0], dtype=torch.float32, device=device)):
+        with pytest.raises(RuntimeError, match="lse must be a float32"):
+            _ops.paged_attention(
+                out, b["query"], b["key_cache"], b["value_cache"], b["query_start_loc"],
+                b["seq_lens"], b["block_table"], 1, 50, 0.125, True, 0, 0.0, "auto",
+                b["k_scale"], b["v_scale"], lse=bad,
+            )  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 8), (8, 8)])
+def test_cascade_composition(device: str, num_heads: int, num_kv_heads: int) -> None:
+    """Decode rows whose sequences share a 512-token prefix: the prefix attended once per group
+    (non-causal, the group's queries as one sequence), each suffix on its own, merged by lse,
+    equals plain attention over the whole sequences."""
+    dtype, bs, head = dtypes_for(device)[1], 16, 128
+    prefix_blocks, groups, per_group = 32, 2, 5
+    suffix_lens = [1 + (37 * i) % 300 for i in range(groups * per_group)]
+    num_seqs = len(suffix_lens)
+    suffix_blocks = [math.ceil(s / bs) for s in suffix_lens]
+    num_blocks = groups * prefix_blocks + sum(suffix_blocks) + 3
+    ids = torch.randperm(num_blocks).tolist()
+    prefixes = [ids[g * prefix_blocks : (g + 1) * prefix_blocks] for g in range(groups)]
+    rest = ids[groups * prefix_blocks :]
+    width = prefix_blocks + max(suffix_blocks)
+    table = torch.zeros(num_seqs, width, dtype=torch.int32)
+    for i, n in enumerate(suffix_blocks):
+        own, rest = rest[:n], rest[n:]
+        table[i, : prefix_blocks + n] = torch.tensor(prefixes[i % groups] + own)
+    seq_lens = torch.tensor([prefix_blocks * bs + s for s in suffix_lens], dtype=torch.int32)
+    shape = (num_blocks, bs, num_kv_heads, head)
+    kc, vc = torch.randn(shape, dtype=dtype, device=device), torch.randn(shape, dtype=dtype,
+                                                                           device=device)
+    query = torch.randn(num_seqs, num_heads, head, dtype=dtype, device=device)
+    qsl = torch.arange(num_seqs + 1, dtype=torch.int32, device=device)
+    one = torch.ones(1, device=device)
+    scale = head**-0.5
+
+    full = torch.empty_like(query)
+    _ops.paged_attention(full, query, kc, vc, qsl, seq_lens.to(device), table.to(device), 1,
+                         int(seq_lens.max()), scale, True, 0, 0.0, "auto", one, one)
+    suffix = torch.empty_like(query)
+    suffix_lse = torch.empty(num_heads, num_seqs, device=device)
+    _ops.paged_attention(suffix, query, kc, vc, qsl, (seq_lens - prefix_blocks * bs).to(device),
+                         table[:, prefix_blocks:].contiguous().to(device), 1, max(suffix_lens),
+                         scale, True, 0, 0.0, "auto", one, one, lse=suffix_lse)
+    perm = torch.tensor([i for g in range(groups) for i in range(g, num_seqs, groups)],
+                        device=device)
+    prefix = torch.empty_like(query)
+    prefix_lse = torch.empty(num_heads, num_seqs, device=device)
+    _ops.paged_attention(
+        prefix, query.index_select(0, perm), kc, vc,
+        torch.arange(0, num_seqs + 1, per_group, dtype=torch.int32, device=device),
+        torch.full((groups,), prefix_blocks * bs, dtype=torch.int32, device=device),
+        torch.tensor(prefixes, dtype=torch.int32, device=device), per_group, prefix_blocks * bs,
+        scale, False, 0, 0.0, "auto", one, one, lse=prefix_lse,
+    )  # fmt: skip
+    merged = torch.empty_like(query)
+    _ops.merge_attn_states(merged, prefix, prefix_lse, suffix.index_select(0, perm),
+                           suffix_lse.index_select(1, perm))
+    got = torch.empty_like(query).index_copy_(0, perm, merged)
+    torch.testing.assert_close(got.double(), full.double(), **attn_tol(dtype))

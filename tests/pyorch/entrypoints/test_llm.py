@@ -164,6 +164,35 @@ def test_prefix_shared_within_one_step_matches(tiny_model, async_scheduling):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_cascade_attention_matches(tiny_model, async_scheduling, monkeypatch):
+    """Two groups of prompts that share a 64- and a 48-token prefix, and one prompt of its own:
+    with the cascade's thresholds lowered to this tiny model, the decode steps run cascade
+    attention (each group's prefix attended once, merged with each request's suffix), and every
+    output still matches transformers. disable_cascade_attn (vLLM's switch) turns it off."""
+    from pyorch.executor import cascade
+
+    monkeypatch.setattr(cascade, "MIN_GROUP_SIZE", 2)
+    monkeypatch.setattr(cascade, "MIN_PREFIX_TOKENS", 32)
+    monkeypatch.setattr(cascade, "MIN_SAVED_BYTES_GRAPH", 0)
+    monkeypatch.setattr(cascade, "MIN_SAVED_BYTES_EAGER", 0)
+    path, hf = tiny_model
+    vocab = hf.config.vocab_size
+    shared = _prompts(vocab, [64, 48], seed=11)
+    tails = _prompts(vocab, [3, 11, 17, 1, 20, 5], seed=12)
+    prompts = [shared[i % 2] + t for i, t in enumerate(tails)] + _prompts(vocab, [70], seed=13)
+    for disabled in (False, True):
+        llm = _make_llm(path, async_scheduling=async_scheduling, disable_cascade_attn=disabled)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), use_tqdm=False)
+        steps = llm.llm_engine.model_runner.timings.cascade_steps
+        assert (steps == 0) if disabled else (steps >= MAX_TOKENS - 2), steps
+        for prompt, out in zip(prompts, outs, strict=True):
+            _assert_greedy_matches(hf, prompt, out.outputs[0].token_ids, MAX_TOKENS)
+        _assert_pool_empty(llm)
+        del llm
+        gc.collect()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("reserve", [False, True], ids=["preempt", "reserve"])
 def test_preemption_keeps_outputs_exact(tiny_model, async_scheduling, reserve):
     path, hf = tiny_model

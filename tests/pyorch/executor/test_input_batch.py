@@ -46,6 +46,8 @@ class _Runner:
         self.cuda_graphs = None
         self._last_step = None
         self._pooling = {}  # no pooling requests (ModelRunner's per-request pooling states)
+        self._cascade_ok = False  # tests/pyorch/executor/test_cascade.py turns it on
+        self._kv_bytes_per_token = 0
 
 
 def _new(req_id, prompt, blocks, computed=0, outputs=()):

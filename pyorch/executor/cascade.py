@@ -1,0 +1,108 @@
+"""Cascade attention: decode steps whose requests share a long cached prefix.
+
+Requests that hit the prefix cache hold the very same KV blocks for their common prefix (a system
+prompt, a few-shot preamble, a document asked many questions). Plain paged decode reads those
+blocks once per request per step. The cascade splits each request's keys in two:
+
+- the shared prefix of a group, attended by all the group's queries in one non-causal call (one
+  "sequence" per group whose query rows are the group members' decode tokens), so its KV is read
+  once per group: on the GPU that is the prefill kernel, a tensor-core product with
+  group_size x GQA rows per KV tile;
+- each request's own suffix (its blocks after the prefix), a normal decode call;
+
+and merges the two partial softmaxes by their log-sum-exps (`merge_attn_states`), which is exact.
+
+`plan_cascade` decides per step, from the host block table, whether the cascade saves enough KV
+reads to pay for its extra launches and for leaving the CUDA graph (a cascade step runs eagerly).
+Groups are found without a per-request Python loop: rows sorted by their first block id, each row
+compared with its group's first row, and the common prefix of a group is the minimum over its rows.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+# A group needs this many requests (one prefix read serves them all) ...
+MIN_GROUP_SIZE = 4
+# ... and a prefix of at least this many tokens (shorter prefixes save little and cost a launch).
+MIN_PREFIX_TOKENS = 256
+# The step must save this share of its KV reads ...
+MIN_SAVED_FRACTION = 0.25
+# ... and at least these many bytes (all layers): about 0.6 ms of HBM reads on an H100, the
+# order of what leaving the CUDA graph may cost a decode step; a step that runs eagerly anyway
+# needs a tenth of it.
+MIN_SAVED_BYTES_GRAPH = 2 << 30
+MIN_SAVED_BYTES_EAGER = MIN_SAVED_BYTES_GRAPH // 10
+
+
+@dataclass
+class CascadePlan:
+    """Host arrays of one cascade step over S decode requests (request i = query row i)."""
+
+    perm: np.ndarray  # [N] int64: the grouped requests, group by group
+    prefix_query_start_loc: np.ndarray  # [G + 1] int32: rows of each group within perm
+    prefix_seq_lens: np.ndarray  # [G] int32: shared prefix tokens (whole blocks)
+    prefix_block_table: np.ndarray  # [G, Wp] int32: the prefix blocks of each group
+    suffix_seq_lens: np.ndarray  # [S] int32: tokens after each request's prefix (all of them: 0)
+    suffix_block_table: np.ndarray  # [S, W] int32: each row's blocks from its prefix's end on
+    saved_tokens: int  # KV token reads saved per layer: sum over groups of (size - 1) * prefix
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prefix_seq_lens)
+
+    @property
+    def max_group_size(self) -> int:
+        return int(np.diff(self.prefix_query_start_loc).max())
+
+
+def plan_cascade(table: np.ndarray, seq_lens: np.ndarray, block_size: int,
+                 kv_bytes_per_token: int, in_graph: bool) -> Optional[CascadePlan]:
+    """The cascade for a decode step, or None when it would not pay.
+
+    table: [S, W] int32 block ids of the step's requests (columns past a request's blocks are
+    anything); seq_lens: [S] tokens each request attends over, this step's token included;
+    kv_bytes_per_token: K and V bytes of one token over all layers; in_graph: whether the step
+    would otherwise replay a CUDA graph."""
+    num_seqs, width = table.shape
+    if num_seqs < MIN_GROUP_SIZE or width == 0:
+        return None
+    seq_lens = seq_lens.astype(np.int64, copy=False)
+    order = np.argsort(table[:, 0], kind="stable")
+    first = table[order, 0]
+    starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
+    counts = np.diff(np.r_[starts, num_seqs])
+    if counts.max() < MIN_GROUP_SIZE:
+        return None
+    # Leading blocks each row shares with its group's first row, capped so that the prefix ends
+    # before the block holding the row's newest token (written this step, private to the row).
+    leaders = np.repeat(order[starts], counts)
+    same = table[order] == table[leaders]
+    lead = np.where(same.all(axis=1), width, same.argmin(axis=1))
+    limit = np.minimum(lead, (seq_lens[order] - 1) // block_size)
+    common = np.minimum.reduceat(limit, starts)
+    keep = (counts >= MIN_GROUP_SIZE) & (common * block_size >= MIN_PREFIX_TOKENS)
+    if not keep.any():
+        return None
+    prefix_blocks = common[keep]
+    sizes = counts[keep]
+    saved_tokens = int(((sizes - 1) * prefix_blocks).sum()) * block_size
+    min_bytes = MIN_SAVED_BYTES_GRAPH if in_graph else MIN_SAVED_BYTES_EAGER
+    if (saved_tokens * kv_bytes_per_token < min_bytes
+            or saved_tokens < MIN_SAVED_FRACTION * int(seq_lens.sum())):
+        return None
+    perm = order[np.repeat(keep, counts)].astype(np.int64)
+    shift = np.zeros(num_seqs, dtype=np.int64)
+    shift[perm] = np.repeat(prefix_blocks, sizes)
+    columns = np.minimum(np.arange(width)[None, :] + shift[:, None], width - 1)
+    max_prefix = int(prefix_blocks.max())
+    return CascadePlan(
+        perm=perm,
+        prefix_query_start_loc=np.r_[0, np.cumsum(sizes)].astype(np.int32),
+        prefix_seq_lens=(prefix_blocks * block_size).astype(np.int32),
+        prefix_block_table=np.ascontiguousarray(table[order[starts[keep]], :max_prefix]),
+        suffix_seq_lens=(seq_lens - shift * block_size).astype(np.int32),
+        suffix_block_table=np.take_along_axis(table, columns, axis=1),
+        saved_tokens=saved_tokens,
+    )
