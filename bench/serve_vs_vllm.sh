@@ -118,14 +118,14 @@ fi
 if want offline; then  # the same two workloads offline, each engine's own throughput bench
   if has_engine pyorch; then
     (cd "$HERE" && timeout "$T" python3 -m pyorch.cli.main bench throughput --model "$MODEL" \
-      --load-format dummy --dtype bfloat16 --max-model-len "$MML" --num-prompts "$N" --skip-hf \
+      --load-format dummy --dtype bfloat16 --max-model-len "$MML" --num-prompts "$N" --skip-hf --hf-best \
       --temperature 1.0 --dataset-name prefix_repetition --prefix-repetition-prefix-len 2048 \
       --prefix-repetition-suffix-len 256 --prefix-repetition-num-prefixes 8 \
       --prefix-repetition-output-len 256 --no-plot \
       --output-json "$OUT_DIR/pyorch_offline_prefix.json") \
       > "$OUT_DIR/pyorch_offline_prefix.log" 2>&1 || status=1
     (cd "$HERE" && timeout "$T" python3 -m pyorch.cli.main bench throughput --model "$MODEL" \
-      --load-format dummy --dtype bfloat16 --max-model-len "$MML" --num-prompts "$N" --skip-hf \
+      --load-format dummy --dtype bfloat16 --max-model-len "$MML" --num-prompts "$N" --skip-hf --hf-best \
       --temperature 1.0 --input-len 512 --output-len 256 --random-range-ratio 0.9 --no-plot \
       --output-json "$OUT_DIR/pyorch_offline_ratio.json") \
       > "$OUT_DIR/pyorch_offline_ratio.log" 2>&1 || status=1

@@ -59,6 +59,15 @@
                        int64_t sliding_window, double logits_soft_cap,                            \
                        const std::string& kv_cache_dtype, const at::Tensor& k_scale,              \
                        const at::Tensor& v_scale, const std::optional<at::Tensor>& lse);          \
+  void cascade_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,   \
+                         const at::Tensor& value_cache, const at::Tensor& query_start_loc,        \
+                         const at::Tensor& suffix_seq_lens, const at::Tensor& suffix_block_table, \
+                         int64_t max_query_len, int64_t suffix_max_seq_len,                       \
+                         const at::Tensor& perm, const at::Tensor& prefix_query_start_loc,        \
+                         const at::Tensor& prefix_seq_lens, const at::Tensor& prefix_block_table, \
+                         int64_t prefix_max_query_len, int64_t prefix_max_seq_len, double scale,  \
+                         double logits_soft_cap, const std::string& kv_cache_dtype,               \
+                         const at::Tensor& k_scale, const at::Tensor& v_scale);                   \
   void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,                \
                          const at::Tensor& prefix_output, const at::Tensor& prefix_lse,           \
                          const at::Tensor& suffix_output, const at::Tensor& suffix_lse);          \

@@ -88,6 +88,16 @@ TORCH_LIBRARY(pyorch, m) {
       "Tensor query_start_loc, Tensor seq_lens, Tensor block_table, int max_query_len, "
       "int max_seq_len, float scale, bool causal, int sliding_window, float logits_soft_cap, "
       "str kv_cache_dtype, Tensor k_scale, Tensor v_scale, Tensor!? lse=None) -> ()");
+  // Decode attention over shared prefixes (cascade): every row's suffix (suffix_seq_lens /
+  // suffix_block_table) into out, each group's prefix once for the rows perm lists group by group
+  // (prefix_query_start_loc over perm), merged into out by log-sum-exp.
+  m.def(
+      "cascade_attention(Tensor! out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor query_start_loc, Tensor suffix_seq_lens, Tensor suffix_block_table, "
+      "int max_query_len, int suffix_max_seq_len, Tensor perm, Tensor prefix_query_start_loc, "
+      "Tensor prefix_seq_lens, Tensor prefix_block_table, int prefix_max_query_len, "
+      "int prefix_max_seq_len, float scale, float logits_soft_cap, str kv_cache_dtype, "
+      "Tensor k_scale, Tensor v_scale) -> ()");
   // Combines two partial attentions by log-sum-exp. outputs: [num_tokens, num_heads, head_size];
   // lse: [num_heads, num_tokens] float32.
   m.def(
@@ -263,6 +273,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("fused_add_rms_norm", c10::kCPU, &pyorch::cpu::fused_add_rms_norm);
   m.impl("paged_attention", c10::kCPU, &pyorch::cpu::paged_attention);
   m.impl("merge_attn_states", c10::kCPU, &pyorch::cpu::merge_attn_states);
+  m.impl("cascade_attention", c10::kCPU, &pyorch::cpu::cascade_attention);
   m.impl("paged_attention_v1", c10::kCPU, &pyorch::cpu::paged_attention_v1);
   m.impl("paged_attention_v2", c10::kCPU, &pyorch::cpu::paged_attention_v2);
   m.impl("rotary_embedding", c10::kCPU, &pyorch::cpu::rotary_embedding);
@@ -311,6 +322,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("fused_add_rms_norm", c10::kCUDA, &fused_add_rms_norm);
   m.impl("paged_attention", c10::kCUDA, &paged_attention);
   m.impl("merge_attn_states", c10::kCUDA, &merge_attn_states);
+  m.impl("cascade_attention", c10::kCUDA, &cascade_attention);
   m.impl("paged_attention_v1", c10::kCUDA, &paged_attention_v1);
   m.impl("paged_attention_v2", c10::kCUDA, &paged_attention_v2);
   m.impl("rotary_embedding", c10::kCUDA, &rotary_embedding);

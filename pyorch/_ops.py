@@ -89,6 +89,42 @@ def paged_attention(
     )
 
 
+def cascade_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    suffix_seq_lens: torch.Tensor,
+    suffix_block_table: torch.Tensor,
+    max_query_len: int,
+    suffix_max_seq_len: int,
+    perm: torch.Tensor,
+    prefix_query_start_loc: torch.Tensor,
+    prefix_seq_lens: torch.Tensor,
+    prefix_block_table: torch.Tensor,
+    prefix_max_query_len: int,
+    prefix_max_seq_len: int,
+    scale: float,
+    logits_soft_cap: float,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Causal attention over shared prefixes in one op (pyorch/executor/cascade.py): each
+    sequence's own keys (suffix_seq_lens over suffix_block_table, its blocks after its prefix)
+    into `out` with their log-sum-exp; then each group's prefix once, the rows `perm` lists (int64,
+    group by group, prefix_query_start_loc over them) attending as one non-causal sequence over
+    prefix_seq_lens / prefix_block_table; then each listed row's two parts merged in place.
+    Arguments otherwise as paged_attention's (no sliding window)."""
+    _ops.cascade_attention(
+        out, query, key_cache, value_cache, query_start_loc, suffix_seq_lens, suffix_block_table,
+        max_query_len, suffix_max_seq_len, perm, prefix_query_start_loc, prefix_seq_lens,
+        prefix_block_table, prefix_max_query_len, prefix_max_seq_len, scale, logits_soft_cap,
+        kv_cache_dtype, k_scale, v_scale,
+    )
+
+
 def merge_attn_states(
     output: torch.Tensor,
     prefix_output: torch.Tensor,

@@ -21,6 +21,9 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/index_select.h>
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "common.h"
@@ -574,6 +577,73 @@ void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,
           o[d] = static_cast<scalar_t>(acc);
         }
         if (o_lse) o_lse[h * num_tokens + t] = std::log(sum) + m;
+      }
+    });
+  });
+}
+
+void cascade_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                       const at::Tensor& value_cache, const at::Tensor& query_start_loc,
+                       const at::Tensor& suffix_seq_lens, const at::Tensor& suffix_block_table,
+                       int64_t max_query_len, int64_t suffix_max_seq_len, const at::Tensor& perm,
+                       const at::Tensor& prefix_query_start_loc, const at::Tensor& prefix_seq_lens,
+                       const at::Tensor& prefix_block_table, int64_t prefix_max_query_len,
+                       int64_t prefix_max_seq_len, double scale, double logits_soft_cap,
+                       const std::string& kv_cache_dtype, const at::Tensor& k_scale,
+                       const at::Tensor& v_scale) {
+  TORCH_CHECK(perm.device().is_cpu() && perm.scalar_type() == at::kLong && perm.dim() == 1 &&
+                  perm.is_contiguous(),
+              "cascade_attention: perm must be a contiguous 1-D int64 CPU tensor");
+  const int64_t num_tokens = query.size(0);
+  const int64_t num_heads = query.size(1);
+  const int64_t grouped = perm.size(0);
+  const int64_t* rows = perm.const_data_ptr<int64_t>();
+  std::vector<bool> seen(static_cast<size_t>(num_tokens), false);
+  for (int64_t i = 0; i < grouped; ++i) {
+    TORCH_CHECK(rows[i] >= 0 && rows[i] < num_tokens && !seen[rows[i]], "cascade_attention: perm[",
+                i, "] = ", rows[i], " is out of range or repeated");
+    seen[rows[i]] = true;
+  }
+  const auto f32 = query.options().dtype(at::kFloat);
+  at::Tensor suffix_lse = at::empty({num_heads, num_tokens}, f32);
+  paged_attention(out, query, key_cache, value_cache, query_start_loc, suffix_seq_lens,
+                  suffix_block_table, max_query_len, suffix_max_seq_len, scale, /*causal=*/true,
+                  /*sliding_window=*/0, logits_soft_cap, kv_cache_dtype, k_scale, v_scale,
+                  suffix_lse);
+  if (grouped == 0) return;
+  at::Tensor grouped_query = at::index_select(query, 0, perm);
+  at::Tensor prefix_out = at::empty_like(grouped_query, at::MemoryFormat::Contiguous);
+  at::Tensor prefix_lse = at::empty({num_heads, grouped}, f32);
+  paged_attention(prefix_out, grouped_query, key_cache, value_cache, prefix_query_start_loc,
+                  prefix_seq_lens, prefix_block_table, prefix_max_query_len, prefix_max_seq_len,
+                  scale, /*causal=*/false, /*sliding_window=*/0, logits_soft_cap, kv_cache_dtype,
+                  k_scale, v_scale, prefix_lse);
+  const int64_t head_size = out.size(2);
+  const float* p_lse = prefix_lse.const_data_ptr<float>();
+  const float* s_lse = suffix_lse.const_data_ptr<float>();
+  PYORCH_CPU_DISPATCH_FLOATS(out.scalar_type(), "cascade_attention", [&] {
+    scalar_t* o_all = out.data_ptr<scalar_t>();
+    const scalar_t* p_all = prefix_out.const_data_ptr<scalar_t>();
+    at::parallel_for(0, grouped * num_heads, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t i = pair / num_heads, h = pair % num_heads, row = rows[i];
+        const float lp = p_lse[h * grouped + i];
+        const float ls = s_lse[h * num_tokens + row];
+        const float m = std::max(lp, ls);
+        scalar_t* o = o_all + row * out.stride(0) + h * out.stride(1);
+        const scalar_t* po = p_all + i * prefix_out.stride(0) + h * prefix_out.stride(1);
+        if (m == kNegInf) {
+          std::fill_n(o, head_size, static_cast<scalar_t>(0.f));
+          continue;
+        }
+        const float pe = std::exp(lp - m), se = std::exp(ls - m);
+        const float pw = pe / (pe + se), sw = se / (pe + se);
+        for (int64_t d = 0; d < head_size; ++d) {
+          float acc = 0.f;
+          if (pe > 0.f) acc += static_cast<float>(po[d]) * pw;
+          if (se > 0.f) acc += static_cast<float>(o[d]) * sw;
+          o[d] = static_cast<scalar_t>(acc);
+        }
       }
     });
   });

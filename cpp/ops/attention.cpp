@@ -5,6 +5,8 @@
 #include <vector>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/index_select.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -194,5 +196,48 @@ void merge_attn_states(at::Tensor& output, std::optional<at::Tensor> output_lse,
       pyorch::to_pyorch_dtype(output.scalar_type()), num_tokens, num_heads, output.size(2),
       output.stride(0), output.stride(1), prefix_output.stride(0), prefix_output.stride(1),
       suffix_output.stride(0), suffix_output.stride(1), num_tokens,
+      c10::cuda::getCurrentCUDAStream()));
+}
+
+void cascade_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                       const at::Tensor& value_cache, const at::Tensor& query_start_loc,
+                       const at::Tensor& suffix_seq_lens, const at::Tensor& suffix_block_table,
+                       int64_t max_query_len, int64_t suffix_max_seq_len, const at::Tensor& perm,
+                       const at::Tensor& prefix_query_start_loc, const at::Tensor& prefix_seq_lens,
+                       const at::Tensor& prefix_block_table, int64_t prefix_max_query_len,
+                       int64_t prefix_max_seq_len, double scale, double logits_soft_cap,
+                       const std::string& kv_cache_dtype, const at::Tensor& k_scale,
+                       const at::Tensor& v_scale) {
+  TORCH_CHECK(perm.is_cuda() && perm.device() == query.device() &&
+                  perm.scalar_type() == at::kLong && perm.dim() == 1 && perm.is_contiguous(),
+              "cascade_attention: perm must be a contiguous 1-D int64 tensor on query's device");
+  TORCH_CHECK(prefix_query_start_loc.size(0) >= 1 && perm.size(0) <= query.size(0),
+              "cascade_attention: perm holds more rows than query");
+  const c10::cuda::OptionalCUDAGuard guard(query.device());
+  const int64_t num_tokens = query.size(0);
+  const int64_t num_heads = query.size(1);
+  const auto f32 = query.options().dtype(at::kFloat);
+  // Every row's own suffix, straight into out (paged_attention checks the shared arguments).
+  at::Tensor suffix_lse = at::empty({num_heads, num_tokens}, f32);
+  paged_attention(out, query, key_cache, value_cache, query_start_loc, suffix_seq_lens,
+                  suffix_block_table, max_query_len, suffix_max_seq_len, scale, /*causal=*/true,
+                  /*sliding_window=*/0, logits_soft_cap, kv_cache_dtype, k_scale, v_scale,
+                  suffix_lse);
+  const int64_t grouped = perm.size(0);
+  if (grouped == 0) return;
+  // Each group's prefix once, its members' queries as one sequence: every prefix key precedes
+  // every query, so not causal.
+  at::Tensor grouped_query = at::index_select(query, 0, perm);
+  at::Tensor prefix_out = at::empty_like(grouped_query, at::MemoryFormat::Contiguous);
+  at::Tensor prefix_lse = at::empty({num_heads, grouped}, f32);
+  paged_attention(prefix_out, grouped_query, key_cache, value_cache, prefix_query_start_loc,
+                  prefix_seq_lens, prefix_block_table, prefix_max_query_len, prefix_max_seq_len,
+                  scale, /*causal=*/false, /*sliding_window=*/0, logits_soft_cap, kv_cache_dtype,
+                  k_scale, v_scale, prefix_lse);
+  PYORCH_CHECK_CUDA(pyorch::merge_prefix_into_rows(
+      out.data_ptr(), suffix_lse.const_data_ptr<float>(), num_tokens, prefix_out.const_data_ptr(),
+      prefix_lse.const_data_ptr<float>(), grouped, perm.const_data_ptr<int64_t>(), grouped,
+      num_tokens, pyorch::to_pyorch_dtype(out.scalar_type()), num_heads, out.size(2), out.stride(0),
+      out.stride(1), prefix_out.stride(0), prefix_out.stride(1),
       c10::cuda::getCurrentCUDAStream()));
 }

@@ -419,6 +419,27 @@ cudaError_t merge_attn_states(void* output, float* output_lse, const void* prefi
   });
 }
 
+cudaError_t merge_prefix_into_rows(void* out, const float* suffix_lse,
+                                   int64_t suffix_lse_head_stride, const void* prefix_output,
+                                   const float* prefix_lse, int64_t prefix_lse_head_stride,
+                                   const int64_t* rows, int64_t num_rows, int64_t num_tokens,
+                                   DType dtype, int64_t num_heads, int64_t head_size,
+                                   int64_t out_token_stride, int64_t out_head_stride,
+                                   int64_t prefix_token_stride, int64_t prefix_head_stride,
+                                   cudaStream_t stream) {
+  const int64_t pairs = num_rows * num_heads;
+  if (pairs == 0 || head_size == 0) return cudaSuccess;
+  const unsigned blocks =
+      static_cast<unsigned>((pairs + kernels::kMergeWarps - 1) / kernels::kMergeWarps);
+  return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    kernels::merge_prefix_into_rows_kernel<T><<<blocks, kernels::kMergeThreads, 0, stream>>>(
+        static_cast<T*>(out), suffix_lse, static_cast<const T*>(prefix_output), prefix_lse, rows,
+        num_rows, num_tokens, num_heads, head_size, out_token_stride, out_head_stride,
+        prefix_token_stride, prefix_head_stride, suffix_lse_head_stride, prefix_lse_head_stride);
+    return cudaGetLastError();
+  });
+}
+
 void set_decode_fp8_l2_prefetch(bool enabled) {
   decode_fp8_l2_prefetch.store(enabled, std::memory_order_relaxed);
 }

@@ -64,6 +64,48 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(
   }
 }
 
+// Cascade attention's merge, in place: out[rows[i]] (a row's suffix attention, with suffix_lse)
+// becomes the log-sum-exp merge of it and prefix_output[i] (its group's shared prefix, with
+// prefix_lse), for i < num_rows. One warp per (i, head); each lane reads its dims of the suffix
+// before it writes them, so `out` is both input and output. Rows outside [0, num_tokens) are
+// skipped (the adapter checks them on the CPU; on the GPU they would cost a synchronization).
+template <typename T>
+__global__ void __launch_bounds__(kMergeThreads) merge_prefix_into_rows_kernel(
+    T* out,                                // [num_tokens, num_heads, head_size]
+    const float* __restrict__ suffix_lse,  // [num_heads, suffix_lse_head_stride]
+    const T* __restrict__ prefix_output,   // [num_rows, num_heads, head_size]
+    const float* __restrict__ prefix_lse,  // [num_heads, prefix_lse_head_stride]
+    const int64_t* __restrict__ rows,      // [num_rows]
+    int64_t num_rows, int64_t num_tokens, int64_t num_heads, int64_t head_size,
+    int64_t out_token_stride, int64_t out_head_stride, int64_t prefix_token_stride,
+    int64_t prefix_head_stride, int64_t suffix_lse_head_stride, int64_t prefix_lse_head_stride) {
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (pair >= num_rows * num_heads) return;
+  const int64_t i = pair / num_heads;
+  const int64_t head = pair % num_heads;
+  const int64_t row = rows[i];
+  if (row < 0 || row >= num_tokens) return;
+  const float p_lse = empty_part_as_neg_inf(prefix_lse[head * prefix_lse_head_stride + i]);
+  const float s_lse = empty_part_as_neg_inf(suffix_lse[head * suffix_lse_head_stride + row]);
+  const float max_lse = fmaxf(p_lse, s_lse);
+  T* o = out + row * out_token_stride + head * out_head_stride;
+  if (max_lse == -INFINITY) {
+    for (int64_t d = lane; d < head_size; d += kWarpSize) o[d] = from_float<T>(0.f);
+    return;
+  }
+  const float p_se = expf(p_lse - max_lse);
+  const float s_se = expf(s_lse - max_lse);
+  const float inv = 1.f / (p_se + s_se);
+  const T* p_out = prefix_output + i * prefix_token_stride + head * prefix_head_stride;
+  for (int64_t d = lane; d < head_size; d += kWarpSize) {
+    float acc = 0.f;
+    if (p_se > 0.f) acc += to_float(p_out[d]) * (p_se * inv);
+    if (s_se > 0.f) acc += to_float(o[d]) * (s_se * inv);
+    o[d] = from_float<T>(acc);
+  }
+}
+
 // At most this many partials per row: each lane keeps the weights of two splits in registers.
 constexpr int kMaxKvSplits = 2 * kWarpSize;
 

@@ -135,6 +135,7 @@ class PyorchRunner:
                   "engine_steps": phases["steps"], "host_ms_per_step": phases["host"],
                   "step_phases_ms": phases,
                   "preemptions": core.scheduler.num_preemptions - preemptions_before,
+                  "cascade_steps": core.timings.cascade_steps - before.cascade_steps,
                   "gc_pause_s": gc_pauses.total_s,
                   "gc_full_collections": gc_pauses.full_collections}
         if trace:  # the first run only
@@ -229,6 +230,7 @@ def _summarize(engine: str, batch_size: int, prompts: list[list[int]],
         row["host_ms_per_step"] = samples[0]["host_ms_per_step"]
         row["step_phases_ms"] = samples[0]["step_phases_ms"]
         row["preemptions"] = samples[0]["preemptions"]
+        row["cascade_steps"] = samples[0]["cascade_steps"]
         row["gc_pause_s"] = samples[0]["gc_pause_s"]
         for key in ("step_trace", "step_trace_records"):
             if key in samples[0]:
@@ -258,7 +260,8 @@ def measure(args: argparse.Namespace, model: str, device: str, prompts: list[lis
             extra = (f", {sample['engine_steps']} steps, CPU "
                      f"{sample['host_ms_per_step']:.2f} ms/step: "
                      f"{common.format_phases(sample['step_phases_ms'])}; "
-                     f"{sample['preemptions']} preemptions")
+                     f"{sample['preemptions']} preemptions, "
+                     f"{sample['cascade_steps']} cascade steps")
         print(f"  {engine} batch {size}: {sample['elapsed_s']:.2f} s{extra}", flush=True)
 
     for size in sizes:

@@ -133,39 +133,22 @@ class Attention(nn.Module):
 
     def _cascade(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, meta: AttentionMetadata) -> None:
-        """Decode attention over shared prefixes (pyorch/executor/cascade.py): every request's
-        suffix into `out`, each group's prefix once for all its members' queries, then the two
-        merged by log-sum-exp for the grouped rows. query/out: [num_tokens, num_heads, head]."""
+        """Decode attention over shared prefixes (pyorch/executor/cascade.py), one op: every
+        request's suffix into `out`, each group's prefix once for all its members' queries, the
+        two merged in place by log-sum-exp. query/out: [num_tokens, num_heads, head_size]."""
         cascade = meta.cascade
         assert cascade is not None  # the caller checked
         if self.sliding_window:  # the runner plans no cascade for such models
             raise RuntimeError(f"Attention layer {self.layer_idx}: cascade attention with a "
                                "sliding window")
-        num_tokens = query.shape[0]
-        soft_cap = self.logits_soft_cap or 0.0
-        suffix_lse = torch.empty(self.num_heads, num_tokens, dtype=torch.float32,
-                                 device=query.device)
-        _ops.paged_attention(
+        _ops.cascade_attention(
             out, query, key_cache, value_cache, meta.query_start_loc, cascade.suffix_seq_lens,
             cascade.suffix_block_table, meta.max_query_len, cascade.suffix_max_seq_len,
-            self.scale, True, 0, soft_cap, self.kv_cache_dtype, self.k_scale, self.v_scale,
-            lse=suffix_lse)
-        perm = cascade.perm
-        grouped = perm.shape[0]
-        prefix_out = torch.empty(grouped, self.num_heads, self.head_size, dtype=query.dtype,
-                                 device=query.device)
-        prefix_lse = torch.empty(self.num_heads, grouped, dtype=torch.float32,
-                                 device=query.device)
-        # Every prefix key precedes every query of its group: not causal.
-        _ops.paged_attention(
-            prefix_out, query.index_select(0, perm), key_cache, value_cache,
-            cascade.prefix_query_start_loc, cascade.prefix_seq_lens, cascade.prefix_block_table,
-            cascade.prefix_max_query_len, cascade.prefix_max_seq_len, self.scale, False, 0,
-            soft_cap, self.kv_cache_dtype, self.k_scale, self.v_scale, lse=prefix_lse)
-        merged = torch.empty_like(prefix_out)
-        _ops.merge_attn_states(merged, prefix_out, prefix_lse, out.index_select(0, perm),
-                               suffix_lse.index_select(1, perm))
-        out.index_copy_(0, perm, merged)
+            cascade.perm, cascade.prefix_query_start_loc, cascade.prefix_seq_lens,
+            cascade.prefix_block_table, cascade.prefix_max_query_len, cascade.prefix_max_seq_len,
+            self.scale, self.logits_soft_cap or 0.0, self.kv_cache_dtype, self.k_scale,
+            self.v_scale,
+        )
 
     def extra_repr(self) -> str:
         return (

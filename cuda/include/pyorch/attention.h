@@ -101,4 +101,18 @@ cudaError_t merge_attn_states(void* output, float* output_lse, const void* prefi
                               int64_t suffix_head_stride, int64_t lse_head_stride,
                               cudaStream_t stream);
 
+// Cascade attention's merge, in place: for i < num_rows, out[rows[i]] (that row's attention over
+// its own suffix, log-sum-exps suffix_lse [num_heads, suffix_lse_head_stride]) becomes its merge
+// with prefix_output[i] (the row's group prefix, prefix_lse [num_heads, prefix_lse_head_stride]).
+// out/prefix_output: [*, num_heads, head_size] in dtype (fp32, fp16 or bf16), last dim contiguous.
+// rows: int64 on the device; a row outside [0, num_tokens) is skipped.
+cudaError_t merge_prefix_into_rows(void* out, const float* suffix_lse,
+                                   int64_t suffix_lse_head_stride, const void* prefix_output,
+                                   const float* prefix_lse, int64_t prefix_lse_head_stride,
+                                   const int64_t* rows, int64_t num_rows, int64_t num_tokens,
+                                   DType dtype, int64_t num_heads, int64_t head_size,
+                                   int64_t out_token_stride, int64_t out_head_stride,
+                                   int64_t prefix_token_stride, int64_t prefix_head_stride,
+                                   cudaStream_t stream);
+
 }  // namespace pyorch

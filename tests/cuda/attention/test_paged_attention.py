@@ -634,14 +634,12 @@ def test_lse_rejects_bad_buffer(device: str) -> None:
             )  # fmt: skip
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 8), (8, 8)])
-def test_cascade_composition(device: str, num_heads: int, num_kv_heads: int) -> None:
-    """Decode rows whose sequences share a 512-token prefix: the prefix attended once per group
-    (non-causal, the group's queries as one sequence), each suffix on its own, merged by lse,
-    equals plain attention over the whole sequences."""
-    dtype, bs, head = dtypes_for(device)[1], 16, 128
-    prefix_blocks, groups, per_group = 32, 2, 5
+def make_cascade(device: str, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
+                 kv_cache_dtype: str = "auto") -> dict:
+    """Decode rows in two groups of 5 whose sequences share a 512-token prefix (32 blocks of 16,
+    physically the same blocks), each with a private suffix of 1-300 tokens; members of the two
+    groups interleave in the batch."""
+    bs, head, prefix_blocks, groups, per_group = 16, 128, 32, 2, 5
     suffix_lens = [1 + (37 * i) % 300 for i in range(groups * per_group)]
     num_seqs = len(suffix_lens)
     suffix_blocks = [math.ceil(s / bs) for s in suffix_lens]
@@ -656,34 +654,77 @@ def test_cascade_composition(device: str, num_heads: int, num_kv_heads: int) -> 
         table[i, : prefix_blocks + n] = torch.tensor(prefixes[i % groups] + own)
     seq_lens = torch.tensor([prefix_blocks * bs + s for s in suffix_lens], dtype=torch.int32)
     shape = (num_blocks, bs, num_kv_heads, head)
-    kc, vc = torch.randn(shape, dtype=dtype, device=device), torch.randn(shape, dtype=dtype,
-                                                                           device=device)
-    query = torch.randn(num_seqs, num_heads, head, dtype=dtype, device=device)
-    qsl = torch.arange(num_seqs + 1, dtype=torch.int32, device=device)
-    one = torch.ones(1, device=device)
-    scale = head**-0.5
+    scale = torch.tensor([1.0])
+    if kv_cache_dtype == "auto":
+        kc, vc = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    else:
+        scale = torch.tensor([0.05])
+        kc, vc = ((torch.randn(shape) / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+                  for _ in range(2))
+    perm = [i for g in range(groups) for i in range(g, num_seqs, groups)]
+    suffix_table = torch.zeros_like(table)
+    suffix_table[:, : width - prefix_blocks] = table[:, prefix_blocks:]
+    return dict(
+        query=torch.randn(num_seqs, num_heads, head, dtype=dtype, device=device),
+        key_cache=kc.to(device), value_cache=vc.to(device),
+        query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=device),
+        seq_lens=seq_lens.to(device), block_table=table.to(device), max_query_len=1,
+        max_seq_len=int(seq_lens.max()), kv_cache_dtype=kv_cache_dtype,
+        k_scale=scale.to(device), v_scale=scale.to(device),
+        suffix_seq_lens=(seq_lens - prefix_blocks * bs).to(device),
+        suffix_block_table=suffix_table.to(device), suffix_max_seq_len=max(suffix_lens),
+        perm=torch.tensor(perm, dtype=torch.int64, device=device),
+        prefix_query_start_loc=torch.arange(0, num_seqs + 1, per_group, dtype=torch.int32,
+                                            device=device),
+        prefix_seq_lens=torch.full((groups,), prefix_blocks * bs, dtype=torch.int32,
+                                   device=device),
+        prefix_block_table=torch.tensor(prefixes, dtype=torch.int32, device=device),
+        prefix_max_query_len=per_group, prefix_max_seq_len=prefix_blocks * bs,
+    )
 
-    full = torch.empty_like(query)
-    _ops.paged_attention(full, query, kc, vc, qsl, seq_lens.to(device), table.to(device), 1,
-                         int(seq_lens.max()), scale, True, 0, 0.0, "auto", one, one)
-    suffix = torch.empty_like(query)
-    suffix_lse = torch.empty(num_heads, num_seqs, device=device)
-    _ops.paged_attention(suffix, query, kc, vc, qsl, (seq_lens - prefix_blocks * bs).to(device),
-                         table[:, prefix_blocks:].contiguous().to(device), 1, max(suffix_lens),
-                         scale, True, 0, 0.0, "auto", one, one, lse=suffix_lse)
-    perm = torch.tensor([i for g in range(groups) for i in range(g, num_seqs, groups)],
-                        device=device)
-    prefix = torch.empty_like(query)
-    prefix_lse = torch.empty(num_heads, num_seqs, device=device)
-    _ops.paged_attention(
-        prefix, query.index_select(0, perm), kc, vc,
-        torch.arange(0, num_seqs + 1, per_group, dtype=torch.int32, device=device),
-        torch.full((groups,), prefix_blocks * bs, dtype=torch.int32, device=device),
-        torch.tensor(prefixes, dtype=torch.int32, device=device), per_group, prefix_blocks * bs,
-        scale, False, 0, 0.0, "auto", one, one, lse=prefix_lse,
+
+def run_cascade(c: dict, soft_cap: float = 0.0, perm: torch.Tensor | None = None) -> torch.Tensor:
+    out = torch.full_like(c["query"], SENTINEL)
+    _ops.cascade_attention(
+        out, c["query"], c["key_cache"], c["value_cache"], c["query_start_loc"],
+        c["suffix_seq_lens"], c["suffix_block_table"], 1, c["suffix_max_seq_len"],
+        c["perm"] if perm is None else perm, c["prefix_query_start_loc"], c["prefix_seq_lens"],
+        c["prefix_block_table"], c["prefix_max_query_len"], c["prefix_max_seq_len"],
+        c["query"].shape[-1] ** -0.5, soft_cap, c["kv_cache_dtype"], c["k_scale"], c["v_scale"],
     )  # fmt: skip
-    merged = torch.empty_like(query)
-    _ops.merge_attn_states(merged, prefix, prefix_lse, suffix.index_select(0, perm),
-                           suffix_lse.index_select(1, perm))
-    got = torch.empty_like(query).index_copy_(0, perm, merged)
-    torch.testing.assert_close(got.double(), full.double(), **attn_tol(dtype))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 8), (8, 8)])
+@pytest.mark.parametrize("kv_cache_dtype,soft_cap", [("auto", 0.0), ("auto", 30.0), ("fp8", 0.0)])
+def test_cascade_attention(device: str, num_heads: int, num_kv_heads: int, kv_cache_dtype: str,
+                           soft_cap: float) -> None:  # fmt: skip
+    """Each group's prefix attended once (its members' queries as one non-causal sequence), each
+    suffix on its own, merged by lse: equals the float64 reference over the whole sequences."""
+    c = make_cascade(device, dtypes_for(device)[1], num_heads, num_kv_heads, kv_cache_dtype)
+    check(c, _padded(run_cascade(c, soft_cap)), soft_cap=soft_cap)
+
+
+def _padded(out: torch.Tensor) -> torch.Tensor:
+    """check() expects PAD_TOKENS sentinel rows after the real ones."""
+    pad = torch.full((PAD_TOKENS, *out.shape[1:]), SENTINEL, dtype=out.dtype, device=out.device)
+    return torch.cat([out, pad])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cascade_attention_without_groups(device: str) -> None:
+    """An empty perm: only the suffixes, which are then the whole attention of each row."""
+    c = make_cascade(device, dtypes_for(device)[1], 8, 2)
+    c.update(seq_lens=c["suffix_seq_lens"], block_table=c["suffix_block_table"],
+             max_seq_len=c["suffix_max_seq_len"])
+    check(c, _padded(run_cascade(c, perm=c["perm"][:0])))
+
+
+def test_cascade_attention_rejects_bad_perm() -> None:
+    c = make_cascade("cpu", torch.float32, 8, 2)
+    for bad in ([0, 0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2, 3, 4, 5, 6, 7, 8, 10]):
+        with pytest.raises(RuntimeError, match="out of range or repeated"):
+            run_cascade(c, perm=torch.tensor(bad))
+    with pytest.raises(RuntimeError, match="perm must be a contiguous 1-D int64"):
+        run_cascade(c, perm=c["perm"].to(torch.int32))
