@@ -70,17 +70,18 @@ def plan_cascade(table: np.ndarray, seq_lens: np.ndarray, block_size: int,
         return None
     seq_lens = seq_lens.astype(np.int64, copy=False)
     order = np.argsort(table[:, 0], kind="stable")
-    first = table[order, 0]
+    # Rows in group order (np.take: a row gather many times faster than fancy indexing).
+    rows = np.take(table, order, axis=0)
+    first = rows[:, 0]
     starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
     counts = np.diff(np.r_[starts, num_seqs])
     if counts.max() < MIN_GROUP_SIZE:
         return None
     # Leading blocks each row shares with its group's first row, capped so that the prefix ends
     # before the block holding the row's newest token (written this step, private to the row).
-    leaders = np.repeat(order[starts], counts)
-    same = table[order] == table[leaders]
+    same = rows == np.take(rows, np.repeat(starts, counts), axis=0)
     lead = np.where(same.all(axis=1), width, same.argmin(axis=1))
-    limit = np.minimum(lead, (seq_lens[order] - 1) // block_size)
+    limit = np.minimum(lead, (np.take(seq_lens, order) - 1) // block_size)
     common = np.minimum.reduceat(limit, starts)
     keep = (counts >= MIN_GROUP_SIZE) & (common * block_size >= MIN_PREFIX_TOKENS)
     if not keep.any():
@@ -92,17 +93,24 @@ def plan_cascade(table: np.ndarray, seq_lens: np.ndarray, block_size: int,
     if (saved_tokens * kv_bytes_per_token < min_bytes
             or saved_tokens < MIN_SAVED_FRACTION * int(seq_lens.sum())):
         return None
-    perm = order[np.repeat(keep, counts)].astype(np.int64)
-    shift = np.zeros(num_seqs, dtype=np.int64)
-    shift[perm] = np.repeat(prefix_blocks, sizes)
-    columns = np.minimum(np.arange(width)[None, :] + shift[:, None], width - 1)
+    # Each grouped row's blocks after its prefix, shifted to the front (a slice copy per group;
+    # the columns past them keep stale ids, which the kernels never read).
+    suffix_rows = rows.copy()
+    shift_sorted = np.zeros(num_seqs, dtype=np.int64)
+    for start, size, blocks in zip(starts[keep].tolist(), sizes.tolist(), prefix_blocks.tolist(),
+                                   strict=True):
+        suffix_rows[start : start + size, : width - blocks] = rows[start : start + size, blocks:]
+        shift_sorted[start : start + size] = blocks
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(num_seqs)
+    shift = np.take(shift_sorted, inverse)
     max_prefix = int(prefix_blocks.max())
     return CascadePlan(
-        perm=perm,
+        perm=order[np.repeat(keep, counts)].astype(np.int64),
         prefix_query_start_loc=np.r_[0, np.cumsum(sizes)].astype(np.int32),
         prefix_seq_lens=(prefix_blocks * block_size).astype(np.int32),
-        prefix_block_table=np.ascontiguousarray(table[order[starts[keep]], :max_prefix]),
+        prefix_block_table=np.ascontiguousarray(rows[starts[keep], :max_prefix]),
         suffix_seq_lens=(seq_lens - shift * block_size).astype(np.int32),
-        suffix_block_table=np.take_along_axis(table, columns, axis=1),
+        suffix_block_table=np.take(suffix_rows, inverse, axis=0),
         saved_tokens=saved_tokens,
     )
