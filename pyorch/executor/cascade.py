@@ -13,7 +13,8 @@ blocks once per request per step. The cascade splits each request's keys in two:
 and merges the two partial softmaxes by their log-sum-exps (`merge_attn_states`), which is exact.
 
 `plan_cascade` decides per step, from the host block table, whether the cascade saves enough KV
-reads to pay for its extra launches and for leaving the CUDA graph (a cascade step runs eagerly).
+reads to pay for its extra launches and for leaving the CUDA graph (a cascade step runs eagerly,
+so the plain step must be long enough on the device to hide an eager step's host time).
 Groups are found without a per-request Python loop: rows sorted by their first block id, each row
 compared with its group's first row, and the common prefix of a group is the minimum over its rows.
 """
@@ -27,13 +28,24 @@ import numpy as np
 MIN_GROUP_SIZE = 4
 # ... and a prefix of at least this many tokens (shorter prefixes save little and cost a launch).
 MIN_PREFIX_TOKENS = 256
-# The step must save this share of its KV reads ...
+# The step must save this share of its KV reads and at least these many bytes (all layers).
 MIN_SAVED_FRACTION = 0.25
-# ... and at least these many bytes (all layers): about 0.6 ms of HBM reads on an H100, the
-# order of what leaving the CUDA graph may cost a decode step; a step that runs eagerly anyway
-# needs a tenth of it.
-MIN_SAVED_BYTES_GRAPH = 2 << 30
-MIN_SAVED_BYTES_EAGER = MIN_SAVED_BYTES_GRAPH // 10
+MIN_SAVED_BYTES = 256 << 20
+# A cascade step runs eagerly, and an eager decode step costs the host about this much per layer
+# to launch (Llama-3-8B at batch 1024 with cascade attention on our H100 machine: 16.6 ms for 32
+# layers). With async scheduling a step takes max(host, device), so leaving a CUDA graph pays only
+# when the device time of the plain step exceeds the eager host time by this margin; the device
+# time is estimated as the step's KV and weight reads at HBM_BYTES_PER_S (an H100's).
+EAGER_S_PER_LAYER = 0.5e-3
+EAGER_MARGIN = 1.25
+HBM_BYTES_PER_S = 3.35e12
+
+
+def min_graph_step_kv_bytes(num_layers: int, weight_bytes: int) -> int:
+    """The KV bytes a decode step must read (all layers, without cascade) before leaving its
+    CUDA graph for an eager cascade step can pay: see EAGER_S_PER_LAYER."""
+    step_bytes = EAGER_MARGIN * num_layers * EAGER_S_PER_LAYER * HBM_BYTES_PER_S
+    return max(0, int(step_bytes) - weight_bytes)
 
 
 @dataclass
@@ -58,13 +70,14 @@ class CascadePlan:
 
 
 def plan_cascade(table: np.ndarray, seq_lens: np.ndarray, block_size: int,
-                 kv_bytes_per_token: int, in_graph: bool) -> Optional[CascadePlan]:
+                 kv_bytes_per_token: int, min_step_kv_bytes: int = 0) -> Optional[CascadePlan]:
     """The cascade for a decode step, or None when it would not pay.
 
     table: [S, W] int32 block ids of the step's requests (columns past a request's blocks are
     anything); seq_lens: [S] tokens each request attends over, this step's token included;
-    kv_bytes_per_token: K and V bytes of one token over all layers; in_graph: whether the step
-    would otherwise replay a CUDA graph."""
+    kv_bytes_per_token: K and V bytes of one token over all layers; min_step_kv_bytes: the KV
+    bytes the plain step must read for the cascade to pay (min_graph_step_kv_bytes when the step
+    would otherwise replay a CUDA graph, 0 when it runs eagerly anyway)."""
     num_seqs, width = table.shape
     if num_seqs < MIN_GROUP_SIZE or width == 0:
         return None
@@ -89,9 +102,10 @@ def plan_cascade(table: np.ndarray, seq_lens: np.ndarray, block_size: int,
     prefix_blocks = common[keep]
     sizes = counts[keep]
     saved_tokens = int(((sizes - 1) * prefix_blocks).sum()) * block_size
-    min_bytes = MIN_SAVED_BYTES_GRAPH if in_graph else MIN_SAVED_BYTES_EAGER
-    if (saved_tokens * kv_bytes_per_token < min_bytes
-            or saved_tokens < MIN_SAVED_FRACTION * int(seq_lens.sum())):
+    total_tokens = int(seq_lens.sum())
+    if (saved_tokens * kv_bytes_per_token < MIN_SAVED_BYTES
+            or saved_tokens < MIN_SAVED_FRACTION * total_tokens
+            or total_tokens * kv_bytes_per_token < min_step_kv_bytes):
         return None
     # Each grouped row's blocks after its prefix, shifted to the front (a slice copy per group;
     # the columns past them keep stale ids, which the kernels never read).

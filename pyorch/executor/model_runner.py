@@ -18,7 +18,7 @@ from torch import nn
 from pyorch.config import EngineConfig, kv_cache_torch_dtype
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.core_types import LogprobsLists
-from pyorch.executor.cascade import plan_cascade
+from pyorch.executor.cascade import min_graph_step_kv_bytes, plan_cascade
 from pyorch.executor.cuda_graph import (
     CUDAGraphRunner,
     default_capture_sizes,
@@ -96,6 +96,7 @@ class ModelRunner:
         self.timings = StepTimings()
         self._cascade_ok = False  # set when the KV cache is bound
         self._kv_bytes_per_token = 0
+        self._cascade_graph_kv_bytes = 0
         self._trace_last_end: Optional[torch.cuda.Event] = None
 
     def release(self) -> None:
@@ -191,6 +192,8 @@ class ModelRunner:
         # Cascade attention (pyorch/executor/cascade.py) for decode steps over shared prefixes:
         # not for sliding-window layers (a window cuts the prefix per query position).
         self._kv_bytes_per_token = spec.bytes_per_block // self.block_size
+        self._cascade_graph_kv_bytes = min_graph_step_kv_bytes(len(self.attn_layers),
+                                                               self.weight_bytes())
         self._cascade_ok = (not self.model_config.disable_cascade_attn and bool(self.attn_layers)
                             and not any(layer.sliding_window for layer in self.attn_layers))
         tokens = (num_blocks - 1) * self.block_size
@@ -299,7 +302,8 @@ class ModelRunner:
         if self._cascade_ok and num_tokens == num_seqs:  # decodes only
             width = max(len(st.block_ids) for st in states)
             plan = plan_cascade(self.block_table.table[rows, :width], end, self.block_size,
-                                self._kv_bytes_per_token, graph_size is not None)
+                                self._kv_bytes_per_token,
+                                self._cascade_graph_kv_bytes if graph_size is not None else 0)
             if plan is not None:
                 graph_size = None  # a cascade step runs eagerly (its shapes vary per step)
         if graph_size is None:

@@ -42,7 +42,7 @@ def _batch(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[int]]
 
 def test_plan_groups_rows_by_shared_prefix():
     table, lens, groups = _batch(np.random.default_rng(0))
-    plan = plan_cascade(table, lens, BS, kv_bytes_per_token=1 << 20, in_graph=True)
+    plan = plan_cascade(table, lens, BS, kv_bytes_per_token=1 << 20)
     assert plan is not None and plan.num_groups == 2
     members = [sorted(i for i, g in enumerate(groups) if g == k) for k in (0, 1)]
     qsl = plan.prefix_query_start_loc.tolist()
@@ -67,28 +67,40 @@ def test_plan_prefix_stops_before_the_newest_tokens_block():
     prefix = list(range(1, 33))
     table = _table([prefix] * 6, 32)
     lens = np.array([32 * BS] * 6)
-    plan = plan_cascade(table, lens, BS, kv_bytes_per_token=1 << 20, in_graph=True)
+    plan = plan_cascade(table, lens, BS, kv_bytes_per_token=1 << 20)
     assert plan is not None and plan.prefix_seq_lens.tolist() == [31 * BS]
     assert plan.suffix_seq_lens.tolist() == [BS] * 6
 
 
-@pytest.mark.parametrize("case", ["short_prefix", "small_groups", "few_bytes", "small_share"])
+@pytest.mark.parametrize("case", ["short_prefix", "small_groups", "few_bytes", "small_share",
+                                  "short_step"])
 def test_plan_declines_when_it_would_not_pay(case):
     rng = np.random.default_rng(1)
     table, lens, _ = _batch(rng)
-    kv_bytes = 1 << 20
+    kv_bytes, min_step = 1 << 20, 0
     if case == "short_prefix":  # the groups' prefixes under MIN_PREFIX_TOKENS
         table[:, 15:] = rng.integers(1000, 5000, table[:, 15:].shape)
     elif case == "small_groups":
         table = table[[0, 1, 3, 6, 9, 12]]
         lens = lens[[0, 1, 3, 6, 9, 12]]
-    elif case == "few_bytes":  # a step in a CUDA graph must save MIN_SAVED_BYTES_GRAPH
-        kv_bytes = cascade.MIN_SAVED_BYTES_GRAPH // ((4 * 20 + 3 * 17) * BS) - 1
-    else:  # long private suffixes: the shared part is under MIN_SAVED_FRACTION of the reads
+    elif case == "few_bytes":  # under MIN_SAVED_BYTES saved
+        kv_bytes = cascade.MIN_SAVED_BYTES // ((4 * 20 + 3 * 17) * BS) - 1
+    elif case == "small_share":  # long private suffixes: under MIN_SAVED_FRACTION of the reads
         lens = lens + 5000
-    assert plan_cascade(table, lens, BS, kv_bytes, in_graph=True) is None
-    if case == "few_bytes":  # the same step outside a graph pays
-        assert plan_cascade(table, lens, BS, kv_bytes, in_graph=False) is not None
+    else:  # a graph step too short on the device to hide an eager step's host time
+        min_step = int(lens.sum()) * kv_bytes + 1
+    assert plan_cascade(table, lens, BS, kv_bytes, min_step) is None
+    if case == "short_step":  # the same step without a graph to leave pays
+        assert plan_cascade(table, lens, BS, kv_bytes, 0) is not None
+
+
+def test_graph_threshold_scales_with_layers_and_weights():
+    """Llama-3-8B's shape: 32 layers, 16 GB of weights: a graph step must read about 51 GB of KV
+    (400k tokens at 128 KiB) before an eager cascade step keeps pace; more weights, less KV."""
+    kv = cascade.min_graph_step_kv_bytes(32, 16 * 10**9)
+    assert 40e9 < kv < 60e9
+    assert cascade.min_graph_step_kv_bytes(32, 80 * 10**9) == 0
+    assert cascade.min_graph_step_kv_bytes(64, 16 * 10**9) > kv
 
 
 def _new(req_id: str, prompt: list[int], blocks: list[int]) -> NewRequestData:
@@ -100,7 +112,7 @@ def _new(req_id: str, prompt: list[int], blocks: list[int]) -> NewRequestData:
 def test_runner_packs_the_cascade_step(monkeypatch):
     """A decode step of 6 requests, 4 of them on one 20-block prefix: _prepare_inputs attaches
     the plan's arrays to the metadata, and the usual fields are unchanged."""
-    monkeypatch.setattr(cascade, "MIN_SAVED_BYTES_EAGER", 0)
+    monkeypatch.setattr(cascade, "MIN_SAVED_BYTES", 0)
     runner = _Runner(BS, max_tokens=64, max_seqs=8, max_blocks=32)
     prefix = list(range(100, 120))
     reqs = [_new(f"g{i}", [5] * (20 * BS + 3 + i), prefix + [200 + i]) for i in range(4)]

@@ -48,6 +48,7 @@ class _Runner:
         self._pooling = {}  # no pooling requests (ModelRunner's per-request pooling states)
         self._cascade_ok = False  # tests/pyorch/executor/test_cascade.py turns it on
         self._kv_bytes_per_token = 0
+        self._cascade_graph_kv_bytes = 0
 
 
 def _new(req_id, prompt, blocks, computed=0, outputs=()):
