@@ -44,6 +44,12 @@ def test_flags_map_to_engine_args():
     assert parse(["--max-model-len", "auto"]).max_model_len is None
 
 
+def test_disable_cascade_attn_maps_to_engine_args():
+    assert cli_args.engine_args_from(parse([])).disable_cascade_attn is False
+    e = cli_args.engine_args_from(parse(["--disable-cascade-attn"]))
+    assert e.disable_cascade_attn is True  # the engine's use: test_llm's cascade test
+
+
 def test_quantization_flag_maps_to_engine_args():
     assert cli_args.engine_args_from(parse([])).quantization is None  # the checkpoint's
     assert cli_args.engine_args_from(parse(["-q", "fp8"])).quantization == "fp8"
