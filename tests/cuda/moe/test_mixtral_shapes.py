@@ -118,3 +118,20 @@ def test_prefill_fused_moe_gemm_mixtral(device: str, monkeypatch: pytest.MonkeyP
     assert fm.moe_decode_block_size(PREFILL_TOKENS, TOP_K, E) is None
     got = fm.fused_experts(x, w13, w2, weights, ids, E)
     _check(f"fused_moe_gemm M={PREFILL_TOKENS} {device}", got, x, w13, w2, weights, ids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_tokens", [1, 2, 6, PREFILL_TOKENS])
+def test_router_linear_mixtral(device: str, num_tokens: int) -> None:
+    """The router: a linear layer of 6 output rows (not a multiple of 8; Qwen's MoE has 8 or
+    more), through the skinny GEMM for decode batches on CUDA, cuBLAS for the prefill."""
+    from pyorch.layers.linear import linear, use_skinny_gemm
+
+    x, _, _, gate = _inputs(num_tokens, device, seed=200 + num_tokens)
+    got = linear(x, gate)
+    want = x.double().cpu() @ gate.double().cpu().T
+    budget = (F.linear(x.cpu(), gate.cpu()).double() - want).abs().max().item()
+    err = (got.cpu().double() - want).abs().max().item()
+    print(f"[mixtral-moe] router linear M={num_tokens} {device} skinny="
+          f"{use_skinny_gemm(x, gate, None)}: max|err| {err:.4g}, torch-bf16 {budget:.4g}")
+    assert err <= 2.0 * budget + 1e-3 * want.abs().max().item()
