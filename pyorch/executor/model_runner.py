@@ -298,16 +298,17 @@ class ModelRunner:
         pending = np.fromiter((st.num_pending for st in states), np.int64, num_seqs)
         rows = np.fromiter((st.table_row for st in states), np.int64, num_seqs)
         end = start + n
+        used_width = max(len(st.block_ids) for st in states)
         plan = None
+        gathered = None  # the step's block-table rows at used_width, when already gathered
         if self._cascade_ok and num_tokens == num_seqs:  # decodes only
-            width = max(len(st.block_ids) for st in states)
-            plan = plan_cascade(self.block_table.table[rows, :width], end, self.block_size,
-                                self._kv_bytes_per_token,
+            gathered = self.block_table.table[rows, :used_width]
+            plan = plan_cascade(gathered, end, self.block_size, self._kv_bytes_per_token,
                                 self._cascade_graph_kv_bytes if graph_size is not None else 0)
             if plan is not None:
                 graph_size = None  # a cascade step runs eagerly (its shapes vary per step)
         if graph_size is None:
-            width = max(len(st.block_ids) for st in states)
+            width = used_width
             pad_tokens, pad_seqs = num_tokens, num_seqs
         else:
             assert self.cuda_graphs is not None  # a graph size comes from the captured graphs
@@ -320,7 +321,8 @@ class ModelRunner:
         host = self.buffers.host_views(layout)
         table = host["block_table"].reshape(pad_seqs, width)
         # Rows hold zeros past each request's blocks (see BlockTable.release).
-        table[:num_seqs] = self.block_table.table[rows, :width]
+        table[:num_seqs] = (gathered if gathered is not None and width == used_width
+                            else self.block_table.table[rows, :width])
 
         cu = np.cumsum(n)
         offsets = cu - n
