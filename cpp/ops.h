@@ -182,4 +182,14 @@ PYORCH_DECLARE_MOE_DECODE_OPS
 // The instruction set of the CPU GGUF products: sets it ("best", "avx512_vnni", "avx2",
 // "portable") unless name is empty, and returns the one in use.
 std::string gguf_cpu_isa(const std::string& name);
+// ggml_mul_mat_a8 on Q4_0 / Q4_1 / Q8_0 blocks in the CPU's repacked layout (cpp/cpu/gguf.cpp).
+at::Tensor ggml_mul_mat_repacked_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,
+                                    int64_t row);
+// out (=, += or silu-and-mul of) [norm(X)] @ W^T + bias with W repacked (fused_linear.py's CPU
+// path).
+void ggml_mul_mat_repacked_fused(at::Tensor& out, const at::Tensor& X, const at::Tensor& W,
+                                 int64_t quant_type, int64_t row,
+                                 const std::optional<at::Tensor>& bias,
+                                 const std::optional<at::Tensor>& norm_weight, double eps,
+                                 const std::string& epilogue);
 }  // namespace pyorch::cpu

@@ -267,6 +267,15 @@ TORCH_LIBRARY(pyorch, m) {
   // integer arithmetic. _vec_ is meant for few tokens (decode), mul_mat for more.
   m.def("ggml_mul_mat_vec_a8(Tensor W, Tensor X, int quant_type, SymInt row) -> Tensor");
   m.def("ggml_mul_mat_a8(Tensor W, Tensor X, int quant_type, SymInt row) -> Tensor");
+  // CPU only: the same product from Q4_0 / Q4_1 / Q8_0 rows repacked in groups of 8 (the layout
+  // in cpp/cpu/gguf.cpp; pyorch.layers.quantization.gguf.repack_blocks writes it); row % 8 == 0.
+  m.def("ggml_mul_mat_repacked_a8(Tensor W, Tensor X, int quant_type, SymInt row) -> Tensor");
+  // CPU only, the decode layer's neighbours fused in (pyorch/layers/fused_linear.py): with
+  // norm_weight, X is RMSNorm'ed first; epilogue "store" (out = y), "add" (out += y) or
+  // "silu_and_mul" (out = silu(y[:, :row/2]) * y[:, row/2:]), y = X' @ W^T + bias.
+  m.def(
+      "ggml_mul_mat_repacked_fused(Tensor(a!) out, Tensor X, Tensor W, int quant_type, SymInt row, "
+      "Tensor? bias, Tensor? norm_weight, float eps, str epilogue) -> ()");
 
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
@@ -310,6 +319,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_a8);
+  m.impl("ggml_mul_mat_repacked_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_repacked_a8);
+  m.impl("ggml_mul_mat_repacked_fused", c10::kCPU, &pyorch::cpu::ggml_mul_mat_repacked_fused);
   m.impl("skinny_gemm_fp8", c10::kCPU, &pyorch::cpu::skinny_gemm_fp8);
   m.impl("moe_grouped_permute", c10::kCPU, &pyorch::cpu::moe_grouped_permute);
   m.impl("moe_grouped_gemm", c10::kCPU, &pyorch::cpu::moe_grouped_gemm);

@@ -876,6 +876,39 @@ def ggml_mul_mat_a8(W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int)
     return _ops.ggml_mul_mat_a8(W, X, quant_type, row)
 
 
+def ggml_mul_mat_repacked_a8(
+    W: torch.Tensor, X: torch.Tensor, quant_type: int, row: int
+) -> torch.Tensor:
+    """ggml_mul_mat_a8 (any number of tokens) on the CPU from Q4_0 / Q4_1 / Q8_0 rows repacked in
+    groups of 8 (``pyorch.layers.quantization.gguf.repack_blocks``; layout in cpp/cpu/gguf.cpp):
+    the same result, one output row per SIMD lane. row must be a multiple of 8."""
+    if not W.device.type == "cpu":
+        raise ValueError(f"ggml_mul_mat_repacked_a8 is a CPU op (the repacked layout is the CPU "
+                         f"kernels'); W is on {W.device}")
+    return _ops.ggml_mul_mat_repacked_a8(W, X, quant_type, row)
+
+
+def ggml_mul_mat_repacked_fused(
+    out: torch.Tensor,
+    X: torch.Tensor,
+    W: torch.Tensor,
+    quant_type: int,
+    row: int,
+    bias: Optional[torch.Tensor],
+    norm_weight: Optional[torch.Tensor],
+    eps: float,
+    epilogue: str,
+) -> None:
+    """ggml_mul_mat_repacked_a8 with a decode layer's neighbours (pyorch/layers/fused_linear.py):
+    y = X' @ W^T + bias with X' = RMSNorm(X) * norm_weight when norm_weight is given, else X;
+    epilogue "store": out = y [T, row]; "add": out += y (the residual stream); "silu_and_mul":
+    out = silu(y[:, :row / 2]) * y[:, row / 2:] [T, row / 2]. CPU only, like the layout."""
+    if W.device.type != "cpu":
+        raise ValueError(f"ggml_mul_mat_repacked_fused is a CPU op (the repacked layout is the "
+                         f"CPU kernels'); W is on {W.device}")
+    _ops.ggml_mul_mat_repacked_fused(out, X, W, quant_type, row, bias, norm_weight, eps, epilogue)
+
+
 # ---- MoE decode pair and grouped top-k ----------------------------------------------------------
 def fused_moe_decode(
     out: torch.Tensor,

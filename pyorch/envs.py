@@ -61,6 +61,10 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         "`0` keeps tensor parallelism's row-parallel all-reduce and the next RMSNorm as two "
         "kernels instead of the fused all-reduce + residual add + RMSNorm (default on; for "
         "comparisons)"),
+    "PYORCH_GGUF_CPU_REPACK": (
+        _flag("PYORCH_GGUF_CPU_REPACK", True),
+        "`0` keeps GGUF Q4_0 / Q4_1 / Q8_0 weights on the CPU in the file's block layout instead "
+        "of repacking them at load for the 8-row kernels (default on; for comparisons)"),
 }
 
 # Read by setup.py at build time or by bench/ scripts (documented in the same table).

@@ -64,6 +64,21 @@ struct QuantizedActivation {
   const float* dxsum;  // [num_tokens, cols / 16]: dx times the sum of qx over each 16 values
 };
 
+// Repacked layout (ggml_mul_mat_repacked_a8; pyorch/layers/quantization/gguf.py repacks at load):
+// Q4_0, Q4_1 and Q8_0 rows in groups of 8, each group's blocks one after another, and one block of
+// a group stored as [8 fp16 scales][8 fp16 mins, Q4_1 only][quants], the quants as registers of
+// 32 bytes: byte 4 i + e of register k is byte 4 k + e of row i's block (its qs). For Q8_0 that
+// is value 4 k + e (k < 8); for the 4-bit types the low nibble is value 4 k + e and the high
+// nibble value 16 + 4 k + e (k < 4). The bytes per row are those of the file's layout.
+constexpr int repacked_header_bytes(int64_t type) { return type == GgmlType::kQ4_1 ? 32 : 16; }
+constexpr int64_t repacked_group_bytes(int64_t type) {
+  return repacked_header_bytes(type) + (type == GgmlType::kQ8_0 ? 256 : 128);
+}
+// Row groups whose weights one pass over the token tiles keeps in the cache (16 groups of Q8_0 at
+// 4096 columns: 557 KB), and the tokens one pass over a group's blocks serves.
+constexpr int64_t kRepackGroupChunk = 16;
+constexpr int kRepackTokenTile = 4;
+
 namespace portable {
 #define PYORCH_GGUF_ISA 0
 #include "cpu/gguf_kernel.inc"
@@ -144,29 +159,28 @@ void quantize_activation(const T* x, int64_t x_stride, int64_t num_tokens, int64
   });
 }
 
-at::Tensor ggml_mul_mat_impl(const at::Tensor& W, const at::Tensor& X, int64_t type, int64_t row,
-                             const char* op) {
-  const GgmlTypeInfo info = pyorch::gguf::check_ggml_mul_mat(W, X, type, row, op);
-  const int64_t num_tokens = X.size(0), cols = X.size(1);
-  at::Tensor out = at::empty({num_tokens, row}, X.options());
-  if (num_tokens == 0 || row == 0) return out;
-  if (cols == 0) return out.zero_();
-  TORCH_CHECK(cols % 32 == 0, op, ": cols ", cols, " must be a multiple of 32");
-  const int64_t x_stride = num_tokens <= 1 ? cols : X.stride(0);
-  std::vector<int8_t> qx(num_tokens * cols);
-  std::vector<float> dx(num_tokens * cols / 32);
-  std::vector<float> dxsum(num_tokens * cols / 16);
-  PYORCH_CPU_DISPATCH_FLOATS(X.scalar_type(), "ggml_mul_mat", [&] {
-    quantize_activation(X.const_data_ptr<scalar_t>(), x_stride, num_tokens, cols, qx.data(),
-                        dx.data(), dxsum.data());
-  });
-  const QuantizedActivation a{num_tokens, cols, qx.data(), dx.data(), dxsum.data()};
-  const bool f32_out = X.scalar_type() == at::kFloat;
-  std::vector<float> staging(f32_out ? 0 : num_tokens * row);
-  float* out_f = f32_out ? out.mutable_data_ptr<float>() : staging.data();
+// out_f [num_tokens, row] (fp32, contiguous) = the 8-bit activation `a` times W's rows.
+void mul_mat_f32(const at::Tensor& W, const GgmlTypeInfo& info, int64_t type, int64_t row,
+                 const QuantizedActivation& a, bool repacked, float* out_f) {
   const auto* w = static_cast<const uint8_t*>(W.const_data_ptr());
-  const int64_t row_bytes = cols / info.block_size * info.type_size;
+  const int64_t cols = a.cols;
   const Isa isa = current_isa();
+  if (repacked) {
+    // Whole groups of 8 rows per task, a few groups at least, an even split over the threads.
+    at::parallel_for(0, row / 8, 4, [&](int64_t g0, int64_t g1) {
+      switch (isa) {
+#if PYORCH_GGUF_X86
+        case Isa::kAvx512Vnni:
+          avx512vnni::mul_mat_repacked(type, w, cols / 32, g0, g1, a, out_f, row);
+          break;
+        case Isa::kAvx2: avx2::mul_mat_repacked(type, w, cols / 32, g0, g1, a, out_f, row); break;
+#endif
+        default: portable::mul_mat_repacked(type, w, cols / 32, g0, g1, a, out_f, row);
+      }
+    });
+    return;
+  }
+  const int64_t row_bytes = cols / info.block_size * info.type_size;
   // Enough rows per task to amortize the dispatch, few enough to balance the threads.
   const int64_t grain = std::max<int64_t>(4, row / (4 * at::get_num_threads()));
   at::parallel_for(0, row, grain, [&](int64_t r0, int64_t r1) {
@@ -178,6 +192,50 @@ at::Tensor ggml_mul_mat_impl(const at::Tensor& W, const at::Tensor& X, int64_t t
       default: portable::mul_mat(type, w, row_bytes, r0, r1, a, out_f, row);
     }
   });
+}
+
+// The 8-bit activation of a [num_tokens, cols] float matrix (row stride x_stride).
+struct ActivationBuffers {
+  std::vector<int8_t> qx;
+  std::vector<float> dx, dxsum;
+  template <typename T>
+  QuantizedActivation quantize(const T* x, int64_t x_stride, int64_t num_tokens, int64_t cols) {
+    qx.resize(num_tokens * cols);
+    dx.resize(num_tokens * cols / 32);
+    dxsum.resize(num_tokens * cols / 16);
+    quantize_activation(x, x_stride, num_tokens, cols, qx.data(), dx.data(), dxsum.data());
+    return {num_tokens, cols, qx.data(), dx.data(), dxsum.data()};
+  }
+};
+
+const GgmlTypeInfo& check_repacked(const GgmlTypeInfo& info, int64_t type, int64_t row,
+                                   const char* op) {
+  TORCH_CHECK(type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0, op,
+              ": ", info.name, " has no repacked layout (Q4_0, Q4_1 and Q8_0 have)");
+  TORCH_CHECK(row % 8 == 0, op, ": row ", row,
+              " is not a multiple of 8 (rows are repacked in groups of 8)");
+  return info;
+}
+
+at::Tensor ggml_mul_mat_impl(const at::Tensor& W, const at::Tensor& X, int64_t type, int64_t row,
+                             const char* op, bool repacked = false) {
+  const GgmlTypeInfo info = pyorch::gguf::check_ggml_mul_mat(W, X, type, row, op);
+  if (repacked) check_repacked(info, type, row, op);
+  const int64_t num_tokens = X.size(0), cols = X.size(1);
+  at::Tensor out = at::empty({num_tokens, row}, X.options());
+  if (num_tokens == 0 || row == 0) return out;
+  if (cols == 0) return out.zero_();
+  TORCH_CHECK(cols % 32 == 0, op, ": cols ", cols, " must be a multiple of 32");
+  const int64_t x_stride = num_tokens <= 1 ? cols : X.stride(0);
+  ActivationBuffers buffers;
+  QuantizedActivation a;
+  PYORCH_CPU_DISPATCH_FLOATS(X.scalar_type(), "ggml_mul_mat", [&] {
+    a = buffers.quantize(X.const_data_ptr<scalar_t>(), x_stride, num_tokens, cols);
+  });
+  const bool f32_out = X.scalar_type() == at::kFloat;
+  std::vector<float> staging(f32_out ? 0 : num_tokens * row);
+  float* out_f = f32_out ? out.mutable_data_ptr<float>() : staging.data();
+  mul_mat_f32(W, info, type, row, a, repacked, out_f);
   if (!f32_out) {
     PYORCH_CPU_DISPATCH_FLOATS(X.scalar_type(), "ggml_mul_mat", [&] {
       from_float(staging.data(), out.mutable_data_ptr<scalar_t>(), num_tokens * row);
@@ -269,6 +327,97 @@ at::Tensor ggml_mul_mat_vec_a8(const at::Tensor& W, const at::Tensor& X, int64_t
 at::Tensor ggml_mul_mat_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,
                            int64_t row) {
   return ggml_mul_mat_impl(W, X, quant_type, row, "ggml_mul_mat_a8");
+}
+
+at::Tensor ggml_mul_mat_repacked_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,
+                                    int64_t row) {
+  return ggml_mul_mat_impl(W, X, quant_type, row, "ggml_mul_mat_repacked_a8", true);
+}
+
+void ggml_mul_mat_repacked_fused(at::Tensor& out, const at::Tensor& X, const at::Tensor& W,
+                                 int64_t quant_type, int64_t row,
+                                 const std::optional<at::Tensor>& bias,
+                                 const std::optional<at::Tensor>& norm_weight, double eps,
+                                 const std::string& epilogue) {
+  constexpr const char* op = "ggml_mul_mat_repacked_fused";
+  const GgmlTypeInfo info = pyorch::gguf::check_ggml_mul_mat(W, X, quant_type, row, op);
+  check_repacked(info, quant_type, row, op);
+  const int64_t num_tokens = X.size(0), cols = X.size(1);
+  const bool silu = epilogue == "silu_and_mul", add = epilogue == "add";
+  TORCH_CHECK(silu || add || epilogue == "store", op,
+              ": epilogue must be store, add or "
+              "silu_and_mul, got ",
+              epilogue);
+  TORCH_CHECK(!silu || row % 16 == 0, op,
+              ": silu_and_mul needs [gate; up] halves of whole "
+              "groups of 8 rows, got row ",
+              row);
+  const int64_t out_cols = silu ? row / 2 : row;
+  TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == X.scalar_type() && out.dim() == 2 &&
+                  out.size(0) == num_tokens && out.size(1) == out_cols &&
+                  (out_cols <= 1 || out.stride(1) == 1),
+              op, ": out must be ", X.scalar_type(), " [", num_tokens, ", ", out_cols,
+              "] with contiguous rows, got ", out.scalar_type(), " ", out.sizes());
+  TORCH_CHECK(!norm_weight || !add, op, ": the add epilogue takes no norm");
+  for (const auto* t : {&bias, &norm_weight}) {
+    if (!t->has_value()) continue;
+    const int64_t n = t == &bias ? row : cols;
+    TORCH_CHECK((*t)->device().is_cpu() && (*t)->scalar_type() == X.scalar_type() &&
+                    (*t)->dim() == 1 && (*t)->size(0) == n && (*t)->is_contiguous(),
+                op, ": ", t == &bias ? "bias" : "norm_weight", " must be contiguous ",
+                X.scalar_type(), " [", n, "]");
+  }
+  if (num_tokens == 0 || row == 0) return;
+  TORCH_CHECK(cols % 32 == 0, op, ": cols ", cols, " must be a multiple of 32");
+  const int64_t x_stride = num_tokens <= 1 ? cols : X.stride(0);
+  const int64_t out_stride = num_tokens <= 1 ? out_cols : out.stride(0);
+  ActivationBuffers buffers;
+  QuantizedActivation a;
+  std::vector<float> y(num_tokens * row);
+  PYORCH_CPU_DISPATCH_FLOATS(X.scalar_type(), op, [&] {
+    const scalar_t* x = X.const_data_ptr<scalar_t>();
+    if (norm_weight) {  // RMSNorm in fp32, then the 8-bit activation of the normed rows
+      const scalar_t* nw = norm_weight->const_data_ptr<scalar_t>();
+      std::vector<float> normed(num_tokens * cols);
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        float* r = normed.data() + t * cols;
+        to_float(x + t * x_stride, r, cols);
+        float ss = 0.f;
+        for (int64_t c = 0; c < cols; ++c) ss += r[c] * r[c];
+        const float inv = 1.f / std::sqrt(ss / static_cast<float>(cols) + static_cast<float>(eps));
+        for (int64_t c = 0; c < cols; ++c) {
+          // RMSNorm's rounding: the normed value in the model's dtype, then times the weight
+          r[c] = round_to<scalar_t>(round_to<scalar_t>(r[c] * inv) * static_cast<float>(nw[c]));
+        }
+      }
+      a = buffers.quantize(normed.data(), cols, num_tokens, cols);
+    } else {
+      a = buffers.quantize(x, x_stride, num_tokens, cols);
+    }
+    mul_mat_f32(W, info, quant_type, row, a, true, y.data());
+    const scalar_t* b = bias ? bias->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      float* yt = y.data() + t * row;
+      if (b != nullptr) {
+        // the linear layer's output rounds to the model's dtype with its bias
+        for (int64_t r = 0; r < row; ++r) yt[r] += static_cast<float>(b[r]);
+      }
+      scalar_t* ot = o + t * out_stride;
+      if (silu) {
+        for (int64_t j = 0; j < out_cols; ++j) {
+          const float g = round_to<scalar_t>(yt[j]), u = round_to<scalar_t>(yt[j + out_cols]);
+          ot[j] = static_cast<scalar_t>(g / (1.f + std::exp(-g)) * u);
+        }
+      } else if (add) {
+        for (int64_t j = 0; j < row; ++j) {
+          ot[j] = static_cast<scalar_t>(static_cast<float>(ot[j]) + round_to<scalar_t>(yt[j]));
+        }
+      } else {
+        from_float(yt, ot, row);
+      }
+    }
+  });
 }
 
 std::string gguf_cpu_isa(const std::string& name) {

@@ -16,12 +16,17 @@ to, not bit-equal with, the unfused layer, which tests compare it against (`FUSE
 fp8 layers (a quant method with `skinny_weight(layer)`: Fp8LinearMethod with per-tensor or
 per-channel scales) take the same path through skinny_gemm_fp8, the same kernel streaming e4m3
 weights, with their scale applied in the epilogue.
+On the CPU, GGUF layers repacked for the 8-row kernels (pyorch/layers/quantization/gguf.py) take
+the same path through ggml_mul_mat_repacked_fused, at every token count: the norm, the bias and
+the epilogue run inside the op that quantizes the activation and streams the blocks, so a layer
+is 6 ops instead of 10, with as many fewer Python calls (batch-1 decode of the default model,
+bench/gguf_cpu.py: see bench/results/cpu/README.md).
 The fused GEMMs launch without PDL, o_proj included (on an H100 at batch 1, o_proj under PDL
 after attention measured 5.91 / 5.91 ms/token against 5.90 / 5.88 without), and so without the
 up-front L2 prefetch that PDL launches overlap with the previous kernel (5.77 / 5.78 without).
 """
 
-from typing import Optional, cast
+from typing import Any, Optional, cast
 
 import torch
 from torch import nn
@@ -52,6 +57,27 @@ def _fp8_weight(layer: nn.Module) -> Optional[tuple[torch.Tensor, torch.Tensor]]
     return None if skinny_weight is None else skinny_weight(layer)
 
 
+def _gguf_repacked(layer: nn.Module) -> Optional[object]:
+    """The one GGUF shard of a layer in the CPU kernels' repacked layout (GGUFLinearMethod
+    after process_weights_after_loading), else None."""
+    shards = getattr(layer, "gguf_shards", None)
+    if not shards or len(shards) != 1 or not getattr(shards[0], "repacked", False):
+        return None
+    return shards[0]
+
+
+def _gguf_fused(
+    out: torch.Tensor, x: torch.Tensor, layer: nn.Module, norm: Optional[RMSNorm], epilogue: str
+) -> None:
+    shard: Any = _gguf_repacked(layer)
+    bias = cast(Optional[torch.Tensor], layer.bias)
+    _ops.ggml_mul_mat_repacked_fused(
+        out, x, shard.data, shard.ggml_type, shard.rows, bias,
+        None if norm is None else norm.weight, 0.0 if norm is None else norm.variance_epsilon,
+        epilogue,
+    )
+
+
 def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
     """Whether a linear layer may run inside skinny_gemm_fused (or skinny_gemm_fp8 for an fp8
     layer): a weight in the skinny GEMM's layout, of one rank (a row-parallel layer needs its
@@ -60,6 +86,9 @@ def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
     only, as linear_silu_and_mul streams those)."""
     weight = getattr(layer, "weight", None)
     bias = getattr(layer, "bias", None)
+    if _gguf_repacked(layer) is not None:  # the CPU's GGUF path: one rank, one shard
+        return (not sharded_ok and getattr(layer, "tp_size", 1) == 1
+                and (bias is None or bias.is_contiguous()))
     fp8 = _fp8_weight(layer)
     if fp8 is not None:
         if sharded_ok:
@@ -88,7 +117,10 @@ def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
 
 def fused_decode_batch(x: torch.Tensor, first_layer: nn.Module) -> bool:
     """Whether a batch x [num_tokens, input_size] takes the fused path (a decode batch on CUDA in
-    the skinny GEMM's layout); whether the model's layers can is the caller's other half."""
+    the skinny GEMM's layout, or any batch on the CPU for repacked GGUF layers); whether the
+    model's layers can is the caller's other half."""
+    if _gguf_repacked(first_layer) is not None:
+        return FUSED_DECODE and x.dim() == 2 and x.device.type == "cpu"
     if not (FUSED_DECODE and x.dim() == 2 and x.dtype in _FUSED_DTYPES):
         return False
     fp8 = _fp8_weight(first_layer)
@@ -104,6 +136,12 @@ def norm_linear(
     epilogue: str = "store",  # or "silu_and_mul" for a merged [gate; up] layer
 ) -> torch.Tensor:  # [T, output_size] ([T, output_size / 2] for silu_and_mul)
     """layer(norm(x)), then the epilogue, as one kernel."""
+    shard: Any = _gguf_repacked(layer)
+    if shard is not None:
+        rows = shard.rows // (2 if epilogue == "silu_and_mul" else 1)
+        out = torch.empty(x.shape[0], rows, dtype=x.dtype, device=x.device)
+        _gguf_fused(out, x, layer, norm, epilogue)
+        return out
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)
     if fp8 is not None:
@@ -124,6 +162,9 @@ def linear_add_(
     layer: nn.Module,
 ) -> torch.Tensor:
     """residual += layer(x), as one kernel; returns residual."""
+    if _gguf_repacked(layer) is not None:
+        _gguf_fused(residual, x, layer, None, "add")
+        return residual
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)
     if fp8 is not None:

@@ -19,6 +19,12 @@ ops (pyorch/_ops.py):
 - the token embedding gathers the looked-up rows' blocks and dequantizes only those
   (`ggml_dequantize`); a tied LM head computes the logits from the same blocks.
 
+- on the CPU, Q4_0 / Q4_1 / Q8_0 tensors whose rows come in groups of 8 are repacked once at load
+  (`repack_blocks`, the layout in cpp/cpu/gguf.cpp; the same bytes per row, interleaved 8 rows
+  at a time so that each row is one SIMD lane) and multiplied by `ggml_mul_mat_repacked_a8` at
+  every token count. A repacked embedding gathers its looked-up rows back into the file's
+  layout (`repacked_rows`) before dequantizing them. `PYORCH_GGUF_CPU_REPACK=0` turns it off.
+
 The loader (pyorch/model_loader/gguf_loader.py) hands each weight over as `ggml_tensor(...)`:
 a tensor tagged with its GGML type.
 """
@@ -32,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pyorch import _ops
+from pyorch import _ops, envs
 from pyorch.layers.linear import LinearBase, LinearMethodBase
 from pyorch.layers.quantization import (
     QuantizationConfig,
@@ -69,6 +75,51 @@ MMQ_MAX_TOKENS_CUDA = 32
 DEQUANT_CHUNK_BYTES = 64 << 20
 
 _GGML_TYPE_ATTR = "ggml_type"
+
+# Types with a repacked CPU layout: bytes of each block's header (fp16 scale, Q4_1's fp16 min)
+# and of its quants.
+REPACK_TYPES: dict[int, tuple[int, int]] = {2: (2, 16), 3: (4, 16), 8: (2, 32)}
+REPACK_ROWS = 8
+
+
+def can_repack(ggml_type: int, rows: int, cols: int) -> bool:
+    """Whether `repack_blocks` takes this tensor: a repackable type, whole groups of 8 rows."""
+    return ggml_type in REPACK_TYPES and rows % REPACK_ROWS == 0 and rows > 0 and cols > 0
+
+
+def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> torch.Tensor:
+    """The file's blocks (uint8 [rows, cols / 32 * type_size]) in the CPU kernels' repacked
+    layout: uint8 [rows / 8, cols / 32 * 8 * type_size]. Per group of 8 rows and block: the 8
+    fp16 scales, then (Q4_1) the 8 fp16 mins, then the quants as 32-byte registers whose bytes
+    4 i + e hold bytes 4 k + e of row i's quants (k-th register)."""
+    if not can_repack(ggml_type, rows, cols):
+        raise ValueError(f"no repacked layout for {rows} rows of {ggml_type_name(ggml_type)}")
+    header, quants = REPACK_TYPES[ggml_type]
+    groups, blocks = rows // REPACK_ROWS, cols // 32
+    x = data.reshape(groups, REPACK_ROWS, blocks, header + quants).transpose(1, 2)
+    parts = [x[..., h:h + 2].reshape(groups, blocks, 2 * REPACK_ROWS) for h in range(0, header, 2)]
+    q = x[..., header:].reshape(groups, blocks, REPACK_ROWS, quants // 4, 4).transpose(2, 3)
+    parts.append(q.reshape(groups, blocks, REPACK_ROWS * quants))
+    return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
+
+
+def repacked_rows(
+    packed: torch.Tensor, ggml_type: int, rows: int, cols: int, ids: torch.Tensor
+) -> torch.Tensor:
+    """Rows `ids` of a repacked tensor in the file's block layout: uint8 [len(ids), row_bytes]
+    (the inverse of `repack_blocks` for the rows asked for)."""
+    header, quants = REPACK_TYPES[ggml_type]
+    groups, blocks = rows // REPACK_ROWS, cols // 32
+    group_bytes = REPACK_ROWS * (header + quants)
+    lane = (ids % REPACK_ROWS).to(torch.int64)[:, None]
+    # offsets in a group's block of lane i's bytes: its header fields, then its quants
+    head = [2 * REPACK_ROWS * (h // 2) + 2 * lane + h % 2 for h in range(header)]
+    k = torch.arange(quants, device=ids.device)
+    quant = REPACK_ROWS * header + 32 * (k // 4) + 4 * lane + k % 4
+    index = torch.cat(head + [quant], dim=1)  # [n, header + quants]
+    sel = packed.view(groups, blocks, group_bytes)[(ids // REPACK_ROWS).to(torch.int64)]
+    out = torch.gather(sel, 2, index[:, None, :].expand(-1, blocks, -1))
+    return out.reshape(ids.shape[0], blocks * (header + quants))
 
 
 def ggml_type_name(ggml_type: int) -> str:
@@ -117,16 +168,27 @@ class GGUFShard:
         self.ggml_type = ggml_type
         self.rows = rows
         self.cols = cols
+        self.repacked = False  # data is in the CPU kernels' layout (repack_blocks)
 
     @property
     def is_float(self) -> bool:
         return self.ggml_type in FLOAT_TYPES
+
+    def repack_for_cpu(self) -> None:
+        """On the CPU, puts a repackable tensor in the repacked layout (once)."""
+        if (self.repacked or self.data.device.type != "cpu" or not envs.PYORCH_GGUF_CPU_REPACK
+                or not can_repack(self.ggml_type, self.rows, self.cols)):
+            return
+        self.data = repack_blocks(self.data, self.ggml_type, self.rows, self.cols)
+        self.repacked = True
 
 
 def gguf_matmul(x: torch.Tensor, shard: GGUFShard) -> torch.Tensor:
     """x [num_tokens, cols] @ shard^T -> [num_tokens, rows], in x's dtype."""
     if shard.is_float:
         return F.linear(x, shard.data)
+    if shard.repacked:
+        return _ops.ggml_mul_mat_repacked_a8(shard.data, x, shard.ggml_type, shard.rows)
     if shard.ggml_type in DEQUANT_ONLY_TYPES:  # no product kernel: explicit dequantize + matmul
         w = _ops.ggml_dequantize(shard.data, shard.ggml_type, shard.rows, shard.cols, x.dtype)
         return F.linear(x, w)
@@ -274,6 +336,8 @@ class GGUFLinearMethod(LinearMethodBase):
             data = torch.cat([s.data for s in loaded]) if len(loaded) > 1 else loaded[0].data
             rows = sum(s.rows for s in loaded)
             loaded = [GGUFShard(data, loaded[0].ggml_type, rows, loaded[0].cols)]
+        for shard in loaded:
+            shard.repack_for_cpu()
         lay.gguf_shards = loaded
         lay.gguf_loaded = [None] * len(shards)
         # The parameter holds the layer's bytes (for memory accounting and .to()); with one
@@ -349,10 +413,20 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
         shard = self._shard(layer)
         if shard.is_float:
             return F.embedding(ids, shard.data)
-        rows = shard.data.index_select(0, ids.reshape(-1))
+        if shard.repacked:
+            rows = repacked_rows(shard.data, shard.ggml_type, shard.rows, shard.cols,
+                                 ids.reshape(-1))
+        else:
+            rows = shard.data.index_select(0, ids.reshape(-1))
         dtype: torch.dtype = layer.params_dtype  # type: ignore[assignment]
         out = _ops.ggml_dequantize(rows, shard.ggml_type, rows.shape[0], shard.cols, dtype)
         return out.view(*ids.shape, shard.cols)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        shard: GGUFShard | None = getattr(layer.weight, "gguf_shard", None)
+        if shard is not None:
+            shard.repack_for_cpu()
+            layer.weight.data = shard.data
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

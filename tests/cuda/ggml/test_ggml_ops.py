@@ -160,3 +160,134 @@ def test_gguf_cpu_isa_refuses_unknown_names() -> None:
     with pytest.raises(RuntimeError, match="unknown sse9"):
         _C.gguf_cpu_isa("sse9")
     assert _C.gguf_cpu_isa() in CPU_ISAS
+
+
+# ---- the CPU's repacked layout (ggml_mul_mat_repacked_a8) ---------------------------------------
+REPACK_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+
+
+@pytest.mark.parametrize("qtype", REPACK_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("num_tokens", [1, 3, 4, 5, 9, 17])
+@pytest.mark.parametrize("rows,blocks", [(8, 1), (24, 3), (136, 2)])
+def test_ggml_mul_mat_repacked_cpu(
+    cpu_isa: str, qtype: Q, num_tokens: int, rows: int, blocks: int
+) -> None:
+    # 4 tokens: one tile of the kernel's; 5, 9, 17: partial last tiles. 136 rows: 17 groups of
+    # 8, past one chunk of 16 groups, split over the threads.
+    from pyorch.layers.quantization.gguf import repack_blocks
+
+    rng = np.random.default_rng(int(qtype) * 131 + rows + num_tokens)
+    cols = _cols(qtype, blocks)
+    raw = ref.make_weight(qtype, rows, cols, rng)
+    packed = repack_blocks(torch.from_numpy(raw), int(qtype), rows, cols)
+    for dtype in DTYPES:
+        x = torch.randn(num_tokens, cols).to(dtype)
+        out = _ops.ggml_mul_mat_repacked_a8(packed, x, int(qtype), rows)
+        assert out.shape == (num_tokens, rows) and out.dtype == dtype
+        _check_product(out, x, raw, qtype)
+        # the same 8-bit activation and integer sums as the file-layout kernel: equal but for
+        # the order of the fp32 accumulation
+        same = _ops.ggml_mul_mat_a8(torch.from_numpy(raw), x, int(qtype), rows)
+        w = torch.from_numpy(gguf_dequantize(raw, qtype).astype(np.float64)).reshape(rows, cols)
+        accum = x.double().abs() @ w.abs().T
+        bound = 1e-5 * accum + OUT_EPS[dtype] * same.double().abs()
+        assert ((out.double() - same.double()).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("qtype", REPACK_TYPES, ids=lambda q: q.name)
+def test_ggml_mul_mat_repacked_strided_rows_and_outliers(cpu_isa: str, qtype: Q) -> None:
+    from pyorch.layers.quantization.gguf import repack_blocks
+
+    rows, cols = 40, _cols(qtype, 4)
+    raw = ref.make_weight(qtype, rows, cols, np.random.default_rng(int(qtype) + 5))
+    wide = torch.randn(6, cols + 64)
+    wide[:, ::97] *= 300
+    x = wide[:, :cols]
+    packed = repack_blocks(torch.from_numpy(raw), int(qtype), rows, cols)
+    _check_product(_ops.ggml_mul_mat_repacked_a8(packed, x, int(qtype), rows), x, raw, qtype)
+
+
+def test_ggml_mul_mat_repacked_refuses_bad_input() -> None:
+    raw = torch.from_numpy(ref.make_weight(Q.Q4_1, 16, 64, np.random.default_rng(3)))
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="Q5_0 has no repacked layout"):
+        _ops.ggml_mul_mat_repacked_a8(
+            torch.from_numpy(ref.make_weight(Q.Q5_0, 16, 64, np.random.default_rng(4))), x,
+            int(Q.Q5_0), 16)
+    with pytest.raises(RuntimeError, match="row 12 is not a multiple of 8"):
+        _ops.ggml_mul_mat_repacked_a8(raw[:12].contiguous(), x, int(Q.Q4_1), 12)
+    with pytest.raises(RuntimeError, match="W has 640 bytes, but 8 rows"):
+        _ops.ggml_mul_mat_repacked_a8(raw, x, int(Q.Q4_1), 8)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="is a CPU op"):
+            _ops.ggml_mul_mat_repacked_a8(raw.cuda(), x.cuda(), int(Q.Q4_1), 16)
+
+
+def _rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return normed * weight
+
+
+@pytest.mark.parametrize("qtype", REPACK_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("epilogue", ["store", "add", "silu_and_mul"])
+@pytest.mark.parametrize("num_tokens", [1, 6])
+@pytest.mark.parametrize("with_norm,with_bias", [(True, False), (False, True), (True, True)])
+def test_ggml_mul_mat_repacked_fused(
+    cpu_isa: str, qtype: Q, epilogue: str, num_tokens: int, with_norm: bool, with_bias: bool
+) -> None:
+    # Against the unfused ops: RMSNorm, the repacked product (+ bias), then the epilogue, each
+    # in the model's dtype.
+    from pyorch.layers.quantization.gguf import repack_blocks
+
+    if epilogue == "add" and with_norm:
+        pytest.skip("the add epilogue takes no norm")
+    rows, cols, eps = 48, _cols(qtype, 3), 1e-5
+    rng = np.random.default_rng(int(qtype) * 17 + num_tokens)
+    raw = ref.make_weight(qtype, rows, cols, rng)
+    packed = repack_blocks(torch.from_numpy(raw), int(qtype), rows, cols)
+    w = torch.from_numpy(gguf_dequantize(raw, qtype).astype(np.float64)).reshape(rows, cols)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (3 * torch.randn(num_tokens, cols)).to(dtype)
+        norm_w = (1 + 0.3 * torch.randn(cols)).to(dtype) if with_norm else None
+        bias = torch.randn(rows).to(dtype) if with_bias else None
+        x_in = _rms_norm_ref(x, norm_w, eps) if with_norm else x
+        y = _ops.ggml_mul_mat_repacked_a8(packed, x_in, int(qtype), rows)
+        if bias is not None:
+            y = y + bias
+        residual = torch.randn(num_tokens, rows).to(dtype)
+        if epilogue == "store":
+            expected, out = y, torch.empty(num_tokens, rows, dtype=dtype)
+        elif epilogue == "add":
+            expected, out = residual + y, residual.clone()
+        else:
+            expected = (torch.nn.functional.silu(y[:, :rows // 2].float())
+                        * y[:, rows // 2:].float()).to(dtype)
+            out = torch.empty(num_tokens, rows // 2, dtype=dtype)
+        _ops.ggml_mul_mat_repacked_fused(out, x, packed, int(qtype), rows, bias, norm_w, eps,
+                                         epilogue)
+        # fp32 accumulation order and one output rounding apart (8-bit activations of the same
+        # normed input)
+        scale = (x_in.double().abs() @ w.abs().T).max().item() + (
+            0 if bias is None else bias.double().abs().max().item())
+        tol = (2e-5 if dtype == torch.float32 else 2e-2) * scale
+        torch.testing.assert_close(out.double(), expected.double(), rtol=0, atol=tol)
+
+
+def test_ggml_mul_mat_repacked_fused_refuses_bad_input() -> None:
+    from pyorch.layers.quantization.gguf import repack_blocks
+
+    raw = torch.from_numpy(ref.make_weight(Q.Q8_0, 24, 64, np.random.default_rng(6)))
+    packed = repack_blocks(raw, int(Q.Q8_0), 24, 64)
+    x = torch.randn(2, 64)
+    op = _ops.ggml_mul_mat_repacked_fused
+    with pytest.raises(RuntimeError, match="epilogue must be store, add or silu_and_mul"):
+        op(torch.empty(2, 24), x, packed, int(Q.Q8_0), 24, None, None, 0.0, "gelu")
+    with pytest.raises(RuntimeError, match="silu_and_mul needs"):
+        op(torch.empty(2, 12), x, packed, int(Q.Q8_0), 24, None, None, 0.0, "silu_and_mul")
+    with pytest.raises(RuntimeError, match=r"out must be Float \[2, 24\]"):
+        op(torch.empty(2, 12), x, packed, int(Q.Q8_0), 24, None, None, 0.0, "store")
+    with pytest.raises(RuntimeError, match="the add epilogue takes no norm"):
+        op(torch.empty(2, 24), x, packed, int(Q.Q8_0), 24, None, torch.ones(64), 1e-5, "add")
+    with pytest.raises(RuntimeError, match=r"bias must be contiguous Float \[24\]"):
+        op(torch.empty(2, 24), x, packed, int(Q.Q8_0), 24, torch.ones(23), None, 0.0, "store")

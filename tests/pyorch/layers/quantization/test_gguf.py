@@ -243,3 +243,80 @@ def test_a_gguf_file_runs_with_the_gguf_method() -> None:
     assert config.quantization == "gguf"
     with pytest.raises(ValueError, match="a GGUF file runs with quantization 'gguf', not 'fp8'"):
         ModelConfig(model=path, quantization="fp8").resolve()
+
+
+# ---- the CPU's repacked layout -------------------------------------------------------------------
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+def test_repack_blocks_layout_and_inverse(qtype: Q) -> None:
+    rows, cols = 24, 96
+    raw = torch.from_numpy(ref.make_weight(qtype, rows, cols, np.random.default_rng(21)))
+    packed = gguf_method.repack_blocks(raw, int(qtype), rows, cols)
+    assert packed.shape == (rows // 8, raw.numel() // (rows // 8))  # the same bytes
+    header, quants = gguf_method.REPACK_TYPES[int(qtype)]
+    block = packed[1, 8 * (header + quants):16 * (header + quants)]  # group 1, block 1
+    for i in range(8):
+        src = raw[8 + i, header + quants:2 * (header + quants)]  # row 8 + i, block 1
+        for h in range(0, header, 2):  # scale (and min): field h / 2 of every row, in order
+            assert torch.equal(block[8 * h + 2 * i:8 * h + 2 * i + 2], src[h:h + 2])
+        for k in range(quants // 4):
+            at = 8 * header + 32 * k + 4 * i
+            assert torch.equal(block[at:at + 4], src[header + 4 * k:header + 4 * k + 4])
+    ids = torch.tensor([23, 0, 9, 9, 16])
+    assert torch.equal(gguf_method.repacked_rows(packed, int(qtype), rows, cols, ids), raw[ids])
+    assert not gguf_method.can_repack(int(qtype), 20, cols)
+    assert not gguf_method.can_repack(int(Q.Q5_1), 24, cols)
+    with pytest.raises(ValueError, match="no repacked layout for 20 rows"):
+        gguf_method.repack_blocks(raw[:20], int(qtype), 20, cols)
+
+
+@pytest.mark.parametrize("repack", [True, False])
+@pytest.mark.parametrize("num_tokens", [1, MMVQ_MAX_TOKENS + 3])
+def test_cpu_layers_are_repacked_at_load(monkeypatch, repack: bool, num_tokens: int) -> None:
+    # gate_up: Q4_1 joined shards (96 + 32 rows): repacked, one product on the repacked kernel
+    # at every token count. PYORCH_GGUF_CPU_REPACK=0 keeps the file's layout.
+    monkeypatch.setenv("PYORCH_GGUF_CPU_REPACK", "1" if repack else "0")
+    layer = gguf_layer(MergedColumnParallelLinear, 64, [96, 32], bias=False)
+    gate, gv = tensor(Q.Q4_1, 96, 64, 22)
+    up, uv = tensor(Q.Q4_1, 32, 64, 23)
+    layer.weight.weight_loader(layer.weight, gate, 0)
+    layer.weight.weight_loader(layer.weight, up, 1)
+    layer.quant_method.process_weights_after_loading(layer)
+    (shard,) = layer.gguf_shards
+    assert shard.repacked == repack
+    assert layer.weight.data_ptr() == shard.data.data_ptr()  # one copy of the bytes
+    calls: list[str] = []
+    for name in ("ggml_mul_mat_vec_a8", "ggml_mul_mat_a8", "ggml_mul_mat_repacked_a8"):
+        real = getattr(_ops, name)
+        monkeypatch.setattr(
+            _ops, name, lambda *a, _n=name, _r=real: (calls.append(_n), _r(*a))[1]
+        )
+    x = torch.randn(num_tokens, 64)
+    check(layer(x), x, [(gv, True), (uv, True)])
+    plain = "ggml_mul_mat_vec_a8" if num_tokens <= MMVQ_MAX_TOKENS else "ggml_mul_mat_a8"
+    assert calls == ["ggml_mul_mat_repacked_a8" if repack else plain]
+
+
+def test_cpu_rows_not_in_groups_of_8_keep_the_file_layout() -> None:
+    layer = gguf_layer(ReplicatedLinear, 64, 36, bias=False)
+    w, wv = tensor(Q.Q8_0, 36, 64, 24)
+    layer.weight.weight_loader(layer.weight, w)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert not layer.gguf_shards[0].repacked
+    x = torch.randn(2, 64)
+    check(layer(x), x, [(wv, True)])
+
+
+def test_repacked_tied_embedding_gathers_rows_and_computes_logits() -> None:
+    from pyorch.model_loader.loader import process_weights_after_loading
+
+    vocab, dim = 56, 64
+    table, values = tensor(Q.Q8_0, vocab, dim, 25)
+    emb = VocabParallelEmbedding(vocab, dim, quant_config=GGUFConfig())
+    emb.weight.weight_loader(emb.weight, table)
+    head = ParallelLMHead(vocab, dim, quant_config=GGUFConfig()).tie_weights(emb)
+    process_weights_after_loading(torch.nn.ModuleList([emb, head]))
+    assert emb.weight.gguf_shard.repacked
+    ids = torch.tensor([55, 7, 3, 7, 0])
+    assert torch.equal(emb(ids), values[ids].float())
+    x = torch.randn(3, dim)
+    check(head.compute_logits(x), x, [(values, True)])
