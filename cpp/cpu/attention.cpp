@@ -300,6 +300,104 @@ void attend_item(const Problem<T, CacheT>& pb, const WorkItem& it, Scratch<D>& s
   }
 }
 
+// A cache row of one kv head as fp32 [D]: the cache itself when it is fp32 and exactly D wide,
+// else converted into `buf` with zeros past the head size.
+template <typename CacheT, int D>
+inline const float* cache_row(const CacheT* src, int head_size, float* buf, const float* fp8) {
+  if constexpr (std::is_same_v<CacheT, float>) {
+    if (head_size == D) return src;
+  }
+  cache_row_to_float(src, buf, head_size, fp8);
+  std::fill(buf + head_size, buf + D, 0.f);
+  return buf;
+}
+
+// A decode item (one query token; its rows are heads of one kv head's group): scores straight
+// from the cache rows for every visible key, one softmax per row, then P.V, without the
+// transposed tiles (for a single token the tile copies cost more than the products).
+template <typename T, typename CacheT, int D>
+void attend_decode_item(const Problem<T, CacheT>& pb, const WorkItem& it, Scratch<D>& sc,
+                        std::vector<float>& scores) {
+  const SeqInfo& si = pb.seqs[it.seq];
+  const int G = pb.group_size;
+  const int rows = std::min(kRowTile, G - it.row0);
+  const int64_t token = si.q_start;
+  const KeyRange kr = key_range(si.seq_len - 1, si.seq_len, pb.causal, pb.sliding_window);
+  const int nk = std::max(0, kr.hi - kr.lo);
+  const int32_t* blocks = pb.block_table + it.seq * pb.block_table_stride;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t head = static_cast<int64_t>(it.kv_head) * G + it.row0 + r;
+    const T* q = pb.query + token * pb.q_token_stride + head * pb.q_head_stride;
+    for (int d = 0; d < pb.head_size; ++d) sc.q[r * D + d] = static_cast<float>(q[d]) * pb.q_scale;
+    std::fill(sc.q + r * D + pb.head_size, sc.q + (r + 1) * D, 0.f);
+    std::fill_n(sc.acc + r * D, D, 0.f);
+  }
+  scores.resize(static_cast<size_t>(rows) * nk);
+  for (int j = 0; j < nk; ++j) {
+    const int pos = kr.lo + j;
+    const int64_t block = blocks[pos / pb.block_size];
+    const int64_t offset = pos % pb.block_size;
+    const float* k =
+        cache_row<CacheT, D>(pb.k_cache + block * pb.k_block_stride + offset * pb.k_token_stride +
+                                 it.kv_head * pb.k_head_stride,
+                             pb.head_size, sc.row, pb.fp8);
+    for (int r = 0; r < rows; ++r) {
+      v8f acc = splat(0.f);
+      for (int d = 0; d < D; d += 8) acc += load8(sc.q + r * D + d) * load8(k + d);
+      float x = 0.f;
+      for (int w = 0; w < 8; ++w) x += acc[w];
+      if (pb.soft_cap > 0.f) x = pb.soft_cap * std::tanh(x / pb.soft_cap);
+      scores[static_cast<size_t>(r) * nk + j] = x;
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    float* s = scores.data() + static_cast<size_t>(r) * nk;
+    float m = kNegInf;
+    for (int j = 0; j < nk; ++j) m = std::max(m, s[j]);
+    float l = 0.f;
+    int j = 0;
+    if (nk > 0) {
+      v8f sum = splat(0.f);
+      for (; j + 8 <= nk; j += 8) {
+        const v8f p = exp_nonpositive(load8(s + j) - splat(m));
+        store8(s + j, p);
+        sum += p;
+      }
+      for (int w = 0; w < 8; ++w) l += sum[w];
+      for (; j < nk; ++j) {
+        s[j] = std::exp(s[j] - m);
+        l += s[j];
+      }
+    }
+    sc.m[r] = m;
+    sc.l[r] = l;
+  }
+  for (int j = 0; j < nk; ++j) {
+    const int pos = kr.lo + j;
+    const int64_t block = blocks[pos / pb.block_size];
+    const int64_t offset = pos % pb.block_size;
+    const float* v =
+        cache_row<CacheT, D>(pb.v_cache + block * pb.v_block_stride + offset * pb.v_token_stride +
+                                 it.kv_head * pb.v_head_stride,
+                             pb.head_size, sc.row, pb.fp8);
+    for (int r = 0; r < rows; ++r) {
+      const v8f p = splat(scores[static_cast<size_t>(r) * nk + j]);
+      float* acc = sc.acc + r * D;
+      for (int d = 0; d < D; d += 8) store8(acc + d, load8(acc + d) + p * load8(v + d));
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int64_t head = static_cast<int64_t>(it.kv_head) * G + it.row0 + r;
+    const float inv = sc.l[r] > 0.f ? pb.v_scale / sc.l[r] : 0.f;
+    T* o = pb.out + token * pb.out_token_stride + head * pb.out_head_stride;
+    for (int d = 0; d < pb.head_size; ++d) o[d] = static_cast<T>(sc.acc[r * D + d] * inv);
+    if (pb.lse != nullptr) {
+      pb.lse[head * pb.lse_head_stride + token] =
+          sc.l[r] > 0.f ? sc.m[r] + std::log(sc.l[r]) : kNegInf;
+    }
+  }
+}
+
 template <typename T, typename CacheT, int D>
 void run_items(const Problem<T, CacheT>& pb, const std::vector<WorkItem>& items) {
   std::atomic<int64_t> next{0};
@@ -311,9 +409,15 @@ void run_items(const Problem<T, CacheT>& pb, const std::vector<WorkItem>& items)
   const int64_t num_workers =
       total_cost < kMinParallelCost ? 1 : std::min<int64_t>(at::get_num_threads(), num_items);
   at::parallel_for(0, num_workers, 1, [&](int64_t, int64_t) {
-    auto scratch = std::make_unique<Scratch<D>>();
+    // Not value-initialized: every field an item reads, it writes first.
+    std::unique_ptr<Scratch<D>> scratch(new Scratch<D>);
+    std::vector<float> scores;
     for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
-      attend_item<T, CacheT, D>(pb, items[i], *scratch);
+      if (pb.seqs[items[i].seq].q_len == 1) {
+        attend_decode_item<T, CacheT, D>(pb, items[i], *scratch, scores);
+      } else {
+        attend_item<T, CacheT, D>(pb, items[i], *scratch);
+      }
     }
   });
 }
