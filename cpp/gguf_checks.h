@@ -95,8 +95,10 @@ inline GgmlTypeInfo check_ggml_dequantize(const at::Tensor& W, int64_t type, int
 
 // ggml_mul_mat_vec_a8 / ggml_mul_mat_a8(W, X, quant_type, row): X [num_tokens, cols]
 // fp32/fp16/bf16 (rows contiguous), W `row` rows of cols; out [num_tokens, row] of X's dtype.
+// group_bytes > 0: W is in the CPU's repacked layout (cpp/cpu/gguf.cpp), row / 8 groups of
+// cols / block_size blocks of group_bytes each.
 inline GgmlTypeInfo check_ggml_mul_mat(const at::Tensor& W, const at::Tensor& X, int64_t type,
-                                       int64_t row, const char* op) {
+                                       int64_t row, const char* op, int64_t group_bytes = 0) {
   const GgmlTypeInfo info = check_ggml_type(type, op, true);
   const at::ScalarType dtype = X.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
@@ -104,7 +106,19 @@ inline GgmlTypeInfo check_ggml_mul_mat(const at::Tensor& W, const at::Tensor& X,
   TORCH_CHECK(X.dim() == 2, op, ": X must be [num_tokens, cols], got ", X.sizes());
   TORCH_CHECK(X.size(1) <= 1 || X.stride(1) == 1, op, ": X's last dimension must be contiguous");
   TORCH_CHECK(W.device() == X.device(), op, ": W is on ", W.device(), ", X on ", X.device());
-  check_ggml_weight(W, info, row, X.size(1), op);
+  if (group_bytes <= 0) {
+    check_ggml_weight(W, info, row, X.size(1), op);
+    return info;
+  }
+  const int64_t cols = X.size(1);
+  TORCH_CHECK(row >= 0 && row % 8 == 0, op, ": row ", row,
+              " is not a multiple of 8 (rows are repacked in groups of 8)");
+  TORCH_CHECK(cols % info.block_size == 0, op, ": ", cols, " columns are not a whole number of ",
+              info.name, " blocks of ", info.block_size);
+  TORCH_CHECK(W.is_contiguous(), op, ": W must be contiguous");
+  const int64_t bytes = row / 8 * (cols / info.block_size) * group_bytes;
+  TORCH_CHECK(W.nbytes() == static_cast<size_t>(bytes), op, ": W has ", W.nbytes(), " bytes, but ",
+              row, " rows of ", cols, " ", info.name, " columns take ", bytes, " repacked");
   return info;
 }
 

@@ -65,14 +65,28 @@ struct QuantizedActivation {
 };
 
 // Repacked layout (ggml_mul_mat_repacked_a8; pyorch/layers/quantization/gguf.py repacks at load):
-// Q4_0, Q4_1 and Q8_0 rows in groups of 8, each group's blocks one after another, and one block of
-// a group stored as [8 fp16 scales][8 fp16 mins, Q4_1 only][quants], the quants as registers of
-// 32 bytes: byte 4 i + e of register k is byte 4 k + e of row i's block (its qs). For Q8_0 that
-// is value 4 k + e (k < 8); for the 4-bit types the low nibble is value 4 k + e and the high
-// nibble value 16 + 4 k + e (k < 4). The bytes per row are those of the file's layout.
-constexpr int repacked_header_bytes(int64_t type) { return type == GgmlType::kQ4_1 ? 32 : 16; }
+// rows in groups of 8, each group's blocks one after another, the quants of a block as registers
+// of 32 bytes whose byte 4 i + e belongs to row i.
+// - Q4_0, Q4_1, Q8_0: a block of a group is [8 fp16 scales][8 fp16 mins, Q4_1 only][quants];
+//   byte 4 i + e of register k is byte 4 k + e of row i's qs. For Q8_0 that is value 4 k + e
+//   (k < 8); for the 4-bit types the low nibble is value 4 k + e and the high nibble value
+//   16 + 4 k + e (k < 4). The bytes per row are those of the file's layout.
+// - Q4_K (256 values, 8 sub-blocks of 32 with 6-bit scales and mins): [8 fp16 d][8 fp16 dmin]
+//   [8 x 8 scales: byte 8 j + i is row i's sub-block j][8 x 8 mins, likewise][quants: 4 chunks
+//   of 8 registers; byte 4 i + e of register k of chunk c is row i's qs[32 c + 4 k + e], whose
+//   low nibble is value 4 k + e of sub-block 2 c and high nibble that of sub-block 2 c + 1].
+//   1184 bytes for 8 rows, against the file's 1152 (the scales unpacked from 12 bytes to 16).
+constexpr int repacked_header_bytes(int64_t type) {
+  return type == GgmlType::kQ4_K ? 160 : type == GgmlType::kQ4_1 ? 32 : 16;
+}
 constexpr int64_t repacked_group_bytes(int64_t type) {
-  return repacked_header_bytes(type) + (type == GgmlType::kQ8_0 ? 256 : 128);
+  return repacked_header_bytes(type) + (type == GgmlType::kQ4_K   ? 1024
+                                        : type == GgmlType::kQ8_0 ? 256
+                                                                  : 128);
+}
+constexpr bool has_repacked_layout(int64_t type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0 ||
+         type == GgmlType::kQ4_K;
 }
 // Row groups whose weights one pass over the token tiles keeps in the cache (16 groups of Q8_0 at
 // 4096 columns: 557 KB), and the tokens one pass over a group's blocks serves.
@@ -171,11 +185,13 @@ void mul_mat_f32(const at::Tensor& W, const GgmlTypeInfo& info, int64_t type, in
       switch (isa) {
 #if PYORCH_GGUF_X86
         case Isa::kAvx512Vnni:
-          avx512vnni::mul_mat_repacked(type, w, cols / 32, g0, g1, a, out_f, row);
+          avx512vnni::mul_mat_repacked(type, w, cols / info.block_size, g0, g1, a, out_f, row);
           break;
-        case Isa::kAvx2: avx2::mul_mat_repacked(type, w, cols / 32, g0, g1, a, out_f, row); break;
+        case Isa::kAvx2:
+          avx2::mul_mat_repacked(type, w, cols / info.block_size, g0, g1, a, out_f, row);
+          break;
 #endif
-        default: portable::mul_mat_repacked(type, w, cols / 32, g0, g1, a, out_f, row);
+        default: portable::mul_mat_repacked(type, w, cols / info.block_size, g0, g1, a, out_f, row);
       }
     });
     return;
@@ -208,19 +224,18 @@ struct ActivationBuffers {
   }
 };
 
-const GgmlTypeInfo& check_repacked(const GgmlTypeInfo& info, int64_t type, int64_t row,
-                                   const char* op) {
-  TORCH_CHECK(type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0, op,
-              ": ", info.name, " has no repacked layout (Q4_0, Q4_1 and Q8_0 have)");
-  TORCH_CHECK(row % 8 == 0, op, ": row ", row,
-              " is not a multiple of 8 (rows are repacked in groups of 8)");
-  return info;
+GgmlTypeInfo check_repacked_mul_mat(const at::Tensor& W, const at::Tensor& X, int64_t type,
+                                    int64_t row, const char* op) {
+  const GgmlTypeInfo info = pyorch::gguf::check_ggml_type(type, op, true);
+  TORCH_CHECK(has_repacked_layout(type), op, ": ", info.name,
+              " has no repacked layout (Q4_0, Q4_1, Q8_0 and Q4_K have)");
+  return pyorch::gguf::check_ggml_mul_mat(W, X, type, row, op, repacked_group_bytes(type));
 }
 
 at::Tensor ggml_mul_mat_impl(const at::Tensor& W, const at::Tensor& X, int64_t type, int64_t row,
                              const char* op, bool repacked = false) {
-  const GgmlTypeInfo info = pyorch::gguf::check_ggml_mul_mat(W, X, type, row, op);
-  if (repacked) check_repacked(info, type, row, op);
+  const GgmlTypeInfo info = repacked ? check_repacked_mul_mat(W, X, type, row, op)
+                                     : pyorch::gguf::check_ggml_mul_mat(W, X, type, row, op);
   const int64_t num_tokens = X.size(0), cols = X.size(1);
   at::Tensor out = at::empty({num_tokens, row}, X.options());
   if (num_tokens == 0 || row == 0) return out;
@@ -340,8 +355,7 @@ void ggml_mul_mat_repacked_fused(at::Tensor& out, const at::Tensor& X, const at:
                                  const std::optional<at::Tensor>& norm_weight, double eps,
                                  const std::string& epilogue) {
   constexpr const char* op = "ggml_mul_mat_repacked_fused";
-  const GgmlTypeInfo info = pyorch::gguf::check_ggml_mul_mat(W, X, quant_type, row, op);
-  check_repacked(info, quant_type, row, op);
+  const GgmlTypeInfo info = check_repacked_mul_mat(W, X, quant_type, row, op);
   const int64_t num_tokens = X.size(0), cols = X.size(1);
   const bool silu = epilogue == "silu_and_mul", add = epilogue == "add";
   TORCH_CHECK(silu || add || epilogue == "store", op,

@@ -67,9 +67,9 @@ def _gguf_repacked(layer: nn.Module) -> Optional[object]:
 
 
 def _gguf_fused(
-    out: torch.Tensor, x: torch.Tensor, layer: nn.Module, norm: Optional[RMSNorm], epilogue: str
+    out: torch.Tensor, x: torch.Tensor, shard: Any, layer: nn.Module, norm: Optional[RMSNorm],
+    epilogue: str,
 ) -> None:
-    shard: Any = _gguf_repacked(layer)
     bias = cast(Optional[torch.Tensor], layer.bias)
     _ops.ggml_mul_mat_repacked_fused(
         out, x, shard.data, shard.ggml_type, shard.rows, bias,
@@ -140,7 +140,7 @@ def norm_linear(
     if shard is not None:
         rows = shard.rows // (2 if epilogue == "silu_and_mul" else 1)
         out = torch.empty(x.shape[0], rows, dtype=x.dtype, device=x.device)
-        _gguf_fused(out, x, layer, norm, epilogue)
+        _gguf_fused(out, x, shard, layer, norm, epilogue)
         return out
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)
@@ -162,8 +162,9 @@ def linear_add_(
     layer: nn.Module,
 ) -> torch.Tensor:
     """residual += layer(x), as one kernel; returns residual."""
-    if _gguf_repacked(layer) is not None:
-        _gguf_fused(residual, x, layer, None, "add")
+    shard = _gguf_repacked(layer)
+    if shard is not None:
+        _gguf_fused(residual, x, shard, layer, None, "add")
         return residual
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)

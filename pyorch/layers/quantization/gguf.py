@@ -19,11 +19,13 @@ ops (pyorch/_ops.py):
 - the token embedding gathers the looked-up rows' blocks and dequantizes only those
   (`ggml_dequantize`); a tied LM head computes the logits from the same blocks.
 
-- on the CPU, Q4_0 / Q4_1 / Q8_0 tensors whose rows come in groups of 8 are repacked once at load
-  (`repack_blocks`, the layout in cpp/cpu/gguf.cpp; the same bytes per row, interleaved 8 rows
-  at a time so that each row is one SIMD lane) and multiplied by `ggml_mul_mat_repacked_a8` at
-  every token count. A repacked embedding gathers its looked-up rows back into the file's
-  layout (`repacked_rows`) before dequantizing them. `PYORCH_GGUF_CPU_REPACK=0` turns it off.
+- on the CPU, Q4_0 / Q4_1 / Q8_0 / Q4_K tensors whose rows come in groups of 8 are repacked once
+  at load (`repack_blocks`, the layout in cpp/cpu/gguf.cpp; interleaved 8 rows at a time so that
+  each row is one SIMD lane; the same bytes per row, Q4_K's 3% more with its scales unpacked)
+  and multiplied by `ggml_mul_mat_repacked_a8` at every token count. A repacked embedding
+  gathers its looked-up rows back into the file's layout (`repacked_rows`; Q4_0 / Q4_1 / Q8_0
+  only, a Q4_K embedding keeps the file layout) before dequantizing them.
+  `PYORCH_GGUF_CPU_REPACK=0` turns it off.
 
 The loader (pyorch/model_loader/gguf_loader.py) hands each weight over as `ggml_tensor(...)`:
 a tensor tagged with its GGML type.
@@ -31,6 +33,7 @@ a tensor tagged with its GGML type.
 
 from __future__ import annotations
 
+import functools
 from functools import partial
 from typing import Any
 
@@ -82,9 +85,13 @@ REPACK_TYPES: dict[int, tuple[int, int]] = {2: (2, 16), 3: (4, 16), 8: (2, 32)}
 REPACK_ROWS = 8
 
 
+GGML_Q4_K = 12  # also repacked, in its own layout (scales unpacked; cpp/cpu/gguf.cpp)
+
+
 def can_repack(ggml_type: int, rows: int, cols: int) -> bool:
     """Whether `repack_blocks` takes this tensor: a repackable type, whole groups of 8 rows."""
-    return ggml_type in REPACK_TYPES and rows % REPACK_ROWS == 0 and rows > 0 and cols > 0
+    return ((ggml_type in REPACK_TYPES or ggml_type == GGML_Q4_K)
+            and rows % REPACK_ROWS == 0 and rows > 0 and cols > 0)
 
 
 def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> torch.Tensor:
@@ -94,12 +101,35 @@ def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> t
     4 i + e hold bytes 4 k + e of row i's quants (k-th register)."""
     if not can_repack(ggml_type, rows, cols):
         raise ValueError(f"no repacked layout for {rows} rows of {ggml_type_name(ggml_type)}")
+    if ggml_type == GGML_Q4_K:
+        return _repack_q4_k(data, rows, cols)
     header, quants = REPACK_TYPES[ggml_type]
     groups, blocks = rows // REPACK_ROWS, cols // 32
     x = data.reshape(groups, REPACK_ROWS, blocks, header + quants).transpose(1, 2)
     parts = [x[..., h:h + 2].reshape(groups, blocks, 2 * REPACK_ROWS) for h in range(0, header, 2)]
     q = x[..., header:].reshape(groups, blocks, REPACK_ROWS, quants // 4, 4).transpose(2, 3)
     parts.append(q.reshape(groups, blocks, REPACK_ROWS * quants))
+    return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
+
+
+def _repack_q4_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Q4_K blocks (d, dmin, 12 bytes of 6-bit scales and mins, qs[128]) repacked: per group of
+    8 rows and block, [8 d][8 dmin][scale j of row i at 8 j + i][min likewise][qs as registers:
+    byte 4 i + e of register k of chunk c is row i's qs[32 c + 4 k + e]] (1184 bytes)."""
+    groups, blocks = rows // REPACK_ROWS, cols // 256
+    x = data.reshape(groups, REPACK_ROWS, blocks, 144).transpose(1, 2)  # [G, nb, 8, 144]
+    s = x[..., 4:16].to(torch.int32)
+    low, mid, high = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    scales = torch.cat([low & 63, (high & 0x0F) | ((low >> 6) << 4)], dim=-1)  # [G, nb, 8, 8]
+    mins = torch.cat([mid & 63, (high >> 4) | ((mid >> 6) << 4)], dim=-1)
+    q = x[..., 16:].reshape(groups, blocks, REPACK_ROWS, 4, 8, 4).permute(0, 1, 3, 4, 2, 5)
+    parts = [
+        x[..., 0:2].reshape(groups, blocks, 16),
+        x[..., 2:4].reshape(groups, blocks, 16),
+        scales.transpose(-1, -2).reshape(groups, blocks, 64).to(torch.uint8),
+        mins.transpose(-1, -2).reshape(groups, blocks, 64).to(torch.uint8),
+        q.reshape(groups, blocks, 1024),
+    ]
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
 
 
@@ -110,16 +140,23 @@ def repacked_rows(
     (the inverse of `repack_blocks` for the rows asked for)."""
     header, quants = REPACK_TYPES[ggml_type]
     groups, blocks = rows // REPACK_ROWS, cols // 32
-    group_bytes = REPACK_ROWS * (header + quants)
-    lane = (ids % REPACK_ROWS).to(torch.int64)[:, None]
-    # offsets in a group's block of lane i's bytes: its header fields, then its quants
-    head = [2 * REPACK_ROWS * (h // 2) + 2 * lane + h % 2 for h in range(header)]
-    k = torch.arange(quants, device=ids.device)
-    quant = REPACK_ROWS * header + 32 * (k // 4) + 4 * lane + k % 4
-    index = torch.cat(head + [quant], dim=1)  # [n, header + quants]
-    sel = packed.view(groups, blocks, group_bytes)[(ids // REPACK_ROWS).to(torch.int64)]
+    ids = ids.to(torch.int64)
+    index = _lane_offsets(ggml_type, ids.device)[ids % REPACK_ROWS]  # [n, header + quants]
+    sel = packed.view(groups, blocks, REPACK_ROWS * (header + quants))[ids // REPACK_ROWS]
     out = torch.gather(sel, 2, index[:, None, :].expand(-1, blocks, -1))
     return out.reshape(ids.shape[0], blocks * (header + quants))
+
+
+@functools.cache
+def _lane_offsets(ggml_type: int, device: torch.device) -> torch.Tensor:
+    """[8, header + quants] int64: where row i of a group keeps each byte of its block, within
+    the group's repacked block (its header fields, then its quants)."""
+    header, quants = REPACK_TYPES[ggml_type]
+    lane = torch.arange(REPACK_ROWS)[:, None]
+    head = [2 * REPACK_ROWS * (h // 2) + 2 * lane + h % 2 for h in range(header)]
+    k = torch.arange(quants)
+    quant = REPACK_ROWS * header + 32 * (k // 4) + 4 * lane + k % 4
+    return torch.cat(head + [quant], dim=1).to(device)
 
 
 def ggml_type_name(ggml_type: int) -> str:
@@ -174,10 +211,12 @@ class GGUFShard:
     def is_float(self) -> bool:
         return self.ggml_type in FLOAT_TYPES
 
-    def repack_for_cpu(self) -> None:
-        """On the CPU, puts a repackable tensor in the repacked layout (once)."""
+    def repack_for_cpu(self, lookups: bool = False) -> None:
+        """On the CPU, puts a repackable tensor in the repacked layout (once). lookups: rows are
+        also gathered (an embedding): only the types `repacked_rows` reads back."""
         if (self.repacked or self.data.device.type != "cpu" or not envs.PYORCH_GGUF_CPU_REPACK
-                or not can_repack(self.ggml_type, self.rows, self.cols)):
+                or not can_repack(self.ggml_type, self.rows, self.cols)
+                or (lookups and self.ggml_type not in REPACK_TYPES)):
             return
         self.data = repack_blocks(self.data, self.ggml_type, self.rows, self.cols)
         self.repacked = True
@@ -425,7 +464,7 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         shard: GGUFShard | None = getattr(layer.weight, "gguf_shard", None)
         if shard is not None:
-            shard.repack_for_cpu()
+            shard.repack_for_cpu(lookups=True)
             layer.weight.data = shard.data
 
     def apply(

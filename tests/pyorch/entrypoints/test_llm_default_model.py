@@ -90,7 +90,13 @@ def test_greedy_matches_transformers(llm, hf_model):
     """The model runs from its GGUF blocks, and the products quantize their input to 8 bits per
     32 values (as llama.cpp's do). On the CPU (fp32) the tokens equal those of the float reference
     doing the same activation rounding, and each is near-argmax of the plain float reference
-    (teacher-forced). Measured against the plain reference's own greedy tokens (the tokens
+    (teacher-forced), but where the reference's top two are within 0.5% of its logit range:
+    there fp32 summation order (which also moves an 8-bit activation across a rounding edge) can
+    pick either, and the two continue apart. Measured when the CPU's decode attention changed its
+    summation order (the same with the file-layout GGUF kernels): "The capital of France is"
+    parts at token 14 (the reference's top two 0.024 apart in a logit range of 44.8), "Once upon
+    a time, ..." at token 2 (0.104 in 44.0).
+    Measured against the plain reference's own greedy tokens (the tokens
     pyorch gave before GGUF stayed quantized): "The capital of France is" parts at token 5
     (both begin " Paris."), the next two prompts agree on all 16 tokens (see
     docs/architecture.md, GGUF)."""
@@ -103,7 +109,15 @@ def test_greedy_matches_transformers(llm, hf_model):
         got = out.outputs[0].token_ids
         if DTYPE == torch.float32:
             with _a8_activations(hf_model):
-                assert got == _hf_greedy(hf_model, ids, 16), prompt
+                ref = _hf_greedy(hf_model, ids, 16)
+                if got != ref:
+                    # Only at a near-tie of the reference may the two part (from there on
+                    # they need not agree): within 0.5% of its logit range.
+                    k = next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b)
+                    with torch.no_grad():
+                        row = hf_model(torch.tensor([ids + ref[:k]], device=DEVICE)).logits[0, -1]
+                    margin = float(row[ref[k]] - row[got[k]])
+                    assert margin <= 5e-3 * float(row.max() - row.min()), (prompt, k, margin)
         # teacher-forced, each token near-argmax of the plain fp32 reference
         with torch.no_grad():
             logits = hf_model(torch.tensor([ids + got[:-1]], device=DEVICE)).logits[0]
