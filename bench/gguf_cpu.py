@@ -271,10 +271,11 @@ def plot(path: str, rows: list[dict[str, Any]], ratios: dict[str, float]) -> Non
                      0.0) for e in engines]
         bars = ax.bar(engines, vals, color=["#1f77b4", "#ff7f0e", "#2ca02c"][: len(engines)])
         ax.bar_label(bars, fmt="%.1f")
-        ax.set_title(f"batch {b}: decode tokens/s (higher is better)")
+        mine = [f"{k.split(' batch')[0]} {v:.2f}x" for k, v in ratios.items()
+                if k.endswith(f"batch {b}")]
+        ax.set_title(f"batch {b}: decode tokens/s (higher is better)\n" + ", ".join(mine))
         ax.set_ylabel("tokens/s")
-    fig.suptitle("SmolLM2-135M Q4_1 GGUF on 2 CPU cores; "
-                 + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if "batch 1" in k))
+    fig.suptitle("SmolLM2-135M-Instruct Q4_1 GGUF, 2 CPU threads")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
