@@ -19,12 +19,12 @@ ops (pyorch/_ops.py):
 - the token embedding gathers the looked-up rows' blocks and dequantizes only those
   (`ggml_dequantize`); a tied LM head computes the logits from the same blocks.
 
-- on the CPU, Q4_0 / Q4_1 / Q8_0 / Q4_K tensors whose rows come in groups of 8 are repacked once
-  at load (`repack_blocks`, the layout in cpp/cpu/gguf.cpp; interleaved 8 rows at a time so that
+- on the CPU, Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K tensors whose rows come in groups of 8 are repacked
+  once at load (`repack_blocks`, the layout in cpp/cpu/gguf.cpp; interleaved 8 rows at a time so
   each row is one SIMD lane; the same bytes per row, Q4_K's 3% more with its scales unpacked)
   and multiplied by `ggml_mul_mat_repacked_a8` at every token count. A repacked embedding
   gathers its looked-up rows back into the file's layout (`repacked_rows`; Q4_0 / Q4_1 / Q8_0
-  only, a Q4_K embedding keeps the file layout) before dequantizing them.
+  only, a K-quant embedding keeps the file layout) before dequantizing them.
   `PYORCH_GGUF_CPU_REPACK=0` turns it off.
 
 The loader (pyorch/model_loader/gguf_loader.py) hands each weight over as `ggml_tensor(...)`:
@@ -85,12 +85,13 @@ REPACK_TYPES: dict[int, tuple[int, int]] = {2: (2, 16), 3: (4, 16), 8: (2, 32)}
 REPACK_ROWS = 8
 
 
-GGML_Q4_K = 12  # also repacked, in its own layout (scales unpacked; cpp/cpu/gguf.cpp)
+# K-quants repacked too, each in its own layout (cpp/cpu/gguf.cpp); not read back by row.
+GGML_Q4_K, GGML_Q6_K = 12, 14
 
 
 def can_repack(ggml_type: int, rows: int, cols: int) -> bool:
     """Whether `repack_blocks` takes this tensor: a repackable type, whole groups of 8 rows."""
-    return ((ggml_type in REPACK_TYPES or ggml_type == GGML_Q4_K)
+    return ((ggml_type in REPACK_TYPES or ggml_type in (GGML_Q4_K, GGML_Q6_K))
             and rows % REPACK_ROWS == 0 and rows > 0 and cols > 0)
 
 
@@ -103,6 +104,8 @@ def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> t
         raise ValueError(f"no repacked layout for {rows} rows of {ggml_type_name(ggml_type)}")
     if ggml_type == GGML_Q4_K:
         return _repack_q4_k(data, rows, cols)
+    if ggml_type == GGML_Q6_K:
+        return _repack_q6_k(data, rows, cols)
     header, quants = REPACK_TYPES[ggml_type]
     groups, blocks = rows // REPACK_ROWS, cols // 32
     x = data.reshape(groups, REPACK_ROWS, blocks, header + quants).transpose(1, 2)
@@ -129,6 +132,37 @@ def _repack_q4_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         scales.transpose(-1, -2).reshape(groups, blocks, 64).to(torch.uint8),
         mins.transpose(-1, -2).reshape(groups, blocks, 64).to(torch.uint8),
         q.reshape(groups, blocks, 1024),
+    ]
+    return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
+
+
+def _repack_q6_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Q6_K blocks (ql[128], qh[64], 16 int8 scales, d) repacked: per group of 8 rows and block,
+    [8 d][scale g of row i at 8 g + i][low nibbles as Q4_K's chunks][2 high-bit registers per
+    32 values: bits 2 m of byte 4 i + e of register h hold value 4 (4 h + m) + e's] (1680 bytes,
+    as the file's)."""
+    groups, blocks = rows // REPACK_ROWS, cols // 256
+    x = data.reshape(groups, REPACK_ROWS, blocks, 210).transpose(1, 2)  # [G, nb, 8, 210]
+    ql = x[..., :128].to(torch.int32).reshape(groups, blocks, REPACK_ROWS, 2, 2, 32)
+    qh = x[..., 128:192].to(torch.int32).reshape(groups, blocks, REPACK_ROWS, 2, 1, 32)
+    # value h * 128 + k * 32 + l: nibble k // 2 of ql[h][k % 2][l], bits 2 k of qh[h][l]
+    low = torch.cat([ql & 15, ql >> 4], dim=4)  # [.., h, k, l]
+    high = (qh >> (2 * torch.arange(4).view(4, 1))) & 3
+    u = (low | (high << 4)).reshape(groups, blocks, REPACK_ROWS, 256)
+    # low nibbles: chunk c, register k, row i, byte e <- values 64 c + 4 k + e (nibble 0) and
+    # 64 c + 32 + 4 k + e (nibble 1)
+    v = (u & 15).reshape(groups, blocks, REPACK_ROWS, 4, 2, 8, 4)  # [.., i, c, half, k, e]
+    nibbles = (v[..., 0, :, :] | (v[..., 1, :, :] << 4)).permute(0, 1, 3, 4, 2, 5)
+    # high bits: sub-block j, register h, row i, byte e <- values 32 j + 4 (4 h + m) + e, m < 4
+    b = (u >> 4).reshape(groups, blocks, REPACK_ROWS, 8, 2, 4, 4)  # [.., i, j, h, m, e]
+    shifts = (2 * torch.arange(4)).view(4, 1)
+    hbytes = (b << shifts).sum(dim=5).permute(0, 1, 3, 4, 2, 5)  # [.., j, h, i, e]
+    scales = x[..., 192:208].transpose(-1, -2)  # [.., g, i]
+    parts = [
+        x[..., 208:210].reshape(groups, blocks, 16),
+        scales.reshape(groups, blocks, 128),
+        nibbles.reshape(groups, blocks, 1024).to(torch.uint8),
+        hbytes.reshape(groups, blocks, 512).to(torch.uint8),
     ]
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
 

@@ -322,20 +322,23 @@ def test_repacked_tied_embedding_gathers_rows_and_computes_logits() -> None:
     check(head.compute_logits(x), x, [(values, True)])
 
 
-def test_q4_k_layers_repack_and_q4_k_embeddings_keep_the_file_layout() -> None:
+@pytest.mark.parametrize("qtype,group_bytes", [(Q.Q4_K, 1184), (Q.Q6_K, 1680)])
+def test_k_quant_layers_repack_and_their_embeddings_keep_the_file_layout(
+    qtype: Q, group_bytes: int
+) -> None:
     from pyorch.model_loader.loader import process_weights_after_loading
 
     layer = gguf_layer(ReplicatedLinear, 512, 24, bias=False)
-    w, wv = tensor(Q.Q4_K, 24, 512, 26)
+    w, wv = tensor(qtype, 24, 512, 26)
     layer.weight.weight_loader(layer.weight, w)
     layer.quant_method.process_weights_after_loading(layer)
     (shard,) = layer.gguf_shards
-    assert shard.repacked and shard.data.numel() == 24 // 8 * 2 * 1184  # scales unpacked
+    assert shard.repacked and shard.data.numel() == 24 // 8 * 2 * group_bytes  # Q4_K: +3%
     for n in (1, 7):
         x = torch.randn(n, 512)
         check(layer(x), x, [(wv, True)])
     vocab, dim = 40, 256
-    table, values = tensor(Q.Q4_K, vocab, dim, 27)
+    table, values = tensor(qtype, vocab, dim, 27)
     emb = VocabParallelEmbedding(vocab, dim, quant_config=GGUFConfig())
     emb.weight.weight_loader(emb.weight, table)
     process_weights_after_loading(torch.nn.ModuleList([emb]))
