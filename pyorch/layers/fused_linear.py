@@ -57,25 +57,42 @@ def _fp8_weight(layer: nn.Module) -> Optional[tuple[torch.Tensor, torch.Tensor]]
     return None if skinny_weight is None else skinny_weight(layer)
 
 
-def _gguf_repacked(layer: nn.Module) -> Optional[object]:
-    """The one GGUF shard of a layer in the CPU kernels' repacked layout (GGUFLinearMethod
-    after process_weights_after_loading), else None."""
+def _gguf_repacked(layer: nn.Module) -> Optional[list[Any]]:
+    """The GGUF shards of a layer, when every one is in the CPU kernels' repacked layout
+    (GGUFLinearMethod after process_weights_after_loading), else None. A merged layer whose
+    files' types differ (a Q4_K_M file's Q4_K q/k and Q6_K v) keeps one shard per type."""
     shards = getattr(layer, "gguf_shards", None)
-    if not shards or len(shards) != 1 or not getattr(shards[0], "repacked", False):
+    if not shards or not all(getattr(s, "repacked", False) for s in shards):
         return None
-    return shards[0]
+    return cast(list[Any], shards)
 
 
 def _gguf_fused(
-    out: torch.Tensor, x: torch.Tensor, shard: Any, layer: nn.Module, norm: Optional[RMSNorm],
-    epilogue: str,
+    out: torch.Tensor, x: torch.Tensor, shards: list[Any], layer: nn.Module,
+    norm: Optional[RMSNorm], epilogue: str,
 ) -> None:
+    """ggml_mul_mat_repacked_fused over a layer's shards: each writes (or adds) its columns of
+    out; SiLU-and-mul over shards of different types runs after them (its halves would straddle
+    the shards)."""
     bias = cast(Optional[torch.Tensor], layer.bias)
-    _ops.ggml_mul_mat_repacked_fused(
-        out, x, shard.data, shard.ggml_type, shard.rows, bias,
-        None if norm is None else norm.weight, 0.0 if norm is None else norm.variance_epsilon,
-        epilogue,
-    )
+    norm_weight = None if norm is None else norm.weight
+    eps = 0.0 if norm is None else norm.variance_epsilon
+    if len(shards) == 1:
+        s = shards[0]
+        _ops.ggml_mul_mat_repacked_fused(out, x, s.data, s.ggml_type, s.rows, bias, norm_weight,
+                                         eps, epilogue)
+        return
+    if epilogue == "silu_and_mul":
+        y = torch.empty(x.shape[0], 2 * out.shape[1], dtype=x.dtype, device=x.device)
+        _gguf_fused(y, x, shards, layer, norm, "store")
+        _ops.silu_and_mul(out, y)
+        return
+    offset = 0
+    for s in shards:
+        part_bias = None if bias is None else bias[offset:offset + s.rows]
+        _ops.ggml_mul_mat_repacked_fused(out[:, offset:offset + s.rows], x, s.data, s.ggml_type,
+                                         s.rows, part_bias, norm_weight, eps, epilogue)
+        offset += s.rows
 
 
 def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
@@ -136,11 +153,11 @@ def norm_linear(
     epilogue: str = "store",  # or "silu_and_mul" for a merged [gate; up] layer
 ) -> torch.Tensor:  # [T, output_size] ([T, output_size / 2] for silu_and_mul)
     """layer(norm(x)), then the epilogue, as one kernel."""
-    shard: Any = _gguf_repacked(layer)
-    if shard is not None:
-        rows = shard.rows // (2 if epilogue == "silu_and_mul" else 1)
+    shards = _gguf_repacked(layer)
+    if shards is not None:
+        rows = sum(s.rows for s in shards) // (2 if epilogue == "silu_and_mul" else 1)
         out = torch.empty(x.shape[0], rows, dtype=x.dtype, device=x.device)
-        _gguf_fused(out, x, shard, layer, norm, epilogue)
+        _gguf_fused(out, x, shards, layer, norm, epilogue)
         return out
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)
@@ -162,9 +179,9 @@ def linear_add_(
     layer: nn.Module,
 ) -> torch.Tensor:
     """residual += layer(x), as one kernel; returns residual."""
-    shard = _gguf_repacked(layer)
-    if shard is not None:
-        _gguf_fused(residual, x, shard, layer, None, "add")
+    shards = _gguf_repacked(layer)
+    if shards is not None:
+        _gguf_fused(residual, x, shards, layer, None, "add")
         return residual
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)

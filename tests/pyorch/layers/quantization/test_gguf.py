@@ -344,3 +344,41 @@ def test_k_quant_layers_repack_and_their_embeddings_keep_the_file_layout(
     process_weights_after_loading(torch.nn.ModuleList([emb]))
     assert not emb.weight.gguf_shard.repacked  # repacked_rows reads back the 32-value types only
     assert torch.equal(emb(torch.tensor([39, 2])), values[[39, 2]].float())
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_fused_cpu_products_over_shards_of_different_types(num_tokens: int) -> None:
+    # A Q4_K_M file's merged layers: q/k Q4_K with v Q6_K (qkv keeps three shards; norm + bias
+    # fused into each shard's columns), gate Q4_K with up Q6_K (SiLU-and-mul after the shards).
+    from pyorch.layers import fused_linear
+    from pyorch.layers.layernorm import RMSNorm
+
+    hidden, head, heads, kv_heads = 256, 32, 4, 2
+    qkv = gguf_layer(QKVParallelLinear, hidden, head, heads, kv_heads, bias=True)
+    parts = {"q": tensor(Q.Q4_K, heads * head, hidden, 31),
+             "k": tensor(Q.Q4_K, kv_heads * head, hidden, 32),
+             "v": tensor(Q.Q6_K, kv_heads * head, hidden, 33)}
+    for sid, (t, _) in parts.items():
+        qkv.weight.weight_loader(qkv.weight, t, sid)
+    bias = torch.randn((heads + 2 * kv_heads) * head)
+    qkv.weight_loader(qkv.bias, bias)
+    qkv.quant_method.process_weights_after_loading(qkv)
+    gate_up = gguf_layer(MergedColumnParallelLinear, hidden, [64, 64], bias=False)
+    gate, gv = tensor(Q.Q4_K, 64, hidden, 34)
+    up, uv = tensor(Q.Q6_K, 64, hidden, 35)
+    gate_up.weight.weight_loader(gate_up.weight, gate, 0)
+    gate_up.weight.weight_loader(gate_up.weight, up, 1)
+    gate_up.quant_method.process_weights_after_loading(gate_up)
+    assert len(qkv.gguf_shards) == 3 and len(gate_up.gguf_shards) == 2
+    assert fused_linear.skinny_fusable(qkv) and fused_linear.skinny_fusable(gate_up)
+    norm = RMSNorm(hidden, eps=1e-6)
+    norm.weight.data = 1 + 0.2 * torch.randn(hidden)
+    x = 4 * torch.randn(num_tokens, hidden)
+    normed = norm(x.clone())
+    out = fused_linear.norm_linear(x, norm, qkv)
+    check(out - bias, normed, [(v, True) for _, v in parts.values()])
+    act = fused_linear.norm_linear(x, norm, gate_up, "silu_and_mul")
+    y = expected(normed, torch.cat([gv, uv]), True)
+    want = torch.nn.functional.silu(y[:, :64]) * y[:, 64:]
+    scale = (normed.double().abs() @ torch.cat([gv, uv]).abs().T).max().item()
+    torch.testing.assert_close(act.double(), want, rtol=0, atol=1e-5 * scale * (1 + scale))

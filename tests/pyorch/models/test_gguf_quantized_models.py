@@ -1,0 +1,134 @@
+"""Tiny quantized GGUF models through the engine against their dequantized float reference.
+
+Each file holds random blocks of the types a real GGUF mixes: a Q4_K_M-style file (Q4_K, with
+Q6_K for ffn_down, attn_v and the output matrix) and a legacy one (Q4_0 / Q4_1 / Q8_0). On the
+CPU every such tensor is repacked at load and the decoder layers run `forward_fused`
+(ggml_mul_mat_repacked_fused); the reference is transformers' model holding the same blocks
+dequantized by the gguf package, its linear layers rounding their input to 8 bits per 32 values
+as the product kernels do. Greedy tokens must agree up to the reference's first near-tie.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter
+
+from pyorch import LLM, SamplingParams, _ops
+from tests.reference import gguf as ref
+
+transformers = pytest.importorskip("transformers")
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS = 256, 4, 2, 64, 512, 96, 2
+MIXES = {
+    "q4_k_m": {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_K,
+               "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "output": Q.Q6_K,
+               "token_embd": Q.Q4_K},
+    "legacy": {"attn_q": Q.Q4_0, "attn_k": Q.Q4_0, "attn_v": Q.Q4_0, "attn_output": Q.Q4_1,
+               "ffn_gate": Q.Q4_1, "ffn_up": Q.Q4_1, "ffn_down": Q.Q8_0, "output": Q.Q8_0,
+               "token_embd": Q.Q8_0},
+}
+
+
+def _write(path: Path, arch: str, mix: dict, tied: bool, rng: np.random.Generator) -> str:
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+
+    def matrix(name: str, kind: str, rows: int, cols: int) -> None:
+        qtype = mix[kind]
+        writer.add_tensor(name, ref.make_weight(qtype, rows, cols, rng), raw_dtype=qtype)
+
+    def vector(name: str, n: int, mean: float = 1.0) -> None:
+        writer.add_tensor(name, (mean + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    matrix("token_embd.weight", "token_embd", VOCAB, HIDDEN)
+    vector("output_norm.weight", HIDDEN)
+    if not tied:
+        matrix("output.weight", "output", VOCAB, HIDDEN)
+    q_rows, kv_rows = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    for i in range(LAYERS):
+        b = f"blk.{i}."
+        vector(b + "attn_norm.weight", HIDDEN)
+        vector(b + "ffn_norm.weight", HIDDEN)
+        matrix(b + "attn_q.weight", "attn_q", q_rows, HIDDEN)
+        matrix(b + "attn_k.weight", "attn_k", kv_rows, HIDDEN)
+        matrix(b + "attn_v.weight", "attn_v", kv_rows, HIDDEN)
+        matrix(b + "attn_output.weight", "attn_output", HIDDEN, q_rows)
+        matrix(b + "ffn_gate.weight", "ffn_gate", INTER, HIDDEN)
+        matrix(b + "ffn_up.weight", "ffn_up", INTER, HIDDEN)
+        matrix(b + "ffn_down.weight", "ffn_down", HIDDEN, INTER)
+        if arch == "qwen2":
+            for part, rows in (("attn_q", q_rows), ("attn_k", kv_rows), ("attn_v", kv_rows)):
+                vector(b + part + ".bias", rows, mean=0.0)
+        if arch == "qwen3":
+            vector(b + "attn_q_norm.weight", HEAD_DIM)
+            vector(b + "attn_k_norm.weight", HEAD_DIM)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def _reference(path: str):  # type: ignore[no-untyped-def]
+    from pyorch.model_loader import load_hf_config
+    from tests.reference.gguf import dequantized_weights
+
+    config = load_hf_config(path)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    missing, unexpected = model.load_state_dict(dict(dequantized_weights(path)), strict=False)
+    assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
+    if missing:
+        model.tie_weights()
+
+    def a8(module, args):  # the product kernels' 8-bit activation
+        x = args[0]
+        return (ref.quantize_activation(x.reshape(-1, x.shape[-1])).to(x.dtype).view(x.shape),)
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.register_forward_pre_hook(a8)
+    return model.float().eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_quantized_gguf_greedy_matches_the_dequantized_reference(
+    tmp_path: Path, monkeypatch, arch: str, mix: str
+) -> None:
+    rng = np.random.default_rng(sorted(MIXES).index(mix) * 10 + len(arch))
+    path = _write(tmp_path / f"{arch}-{mix}.gguf", arch, MIXES[mix], arch == "qwen3", rng)
+    calls = []
+    real = _ops.ggml_mul_mat_repacked_fused
+    monkeypatch.setattr(_ops, "ggml_mul_mat_repacked_fused",
+                        lambda *a: (calls.append(1), real(*a))[1])
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
+              seed=0, kv_cache_memory_bytes=16 << 20)
+    hf = _reference(path)
+    prompts = [[1, 5, 9, 13, 2], [7, 3, 3, 40, 21, 8, 11, 60, 90, 4]]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+                        use_tqdm=False)
+    assert calls  # the repacked layers ran fused
+    for prompt, out in zip(prompts, outs, strict=True):
+        got = list(out.outputs[0].token_ids)
+        ids = list(prompt)
+        with torch.no_grad():
+            for k, token in enumerate(got):
+                row = hf(torch.tensor([ids])).logits[0, -1]
+                want = int(row.argmax())
+                if token != want:  # only at a near-tie may the two part
+                    margin = float(row[want] - row[token])
+                    assert margin <= 5e-3 * float(row.max() - row.min()), (prompt, k, margin)
+                    break
+                ids.append(token)
