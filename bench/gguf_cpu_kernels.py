@@ -1,5 +1,5 @@
 """CPU GGUF products on one layer's weight: the repacked kernel (`ggml_mul_mat_repacked_a8`, what
-the engine runs for Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K) against the file-layout kernel
+the engine runs for Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K) against the file-layout kernel
 (`ggml_mul_mat_vec_a8` up to 8 tokens, `ggml_mul_mat_a8` above) and against float32 `F.linear`
 on the dequantized weight, in one run, at 1 and 16 tokens.
 
@@ -41,6 +41,7 @@ SHAPES = [
     ("llama3-8b qkv", Q.Q4_0, 6144, 4096),
     ("llama3-8b qkv", Q.Q4_K, 6144, 4096),
     ("llama3-8b down", Q.Q4_K, 4096, 14336),
+    ("llama3-8b down", Q.Q5_K, 4096, 14336),
     ("llama3-8b down", Q.Q6_K, 4096, 14336),
     ("llama3-8b o", Q.Q8_0, 4096, 4096),
 ]

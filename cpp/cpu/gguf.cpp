@@ -76,26 +76,29 @@ struct QuantizedActivation {
 //   of 8 registers; byte 4 i + e of register k of chunk c is row i's qs[32 c + 4 k + e], whose
 //   low nibble is value 4 k + e of sub-block 2 c and high nibble that of sub-block 2 c + 1].
 //   1184 bytes for 8 rows, against the file's 1152 (the scales unpacked from 12 bytes to 16).
+// - Q5_K: Q4_K's layout followed by one register of fifth bits per sub-block j: bit k of byte
+//   4 i + e is that of row i's value 32 j + 4 k + e. 1440 bytes for 8 rows (the file's 1408).
 // - Q6_K (256 values u in 0..63, value = d * scale_g * (u - 32), 16 int8 scales of 16 values):
 //   [8 fp16 d][16 x 8 scales: byte 8 g + i is row i's scale g][low nibbles: 4 chunks of 8
 //   registers as Q4_K's, nibble 0 of value 64 c + 4 k + e, nibble 1 of value 64 c + 32 + 4 k + e]
 //   [high 2 bits: 2 registers per sub-block j of 32 values; bits 2 m of byte 4 i + e of register
 //   h are those of row i's value 32 j + 4 (4 h + m) + e]. 1680 bytes for 8 rows, as the file's.
 constexpr int repacked_header_bytes(int64_t type) {
-  return type == GgmlType::kQ6_K   ? 144
-         : type == GgmlType::kQ4_K ? 160
-         : type == GgmlType::kQ4_1 ? 32
-                                   : 16;
+  return type == GgmlType::kQ6_K                              ? 144
+         : type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ? 160
+         : type == GgmlType::kQ4_1                            ? 32
+                                                              : 16;
 }
 constexpr int64_t repacked_group_bytes(int64_t type) {
   return repacked_header_bytes(type) + (type == GgmlType::kQ6_K   ? 1536
+                                        : type == GgmlType::kQ5_K ? 1280
                                         : type == GgmlType::kQ4_K ? 1024
                                         : type == GgmlType::kQ8_0 ? 256
                                                                   : 128);
 }
 constexpr bool has_repacked_layout(int64_t type) {
   return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0 ||
-         type == GgmlType::kQ4_K || type == GgmlType::kQ6_K;
+         type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
 }
 // Row groups whose weights one pass over the token tiles keeps in the cache (16 groups of Q8_0 at
 // 4096 columns: 557 KB), and the tokens one pass over a group's blocks serves.
@@ -237,7 +240,7 @@ GgmlTypeInfo check_repacked_mul_mat(const at::Tensor& W, const at::Tensor& X, in
                                     int64_t row, const char* op) {
   const GgmlTypeInfo info = pyorch::gguf::check_ggml_type(type, op, true);
   TORCH_CHECK(has_repacked_layout(type), op, ": ", info.name,
-              " has no repacked layout (Q4_0, Q4_1, Q8_0, Q4_K and Q6_K have)");
+              " has no repacked layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K have)");
   return pyorch::gguf::check_ggml_mul_mat(W, X, type, row, op, repacked_group_bytes(type));
 }
 

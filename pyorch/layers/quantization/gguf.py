@@ -19,9 +19,10 @@ ops (pyorch/_ops.py):
 - the token embedding gathers the looked-up rows' blocks and dequantizes only those
   (`ggml_dequantize`); a tied LM head computes the logits from the same blocks.
 
-- on the CPU, Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K tensors whose rows come in groups of 8 are repacked
-  once at load (`repack_blocks`, the layout in cpp/cpu/gguf.cpp; interleaved 8 rows at a time so
-  each row is one SIMD lane; the same bytes per row, Q4_K's 3% more with its scales unpacked)
+- on the CPU, Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors whose rows come in groups of 8 are
+  repacked once at load (`repack_blocks`, the layout in cpp/cpu/gguf.cpp; interleaved 8 rows at a
+  time so each row is one SIMD lane; the same bytes per row, Q4_K's 3% and Q5_K's 2% more with
+  their scales unpacked)
   and multiplied by `ggml_mul_mat_repacked_a8` at every token count. A repacked embedding
   gathers its looked-up rows back into the file's layout (`repacked_rows`; Q4_0 / Q4_1 / Q8_0
   only, a K-quant embedding keeps the file layout) before dequantizing them.
@@ -86,12 +87,12 @@ REPACK_ROWS = 8
 
 
 # K-quants repacked too, each in its own layout (cpp/cpu/gguf.cpp); not read back by row.
-GGML_Q4_K, GGML_Q6_K = 12, 14
+GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 12, 13, 14
 
 
 def can_repack(ggml_type: int, rows: int, cols: int) -> bool:
     """Whether `repack_blocks` takes this tensor: a repackable type, whole groups of 8 rows."""
-    return ((ggml_type in REPACK_TYPES or ggml_type in (GGML_Q4_K, GGML_Q6_K))
+    return ((ggml_type in REPACK_TYPES or ggml_type in (GGML_Q4_K, GGML_Q5_K, GGML_Q6_K))
             and rows % REPACK_ROWS == 0 and rows > 0 and cols > 0)
 
 
@@ -104,6 +105,8 @@ def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> t
         raise ValueError(f"no repacked layout for {rows} rows of {ggml_type_name(ggml_type)}")
     if ggml_type == GGML_Q4_K:
         return _repack_q4_k(data, rows, cols)
+    if ggml_type == GGML_Q5_K:
+        return _repack_q4_k(data, rows, cols, five_bits=True)
     if ggml_type == GGML_Q6_K:
         return _repack_q6_k(data, rows, cols)
     header, quants = REPACK_TYPES[ggml_type]
@@ -115,17 +118,21 @@ def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> t
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
 
 
-def _repack_q4_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+def _repack_q4_k(data: torch.Tensor, rows: int, cols: int, five_bits: bool = False) -> torch.Tensor:
     """Q4_K blocks (d, dmin, 12 bytes of 6-bit scales and mins, qs[128]) repacked: per group of
     8 rows and block, [8 d][8 dmin][scale j of row i at 8 j + i][min likewise][qs as registers:
-    byte 4 i + e of register k of chunk c is row i's qs[32 c + 4 k + e]] (1184 bytes)."""
+    byte 4 i + e of register k of chunk c is row i's qs[32 c + 4 k + e]] (1184 bytes).
+    five_bits: Q5_K (qh[32] before qs): then one register of fifth bits per sub-block j, bit k
+    of byte 4 i + e holding value 32 j + 4 k + e's (1440 bytes)."""
     groups, blocks = rows // REPACK_ROWS, cols // 256
-    x = data.reshape(groups, REPACK_ROWS, blocks, 144).transpose(1, 2)  # [G, nb, 8, 144]
+    type_size = 176 if five_bits else 144
+    x = data.reshape(groups, REPACK_ROWS, blocks, type_size).transpose(1, 2)  # [G, nb, 8, ts]
     s = x[..., 4:16].to(torch.int32)
     low, mid, high = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     scales = torch.cat([low & 63, (high & 0x0F) | ((low >> 6) << 4)], dim=-1)  # [G, nb, 8, 8]
     mins = torch.cat([mid & 63, (high >> 4) | ((mid >> 6) << 4)], dim=-1)
-    q = x[..., 16:].reshape(groups, blocks, REPACK_ROWS, 4, 8, 4).permute(0, 1, 3, 4, 2, 5)
+    qs = x[..., type_size - 128:]
+    q = qs.reshape(groups, blocks, REPACK_ROWS, 4, 8, 4).permute(0, 1, 3, 4, 2, 5)
     parts = [
         x[..., 0:2].reshape(groups, blocks, 16),
         x[..., 2:4].reshape(groups, blocks, 16),
@@ -133,6 +140,12 @@ def _repack_q4_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         mins.transpose(-1, -2).reshape(groups, blocks, 64).to(torch.uint8),
         q.reshape(groups, blocks, 1024),
     ]
+    if five_bits:
+        # the fifth bit of value 32 j + l is bit j of qh[l]; l = 4 k + e
+        qh = x[..., 16:48].to(torch.int32).reshape(groups, blocks, REPACK_ROWS, 1, 8, 4)
+        bits = (qh >> torch.arange(8).view(8, 1, 1)) & 1  # [G, nb, i, j, k, e]
+        packed = (bits << torch.arange(8).view(8, 1)).sum(dim=4)  # [G, nb, i, j, e]
+        parts.append(packed.permute(0, 1, 3, 2, 4).reshape(groups, blocks, 256).to(torch.uint8))
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
 
 

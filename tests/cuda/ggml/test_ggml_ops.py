@@ -163,7 +163,7 @@ def test_gguf_cpu_isa_refuses_unknown_names() -> None:
 
 
 # ---- the CPU's repacked layout (ggml_mul_mat_repacked_a8) ---------------------------------------
-REPACK_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
+REPACK_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 @pytest.mark.parametrize("qtype", REPACK_TYPES, ids=lambda q: q.name)

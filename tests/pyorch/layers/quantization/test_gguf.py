@@ -322,7 +322,7 @@ def test_repacked_tied_embedding_gathers_rows_and_computes_logits() -> None:
     check(head.compute_logits(x), x, [(values, True)])
 
 
-@pytest.mark.parametrize("qtype,group_bytes", [(Q.Q4_K, 1184), (Q.Q6_K, 1680)])
+@pytest.mark.parametrize("qtype,group_bytes", [(Q.Q4_K, 1184), (Q.Q5_K, 1440), (Q.Q6_K, 1680)])
 def test_k_quant_layers_repack_and_their_embeddings_keep_the_file_layout(
     qtype: Q, group_bytes: int
 ) -> None:
