@@ -1,7 +1,7 @@
 """CPU GGUF products on one layer's weight: the repacked kernel (`ggml_mul_mat_repacked_a8`, what
-the engine runs for Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K) against the file-layout kernel
-(`ggml_mul_mat_vec_a8` up to 8 tokens, `ggml_mul_mat_a8` above) and against float32 `F.linear`
-on the dequantized weight, in one run, at 1 and 16 tokens.
+the engine runs for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K) against the
+file-layout kernel (`ggml_mul_mat_vec_a8` up to 8 tokens, `ggml_mul_mat_a8` above) and against
+float32 `F.linear` on the dequantized weight, in one run, at 1 and 16 tokens.
 
 Shapes: the default model's (SmolLM2-135M: hidden 576, intermediate 1536, vocabulary 49152) and
 Llama-3-8B's (4096 / 14336). Weights are random GGUF blocks (tests/reference/gguf.make_weight).
@@ -39,6 +39,7 @@ SHAPES = [
     ("smollm2 down", Q.Q4_1, 576, 1536),
     ("smollm2 lm_head", Q.Q8_0, 49152, 576),
     ("llama3-8b qkv", Q.Q4_0, 6144, 4096),
+    ("llama3-8b qkv", Q.Q5_0, 6144, 4096),
     ("llama3-8b qkv", Q.Q4_K, 6144, 4096),
     ("llama3-8b down", Q.Q4_K, 4096, 14336),
     ("llama3-8b down", Q.Q5_K, 4096, 14336),

@@ -71,6 +71,8 @@ struct QuantizedActivation {
 //   byte 4 i + e of register k is byte 4 k + e of row i's qs. For Q8_0 that is value 4 k + e
 //   (k < 8); for the 4-bit types the low nibble is value 4 k + e and the high nibble value
 //   16 + 4 k + e (k < 4). The bytes per row are those of the file's layout.
+// - Q5_0, Q5_1: Q4_0's / Q4_1's block followed by a register of fifth bits: bit k of byte
+//   4 i + e is that of row i's value 4 k + e (k < 8). The bytes per row are the file's.
 // - Q4_K (256 values, 8 sub-blocks of 32 with 6-bit scales and mins): [8 fp16 d][8 fp16 dmin]
 //   [8 x 8 scales: byte 8 j + i is row i's sub-block j][8 x 8 mins, likewise][quants: 4 chunks
 //   of 8 registers; byte 4 i + e of register k of chunk c is row i's qs[32 c + 4 k + e], whose
@@ -84,21 +86,30 @@ struct QuantizedActivation {
 //   [high 2 bits: 2 registers per sub-block j of 32 values; bits 2 m of byte 4 i + e of register
 //   h are those of row i's value 32 j + 4 (4 h + m) + e]. 1680 bytes for 8 rows, as the file's.
 constexpr int repacked_header_bytes(int64_t type) {
-  return type == GgmlType::kQ6_K                              ? 144
-         : type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ? 160
-         : type == GgmlType::kQ4_1                            ? 32
-                                                              : 16;
+  switch (type) {
+    case GgmlType::kQ6_K: return 144;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: return 160;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1: return 32;
+    default: return 16;
+  }
 }
 constexpr int64_t repacked_group_bytes(int64_t type) {
-  return repacked_header_bytes(type) + (type == GgmlType::kQ6_K   ? 1536
-                                        : type == GgmlType::kQ5_K ? 1280
-                                        : type == GgmlType::kQ4_K ? 1024
-                                        : type == GgmlType::kQ8_0 ? 256
-                                                                  : 128);
+  switch (type) {
+    case GgmlType::kQ6_K: return repacked_header_bytes(type) + 1536;
+    case GgmlType::kQ5_K: return repacked_header_bytes(type) + 1280;
+    case GgmlType::kQ4_K: return repacked_header_bytes(type) + 1024;
+    case GgmlType::kQ8_0: return repacked_header_bytes(type) + 256;
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1: return repacked_header_bytes(type) + 160;
+    default: return repacked_header_bytes(type) + 128;
+  }
 }
 constexpr bool has_repacked_layout(int64_t type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0 ||
-         type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ5_0 ||
+         type == GgmlType::kQ5_1 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K ||
+         type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
 }
 // Row groups whose weights one pass over the token tiles keeps in the cache (16 groups of Q8_0 at
 // 4096 columns: 557 KB), and the tokens one pass over a group's blocks serves.
@@ -240,7 +251,7 @@ GgmlTypeInfo check_repacked_mul_mat(const at::Tensor& W, const at::Tensor& X, in
                                     int64_t row, const char* op) {
   const GgmlTypeInfo info = pyorch::gguf::check_ggml_type(type, op, true);
   TORCH_CHECK(has_repacked_layout(type), op, ": ", info.name,
-              " has no repacked layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K have)");
+              " has no repacked layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have)");
   return pyorch::gguf::check_ggml_mul_mat(W, X, type, row, op, repacked_group_bytes(type));
 }
 

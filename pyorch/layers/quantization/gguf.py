@@ -19,13 +19,13 @@ ops (pyorch/_ops.py):
 - the token embedding gathers the looked-up rows' blocks and dequantizes only those
   (`ggml_dequantize`); a tied LM head computes the logits from the same blocks.
 
-- on the CPU, Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors whose rows come in groups of 8 are
-  repacked once at load (`repack_blocks`, the layout in cpp/cpu/gguf.cpp; interleaved 8 rows at a
-  time so each row is one SIMD lane; the same bytes per row, Q4_K's 3% and Q5_K's 2% more with
-  their scales unpacked)
-  and multiplied by `ggml_mul_mat_repacked_a8` at every token count. A repacked embedding
-  gathers its looked-up rows back into the file's layout (`repacked_rows`; Q4_0 / Q4_1 / Q8_0
-  only, a K-quant embedding keeps the file layout) before dequantizing them.
+- on the CPU, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors whose rows come in
+  groups of 8 are repacked once at load (`repack_blocks`, the layout in cpp/cpu/gguf.cpp;
+  interleaved 8 rows at a time so each row is one SIMD lane; the same bytes per row, Q4_K's 3%
+  and Q5_K's 2% more with their scales unpacked) and multiplied by `ggml_mul_mat_repacked_a8` at
+  every token count. A repacked embedding gathers its looked-up rows back into the file's layout
+  (`repacked_rows`; Q4_0 / Q4_1 / Q8_0 only, any other type's embedding keeps the file layout)
+  before dequantizing them.
   `PYORCH_GGUF_CPU_REPACK=0` turns it off.
 
 The loader (pyorch/model_loader/gguf_loader.py) hands each weight over as `ggml_tensor(...)`:
@@ -86,13 +86,14 @@ REPACK_TYPES: dict[int, tuple[int, int]] = {2: (2, 16), 3: (4, 16), 8: (2, 32)}
 REPACK_ROWS = 8
 
 
-# K-quants repacked too, each in its own layout (cpp/cpu/gguf.cpp); not read back by row.
-GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 12, 13, 14
+# Repacked too, each in its own layout (cpp/cpu/gguf.cpp); not read back by row.
+GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 6, 7, 12, 13, 14
+_REPACK_OTHER = (GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K)
 
 
 def can_repack(ggml_type: int, rows: int, cols: int) -> bool:
     """Whether `repack_blocks` takes this tensor: a repackable type, whole groups of 8 rows."""
-    return ((ggml_type in REPACK_TYPES or ggml_type in (GGML_Q4_K, GGML_Q5_K, GGML_Q6_K))
+    return ((ggml_type in REPACK_TYPES or ggml_type in _REPACK_OTHER)
             and rows % REPACK_ROWS == 0 and rows > 0 and cols > 0)
 
 
@@ -103,6 +104,8 @@ def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> t
     4 i + e hold bytes 4 k + e of row i's quants (k-th register)."""
     if not can_repack(ggml_type, rows, cols):
         raise ValueError(f"no repacked layout for {rows} rows of {ggml_type_name(ggml_type)}")
+    if ggml_type in (GGML_Q5_0, GGML_Q5_1):
+        return _repack_q5(data, rows, cols, ggml_type == GGML_Q5_1)
     if ggml_type == GGML_Q4_K:
         return _repack_q4_k(data, rows, cols)
     if ggml_type == GGML_Q5_K:
@@ -115,6 +118,24 @@ def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> t
     parts = [x[..., h:h + 2].reshape(groups, blocks, 2 * REPACK_ROWS) for h in range(0, header, 2)]
     q = x[..., header:].reshape(groups, blocks, REPACK_ROWS, quants // 4, 4).transpose(2, 3)
     parts.append(q.reshape(groups, blocks, REPACK_ROWS * quants))
+    return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
+
+
+def _repack_q5(data: torch.Tensor, rows: int, cols: int, has_min: bool) -> torch.Tensor:
+    """Q5_0 / Q5_1 blocks (d, Q5_1's m, qh[4], qs[16]) repacked: Q4_0's / Q4_1's layout, then
+    one register of fifth bits, bit k of byte 4 i + e holding row i's value 4 k + e's."""
+    header = 4 if has_min else 2
+    groups, blocks = rows // REPACK_ROWS, cols // 32
+    x = data.reshape(groups, REPACK_ROWS, blocks, header + 20).transpose(1, 2)  # [G, nb, 8, ts]
+    parts = [x[..., h:h + 2].reshape(groups, blocks, 2 * REPACK_ROWS) for h in range(0, header, 2)]
+    q = x[..., header + 4:].reshape(groups, blocks, REPACK_ROWS, 4, 4).transpose(2, 3)
+    parts.append(q.reshape(groups, blocks, 128))
+    qh = x[..., header:header + 4].to(torch.int64)
+    qh = qh[..., 0] | (qh[..., 1] << 8) | (qh[..., 2] << 16) | (qh[..., 3] << 24)  # bit n: value n
+    value = 4 * torch.arange(8).view(8, 1) + torch.arange(4)  # [k, e] -> 4 k + e
+    bits = (qh[..., None, None] >> value) & 1  # [G, nb, i, k, e]
+    packed = (bits << torch.arange(8).view(8, 1)).sum(dim=3)  # [G, nb, i, e]
+    parts.append(packed.reshape(groups, blocks, 32).to(torch.uint8))
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
 
 
