@@ -33,11 +33,13 @@ ALGO_AUTO, ALGO_ONE_SHOT, ALGO_TWO_SHOT, ALGO_ONE_SHOT_PUSH = 0, 1, 2, 3
 # 2 ranks: measured on 2 H100s (NVLink), CUDA-graph timings, bench/results/
 # NVIDIA_H100_80GB_HBM3x2/all_reduce_graph.json; `python bench/all_reduce_cutoffs.py
 # bench/results/NVIDIA_H100_80GB_HBM3x2/all_reduce_graph.json` prints this row.
-# 4/6/8 ranks: UNMEASURED (no 4-GPU run yet): the push kernel up to its slot size and then
-# two-shot up to vLLM's published Hopper limits.
+# 4 ranks: measured on 4 H200s (NVLink), CUDA-graph timings, bench/results/NVIDIA_H200x4/
+# all_reduce_4.json (push 1.9-2.5x NCCL up to 256 KiB, 1.5x at 512 KiB; two-shot 1.17-1.40x
+# from 1 to 4 MiB; NCCL from 8 MiB); `python bench/all_reduce_cutoffs.py` on it prints this row.
+# 6/8 ranks: UNMEASURED (no 8-GPU run yet): the push kernel up to its slot size.
 ALGO_LIMITS: dict[int, list[tuple[int, int]]] = {
     2: [(512 << 10, ALGO_ONE_SHOT_PUSH), (8192 << 10, ALGO_ONE_SHOT)],
-    4: [(512 << 10, ALGO_ONE_SHOT_PUSH), (32 << 20, ALGO_TWO_SHOT)],
+    4: [(512 << 10, ALGO_ONE_SHOT_PUSH), (4096 << 10, ALGO_TWO_SHOT)],
     6: [(512 << 10, ALGO_ONE_SHOT_PUSH)],
     8: [(256 << 10, ALGO_ONE_SHOT_PUSH)],
 }

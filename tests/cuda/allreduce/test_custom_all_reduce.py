@@ -69,7 +69,8 @@ def _check_kernel(rank: int, world_size: int) -> None:
         assert comm.all_reduce(big) is None
         assert comm.all_reduce(torch.ones(16, dtype=torch.int32, device="cuda")) is None
         odd = torch.full((7,), float(rank + 1), dtype=torch.bfloat16, device="cuda")
-        torch.testing.assert_close(group.all_reduce(odd), torch.full_like(odd, 3.0))
+        torch.testing.assert_close(group.all_reduce(odd),
+                                   torch.full_like(odd, world_size * (world_size + 1) / 2))
         _check_graph_replay(comm, world_size, rank)
         _check_fused_rms_norm(comm, rank)
     finally:

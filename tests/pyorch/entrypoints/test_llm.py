@@ -81,10 +81,25 @@ def _hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     return ids[0, len(prompt):].tolist()
 
 
+_BF16_REFS: dict[int, object] = {}
+
+
+def _bf16_reference(model):
+    """transformers' own model in bfloat16 on DEVICE (a copy, made once per model)."""
+    if id(model) not in _BF16_REFS:
+        import copy
+
+        _BF16_REFS[id(model)] = copy.deepcopy(model).to(DEVICE, torch.bfloat16)
+    return _BF16_REFS[id(model)]
+
+
 def _assert_greedy_matches(model, prompt: list[int], got: list[int], max_tokens: int) -> None:
     """fp32: token for token equal to transformers' greedy output. bf16: teacher-forced against
     transformers in fp32 - each of our tokens must be (near-)argmax given our own prefix, within a
-    bf16-sized margin of 2% of the logit range."""
+    bf16-sized margin of 2% of the logit range, or be the token transformers' own bf16 model
+    picks there. The tiny Mixtral needs the latter: a bf16 router flips between two nearly tied
+    experts at one step of the 72 and lands 3.0% of the range below the fp32 argmax, in
+    transformers' bf16 model (CPU) exactly as in ours (CUDA), whichever MoE kernel runs."""
     if DTYPE == torch.float32:
         assert got == _hf_greedy(model, prompt, max_tokens), f"prompt len {len(prompt)}"
         return
@@ -92,10 +107,18 @@ def _assert_greedy_matches(model, prompt: list[int], got: list[int], max_tokens:
     ids = torch.tensor([prompt + got[:-1]], device=DEVICE)
     with torch.no_grad():
         logits = ref(ids).logits[0, len(prompt) - 1 :].float()
+        ref16 = None
     for step, tok in enumerate(got):
         row = logits[step]
         margin = 0.02 * (row.max() - row.min()).item()
-        assert row.max().item() - row[tok].item() <= margin, f"step {step}: token {tok}"
+        if row.max().item() - row[tok].item() <= margin:
+            continue
+        if ref16 is None:
+            with torch.no_grad():
+                ref16 = _bf16_reference(model)(ids).logits[0, len(prompt) - 1 :].float()
+        assert tok == ref16[step].argmax().item(), (
+            f"step {step}: token {tok} is {row.max().item() - row[tok].item():.4f} below the fp32 "
+            f"argmax (margin {margin:.4f}) and not transformers' bf16 choice either")
 
 
 def _make_llm(path: str, **kwargs) -> LLM:

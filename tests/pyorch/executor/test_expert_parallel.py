@@ -18,8 +18,11 @@ from pyorch import LLM
 from pyorch.executor.multiproc_executor import MultiprocExecutor
 from tests.pyorch.entrypoints.test_llm import _prompts
 from tests.pyorch.executor.test_multiproc_executor import (
+    LOGPROB_TOL,
+    _assert_logprobs_close,
     _call_with_deadline,
     _greedy_tokens,
+    _greedy_with_logprobs,
     _llm,
     _tiny_model,
 )
@@ -50,10 +53,11 @@ def _layouts(llm: LLM) -> list[list[tuple[int, int, list[int]]]]:
     return executor.collective_rpc("expert_placement")
 
 
-def _run_parallel(path: str, prompts: list[list[int]], **kwargs) -> tuple[list, list]:
+def _run_parallel(path: str, prompts: list[list[int]], generate=_greedy_tokens,
+                  **kwargs) -> tuple[list, list]:
     llm = _llm(path, **kwargs)
     try:
-        tokens = _call_with_deadline(_greedy_tokens, llm, prompts)
+        tokens = _call_with_deadline(generate, llm, prompts)
         layout = _layouts(llm)
         sched = llm.llm_engine.scheduler
         assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_usable_blocks
@@ -129,8 +133,11 @@ def test_expert_parallel_refusals(tmp_path_factory):
                                       ("qwen3_moe", True)],
                          ids=["llama", "qwen3_moe", "qwen3_moe-ep"])
 def test_tp4_greedy_equals_tp1_on_four_gpus(arch, ep, tmp_path_factory):
-    """bf16 on 4 GPUs (CUDA graphs, the custom all-reduce, async scheduling) against one GPU,
-    token for token; with EP each GPU holds 2 of the 8 experts."""
+    """bf16 on 4 GPUs (CUDA graphs, the custom all-reduce, async scheduling) against one GPU;
+    with EP each GPU holds 2 of the 8 experts. Token for token up to a near-tie: bf16 partial
+    sums reduced in another order may part the runs where both saw one (qwen3_moe did on 4
+    H200s, TP and EP alike, at the same position), and the logprobs before it stay within
+    LOGPROB_TOL (_assert_logprobs_close)."""
     path, vocab = _tiny_model(arch, tmp_path_factory)
     prompts = _prompts(vocab, PROMPT_LENS)
     # A few graph sizes (the batches here are <= 3 decodes) keep the start-ups short.
@@ -140,12 +147,12 @@ def test_tp4_greedy_equals_tp1_on_four_gpus(arch, ep, tmp_path_factory):
     # GPU memory after shutdown, which the 4-rank engine would count as taken.
     one = _llm(path, distributed_executor_backend="mp", **gpu)
     try:
-        expected = _greedy_tokens(one, prompts)
+        expected = _greedy_with_logprobs(one, prompts)
     finally:
         one.llm_engine.shutdown()
     del one
-    got, layout = _run_parallel(path, prompts, tensor_parallel_size=4,
-                                enable_expert_parallel=ep, **gpu)
-    assert got == expected
+    got, layout = _run_parallel(path, prompts, generate=_greedy_with_logprobs,
+                                tensor_parallel_size=4, enable_expert_parallel=ep, **gpu)
+    _assert_logprobs_close(expected, got, LOGPROB_TOL[torch.bfloat16])
     if ep:
         assert [layers[0] for layers in layout] == [(4, 64, [2 * r, 2 * r + 1]) for r in range(4)]
