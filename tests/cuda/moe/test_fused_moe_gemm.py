@@ -18,7 +18,8 @@ CASES = [("cpu", torch.float32), ("cpu", torch.bfloat16)] + [
 ]
 # (num_tokens, num_experts, top_k, N, K): awkward sizes, decode and prefill shapes.
 SHAPES = [(0, 8, 2, 64, 64), (1, 8, 2, 96, 128), (1, 128, 8, 384, 256), (7, 16, 4, 200, 136),
-          (83, 60, 4, 128, 520), (300, 8, 2, 1000, 64), (1024, 16, 2, 256, 256)]
+          (83, 60, 4, 128, 520), (300, 8, 2, 1000, 64), (1024, 16, 2, 256, 256),
+          (164, 8, 3, 128, 128), (164, 8, 3, 128, 64)]  # the tiny Qwen3-MoE's prefill (top-3)
 
 
 def _routing(num_tokens: int, num_experts: int, top_k: int, device: str) -> torch.Tensor:

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pyorch import _ops
 from pyorch.layers.fused_moe import fused_moe as fm
 from tests.conftest import CUDA_AVAILABLE
 from tests.reference import moe as ref
@@ -23,13 +24,13 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA_AVAILAB
                                                                 reason="no CUDA"))]
 
 
-def _inputs(num_tokens: int, device: str, seed: int
+def _inputs(num_tokens: int, device: str, seed: int, experts: int = E, inter: int = INTER
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(num_tokens, H, generator=g)  # an RMSNorm output: unit scale
-    w13 = torch.randn(E, 2 * INTER, H, generator=g) * STD
-    w2 = torch.randn(E, H, INTER, generator=g) * STD
-    gate = torch.randn(E, H, generator=g) * STD
+    w13 = torch.randn(experts, 2 * inter, H, generator=g) * STD
+    w2 = torch.randn(experts, H, inter, generator=g) * STD
+    gate = torch.randn(experts, H, generator=g) * STD
     bf = torch.bfloat16
     return (x.to(device, bf), w13.to(device, bf), w2.to(device, bf), gate.to(device, bf))
 
@@ -38,12 +39,13 @@ def _torch_bf16(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
                 ids: torch.Tensor) -> torch.Tensor:
     """The experts as HF runs them in bf16 (each linear rounded), for the error budget."""
     x, w13, w2 = x.cpu(), w13.cpu(), w2.cpu()
+    inter = w2.shape[2]
     out = torch.zeros(x.shape[0], H, dtype=torch.float32)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
             gu = F.linear(x[t:t + 1], w13[e])
-            act = F.silu(gu[:, :INTER]) * gu[:, INTER:]
+            act = F.silu(gu[:, :inter]) * gu[:, inter:]
             out[t] += (F.linear(act, w2[e]).float() * float(weights[t, j])).bfloat16().float()[0]
     return out.bfloat16().double()
 
@@ -59,8 +61,9 @@ def _check(name: str, got: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2:
     assert err <= 2.0 * budget + 1e-3 * scale, (name, err, budget, scale)
 
 
-def _route(gate: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return fm.fused_topk(F.linear(x, gate), TOP_K, renormalize=True)
+def _route(gate: torch.Tensor, x: torch.Tensor, top_k: int = TOP_K
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    return fm.fused_topk(F.linear(x, gate), top_k, renormalize=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -70,6 +73,7 @@ def test_topk_softmax_mixtral(device: str, num_tokens: int) -> None:
     logits = F.linear(x, gate)
     weights, ids = fm.fused_topk(logits, TOP_K, renormalize=True)
     want_w, want_ids = ref.topk_softmax(logits.float(), TOP_K, renormalize=True)
+    want_w, want_ids = want_w.cpu(), want_ids.cpu().long()
     # Ids may differ only where two probabilities tie in float32.
     probs = torch.softmax(logits.double().cpu(), -1)
     same = (ids.cpu().long() == want_ids).all(-1)
@@ -99,6 +103,8 @@ def test_decode_pair_mixtral(device: str, num_tokens: int) -> None:
 def test_prefill_grouped_mixtral(device: str) -> None:
     """The 164-token prefill: the grouped CUTLASS path on an sm90 CUDA build (the CPU twin
     elsewhere)."""
+    if device == "cuda" and not _ops.moe_grouped_gemm_available():
+        pytest.skip("this CUDA build has no CUTLASS grouped GEMM (built without its headers)")
     x, w13, w2, gate = _inputs(PREFILL_TOKENS, device, seed=7)
     weights, ids = _route(gate, x)
     got = fm.fused_experts_grouped(x, w13, w2, weights, ids, E)
@@ -109,15 +115,22 @@ def test_prefill_grouped_mixtral(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_prefill_fused_moe_gemm_mixtral(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("experts, top_k, inter", [(E, TOP_K, INTER), (8, 3, 64)],
+                         ids=["mixtral", "qwen3_moe"])
+def test_prefill_fused_moe_gemm_mixtral(device: str, experts: int, top_k: int, inter: int,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The 164-token prefill through moe_align_block_size + fused_moe_gemm + moe_sum (the path
-    of builds without the grouped kernel)."""
-    x, w13, w2, gate = _inputs(PREFILL_TOKENS, device, seed=8)
-    weights, ids = _route(gate, x)
+    of builds without the grouped kernel), at the tiny Mixtral's shapes and the tiny Qwen3-MoE's
+    (8 experts, top-3, intermediate 64: the down GEMM's K is 64). A CUDA build without CUTLASS
+    failed test_llm's qwen3_moe greedy tests (tokens 0.1-2.1 logits below the argmax) at the
+    full-prompt prefill while its Mixtral ones passed: this names the path if it is the cause."""
+    x, w13, w2, gate = _inputs(PREFILL_TOKENS, device, seed=8, experts=experts, inter=inter)
+    weights, ids = _route(gate, x, top_k)
     monkeypatch.setattr(fm, "_use_grouped_gemm", lambda *a: False)
-    assert fm.moe_decode_block_size(PREFILL_TOKENS, TOP_K, E) is None
-    got = fm.fused_experts(x, w13, w2, weights, ids, E)
-    _check(f"fused_moe_gemm M={PREFILL_TOKENS} {device}", got, x, w13, w2, weights, ids)
+    assert fm.moe_decode_block_size(PREFILL_TOKENS, top_k, experts) is None
+    got = fm.fused_experts(x, w13, w2, weights, ids, experts)
+    _check(f"fused_moe_gemm E={experts} top{top_k} I={inter} M={PREFILL_TOKENS} {device}", got,
+           x, w13, w2, weights, ids)
 
 
 @pytest.mark.parametrize("device", DEVICES)
