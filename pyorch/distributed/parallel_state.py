@@ -184,4 +184,35 @@ def destroy_model_parallel() -> None:
     _EP, _EXPERT_PLACEMENT = None, "linear"
     _WORLD = None
     if dist.is_initialized():
-        dist.destroy_process_group()
+        _leave_world()
+
+
+# How long rank 0 waits for the other ranks to leave (below the executor's 5 s shutdown grace, after
+# which it kills the workers that are left).
+_LEAVE_TIMEOUT_S = 3.0
+
+
+def _leave_world() -> None:
+    """destroy_process_group with rank 0 leaving last. Rank 0's process hosts the rendezvous
+    TCPStore; a rank whose NCCL heartbeat monitor still polls that store after rank 0 has exited
+    prints 'Failed to check the "should dump" flag on TCPStore' tracebacks (seen at the end of
+    every 4-GPU run). Each other rank says through the store that its group is gone; rank 0
+    waits for that, bounded, then leaves."""
+    from datetime import timedelta
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no store to coordinate through: just leave
+        store = None
+    dist.destroy_process_group()
+    if store is None or world_size == 1:
+        return
+    try:
+        if rank != 0:
+            store.set(f"pyorch/left/{rank}", "1")
+        else:
+            store.wait([f"pyorch/left/{r}" for r in range(1, world_size)],
+                       timedelta(seconds=_LEAVE_TIMEOUT_S))
+    except Exception as e:  # noqa: BLE001 - a rank that died first: nothing left to protect
+        logger.debug("leaving the process group: %s", e)

@@ -85,3 +85,25 @@ def _check_no_deferral(rank: int, world_size: int) -> None:
     assert not fuse_all_reduce_rms_norm()
     layer = LlamaForCausalLM(_tiny_config("llama")).model.layers[0]
     assert layer.self_attn.o_proj.reduce_results and layer.mlp.down_proj.reduce_results
+
+
+def _leave_in_order(rank: int, world_size: int) -> None:
+    import time
+
+    from pyorch.distributed import parallel_state
+
+    if rank != 0:
+        time.sleep(2.0)  # rank 1 leaves late
+    start = time.monotonic()
+    parallel_state.destroy_model_parallel()
+    if rank == 0:
+        # Rank 0 hosts the rendezvous store: it leaves only once rank 1 has (its 2 s sleep),
+        # never more than _LEAVE_TIMEOUT_S later.
+        waited = time.monotonic() - start
+        assert 1.0 <= waited <= parallel_state._LEAVE_TIMEOUT_S + 1.0, waited
+
+
+def test_rank_zero_leaves_the_process_group_last():
+    """destroy_model_parallel: rank 0 (the TCPStore's host) waits for the others to leave, so
+    no rank's NCCL heartbeat monitor is left polling a store that is gone."""
+    run_distributed(_leave_in_order, 2)
