@@ -17,6 +17,7 @@
 //        --kernel stream|registers (the m <= 16 kernel)
 //        --stages N (stream ring slots per warp, 1..8) --ctas-per-sm N (the k-split's target)
 //        --pdl 0|1 (the stream kernel's PDL launch) --shapes qkv_proj,o_proj,... (default: all)
+//        --prefetch-acts 0|1 (the stream kernel loads the next k-block's activations early)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -309,6 +310,7 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
                               : m <= pyorch::kW4A16MaxMmaRows  ? "registers"
                                                                : "dequant"},
                    {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+                   {"prefetch_acts", pyorch::w4a16_prefetch_acts() ? "1" : "0"},
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
                    {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
                    {"splits", std::to_string(pyorch::w4a16_num_splits(s.n, s.k))},
@@ -395,6 +397,7 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
                    {"model", "8b"},
                    {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name() : "registers"},
                    {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+                   {"prefetch_acts", pyorch::w4a16_prefetch_acts() ? "1" : "0"},
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
                    {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
                    {"M", std::to_string(m)},
@@ -447,13 +450,16 @@ int main(int argc, char** argv) {
   }
   if (args.has("stages")) pyorch::set_w4a16_stream_stages(static_cast<int>(args.num("stages", 4)));
   if (args.has("pdl")) pyorch::set_pdl_enabled(args.num("pdl", 1) != 0);
+  if (args.has("prefetch-acts")) pyorch::set_w4a16_prefetch_acts(args.num("prefetch-acts", 0) != 0);
   if (args.has("ctas-per-sm"))
     pyorch::set_w4a16_ctas_per_sm(static_cast<int>(args.num("ctas-per-sm", 4)));
   std::printf(
-      "device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d ctas_per_sm=%d pdl=%d\n",
+      "device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d prefetch_acts=%d "
+      "ctas_per_sm=%d pdl=%d\n",
       pyorch::bench::device_name().c_str(), pyorch::bench::copy_bandwidth_gbs(b.stream),
       pyorch::w4a16_l2_prefetch(), kernel_name(), pyorch::w4a16_stream_stages(),
-      pyorch::w4a16_ctas_per_sm(), static_cast<int>(pyorch::pdl_enabled()));
+      static_cast<int>(pyorch::w4a16_prefetch_acts()), pyorch::w4a16_ctas_per_sm(),
+      static_cast<int>(pyorch::pdl_enabled()));
   const auto models = args.strs("models", {"8b", "70b"});
   const auto tokens = args.list("tokens", {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048});
   const auto shapes = args.strs("shapes", {});

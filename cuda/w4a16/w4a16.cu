@@ -21,6 +21,8 @@ std::atomic<int> g_kernel{static_cast<int>(W4A16Kernel::kStream)};
 // deeper rings cost resident thread blocks (shared memory), and the time follows the number of
 // resident warps, not the bytes in flight.
 std::atomic<int> g_stream_stages{2};
+// The stream kernel's activation prefetch (set_w4a16_prefetch_acts): off until an A/B on a GPU.
+std::atomic<bool> g_prefetch_acts{false};
 // Fewest k-blocks (64 rows each) one split streams: shorter ones spend more on the partials.
 constexpr int64_t kW4MinBlocksPerSplit = 2;
 // k-blocks each warp keeps requested from L2 ahead of its register stages (set_w4a16_l2_prefetch).
@@ -74,6 +76,10 @@ void set_w4a16_stream_stages(int stages) {
 }
 
 int w4a16_stream_stages() { return g_stream_stages.load(); }
+
+void set_w4a16_prefetch_acts(bool on) { g_prefetch_acts.store(on); }
+
+bool w4a16_prefetch_acts() { return g_prefetch_acts.load(); }
 
 void set_w4a16_ctas_per_sm(int ctas) { g_ctas_per_sm.store(std::max(ctas, 1)); }
 
@@ -206,9 +212,11 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
       size_m <= kW4A16StreamMaxRows &&
       g_kernel.load(std::memory_order_relaxed) == static_cast<int>(W4A16Kernel::kStream);
   const int stages = g_stream_stages.load(std::memory_order_relaxed);
+  const bool prefetch_acts = g_prefetch_acts.load(std::memory_order_relaxed);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
-    return stream_kernel ? kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, stream)
-                         : kernels::launch_w4a16_gemm<T>(p, zeros != nullptr, stream);
+    return stream_kernel
+               ? kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, prefetch_acts, stream)
+               : kernels::launch_w4a16_gemm<T>(p, zeros != nullptr, stream);
   });
 }
 

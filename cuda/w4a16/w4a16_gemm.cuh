@@ -157,14 +157,38 @@ __device__ __forceinline__ uint16_t w4_bias_bits(int z) {
   return *reinterpret_cast<const uint16_t*>(&v);
 }
 
-// acc[mt] += a rows 8 mt .. 8 mt + 7 of k-block kb @ the stage's dequantized codes; with
-// SCALED = false the codes are only centred (q - z, exact in 16 bits) and the caller applies the
-// group scale to the fp32 sums (w4a16_stream.cuh, groups of whole k-blocks).
-template <typename T, int M_TILES, bool HAS_ZEROS, bool SCALED = true>
-__device__ __forceinline__ void w4_compute_stage(const W4A16GemmArgs& p, const W4Stage& s, int kb,
-                                                 int lane, float (&acc)[M_TILES][4]) {
-  using T2 = typename W4Traits<T>::T2;
+// The lane's activations of k-block kb, the mma's B operand: per m-tile mt, row 8 mt + g's 16
+// consecutive values from k = 64 kb + 16 t (the k order of the layout); zeros past row m.
+template <int M_TILES>
+struct W4Acts {
+  uint4 b[M_TILES][2];
+};
+
+template <typename T, int M_TILES>
+__device__ __forceinline__ void w4_load_acts(const W4A16GemmArgs& p, int kb, int lane,
+                                             W4Acts<M_TILES>* x) {
   const int g = lane / 4, t = lane % 4;
+  const T* a = static_cast<const T*>(p.a);
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt) {
+    const int row = mt * 8 + g;
+    x->b[mt][0] = x->b[mt][1] = make_uint4(0, 0, 0, 0);
+    if (row < p.m) {
+      const uint4* ap = reinterpret_cast<const uint4*>(
+          a + row * p.a_stride + static_cast<int64_t>(kb) * kW4A16BlockK + 16 * t);
+      x->b[mt][0] = __ldg(ap);
+      x->b[mt][1] = __ldg(ap + 1);
+    }
+  }
+}
+
+// acc[mt] += activations x (rows 8 mt .. 8 mt + 7 of one k-block) @ the stage's dequantized
+// codes; with SCALED = false the codes are only centred (q - z, exact in 16 bits) and the caller
+// applies the group scale to the fp32 sums (w4a16_stream.cuh, groups of whole k-blocks).
+template <typename T, int M_TILES, bool HAS_ZEROS, bool SCALED = true>
+__device__ __forceinline__ void w4_compute_acts(const W4Stage& s, const W4Acts<M_TILES>& x,
+                                                float (&acc)[M_TILES][4]) {
+  using T2 = typename W4Traits<T>::T2;
   const int z_lo = HAS_ZEROS ? static_cast<int>(s.zeros & 0xF) : 8;
   const int z_hi = HAS_ZEROS ? static_cast<int>((s.zeros >> 4) & 0xF) : 8;
   const T2 bias_lo = w4_broadcast<T>(w4_bias_bits<T>(z_lo));
@@ -187,23 +211,23 @@ __device__ __forceinline__ void w4_compute_stage(const W4A16GemmArgs& p, const W
       }
     }
   }
-  const T* a = static_cast<const T*>(p.a);
 #pragma unroll
   for (int mt = 0; mt < M_TILES; ++mt) {
-    const int row = mt * 8 + g;
-    uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
-    if (row < p.m) {
-      // Lane t's 16 consecutive activations: the k order of the layout.
-      const uint4* ap = reinterpret_cast<const uint4*>(
-          a + row * p.a_stride + static_cast<int64_t>(kb) * kW4A16BlockK + 16 * t);
-      b0 = __ldg(ap);
-      b1 = __ldg(ap + 1);
-    }
+    const uint4 b0 = x.b[mt][0], b1 = x.b[mt][1];
     w4_mma<T>(acc[mt], frag[0], b0.x, b0.y);
     w4_mma<T>(acc[mt], frag[1], b0.z, b0.w);
     w4_mma<T>(acc[mt], frag[2], b1.x, b1.y);
     w4_mma<T>(acc[mt], frag[3], b1.z, b1.w);
   }
+}
+
+// w4_compute_acts with the activations of k-block kb loaded here, just before their use.
+template <typename T, int M_TILES, bool HAS_ZEROS, bool SCALED = true>
+__device__ __forceinline__ void w4_compute_stage(const W4A16GemmArgs& p, const W4Stage& s, int kb,
+                                                 int lane, float (&acc)[M_TILES][4]) {
+  W4Acts<M_TILES> x;
+  w4_load_acts<T, M_TILES>(p, kb, lane, &x);
+  w4_compute_acts<T, M_TILES, HAS_ZEROS, SCALED>(s, x, acc);
 }
 
 // The last thread block of a column group sums the k-split's partials (split order) into out.

@@ -88,7 +88,7 @@ constexpr size_t kW4StreamDefaultSmem = 48 * 1024;
 // once (16 fewer 16-bit multiplies per lane per block; the weights are not rounded to 16 bits,
 // which is closer to the exact product than the contract's single rounding). Else (group 32)
 // each weight is scaled in registers as in w4a16_gemm.cuh.
-template <typename T, int M_TILES, bool HAS_ZEROS, bool GROUP_SCALE>
+template <typename T, int M_TILES, bool HAS_ZEROS, bool GROUP_SCALE, bool PREFETCH_ACTS>
 __global__ void __launch_bounds__(kW4Threads)
     w4a16_stream_kernel(const W4A16GemmArgs p, int stages) {
   extern __shared__ __align__(128) unsigned char w4_smem[];
@@ -133,7 +133,11 @@ __global__ void __launch_bounds__(kW4Threads)
       }
     };
     load_groups(0, st);
-    pdl_wait();  // a (in w4_compute_stage) comes from the kernel before
+    pdl_wait();  // a (in w4_compute_stage / w4_load_acts) comes from the kernel before
+    // PREFETCH_ACTS: the activations of the next k-block are loaded before this one's dequant
+    // and mma, so their L1 latency is hidden behind that work instead of stalling it.
+    W4Acts<M_TILES> acts;
+    if constexpr (PREFETCH_ACTS) w4_load_acts<T, M_TILES>(p, kb_begin, lane, &acts);
     for (int c = 0; c < nchunks; ++c) {
       const int kb0 = kb_begin + c * kW4StreamChunk;
       const int blocks = min(kW4StreamChunk, kb_end - kb0);
@@ -150,11 +154,20 @@ __global__ void __launch_bounds__(kW4Threads)
 #pragma unroll
       for (int j = 0; j < kW4StreamChunk; ++j) {
         if (j >= blocks) continue;
+        W4Acts<M_TILES> cur;
+        if constexpr (PREFETCH_ACTS) {
+          cur = acts;
+          if (kb0 + j + 1 < kb_end) w4_load_acts<T, M_TILES>(p, kb0 + j + 1, lane, &acts);
+        }
         if constexpr (GROUP_SCALE) {
           // Centred codes into part; at the end of the block's group (or of the range) part
           // times the group's scales goes into acc.
           const int kb = kb0 + j;
-          w4_compute_stage<T, M_TILES, HAS_ZEROS, false>(p, st[j], kb, lane, part);
+          if constexpr (PREFETCH_ACTS) {
+            w4_compute_acts<T, M_TILES, HAS_ZEROS, false>(st[j], cur, part);
+          } else {
+            w4_compute_stage<T, M_TILES, HAS_ZEROS, false>(p, st[j], kb, lane, part);
+          }
           const bool group_end = bpg_pow2 ? ((kb + 1) & (blocks_per_group - 1)) == 0
                                           : (kb + 1) % blocks_per_group == 0;
           if (group_end || kb + 1 == kb_end) {
@@ -169,6 +182,8 @@ __global__ void __launch_bounds__(kW4Threads)
               }
             }
           }
+        } else if constexpr (PREFETCH_ACTS) {
+          w4_compute_acts<T, M_TILES, HAS_ZEROS>(st[j], cur, acc);
         } else {
           w4_compute_stage<T, M_TILES, HAS_ZEROS>(p, st[j], kb0 + j, lane, acc);
         }
@@ -188,17 +203,20 @@ __global__ void __launch_bounds__(kW4Threads)
 
 template <typename T>
 cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stages,
-                                cudaStream_t stream) {
+                                bool prefetch_acts, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.n + kW4A16BlockN - 1) / kW4A16BlockN),
                   static_cast<unsigned>(p.num_splits));
   const size_t smem = w4_stream_smem_bytes(stages);
   cudaError_t err = cudaSuccess;
   const bool group_scale = p.group_size % kW4A16BlockK == 0;
   auto launch = [&](auto m_tiles, auto zeros) {
-    auto* kernel =
-        group_scale
-            ? &w4a16_stream_kernel<T, decltype(m_tiles)::value, decltype(zeros)::value, true>
-            : &w4a16_stream_kernel<T, decltype(m_tiles)::value, decltype(zeros)::value, false>;
+    constexpr int kTiles = decltype(m_tiles)::value;
+    constexpr bool kZeros = decltype(zeros)::value;
+    auto* kernel = group_scale
+                       ? (prefetch_acts ? &w4a16_stream_kernel<T, kTiles, kZeros, true, true>
+                                        : &w4a16_stream_kernel<T, kTiles, kZeros, true, false>)
+                       : (prefetch_acts ? &w4a16_stream_kernel<T, kTiles, kZeros, false, true>
+                                        : &w4a16_stream_kernel<T, kTiles, kZeros, false, false>);
     if (smem > kW4StreamDefaultSmem) {  // deeper rings than 5 slots (the benchmark's sweep)
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(smem));

@@ -78,6 +78,12 @@ W4A16Kernel w4a16_kernel();
 // Ring slots (2 KiB each) per warp of the stream kernel, 1..8 (default 2).
 void set_w4a16_stream_stages(int stages);
 int w4a16_stream_stages();
+// Whether the stream kernel loads the next k-block's activations before it dequantizes and
+// multiplies the current one (default off until measured: bench_w4a16 --prefetch-acts 0|1).
+// An ncu profile of the default (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/ncu_20261127) had
+// half of each warp's cycles stalled on these loads, issued just before their use.
+void set_w4a16_prefetch_acts(bool on);
+bool w4a16_prefetch_acts();
 // Thread blocks per SM the k-split aims for (default 4).
 void set_w4a16_ctas_per_sm(int ctas);
 int w4a16_ctas_per_sm();
