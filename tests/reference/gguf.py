@@ -64,3 +64,31 @@ def dequantized_weights(path: str):
             values = dequantize(weight.numpy(), GGMLQuantizationType(ggml_type))
             weight = torch.from_numpy(np.ascontiguousarray(values)).reshape(-1, cols)
         yield name, weight.float()
+
+
+def llama_family_writer(path, arch: str, *, layers: int, hidden: int, inter: int, heads: int,
+                        kv_heads: int, head_dim: int, rope_base: float):
+    """A gguf-py GGUFWriter with the metadata llama.cpp's converter writes for a Llama-family
+    decoder (block count, context 2048, widths, heads, RMSNorm eps 1e-6, rope base); the caller
+    adds its own keys and tensors, then `finish_gguf`."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(layers)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(rope_base)
+    return writer
+
+
+def finish_gguf(writer) -> None:
+    """Header, metadata and tensors to the file, then close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -23,6 +23,7 @@ from pyorch.model_loader.gguf_loader import (
     iterate_gguf_weights,
     unpermute_qk,
 )
+from tests.reference import gguf as gguf_ref
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS = 64, 4, 2, 16, 96, 50, 2
 
@@ -122,19 +123,14 @@ def to_gguf_name(hf_name: str) -> str:
 
 def write_gguf(path: Path, arch: str, weights: dict, extra=None, metadata=True, q8_0=()) -> str:
     """Write ``weights`` (HF names) to a GGUF file as llama.cpp's converter would."""
-    writer = GGUFWriter(str(path), arch)
     if metadata:
-        writer.add_block_count(LAYERS)
-        writer.add_context_length(2048)
-        writer.add_embedding_length(HIDDEN)
-        writer.add_feed_forward_length(INTER)
-        writer.add_head_count(HEADS)
-        writer.add_head_count_kv(KV_HEADS)
-        writer.add_key_length(HEAD_DIM)
-        writer.add_layer_norm_rms_eps(1e-6)
-        writer.add_rope_freq_base(500000.0)
+        writer = gguf_ref.llama_family_writer(path, arch, layers=LAYERS, hidden=HIDDEN, inter=INTER,
+                                              heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                                              rope_base=500000.0)
         writer.add_bos_token_id(3)
         writer.add_eos_token_id(4)
+    else:
+        writer = GGUFWriter(str(path), arch)
     for fn in extra or ():
         fn(writer)
     for name, value in weights.items():
@@ -146,10 +142,7 @@ def write_gguf(path: Path, arch: str, weights: dict, extra=None, metadata=True, 
             writer.add_tensor(to_gguf_name(name), quantize(value, Q.Q8_0), raw_dtype=Q.Q8_0)
         else:
             writer.add_tensor(to_gguf_name(name), value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    gguf_ref.finish_gguf(writer)
     return str(path)
 
 
@@ -412,16 +405,10 @@ def _write_moe_gguf(path: Path, model_type: str, hf) -> tuple[str, dict[str, np.
     state = {k: v.detach().float() for k, v in hf.state_dict().items()}
     hf_module = module if any(f".{module}." in k for k in state) else "mlp"
     proj = {"qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "mixtral": ("w1", "w3", "w2")}
-    writer = GGUFWriter(str(path), arch)
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(2048)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(INTER if model_type == "qwen3_moe" else MOE_INTER)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(500000.0)
+    writer = gguf_ref.llama_family_writer(
+        path, arch, layers=LAYERS, hidden=HIDDEN,
+        inter=INTER if model_type == "qwen3_moe" else MOE_INTER, heads=HEADS, kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM, rope_base=500000.0)
     writer.add_expert_count(MOE_EXPERTS)
     writer.add_expert_used_count(MOE_TOP_K)
     if model_type == "qwen3_moe":
@@ -455,10 +442,7 @@ def _write_moe_gguf(path: Path, model_type: str, hf) -> tuple[str, dict[str, np.
                 writer.add_tensor(gguf_name, stacked)
             for e in range(MOE_EXPERTS):
                 expected[f"model.layers.{layer}.{module}.experts.{e}.{hf_proj}.weight"] = stacked[e]
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    gguf_ref.finish_gguf(writer)
     return str(path), expected
 
 
@@ -505,9 +489,6 @@ def test_moe_gguf_unsupported_architecture_is_named(tmp_path: Path) -> None:
     writer = GGUFWriter(str(tmp_path / "q2moe.gguf"), "qwen2moe")
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((VOCAB, HIDDEN), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    gguf_ref.finish_gguf(writer)
     with pytest.raises(ValueError, match="architecture 'qwen2moe' is not supported"):
         load_hf_config(str(tmp_path / "q2moe.gguf"))

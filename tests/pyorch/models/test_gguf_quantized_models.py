@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter
 
 from pyorch import LLM, SamplingParams, _ops
 from tests.reference import gguf as ref
@@ -40,16 +39,9 @@ MIXES = {
 
 
 def _write(path: Path, arch: str, mix: dict, tied: bool, rng: np.random.Generator) -> str:
-    writer = GGUFWriter(str(path), arch)
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(2048)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(INTER)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(10000.0)
+    writer = ref.llama_family_writer(path, arch, layers=LAYERS, hidden=HIDDEN, inter=INTER,
+                                     heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                                     rope_base=10000.0)
 
     def matrix(name: str, kind: str, rows: int, cols: int) -> None:
         qtype = mix[kind]
@@ -80,10 +72,7 @@ def _write(path: Path, arch: str, mix: dict, tied: bool, rng: np.random.Generato
         if arch == "qwen3":
             vector(b + "attn_q_norm.weight", HEAD_DIM)
             vector(b + "attn_k_norm.weight", HEAD_DIM)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    ref.finish_gguf(writer)
     return str(path)
 
 
