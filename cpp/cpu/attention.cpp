@@ -136,6 +136,17 @@ struct Problem {
   std::vector<SeqInfo> seqs;
   float* lse = nullptr;  // optional [num_heads, lse_head_stride]: each row's log-sum-exp
   int64_t lse_head_stride = 0;
+
+  // Key and value rows of KV head kv_head at position pos of the sequence whose block table
+  // row is blocks.
+  const CacheT* k_row(const int32_t* blocks, int pos, int kv_head) const {
+    return k_cache + blocks[pos / block_size] * k_block_stride +
+           (pos % block_size) * k_token_stride + kv_head * k_head_stride;
+  }
+  const CacheT* v_row(const int32_t* blocks, int pos, int kv_head) const {
+    return v_cache + blocks[pos / block_size] * v_block_stride +
+           (pos % block_size) * v_token_stride + kv_head * v_head_stride;
+  }
 };
 
 // Visible keys [lo, hi) of the query at `pos`.
@@ -207,13 +218,8 @@ void load_kv_tile(const Problem<T, CacheT>& pb, const WorkItem& it, int k0, int 
       for (int d = 0; d < D; ++d) sc.kt[d * kKvTile + j] = 0.f;
       continue;
     }
-    const int pos = k0 + j;
-    const int64_t block = blocks[pos / pb.block_size];
-    const int64_t offset = pos % pb.block_size;
-    const CacheT* k = pb.k_cache + block * pb.k_block_stride + offset * pb.k_token_stride +
-                      it.kv_head * pb.k_head_stride;
-    const CacheT* v = pb.v_cache + block * pb.v_block_stride + offset * pb.v_token_stride +
-                      it.kv_head * pb.v_head_stride;
+    const CacheT* k = pb.k_row(blocks, k0 + j, it.kv_head);
+    const CacheT* v = pb.v_row(blocks, k0 + j, it.kv_head);
     cache_row_to_float(k, sc.row, hd, pb.fp8);
     std::fill(sc.row + hd, sc.row + D, 0.f);
     for (int d = 0; d < D; ++d) sc.kt[d * kKvTile + j] = sc.row[d];
@@ -334,13 +340,8 @@ void attend_decode_item(const Problem<T, CacheT>& pb, const WorkItem& it, Scratc
   }
   scores.resize(static_cast<size_t>(rows) * nk);
   for (int j = 0; j < nk; ++j) {
-    const int pos = kr.lo + j;
-    const int64_t block = blocks[pos / pb.block_size];
-    const int64_t offset = pos % pb.block_size;
     const float* k =
-        cache_row<CacheT, D>(pb.k_cache + block * pb.k_block_stride + offset * pb.k_token_stride +
-                                 it.kv_head * pb.k_head_stride,
-                             pb.head_size, sc.row, pb.fp8);
+        cache_row<CacheT, D>(pb.k_row(blocks, kr.lo + j, it.kv_head), pb.head_size, sc.row, pb.fp8);
     for (int r = 0; r < rows; ++r) {
       v8f acc = splat(0.f);
       for (int d = 0; d < D; d += 8) acc += load8(sc.q + r * D + d) * load8(k + d);
@@ -373,13 +374,8 @@ void attend_decode_item(const Problem<T, CacheT>& pb, const WorkItem& it, Scratc
     sc.l[r] = l;
   }
   for (int j = 0; j < nk; ++j) {
-    const int pos = kr.lo + j;
-    const int64_t block = blocks[pos / pb.block_size];
-    const int64_t offset = pos % pb.block_size;
     const float* v =
-        cache_row<CacheT, D>(pb.v_cache + block * pb.v_block_stride + offset * pb.v_token_stride +
-                                 it.kv_head * pb.v_head_stride,
-                             pb.head_size, sc.row, pb.fp8);
+        cache_row<CacheT, D>(pb.v_row(blocks, kr.lo + j, it.kv_head), pb.head_size, sc.row, pb.fp8);
     for (int r = 0; r < rows; ++r) {
       const v8f p = splat(scores[static_cast<size_t>(r) * nk + j]);
       float* acc = sc.acc + r * D;
