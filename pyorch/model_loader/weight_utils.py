@@ -138,20 +138,31 @@ def initialize_dummy_weights(
 
     Values are generated on each parameter's own device (one seeded generator per device), so an
     8B-shaped model on a GPU fills in well under a second. Buffers (RoPE caches, ...) are left
-    alone. The same seed, model and device give the same weights.
+    alone. The same seed, model and device give the same weights. A quantized checkpoint's scales
+    (parameters named `*scale`, `*scale_inv`, `scales`) are drawn in [high / 2, high) instead:
+    a dequantization scale must be positive (the fp8 MoE method re-quantizes each expert's
+    gate and up halves to one scale at load, and its quantize op refuses a scale <= 0).
     """
     generators: dict[torch.device, torch.Generator] = {}
-    for param in model.parameters():
+    for name, param in model.named_parameters():
         if not torch.is_floating_point(param):
             continue
         if param.device not in generators:
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
         gen = generators[param.device]
+        lo, hi = low, high
+        if _is_scale(name):
+            lo, hi = max(abs(low), abs(high)) / 2, max(abs(low), abs(high))
         if param.element_size() < 2:  # fp8 and friends have no uniform_: draw in fp16, cast
             tmp = torch.empty(param.shape, dtype=torch.float16, device=param.device)
-            param.copy_(tmp.uniform_(low, high, generator=gen))
+            param.copy_(tmp.uniform_(lo, hi, generator=gen))
         else:
-            param.uniform_(low, high, generator=gen)
+            param.uniform_(lo, hi, generator=gen)
+
+
+def _is_scale(name: str) -> bool:
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf.endswith("scale") or leaf.endswith("scale_inv") or leaf == "scales"
 
 
 # ---- fp8 KV-cache scales ------------------------------------------------------------------------

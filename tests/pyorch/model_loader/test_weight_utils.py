@@ -119,6 +119,25 @@ def test_dummy_weights(device: str, dtype: torch.dtype) -> None:
     assert torch.equal(a.cache, torch.full((4,), 7.0, device=device, dtype=dtype))
 
 
+def test_dummy_quantization_scales_are_positive() -> None:
+    """A quantized layer's dequantization scales (`*scale`, `*scale_inv`, `scales`) draw in
+    [high / 2, high): a scale must be positive; everything else keeps [low, high)."""
+    layer = nn.Module()
+    layer.weight = nn.Parameter(torch.empty(64, 32).to(torch.float8_e4m3fn), requires_grad=False)
+    for name in ("weight_scale", "input_scale", "weight_scale_inv", "scales"):
+        layer.register_parameter(name, nn.Parameter(torch.empty(64), requires_grad=False))
+    layer.bias = nn.Parameter(torch.empty(64), requires_grad=False)
+    initialize_dummy_weights(layer, seed=1)
+    for name in ("weight_scale", "input_scale", "weight_scale_inv", "scales"):
+        p = getattr(layer, name)
+        assert bool(((p >= 5e-4) & (p < 1e-3)).all()), name
+    assert layer.bias.min() < 0 < layer.bias.max() and layer.bias.abs().max() <= 1e-3
+    # fp8 payloads: [low, high) drawn in fp16 and cast (vLLM's way), so at +-1e-3 they round to
+    # zero or to e4m3's smallest subnormal, 2^-9.
+    assert layer.weight.dtype == torch.float8_e4m3fn
+    assert layer.weight.float().abs().max() <= 2.0**-9
+
+
 def test_safetensors_tensors_are_views_of_the_mapped_file(tmp_path: Path) -> None:
     """Zero-copy: tensors of one file sit in one mapping at their file offsets, so narrowing one
     to a tensor-parallel shard before the copy reads only the shard's pages."""

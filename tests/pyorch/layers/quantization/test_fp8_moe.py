@@ -209,3 +209,27 @@ def test_per_tensor_fp8_qwen3_moe_checkpoint(tmp_path):
         agree += max(want, key=lambda t: want[t].logprob) == max(got, key=lambda t: got[t].logprob)
     # Same weights; only the activations' fp8 rounding differs.
     assert sum(diffs) / len(diffs) < 0.2 and agree >= len(prompts) - 1, diffs
+
+
+def test_dummy_weights_of_a_per_tensor_fp8_moe_checkpoint(tmp_path):
+    """--load-format dummy on an fp8 checkpoint's config (how a 235B-class fp8 MoE is
+    benchmarked without its weights, both engines allocating fp8 directly): the dummy scales are
+    positive, so the load-time re-quantization of each expert's gate/up pair runs, and the
+    engine generates."""
+    import os
+    import shutil
+
+    path = _write_per_tensor_fp8(str(tmp_path / "fp8"))
+    os.remove(os.path.join(path, "model.safetensors"))  # dummy never reads the weights
+    shutil.rmtree(path + "_deq")
+    llm = LLM(path, load_format="dummy", skip_tokenizer_init=True, dtype=torch.bfloat16,
+              device="cpu", max_model_len=256, kv_cache_memory_bytes=16 << 20, seed=0)
+    model = llm.llm_engine.model_runner.model
+    experts = model.model.layers[1].mlp.experts
+    assert experts.w13_weight.dtype == FP8 and bool((experts.w13_weight_scale > 0).all())
+    scales = [p for n, p in model.named_parameters() if n.endswith("scale")]
+    assert scales and all(bool((p > 0).all()) for p in scales)
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}],
+                       SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
