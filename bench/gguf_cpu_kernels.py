@@ -1,7 +1,8 @@
 """CPU GGUF products on one layer's weight: the repacked kernel (`ggml_mul_mat_repacked_a8`, what
 the engine runs for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K) against the
 file-layout kernel (`ggml_mul_mat_vec_a8` up to 8 tokens, `ggml_mul_mat_a8` above) and against
-float32 `F.linear` on the dequantized weight, in one run, at 1 and 16 tokens.
+float32 `F.linear` on the dequantized weight, in one run, at 1 and 16 tokens. Q3_K and Q2_K have
+no repacked kernel: their rows time the file-layout kernel (the engine's) against F.linear.
 
 Shapes: the default model's (SmolLM2-135M: hidden 576, intermediate 1536, vocabulary 49152) and
 Llama-3-8B's (4096 / 14336). Weights are random GGUF blocks (tests/reference/gguf.make_weight).
@@ -30,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pyorch import _C, _ops  # noqa: E402
 from pyorch.benchmarks.common import environment, write_json  # noqa: E402
-from pyorch.layers.quantization.gguf import repack_blocks  # noqa: E402
+from pyorch.layers.quantization.gguf import can_repack, repack_blocks  # noqa: E402
 from tests.reference import gguf as ref  # noqa: E402
 
 # (name, type, rows, cols)
@@ -45,6 +46,8 @@ SHAPES = [
     ("llama3-8b down", Q.Q5_K, 4096, 14336),
     ("llama3-8b down", Q.Q6_K, 4096, 14336),
     ("llama3-8b o", Q.Q8_0, 4096, 4096),
+    ("llama3-8b qkv", Q.Q3_K, 6144, 4096),  # no repacked kernel (file layout only)
+    ("llama3-8b qkv", Q.Q2_K, 6144, 4096),
 ]
 TOKENS = [1, 16]
 
@@ -78,24 +81,32 @@ def main() -> int:
     for name, qtype, rows, cols in SHAPES:
         raw = ref.make_weight(qtype, rows, cols, rng)
         blocks = torch.from_numpy(raw)
-        packed = repack_blocks(blocks, int(qtype), rows, cols)
+        repacked = can_repack(int(qtype), rows, cols)
+        packed = repack_blocks(blocks, int(qtype), rows, cols) if repacked else blocks
         w32 = torch.from_numpy(gguf_dequantize(raw, qtype).astype(np.float32)).reshape(rows, cols)
         for tokens in TOKENS:
             x = torch.randn(tokens, cols)
             file_op = _ops.ggml_mul_mat_vec_a8 if tokens <= 8 else _ops.ggml_mul_mat_a8
-            t_rep = _time(lambda: _ops.ggml_mul_mat_repacked_a8(packed, x, int(qtype), rows))
             t_file = _time(lambda: file_op(blocks, x, int(qtype), rows))
             t_f32 = _time(lambda: F.linear(x, w32))
             row = {"shape": name, "type": qtype.name, "rows": rows, "cols": cols,
-                   "tokens": tokens, "repacked_us": t_rep, "file_layout_us": t_file,
-                   "fp32_linear_us": t_f32, "repacked_vs_file_layout": t_file / t_rep,
-                   "repacked_vs_fp32": t_f32 / t_rep,
-                   "weight_bytes": int(packed.numel()),
-                   "repacked_weight_GBps": packed.numel() / t_rep / 1e3}
+                   "tokens": tokens, "file_layout_us": t_file, "fp32_linear_us": t_f32,
+                   "weight_bytes": int(packed.numel())}
             rows_out.append(row)
-            print(f"{name:18s} {qtype.name:5s} {tokens:3d} {t_rep:12.1f} {t_file:9.1f} "
-                  f"{t_f32:9.1f} {row['repacked_vs_file_layout']:7.2f}x "
-                  f"{row['repacked_vs_fp32']:7.2f}x {row['repacked_weight_GBps']:6.1f}")
+            if repacked:
+                t_rep = _time(lambda: _ops.ggml_mul_mat_repacked_a8(packed, x, int(qtype), rows))
+                row.update(repacked_us=t_rep, repacked_vs_file_layout=t_file / t_rep,
+                           repacked_vs_fp32=t_f32 / t_rep,
+                           repacked_weight_GBps=packed.numel() / t_rep / 1e3)
+                print(f"{name:18s} {qtype.name:5s} {tokens:3d} {t_rep:12.1f} {t_file:9.1f} "
+                      f"{t_f32:9.1f} {row['repacked_vs_file_layout']:7.2f}x "
+                      f"{row['repacked_vs_fp32']:7.2f}x {row['repacked_weight_GBps']:6.1f}")
+            else:  # the engine's kernel for this type is the file-layout one
+                row.update(file_layout_vs_fp32=t_f32 / t_file,
+                           file_layout_weight_GBps=packed.numel() / t_file / 1e3)
+                print(f"{name:18s} {qtype.name:5s} {tokens:3d} {'n/a':>12s} {t_file:9.1f} "
+                      f"{t_f32:9.1f} {'':8s} {row['file_layout_vs_fp32']:7.2f}x "
+                      f"{row['file_layout_weight_GBps']:6.1f} (file layout)")
     doc = {"args": vars(args), "isa": _C.gguf_cpu_isa(),
            "rows": rows_out, "env": environment("cpu")}
     write_json(args.output_json, doc)
