@@ -85,8 +85,15 @@ struct QuantizedActivation {
 //   registers as Q4_K's, nibble 0 of value 64 c + 4 k + e, nibble 1 of value 64 c + 32 + 4 k + e]
 //   [high 2 bits: 2 registers per sub-block j of 32 values; bits 2 m of byte 4 i + e of register
 //   h are those of row i's value 32 j + 4 (4 h + m) + e]. 1680 bytes for 8 rows, as the file's.
+// - Q3_K (256 values u in 0..7, value = d * scale_g * (u - 4), 16 6-bit scales of 16 values):
+//   [8 fp16 d][16 x 8 scales - 32 as int8: byte 8 g + i is row i's][low 2 bits: 2 registers per
+//   sub-block j; bits 2 m of byte 4 i + e of register h are those of row i's value
+//   32 j + 4 (4 h + m) + e][third bits: 1 register per sub-block j; bit k of byte 4 i + e is that
+//   of row i's value 32 j + 4 k + e]. 912 bytes for 8 rows, against the file's 880 (the scales
+//   unpacked from 12 bytes to 16).
 constexpr int repacked_header_bytes(int64_t type) {
   switch (type) {
+    case GgmlType::kQ3_K:
     case GgmlType::kQ6_K: return 144;
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K: return 160;
@@ -98,6 +105,7 @@ constexpr int repacked_header_bytes(int64_t type) {
 constexpr int64_t repacked_group_bytes(int64_t type) {
   switch (type) {
     case GgmlType::kQ6_K: return repacked_header_bytes(type) + 1536;
+    case GgmlType::kQ3_K: return repacked_header_bytes(type) + 768;
     case GgmlType::kQ5_K: return repacked_header_bytes(type) + 1280;
     case GgmlType::kQ4_K: return repacked_header_bytes(type) + 1024;
     case GgmlType::kQ8_0: return repacked_header_bytes(type) + 256;
@@ -109,7 +117,7 @@ constexpr int64_t repacked_group_bytes(int64_t type) {
 constexpr bool has_repacked_layout(int64_t type) {
   return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ5_0 ||
          type == GgmlType::kQ5_1 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K ||
-         type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+         type == GgmlType::kQ3_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
 }
 // Row groups whose weights one pass over the token tiles keeps in the cache (16 groups of Q8_0 at
 // 4096 columns: 557 KB), and the tokens one pass over a group's blocks serves.

@@ -19,13 +19,13 @@ ops (pyorch/_ops.py):
 - the token embedding gathers the looked-up rows' blocks and dequantizes only those
   (`ggml_dequantize`); a tied LM head computes the logits from the same blocks.
 
-- on the CPU, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors whose rows come in
-  groups of 8 are repacked once at load (`repack_blocks`, the layout in cpp/cpu/gguf.cpp;
-  interleaved 8 rows at a time so each row is one SIMD lane; the same bytes per row, Q4_K's 3%
-  and Q5_K's 2% more with their scales unpacked) and multiplied by `ggml_mul_mat_repacked_a8` at
-  every token count. A repacked embedding gathers its looked-up rows back into the file's layout
-  (`repacked_rows`; Q4_0 / Q4_1 / Q8_0 only, any other type's embedding keeps the file layout)
-  before dequantizing them.
+- on the CPU, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K tensors whose rows
+  come in groups of 8 are repacked once at load (`repack_blocks`, the layout in
+  cpp/cpu/gguf.cpp; interleaved 8 rows at a time so each row is one SIMD lane; the same bytes
+  per row, Q4_K's 3%, Q3_K's 4% and Q5_K's 2% more with their scales unpacked) and multiplied
+  by `ggml_mul_mat_repacked_a8` at every token count. A repacked embedding gathers its
+  looked-up rows back into the file's layout (`repacked_rows`; Q4_0 / Q4_1 / Q8_0 only, any
+  other type's embedding keeps the file layout) before dequantizing them.
   `PYORCH_GGUF_CPU_REPACK=0` turns it off.
 
 The loader (pyorch/model_loader/gguf_loader.py) hands each weight over as `ggml_tensor(...)`:
@@ -87,8 +87,8 @@ REPACK_ROWS = 8
 
 
 # Repacked too, each in its own layout (cpp/cpu/gguf.cpp); not read back by row.
-GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 6, 7, 12, 13, 14
-_REPACK_OTHER = (GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K)
+GGML_Q5_0, GGML_Q5_1, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 6, 7, 11, 12, 13, 14
+_REPACK_OTHER = (GGML_Q5_0, GGML_Q5_1, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K)
 
 
 def can_repack(ggml_type: int, rows: int, cols: int) -> bool:
@@ -112,6 +112,8 @@ def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> t
         return _repack_q4_k(data, rows, cols, five_bits=True)
     if ggml_type == GGML_Q6_K:
         return _repack_q6_k(data, rows, cols)
+    if ggml_type == GGML_Q3_K:
+        return _repack_q3_k(data, rows, cols)
     header, quants = REPACK_TYPES[ggml_type]
     groups, blocks = rows // REPACK_ROWS, cols // 32
     x = data.reshape(groups, REPACK_ROWS, blocks, header + quants).transpose(1, 2)
@@ -167,6 +169,40 @@ def _repack_q4_k(data: torch.Tensor, rows: int, cols: int, five_bits: bool = Fal
         bits = (qh >> torch.arange(8).view(8, 1, 1)) & 1  # [G, nb, i, j, k, e]
         packed = (bits << torch.arange(8).view(8, 1)).sum(dim=4)  # [G, nb, i, j, e]
         parts.append(packed.permute(0, 1, 3, 2, 4).reshape(groups, blocks, 256).to(torch.uint8))
+    return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
+
+
+def _repack_q3_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Q3_K blocks (hmask[32], qs[64], 12 bytes of 6-bit scales, d) repacked: per group of 8
+    rows and block, [8 d][scale g - 32 of row i at 8 g + i, int8][2 low-bit registers per
+    sub-block j of 32 values: bits 2 m of byte 4 i + e of register h hold the low 2 bits of row
+    i's value 32 j + 4 (4 h + m) + e][1 high-bit register per sub-block: bit k of byte 4 i + e
+    holds that value's third bit, k = 4 h + m] (912 bytes, the file's 880 with the scales
+    unpacked from 12 bytes to 16). Values u = low | high << 2 in 0..7; the weight is
+    d * scale * (u - 4)."""
+    groups, blocks = rows // REPACK_ROWS, cols // 256
+    x = data.reshape(groups, REPACK_ROWS, blocks, 110).transpose(1, 2)  # [G, nb, 8, 110]
+    hm = x[..., 0:32].to(torch.int32)
+    qs = x[..., 32:96].to(torch.int32).reshape(groups, blocks, REPACK_ROWS, 2, 1, 32)
+    # value e = 128 h + 32 s + l: bits 2 s of qs[32 h + l], bit 4 h + s of hmask[l]
+    low = (qs >> (2 * torch.arange(4).view(4, 1))) & 3  # [.., h, s, l]
+    high = (hm.reshape(groups, blocks, REPACK_ROWS, 1, 32) >> torch.arange(8).view(8, 1)) & 1
+    u = (low.reshape(groups, blocks, REPACK_ROWS, 8, 32) | (high << 2))  # [.., j, 32 values]
+    sc = x[..., 96:108].to(torch.int32)
+    g = torch.arange(16)
+    lo = torch.where(g < 8, sc[..., g % 8] & 15, sc[..., g % 8] >> 4)
+    hi = (sc[..., 8 + (g & 3)] >> (2 * (g >> 2))) & 3
+    scales = ((lo | (hi << 4)) - 32).to(torch.int8)  # [G, nb, 8, 16]
+    v = u.reshape(groups, blocks, REPACK_ROWS, 8, 2, 4, 4)  # [.., i, j, h, m, e]
+    lows = ((v & 3) << (2 * torch.arange(4).view(4, 1))).sum(dim=5)  # [.., i, j, h, e]
+    highs = (((v >> 2) & 1).reshape(groups, blocks, REPACK_ROWS, 8, 8, 4)
+             << torch.arange(8).view(8, 1)).sum(dim=4)  # [.., i, j, e]
+    parts = [
+        x[..., 108:110].reshape(groups, blocks, 16),
+        scales.transpose(-1, -2).reshape(groups, blocks, 128).view(torch.uint8),
+        lows.permute(0, 1, 3, 4, 2, 5).reshape(groups, blocks, 512).to(torch.uint8),
+        highs.permute(0, 1, 3, 2, 4).reshape(groups, blocks, 256).to(torch.uint8),
+    ]
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
 
 
