@@ -1,8 +1,8 @@
 """CPU GGUF products on one layer's weight: the repacked kernel (`ggml_mul_mat_repacked_a8`, what
-the engine runs for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K) against the
+the engine runs for every quantized type) against the
 file-layout kernel (`ggml_mul_mat_vec_a8` up to 8 tokens, `ggml_mul_mat_a8` above) and against
-float32 `F.linear` on the dequantized weight, in one run, at 1 and 16 tokens. Q2_K has no
-repacked kernel: its rows time the file-layout kernel (the engine's) against F.linear.
+float32 `F.linear` on the dequantized weight, in one run, at 1 and 16 tokens. A type without a
+repacked kernel would get file-layout rows only (against F.linear).
 
 Shapes: the default model's (SmolLM2-135M: hidden 576, intermediate 1536, vocabulary 49152) and
 Llama-3-8B's (4096 / 14336). Weights are random GGUF blocks (tests/reference/gguf.make_weight).
@@ -46,7 +46,7 @@ SHAPES = [
     ("llama3-8b down", Q.Q5_K, 4096, 14336),
     ("llama3-8b down", Q.Q6_K, 4096, 14336),
     ("llama3-8b o", Q.Q8_0, 4096, 4096),
-    ("llama3-8b qkv", Q.Q3_K, 6144, 4096),  # no repacked kernel (file layout only)
+    ("llama3-8b qkv", Q.Q3_K, 6144, 4096),
     ("llama3-8b qkv", Q.Q2_K, 6144, 4096),
 ]
 TOKENS = [1, 16]

@@ -91,8 +91,13 @@ struct QuantizedActivation {
 //   32 j + 4 (4 h + m) + e][third bits: 1 register per sub-block j; bit k of byte 4 i + e is that
 //   of row i's value 32 j + 4 k + e]. 912 bytes for 8 rows, against the file's 880 (the scales
 //   unpacked from 12 bytes to 16).
+// - Q2_K (256 values q in 0..3, value = d * scale_g * q - dmin * min_g, 4-bit scales and mins of
+//   16 values): [8 fp16 d][8 fp16 dmin][16 x 8 bytes: byte 8 g + i is row i's scale g (low
+//   nibble) and min g (high nibble), as in the file][low 2 bits: Q3_K's registers]. 672 bytes
+//   for 8 rows, as the file's.
 constexpr int repacked_header_bytes(int64_t type) {
   switch (type) {
+    case GgmlType::kQ2_K: return 160;
     case GgmlType::kQ3_K:
     case GgmlType::kQ6_K: return 144;
     case GgmlType::kQ4_K:
@@ -106,6 +111,7 @@ constexpr int64_t repacked_group_bytes(int64_t type) {
   switch (type) {
     case GgmlType::kQ6_K: return repacked_header_bytes(type) + 1536;
     case GgmlType::kQ3_K: return repacked_header_bytes(type) + 768;
+    case GgmlType::kQ2_K: return repacked_header_bytes(type) + 512;
     case GgmlType::kQ5_K: return repacked_header_bytes(type) + 1280;
     case GgmlType::kQ4_K: return repacked_header_bytes(type) + 1024;
     case GgmlType::kQ8_0: return repacked_header_bytes(type) + 256;
@@ -117,7 +123,8 @@ constexpr int64_t repacked_group_bytes(int64_t type) {
 constexpr bool has_repacked_layout(int64_t type) {
   return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ5_0 ||
          type == GgmlType::kQ5_1 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K ||
-         type == GgmlType::kQ3_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+         type == GgmlType::kQ2_K || type == GgmlType::kQ3_K || type == GgmlType::kQ5_K ||
+         type == GgmlType::kQ6_K;
 }
 // Row groups whose weights one pass over the token tiles keeps in the cache (16 groups of Q8_0 at
 // 4096 columns: 557 KB), and the tokens one pass over a group's blocks serves.

@@ -19,8 +19,8 @@ ops (pyorch/_ops.py):
 - the token embedding gathers the looked-up rows' blocks and dequantizes only those
   (`ggml_dequantize`); a tied LM head computes the logits from the same blocks.
 
-- on the CPU, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K tensors whose rows
-  come in groups of 8 are repacked once at load (`repack_blocks`, the layout in
+- on the CPU, tensors of every quantized type (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K..Q6_K)
+  whose rows come in groups of 8 are repacked once at load (`repack_blocks`, the layout in
   cpp/cpu/gguf.cpp; interleaved 8 rows at a time so each row is one SIMD lane; the same bytes
   per row, Q4_K's 3%, Q3_K's 4% and Q5_K's 2% more with their scales unpacked) and multiplied
   by `ggml_mul_mat_repacked_a8` at every token count. A repacked embedding gathers its
@@ -87,8 +87,9 @@ REPACK_ROWS = 8
 
 
 # Repacked too, each in its own layout (cpp/cpu/gguf.cpp); not read back by row.
-GGML_Q5_0, GGML_Q5_1, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 6, 7, 11, 12, 13, 14
-_REPACK_OTHER = (GGML_Q5_0, GGML_Q5_1, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K)
+GGML_Q5_0, GGML_Q5_1, GGML_Q2_K, GGML_Q3_K = 6, 7, 10, 11
+GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 12, 13, 14
+_REPACK_OTHER = (GGML_Q5_0, GGML_Q5_1, GGML_Q2_K, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K)
 
 
 def can_repack(ggml_type: int, rows: int, cols: int) -> bool:
@@ -114,6 +115,8 @@ def repack_blocks(data: torch.Tensor, ggml_type: int, rows: int, cols: int) -> t
         return _repack_q6_k(data, rows, cols)
     if ggml_type == GGML_Q3_K:
         return _repack_q3_k(data, rows, cols)
+    if ggml_type == GGML_Q2_K:
+        return _repack_q2_k(data, rows, cols)
     header, quants = REPACK_TYPES[ggml_type]
     groups, blocks = rows // REPACK_ROWS, cols // 32
     x = data.reshape(groups, REPACK_ROWS, blocks, header + quants).transpose(1, 2)
@@ -172,6 +175,33 @@ def _repack_q4_k(data: torch.Tensor, rows: int, cols: int, five_bits: bool = Fal
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
 
 
+def _low_bit_registers(low: torch.Tensor) -> torch.Tensor:
+    """2-bit values [G, nb, 8 rows, 8 sub-blocks, 32] as 2 registers per sub-block j: bits 2 m
+    of byte 4 i + e of register h hold row i's value 32 j + 4 (4 h + m) + e. -> [G, nb, 512]."""
+    groups, blocks = low.shape[:2]
+    v = low.reshape(groups, blocks, REPACK_ROWS, 8, 2, 4, 4)  # [.., i, j, h, m, e]
+    packed = (v << (2 * torch.arange(4).view(4, 1))).sum(dim=5)  # [.., i, j, h, e]
+    return packed.permute(0, 1, 3, 4, 2, 5).reshape(groups, blocks, 512).to(torch.uint8)
+
+
+def _repack_q2_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Q2_K blocks (16 scale/min bytes, qs[64], d, dmin) repacked: per group of 8 rows and block,
+    [8 d][8 dmin][scale byte g of row i at 8 g + i (scale in the low nibble, min in the high, as
+    in the file)][2 low-bit registers per sub-block of 32 values, as Q3_K's] (672 bytes, the
+    file's). The weight is d * scale * q - dmin * min, q in 0..3."""
+    groups, blocks = rows // REPACK_ROWS, cols // 256
+    x = data.reshape(groups, REPACK_ROWS, blocks, 84).transpose(1, 2)  # [G, nb, 8, 84]
+    qs = x[..., 16:80].to(torch.int32).reshape(groups, blocks, REPACK_ROWS, 2, 1, 32)
+    low = ((qs >> (2 * torch.arange(4).view(4, 1))) & 3).reshape(groups, blocks, REPACK_ROWS, 8, 32)
+    parts = [
+        x[..., 80:82].reshape(groups, blocks, 16),
+        x[..., 82:84].reshape(groups, blocks, 16),
+        x[..., 0:16].transpose(-1, -2).reshape(groups, blocks, 128),
+        _low_bit_registers(low),
+    ]
+    return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()
+
+
 def _repack_q3_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Q3_K blocks (hmask[32], qs[64], 12 bytes of 6-bit scales, d) repacked: per group of 8
     rows and block, [8 d][scale g - 32 of row i at 8 g + i, int8][2 low-bit registers per
@@ -193,14 +223,12 @@ def _repack_q3_k(data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     lo = torch.where(g < 8, sc[..., g % 8] & 15, sc[..., g % 8] >> 4)
     hi = (sc[..., 8 + (g & 3)] >> (2 * (g >> 2))) & 3
     scales = ((lo | (hi << 4)) - 32).to(torch.int8)  # [G, nb, 8, 16]
-    v = u.reshape(groups, blocks, REPACK_ROWS, 8, 2, 4, 4)  # [.., i, j, h, m, e]
-    lows = ((v & 3) << (2 * torch.arange(4).view(4, 1))).sum(dim=5)  # [.., i, j, h, e]
-    highs = (((v >> 2) & 1).reshape(groups, blocks, REPACK_ROWS, 8, 8, 4)
+    highs = (((u >> 2) & 1).reshape(groups, blocks, REPACK_ROWS, 8, 8, 4)
              << torch.arange(8).view(8, 1)).sum(dim=4)  # [.., i, j, e]
     parts = [
         x[..., 108:110].reshape(groups, blocks, 16),
         scales.transpose(-1, -2).reshape(groups, blocks, 128).view(torch.uint8),
-        lows.permute(0, 1, 3, 4, 2, 5).reshape(groups, blocks, 512).to(torch.uint8),
+        _low_bit_registers(u & 3),
         highs.permute(0, 1, 3, 2, 4).reshape(groups, blocks, 256).to(torch.uint8),
     ]
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()

@@ -163,7 +163,7 @@ def test_gguf_cpu_isa_refuses_unknown_names() -> None:
 
 
 # ---- the CPU's repacked layout (ggml_mul_mat_repacked_a8) ---------------------------------------
-REPACK_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+REPACK_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 @pytest.mark.parametrize("qtype", REPACK_TYPES, ids=lambda q: q.name)
@@ -211,10 +211,13 @@ def test_ggml_mul_mat_repacked_strided_rows_and_outliers(cpu_isa: str, qtype: Q)
 def test_ggml_mul_mat_repacked_refuses_bad_input() -> None:
     raw = torch.from_numpy(ref.make_weight(Q.Q4_1, 16, 64, np.random.default_rng(3)))
     x = torch.randn(2, 64)
-    with pytest.raises(RuntimeError, match="Q2_K has no repacked layout"):
-        _ops.ggml_mul_mat_repacked_a8(
-            torch.from_numpy(ref.make_weight(Q.Q2_K, 16, 256, np.random.default_rng(4))),
-            torch.randn(2, 256), int(Q.Q2_K), 16)
+    # every quantized type with a product kernel has a repacked layout; float types have neither
+    with pytest.raises(RuntimeError, match="F16 has no product kernel"):
+        _ops.ggml_mul_mat_repacked_a8(torch.zeros(16, 512, dtype=torch.uint8),
+                                      torch.randn(2, 256), int(Q.F16), 16)
+    with pytest.raises(RuntimeError, match="GGML type 16 is not supported"):
+        _ops.ggml_mul_mat_repacked_a8(torch.zeros(16, 512, dtype=torch.uint8),
+                                      torch.randn(2, 256), 16, 16)
     with pytest.raises(RuntimeError, match="row 12 is not a multiple of 8"):
         _ops.ggml_mul_mat_repacked_a8(raw[:12].contiguous(), x, int(Q.Q4_1), 12)
     with pytest.raises(RuntimeError, match="W has 640 bytes, but 8 rows"):

@@ -1,8 +1,8 @@
 """Tiny quantized GGUF models through the engine against their dequantized float reference.
 
 Each file holds random blocks of the types a real GGUF mixes: Q4_K_M- and Q5_K_M-style files
-(Q4_K or Q5_K, with Q6_K for ffn_down, attn_v and the output matrix), a Q3_K_M-style one (Q3_K,
-with Q5_K / Q4_K / Q6_K where llama.cpp keeps more bits) and legacy ones (Q4_0 / Q4_1 / Q8_0;
+(Q4_K or Q5_K, with Q6_K for ffn_down, attn_v and the output matrix), Q3_K_M- and Q2_K-style
+ones (Q3_K / Q2_K, with more bits where llama.cpp keeps them) and legacy ones (Q4_0 / Q4_1 / Q8_0;
 Q5_0 / Q5_1). On the
 CPU every such tensor is repacked at load and the decoder layers run `forward_fused`
 (ggml_mul_mat_repacked_fused); the reference is transformers' model holding the same blocks
@@ -30,6 +30,9 @@ MIXES = {
     "q5_k_m": {"attn_q": Q.Q5_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_K,
                "ffn_gate": Q.Q5_K, "ffn_up": Q.Q5_K, "ffn_down": Q.Q6_K, "output": Q.Q6_K,
                "token_embd": Q.Q5_K},
+    "q2_k": {"attn_q": Q.Q2_K, "attn_k": Q.Q2_K, "attn_v": Q.Q3_K, "attn_output": Q.Q3_K,
+             "ffn_gate": Q.Q2_K, "ffn_up": Q.Q2_K, "ffn_down": Q.Q3_K, "output": Q.Q6_K,
+             "token_embd": Q.Q2_K},
     "q3_k_m": {"attn_q": Q.Q3_K, "attn_k": Q.Q3_K, "attn_v": Q.Q5_K, "attn_output": Q.Q4_K,
                "ffn_gate": Q.Q3_K, "ffn_up": Q.Q3_K, "ffn_down": Q.Q5_K, "output": Q.Q6_K,
                "token_embd": Q.Q3_K},

@@ -265,7 +265,7 @@ def test_repack_blocks_layout_and_inverse(qtype: Q) -> None:
     ids = torch.tensor([23, 0, 9, 9, 16])
     assert torch.equal(gguf_method.repacked_rows(packed, int(qtype), rows, cols, ids), raw[ids])
     assert not gguf_method.can_repack(int(qtype), 20, cols)
-    assert not gguf_method.can_repack(int(Q.Q2_K), 24, 256)
+    assert not gguf_method.can_repack(int(Q.F16), 24, 256)
     with pytest.raises(ValueError, match="no repacked layout for 20 rows"):
         gguf_method.repack_blocks(raw[:20], int(qtype), 20, cols)
 
@@ -324,7 +324,8 @@ def test_repacked_tied_embedding_gathers_rows_and_computes_logits() -> None:
 
 
 @pytest.mark.parametrize("qtype,group_bytes",
-                         [(Q.Q3_K, 912), (Q.Q4_K, 1184), (Q.Q5_K, 1440), (Q.Q6_K, 1680)])
+                         [(Q.Q2_K, 672), (Q.Q3_K, 912), (Q.Q4_K, 1184), (Q.Q5_K, 1440),
+                          (Q.Q6_K, 1680)])
 def test_k_quant_layers_repack_and_their_embeddings_keep_the_file_layout(
     qtype: Q, group_bytes: int
 ) -> None:
