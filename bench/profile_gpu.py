@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--quantization", default=None,
+                        help="as the engine's --quantization (e.g. fp8: online dynamic fp8)")
+    parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--phase", choices=("decode", "prefill"), default="decode",
                         help="decode: steady decode once every prompt is in; prefill: the steps "
                              "that take the prompts in (after two warm-up steps)")
@@ -50,7 +53,8 @@ def main() -> None:
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, async_scheduling=args.async_scheduling,
-        tensor_parallel_size=args.tensor_parallel_size))
+        tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.config.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)

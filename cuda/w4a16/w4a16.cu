@@ -21,8 +21,12 @@ std::atomic<int> g_kernel{static_cast<int>(W4A16Kernel::kStream)};
 // deeper rings cost resident thread blocks (shared memory), and the time follows the number of
 // resident warps, not the bytes in flight.
 std::atomic<int> g_stream_stages{2};
-// The stream kernel's activation prefetch (set_w4a16_prefetch_acts): off until an A/B on a GPU.
-std::atomic<bool> g_prefetch_acts{false};
+// The stream kernel's activation prefetch (set_w4a16_prefetch_acts). H100 A/B, two runs each
+// (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/prefetch_acts_ab_20261127/), on / off: 70B gate_up
+// M = 1 140 / 139 against 157 / 154 us; 8B chain M = 8 3.36 / 3.36 against 3.50 / 3.50 ms, M = 16
+// 5.40 / 5.40 against 5.51 / 5.50; 8B chain M = 1 3.14 / 3.17 against 2.99 / 3.21 (within the
+// spread). Every check passed with it on.
+std::atomic<bool> g_prefetch_acts{true};
 // Fewest k-blocks (64 rows each) one split streams: shorter ones spend more on the partials.
 constexpr int64_t kW4MinBlocksPerSplit = 2;
 // k-blocks each warp keeps requested from L2 ahead of its register stages (set_w4a16_l2_prefetch).

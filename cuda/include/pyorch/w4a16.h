@@ -79,7 +79,7 @@ W4A16Kernel w4a16_kernel();
 void set_w4a16_stream_stages(int stages);
 int w4a16_stream_stages();
 // Whether the stream kernel loads the next k-block's activations before it dequantizes and
-// multiplies the current one (default off until measured: bench_w4a16 --prefetch-acts 0|1).
+// multiplies the current one (default on since the H100 A/B of bench_w4a16 --prefetch-acts 0|1).
 // An ncu profile of the default (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/ncu_20261127) had
 // half of each warp's cycles stalled on these loads, issued just before their use.
 void set_w4a16_prefetch_acts(bool on);
