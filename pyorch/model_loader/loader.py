@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -14,11 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from pyorch.layers.quantization import QuantizeMethodBase
+from pyorch.layers.quantization import QuantizeMethodBase, online_weights_on_meta
 from pyorch.model_loader.config import is_gguf
 from pyorch.model_loader.gguf_loader import iterate_gguf_weights
+from pyorch.model_loader.layerwise import PROCESSED_ATTR, LayerwiseQuantizer
 from pyorch.model_loader.quant_config import get_quant_config
 from pyorch.model_loader.weight_utils import (
+    dummy_filler,
     initialize_dummy_weights,
     iterate_pt_weights,
     iterate_safetensors_weights,
@@ -26,6 +29,8 @@ from pyorch.model_loader.weight_utils import (
     pt_files,
     safetensors_files,
 )
+
+logger = logging.getLogger(__name__)
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
 
@@ -190,12 +195,18 @@ def get_model(model_config: Any) -> nn.Module:
         raise ValueError(f"unknown load_format {load_format!r}; use one of {LOAD_FORMATS}")
     model_cls = _resolve_model_class(list(getattr(hf_config, "architectures", None) or []))
     quant_config = get_quant_config(model_config)
-    with _default_dtype(dtype), device:
+    # Float weights that are quantized at load start on the meta device (layerwise.py).
+    with _default_dtype(dtype), device, online_weights_on_meta():
         model = model_cls(hf_config, quant_config=quant_config) if quant_config else \
             model_cls(hf_config)
+    layerwise = LayerwiseQuantizer(model, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     if load_format == "dummy":
         seed = getattr(model_config, "seed", None)
         initialize_dummy_weights(model, seed=0 if seed is None else seed)
+        with torch.no_grad():
+            layerwise.fill_dummy(dummy_filler(seed=0 if seed is None else seed))
     else:
         weights = get_weights_iterator(
             model_config.model, load_format, getattr(model_config, "revision", None)
@@ -203,15 +214,30 @@ def get_model(model_config: Any) -> nn.Module:
         with torch.no_grad():
             # KV-cache scales go to the Attention layers, the rest to the model's loader.
             model.load_weights(load_kv_scales(model, weights))
+            layerwise.finish()
     with torch.no_grad():
         process_weights_after_loading(model)
+    if layerwise:
+        _log_layerwise(layerwise, device)
     return model.eval()
+
+
+def _log_layerwise(layerwise: LayerwiseQuantizer, device: torch.device) -> None:
+    mib = 1 << 20
+    peak = ""
+    if device.type == "cuda":
+        peak = (f"; device memory {torch.cuda.memory_allocated(device) / mib:,.0f} MiB after "
+                f"loading, peak {torch.cuda.max_memory_allocated(device) / mib:,.0f} MiB")
+    logger.info("Quantized %d layers as their weights loaded: at most %,.1f MiB of float weights "
+                "in memory at once%s", len(layerwise.layers), layerwise.peak_float_bytes / mib,
+                peak)
 
 
 def process_weights_after_loading(model: nn.Module) -> None:
     """Lets every module's quantization method repack its weights once all are loaded
-    (quantize online, fold merged per-tensor scales, transpose for a kernel, ...)."""
+    (quantize online, fold merged per-tensor scales, transpose for a kernel, ...). Modules the
+    layerwise loader already processed are skipped."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
-        if isinstance(method, QuantizeMethodBase):
+        if isinstance(method, QuantizeMethodBase) and not getattr(module, PROCESSED_ATTR, False):
             method.process_weights_after_loading(module)

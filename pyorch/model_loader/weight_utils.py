@@ -12,7 +12,7 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -142,22 +142,39 @@ def initialize_dummy_weights(
     (parameters named `*scale`, `*scale_inv`, `scales`) are drawn in [high / 2, high) instead:
     a dequantization scale must be positive (the fp8 MoE method re-quantizes each expert's
     gate and up halves to one scale at load, and its quantize op refuses a scale <= 0).
+    Parameters on the meta device (float weights quantized as they load) are skipped: the loader
+    fills those layer by layer with `dummy_filler` (pyorch/model_loader/layerwise.py).
     """
-    generators: dict[torch.device, torch.Generator] = {}
+    fill = dummy_filler(low, high, seed)
     for name, param in model.named_parameters():
+        if not param.is_meta:
+            fill(name, param)
+
+
+def dummy_filler(
+    low: float = -1e-3, high: float = 1e-3, seed: int = 1234
+) -> Callable[[str, torch.Tensor], None]:
+    """`fill(name, param)`: initialize_dummy_weights' draw for one parameter, from one seeded
+    generator per device shared by every call of this filler."""
+    generators: dict[torch.device, torch.Generator] = {}
+
+    def fill(name: str, param: torch.Tensor) -> None:
         if not torch.is_floating_point(param):
-            continue
+            return
         if param.device not in generators:
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
         gen = generators[param.device]
         lo, hi = low, high
         if _is_scale(name):
             lo, hi = max(abs(low), abs(high)) / 2, max(abs(low), abs(high))
-        if param.element_size() < 2:  # fp8 and friends have no uniform_: draw in fp16, cast
-            tmp = torch.empty(param.shape, dtype=torch.float16, device=param.device)
-            param.copy_(tmp.uniform_(lo, hi, generator=gen))
-        else:
-            param.uniform_(lo, hi, generator=gen)
+        with torch.no_grad():
+            if param.element_size() < 2:  # fp8 and friends have no uniform_: draw in fp16, cast
+                tmp = torch.empty(param.shape, dtype=torch.float16, device=param.device)
+                param.copy_(tmp.uniform_(lo, hi, generator=gen))
+            else:
+                param.uniform_(lo, hi, generator=gen)
+
+    return fill
 
 
 def _is_scale(name: str) -> bool:

@@ -26,6 +26,7 @@ from pyorch.layers.quantization import (
     QuantizationConfig,
     QuantizeMethodBase,
     check_moe_unquantized,
+    online_weight_device,
 )
 
 logger = logging.getLogger(__name__)
@@ -126,10 +127,6 @@ class FusedMoE(nn.Module):
                             self.local_num_experts, num_experts, self.local_expert_ids)
         dtype = params_dtype or torch.get_default_dtype()
         e, i, h = self.local_num_experts, self.intermediate_size_per_partition, hidden_size
-        self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(e, h, i, dtype=dtype), requires_grad=False)
-        for param in (self.w13_weight, self.w2_weight):
-            set_weight_attrs(param, {"weight_loader": self.weight_loader})
         # A quantized expert block gets its method's weights (fp8: Fp8MoEMethod); a method that
         # does not cover FusedMoE is refused, never run in the model dtype.
         self.quant_method: QuantizeMethodBase | None = None
@@ -137,8 +134,18 @@ class FusedMoE(nn.Module):
             self.quant_method = quant_config.get_quant_method(self, prefix)
             if self.quant_method is None:
                 check_moe_unquantized(quant_config, prefix)
-            else:
-                self.quant_method.create_weights(self, e, h, i, dtype)
+        # The float expert weights (a serialized method replaces them in create_weights); on the
+        # meta device for a method that quantizes them at load (online_weight_device).
+        device = (online_weight_device()
+                  if getattr(self.quant_method, "online_weights_meta", False) else None)
+        self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype, device=device),
+                                       requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device),
+                                      requires_grad=False)
+        for param in (self.w13_weight, self.w2_weight):
+            set_weight_attrs(param, {"weight_loader": self.weight_loader})
+        if self.quant_method is not None:
+            self.quant_method.create_weights(self, e, h, i, dtype)
         if self.quant_method is not None and use_grouped_topk:
             # The quantized methods route with softmax top-k: refuse rather than misroute.
             raise NotImplementedError(

@@ -18,10 +18,11 @@ editing. `get_quantization_config(name)` returns the class; `QUANTIZATION_METHOD
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -42,6 +43,31 @@ class QuantizeMethodBase(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repacks weights once every shard is loaded (e.g. for a kernel's layout). No-op here."""
         return None
+
+
+# Online quantization (a float checkpoint quantized at load, `quantization="fp8"`): while the
+# model loader builds a model under `online_weights_on_meta()`, methods create the float weights
+# they will quantize on the meta device; the loader materializes each layer's weights as its
+# checkpoint tensors arrive and quantizes the layer as soon as they are complete
+# (pyorch/model_loader/layerwise.py), so the whole float model is never in memory at once.
+# Outside it (a layer built by hand, as the tests do) the weights are allocated as usual.
+_ONLINE_WEIGHTS_ON_META = False
+
+
+@contextlib.contextmanager
+def online_weights_on_meta() -> Iterator[None]:
+    global _ONLINE_WEIGHTS_ON_META
+    previous, _ONLINE_WEIGHTS_ON_META = _ONLINE_WEIGHTS_ON_META, True
+    try:
+        yield
+    finally:
+        _ONLINE_WEIGHTS_ON_META = previous
+
+
+def online_weight_device() -> torch.device | None:
+    """Where a method creates the float weights it quantizes after loading: the meta device under
+    `online_weights_on_meta()`, else None (the default device)."""
+    return torch.device("meta") if _ONLINE_WEIGHTS_ON_META else None
 
 
 class QuantizationConfig(ABC):

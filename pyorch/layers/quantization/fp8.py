@@ -42,6 +42,7 @@ from pyorch.layers.quantization import (
     QuantizationConfig,
     QuantizeMethodBase,
     is_layer_skipped,
+    online_weight_device,
     register_quantization_config,
 )
 from pyorch.layers.quantization.utils.w8a8_utils import (
@@ -140,9 +141,11 @@ class Fp8LinearMethod(LinearMethodBase):
         n = sum(output_partition_sizes)
         serialized = self.quant_config.is_checkpoint_fp8_serialized
         weight_dtype = torch.float8_e4m3fn if serialized else params_dtype
+        # Online: the float weight lives only while its layer loads (online_weight_device).
+        device = None if serialized else online_weight_device()
         layer.register_parameter("weight", ModelWeightParameter(
-            torch.empty(n, input_size_per_partition, dtype=weight_dtype), output_dim=0,
-            input_dim=1, weight_loader=loader))
+            torch.empty(n, input_size_per_partition, dtype=weight_dtype, device=device),
+            output_dim=0, input_dim=1, weight_loader=loader))
         if not serialized:
             return
         if self.block:
@@ -215,6 +218,12 @@ class Fp8LinearMethod(LinearMethodBase):
 class Fp8MoEMethod(QuantizeMethodBase):
     """fp8 experts of a FusedMoE layer (see the module docstring)."""
 
+    @property
+    def online_weights_meta(self) -> bool:
+        """FusedMoE creates its float expert weights on the meta device (under the loader's
+        online_weights_on_meta) for a method that quantizes them after loading."""
+        return not self.quant_config.is_checkpoint_fp8_serialized
+
     def __init__(self, quant_config: Fp8Config):
         if quant_config.weight_block_size is not None:
             raise NotImplementedError(
@@ -232,7 +241,9 @@ class Fp8MoEMethod(QuantizeMethodBase):
             raise ValueError(f"fp8 mixture-of-experts layers take bfloat16 activations; the model "
                              f"dtype is {params_dtype} (use --dtype bfloat16)")
         if not self.quant_config.is_checkpoint_fp8_serialized:
-            return  # bf16 weights as loaded; quantized in process_weights_after_loading
+            # bf16 weights as loaded (FusedMoE's w13_weight / w2_weight, on the meta device under
+            # the loader: see online_weights_meta); quantized in process_weights_after_loading.
+            return
         fp8 = _ops.FP8_DTYPE
         shapes = {"w13_weight": (num_experts, 2 * intermediate_size, hidden_size),
                   "w2_weight": (num_experts, hidden_size, intermediate_size)}

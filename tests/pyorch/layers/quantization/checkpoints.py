@@ -30,9 +30,12 @@ def tiny_config(arch: str) -> transformers.PretrainedConfig:
     raise ValueError(arch)
 
 
-def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
+def tiny_model(arch: str, seed: int = 0, num_hidden_layers: int | None = None) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch))
+    config = tiny_config(arch)
+    if num_hidden_layers is not None:
+        config.num_hidden_layers = num_hidden_layers
+    model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # larger than HF's init so that greedy choices are decisive
         for name, p in model.named_parameters():
             if "norm" in name:
