@@ -357,3 +357,45 @@ def test_opcheck(device: str):
         torch.randn(12, 32, device=device, dtype=dtype),
         torch.randperm(12).to(torch.int32).view(6, 2).to(device),
         torch.rand(6, 2, device=device), torch.empty(6, 32, device=device, dtype=dtype)))
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_experts_grouped_releases_each_intermediate(monkeypatch, fp8: bool):
+    """Each buffer is dropped once the next exists (the layer's peak is two neighbours, which
+    the memory profile turns into KV cache): by the un-permute, the permuted rows, the gate_up
+    product and the down GEMM's input are gone."""
+    import weakref
+
+    seen: dict[str, list] = {"gemm_in": [], "gemm_out": []}
+    real = fm._ops
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def moe_grouped_gemm(self, out, inp, *args):
+            seen["gemm_in"].append(weakref.ref(inp))
+            seen["gemm_out"].append(weakref.ref(out))
+            return real.moe_grouped_gemm(out, inp, *args)
+
+        def moe_grouped_unpermute(self, down, *args):
+            seen["alive"] = [r() is not None for r in (*seen["gemm_in"], seen["gemm_out"][0])]
+            return real.moe_grouped_unpermute(down, *args)
+
+    monkeypatch.setattr(fm, "_ops", Spy())
+    num_experts, top_k, hidden, inter, num_tokens = 8, 2, 64, 32, 40
+    x = torch.randn(num_tokens, hidden).to(torch.bfloat16)
+    w13 = torch.randn(num_experts, 2 * inter, hidden) / hidden**0.5
+    w2 = torch.randn(num_experts, hidden, inter) / inter**0.5
+    scales: tuple = (None, None)
+    if fp8:
+        (w13, s13), (w2, s2) = _fp8_weights(w13), _fp8_weights(w2)
+        scales = (s13, s2)
+    else:
+        w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
+    ids = _routing(num_tokens, num_experts, top_k, "cpu")
+    weights = torch.rand(num_tokens, top_k)
+    out = fm.fused_experts_grouped(x, w13, w2, weights, ids, num_experts, None, *scales)
+    assert out.shape == (num_tokens, hidden)
+    # permuted rows, the down GEMM's input (the SiLU output or its fp8 copy), gate_up
+    assert seen["alive"] == [False, False, False]
