@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/reduce.cuh"
 #include "pyorch/custom_all_reduce.h"
 
@@ -278,11 +279,28 @@ __global__ void __launch_bounds__(kFusedNormThreads)
                                Pack* out,           // [num_rows, row_packs]
                                int64_t num_rows, int64_t row_packs, float eps, int64_t max_bytes) {
   constexpr int kElems = PackAcc<T>::kElems;
+  // The kernel after this one (the next layer's GEMM, launched with PDL) may be scheduled now:
+  // its launch and its first weight prefetches overlap this kernel, and its pdl_wait() still
+  // waits for this grid to complete (common/launch.cuh). This kernel itself is launched without
+  // PDL, so everything before it has completed.
+  pdl_launch_dependents();
   const uint32_t flag = next_flag(bufs, rank);
   for (int64_t row = blockIdx.x; row < num_rows; row += gridDim.x) {
     for (int64_t j = threadIdx.x; j < row_packs; j += blockDim.x) {
       const int64_t idx = row * row_packs + j;
       push_to_all<NRANKS>(bufs, rank, flag, max_bytes, idx, input[idx]);
+    }
+  }
+  // The block's first row of residual and the norm weight do not depend on the peers: load them
+  // while the barrier waits (after it, their latency added to the reduction's).
+  Pack first_res[kFusedNormPacks];
+  Pack weights[kFusedNormPacks];
+#pragma unroll
+  for (int k = 0; k < kFusedNormPacks; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < row_packs) {
+      weights[k] = weight[j];
+      if (blockIdx.x < num_rows) first_res[k] = residual[blockIdx.x * row_packs + j];
     }
   }
   block_barrier<NRANKS>(bufs, rank, flag, [](AllReduceSignal* s) { return s->start[blockIdx.x]; });
@@ -298,7 +316,7 @@ __global__ void __launch_bounds__(kFusedNormThreads)
         PackAcc<T> acc;
         sum_pushed<T, NRANKS>(acc, bufs, rank, flag, max_bytes, idx);
         const Pack reduced = acc.get();
-        const Pack res = residual[idx];
+        const Pack res = row == blockIdx.x ? first_res[k] : residual[idx];
         const T* a = reinterpret_cast<const T*>(&reduced);
         const T* r = reinterpret_cast<const T*>(&res);
         T* s = reinterpret_cast<T*>(&kept[k]);
@@ -317,8 +335,7 @@ __global__ void __launch_bounds__(kFusedNormThreads)
     for (int k = 0; k < kFusedNormPacks; ++k) {
       const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (j < row_packs) {
-        const Pack w = weight[j];
-        const T* wv = reinterpret_cast<const T*>(&w);
+        const T* wv = reinterpret_cast<const T*>(&weights[k]);
         const T* s = reinterpret_cast<const T*>(&kept[k]);
         Pack o;
         T* ov = reinterpret_cast<T*>(&o);
