@@ -200,7 +200,7 @@ def get_model(model_config: Any) -> nn.Module:
         model = model_cls(hf_config, quant_config=quant_config) if quant_config else \
             model_cls(hf_config)
     layerwise = LayerwiseQuantizer(model, device)
-    if device.type == "cuda":
+    if layerwise and device.type == "cuda":  # the load's peak, logged below
         torch.cuda.reset_peak_memory_stats(device)
     if load_format == "dummy":
         seed = getattr(model_config, "seed", None)
