@@ -204,9 +204,10 @@ def get_model(model_config: Any) -> nn.Module:
         torch.cuda.reset_peak_memory_stats(device)
     if load_format == "dummy":
         seed = getattr(model_config, "seed", None)
-        initialize_dummy_weights(model, seed=0 if seed is None else seed)
-        with torch.no_grad():
-            layerwise.fill_dummy(dummy_filler(seed=0 if seed is None else seed))
+        seed = 0 if seed is None else seed
+        initialize_dummy_weights(model, seed=seed)
+        with torch.no_grad():  # a stream of its own, not a replay of the one above
+            layerwise.fill_dummy(dummy_filler(seed=seed + 1))
     else:
         weights = get_weights_iterator(
             model_config.model, load_format, getattr(model_config, "revision", None)
