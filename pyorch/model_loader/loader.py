@@ -229,7 +229,7 @@ def _log_layerwise(layerwise: LayerwiseQuantizer, device: torch.device) -> None:
     if device.type == "cuda":
         peak = (f"; device memory {torch.cuda.memory_allocated(device) / mib:,.0f} MiB after "
                 f"loading, peak {torch.cuda.max_memory_allocated(device) / mib:,.0f} MiB")
-    logger.info("Quantized %d layers as their weights loaded: at most %,.1f MiB of float weights "
+    logger.info("Quantized %d layers as their weights loaded: at most %.1f MiB of float weights "
                 "in memory at once%s", len(layerwise.layers), layerwise.peak_float_bytes / mib,
                 peak)
 
