@@ -14,10 +14,17 @@
 //                   GEMMs overlaps one's tail with the next's first loads).
 //   skinny_sweep    every launch configuration (warps, L2 hint, L2 prefetch depth) at
 //                   --sweep-tokens, PDL off, to pick the default.
-//   decode_chain    the per-layer GEMMs of Llama-3-8B x 32 layers + lm_head, one graph, each
-//                   layer with its own weights (15 GB): ours (PDL off / on) vs cuBLAS.
-// Flags: --shapes qkv_proj,o_proj,gate_up,down,lm_head --tokens 1,2,4,8,16 --sweep-tokens 1,8,16
-//        --chain-tokens 1,8,16 --launches 24 --iters 30 --no-sweep --no-chain --json FILE
+//   decode_chain    the per-layer GEMMs of a model (--chain-models: llama3_8b, 32 layers + lm_head,
+//                   15 GB; llama3_70b_tp4, one rank's 80 layers + lm_head, 35 GB), one graph,
+//                   each layer with its own weights: ours (PDL off / on) vs cuBLAS.
+//   chain_by_shape  the same weights one layer shape at a time (all layers' copies in a row).
+//   span_probe      --span-shapes at M = 1, one weight copied to each of --spans-mb (one launch per
+//                   copy): time per launch against the span of memory read.
+// Flags: --shapes qkv_proj,o_proj,gate_up,down,lm_head (or any of kTpShapes: 70b_tp4_qkv, ...)
+//        --tokens 1,2,4,8,16 --sweep-tokens 1,8,16
+//        --chain-models llama3_8b,llama3_70b_tp4 --chain-tokens 1,8,16 --launches 24 --iters 30
+//        --span-shapes gate_up,down --spans-mb 250,1000,4000,16000 --no-sweep --no-chain --json
+//        FILE
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -68,6 +75,41 @@ const std::vector<Shape> kLlamaShapes = {{"qkv_proj", 6144, 4096},
                                          {"down", 4096, 14336},
                                          {"lm_head", 128256, 4096}};
 constexpr int kLlamaLayers = 32;
+
+// One rank's share of Llama-3-70B (hidden 8192, 64 q / 8 kv heads, MLP 28672) under tensor
+// parallelism, and of Llama-3-8B at TP=2: the layers with few output rows (qkv_proj) or a short
+// K (o_proj) that the 8B shapes above do not cover.
+const std::vector<Shape> kTpShapes = {
+    {"70b_tp2_qkv", 5120, 8192},  {"70b_tp2_o", 8192, 4096},   {"70b_tp2_down", 8192, 14336},
+    {"70b_tp4_qkv", 2560, 8192},  {"70b_tp4_o", 8192, 2048},   {"70b_tp4_gate_up", 14336, 8192},
+    {"70b_tp4_down", 8192, 7168}, {"70b_tp8_qkv", 1280, 8192}, {"70b_tp8_o", 8192, 1024},
+    {"70b_tp8_down", 8192, 3584}, {"8b_tp2_qkv", 3072, 4096},  {"8b_tp2_o", 4096, 2048},
+    {"8b_tp2_down", 4096, 7168}};
+
+// The per-layer GEMMs of a model's decode step for bench_chain: its layers and lm_head.
+struct ChainModel {
+  std::string name;
+  std::vector<Shape> layer;  // per layer, in order
+  Shape lm_head;
+  int layers;
+};
+
+const std::vector<ChainModel> kChainModels = {
+    {"llama3_8b",
+     {{"qkv_proj", 6144, 4096},
+      {"o_proj", 4096, 4096},
+      {"gate_up", 28672, 4096},
+      {"down", 4096, 14336}},
+     {"lm_head", 128256, 4096},
+     kLlamaLayers},
+    // One rank of TP=4 (the vocabulary split four ways, as the engine's lm_head is).
+    {"llama3_70b_tp4",
+     {{"qkv_proj", 2560, 8192},
+      {"o_proj", 8192, 2048},
+      {"gate_up", 14336, 8192},
+      {"down", 8192, 7168}},
+     {"lm_head", 32064, 8192},
+     80}};
 
 // Uniform values in [-scale, scale) from a per-element integer hash (a host fill of 15 GB would
 // take minutes).
@@ -267,21 +309,26 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
   }
 }
 
-// The decode step's GEMMs: 32 layers of (qkv_proj, o_proj, gate_up, down) with their own
+// The decode step's GEMMs: the model's layers of (qkv_proj, o_proj, gate_up, down) with their own
 // weights, then lm_head, captured as one graph.
-void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
+void bench_chain(const Bench& b, const ChainModel& model, const std::vector<int64_t>& tokens) {
   int64_t max_m = 1;
   for (int64_t m : tokens) max_m = std::max(max_m, m);
+  int64_t max_k = model.lm_head.k, max_n = model.lm_head.n;
+  for (const Shape& s : model.layer) {
+    max_k = std::max(max_k, s.k);
+    max_n = std::max(max_n, s.n);
+  }
   std::vector<Gemm> chain;
   std::vector<bf16*> allocations;
-  bf16* x_hidden = device_bf16(size_t(max_m) * 14336, 1.f, 11);  // rows of K <= 14336
-  bf16* out = device_bf16(size_t(max_m) * 128256, 0.f, 12);
+  bf16* x_hidden = device_bf16(size_t(max_m) * max_k, 1.f, 11);
+  bf16* out = device_bf16(size_t(max_m) * max_n, 0.f, 12);
   double bytes = 0;
-  for (int layer = 0; layer <= kLlamaLayers; ++layer) {
-    for (size_t i = 0; i < kLlamaShapes.size(); ++i) {
-      const Shape& s = kLlamaShapes[i];
-      const bool is_head = s.name == "lm_head";
-      if (is_head != (layer == kLlamaLayers)) continue;
+  for (int layer = 0; layer <= model.layers; ++layer) {
+    std::vector<Shape> shapes = model.layer;
+    if (layer == model.layers) shapes = {model.lm_head};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Shape& s = shapes[i];
       bf16* w = device_bf16(size_t(s.n) * s.k, 1.f / std::sqrt(float(s.k)), 1000 + layer * 8 + i);
       allocations.push_back(w);
       chain.push_back(Gemm{w, x_hidden, out, 1, s.n, s.k});
@@ -310,6 +357,7 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
       });
       const double floor_ms = bytes / (b.copy_gbs * 1e6);
       b.report->add({{"op", "decode_chain"},
+                     {"model", model.name},
                      {"M", std::to_string(m)},
                      {"num_gemms", std::to_string(chain.size())},
                      {"weight_GB", Report::fmt(bytes / 1e9, 2)},
@@ -322,8 +370,91 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
                      {"speedup", Report::fmt(cublas_ms / ms, 3)}});
     }
   }
+  // The same weights one shape at a time (every layer's copy of it in a row, as one graph): the
+  // per-launch time against the mixed chain's shows what the alternation of shapes costs, and
+  // against skinny_gemm's rows (a few hundred MB of rotating copies) what reading fresh memory
+  // from a span of many GB costs.
+  for (int64_t m : tokens) {
+    for (const Shape& shape : model.layer) {
+      std::vector<Gemm> same;
+      for (const Gemm& g : chain) {
+        if (g.n == shape.n && g.k == shape.k) same.push_back(Gemm{g.w, g.x, g.out, m, g.n, g.k});
+      }
+      auto time_same = [&](const std::function<void(const Gemm&, cudaStream_t)>& launch) {
+        auto body = [&](cudaStream_t st) {
+          for (const Gemm& g : same) launch(g, st);
+        };
+        return 1e3 * graph_ms(body, b.stream, std::max(5, b.iters / 3)) / same.size();
+      };
+      const double cublas_us =
+          time_same([&](const Gemm& g, cudaStream_t st) { run_cublas(b.handle, g, st); });
+      for (int pdl : {0, 1}) {
+        const double us = time_same([&](const Gemm& g, cudaStream_t st) {
+          SkinnyGemmConfig config = pyorch::default_skinny_gemm_config(g.m, g.n, g.k);
+          config.pdl = pdl;
+          run_ours(g, &config, st);
+        });
+        const double floor_us = gemm_bytes(shape, m) / (b.copy_gbs * 1e3);
+        b.report->add({{"op", "chain_by_shape"},
+                       {"model", model.name},
+                       {"shape", shape.name},
+                       {"M", std::to_string(m)},
+                       {"launches", std::to_string(same.size())},
+                       {"pdl", std::to_string(pdl)},
+                       {"time_us", Report::fmt(us)},
+                       {"cublas_us", Report::fmt(cublas_us)},
+                       {"pct_of_copy", Report::fmt(100.0 * floor_us / us, 1)},
+                       {"cublas_pct_of_copy", Report::fmt(100.0 * floor_us / cublas_us, 1)},
+                       {"speedup", Report::fmt(cublas_us / us, 3)}});
+      }
+    }
+  }
   for (bf16* w : allocations) cudaFree(w);
   cudaFree(x_hidden);
+  cudaFree(out);
+}
+
+// One shape's weight copied to span `span_mb` MB, each copy read once in turn (a graph of one
+// launch per copy): how the time per launch changes with the span of memory read, ours (PDL off
+// and on) against cuBLAS.
+void bench_span(const Bench& b, const Shape& s, const std::vector<int64_t>& spans_mb) {
+  const double bytes = 2.0 * s.n * s.k;
+  bf16* x = device_bf16(size_t(16) * s.k, 1.f, 7);
+  bf16* out = device_bf16(size_t(16) * s.n, 0.f, 8);
+  for (int64_t span_mb : spans_mb) {
+    const int copies = std::max(2, static_cast<int>(std::ceil(span_mb * 1e6 / bytes)));
+    std::vector<bf16*> w;
+    for (int c = 0; c < copies; ++c) {
+      w.push_back(device_bf16(size_t(s.n) * s.k, 1.f / std::sqrt(float(s.k)), 500 + c));
+    }
+    BENCH_CHECK(cudaDeviceSynchronize());
+    auto time_all = [&](const std::function<void(int, cudaStream_t)>& launch) {
+      auto body = [&](cudaStream_t st) {
+        for (int c = 0; c < copies; ++c) launch(c, st);
+      };
+      return 1e3 * graph_ms(body, b.stream, std::max(5, b.iters / 3)) / copies;
+    };
+    const double cublas_us = time_all(
+        [&](int c, cudaStream_t st) { run_cublas(b.handle, Gemm{w[c], x, out, 1, s.n, s.k}, st); });
+    for (int pdl : {0, 1}) {
+      const double us = time_all([&](int c, cudaStream_t st) {
+        SkinnyGemmConfig config = pyorch::default_skinny_gemm_config(1, s.n, s.k);
+        config.pdl = pdl;
+        run_ours(Gemm{w[c], x, out, 1, s.n, s.k}, &config, st);
+      });
+      b.report->add({{"op", "span_probe"},
+                     {"shape", s.name},
+                     {"span_MB", std::to_string(static_cast<int64_t>(copies * bytes / 1e6))},
+                     {"copies", std::to_string(copies)},
+                     {"pdl", std::to_string(pdl)},
+                     {"time_us", Report::fmt(us)},
+                     {"cublas_us", Report::fmt(cublas_us)},
+                     {"pct_of_copy", Report::fmt(100.0 * bytes / (us * 1e3) / b.copy_gbs, 1)},
+                     {"speedup", Report::fmt(cublas_us / us, 3)}});
+    }
+    for (bf16* p : w) cudaFree(p);
+  }
+  cudaFree(x);
   cudaFree(out);
 }
 
@@ -370,12 +501,37 @@ int main(int argc, char** argv) {
   const auto tokens = args.list("tokens", {1, 2, 4, 8, 16});
   const auto sweep =
       args.has("no-sweep") ? std::vector<int64_t>{} : args.list("sweep-tokens", {1, 8, 16});
-  for (const Shape& s : kLlamaShapes) {
-    if (std::find(names.begin(), names.end(), s.name) != names.end()) {
-      bench_shape(b, s, tokens, sweep);
+  std::vector<Shape> all_shapes = kLlamaShapes;
+  all_shapes.insert(all_shapes.end(), kTpShapes.begin(), kTpShapes.end());
+  for (const std::string& name : names) {
+    const auto it = std::find_if(all_shapes.begin(), all_shapes.end(),
+                                 [&](const Shape& s) { return s.name == name; });
+    if (it == all_shapes.end()) {
+      std::fprintf(stderr, "bench_gemm: unknown shape %s\n", name.c_str());
+      return 2;
+    }
+    bench_shape(b, *it, tokens, sweep);
+  }
+  for (const std::string& name : args.strs("span-shapes", {})) {
+    const auto it = std::find_if(all_shapes.begin(), all_shapes.end(),
+                                 [&](const Shape& s) { return s.name == name; });
+    if (it == all_shapes.end()) {
+      std::fprintf(stderr, "bench_gemm: unknown shape %s\n", name.c_str());
+      return 2;
+    }
+    bench_span(b, *it, args.list("spans-mb", {250, 1000, 4000, 16000}));
+  }
+  if (!args.has("no-chain")) {
+    for (const std::string& name : args.strs("chain-models", {"llama3_8b"})) {
+      const auto it = std::find_if(kChainModels.begin(), kChainModels.end(),
+                                   [&](const ChainModel& c) { return c.name == name; });
+      if (it == kChainModels.end()) {
+        std::fprintf(stderr, "bench_gemm: unknown chain model %s\n", name.c_str());
+        return 2;
+      }
+      bench_chain(b, *it, args.list("chain-tokens", {1, 8, 16}));
     }
   }
-  if (!args.has("no-chain")) bench_chain(b, args.list("chain-tokens", {1, 8, 16}));
   destroy_cublas(b.handle, workspace);
   return 0;
 }

@@ -26,6 +26,10 @@ int default_prefetch_slices(int pdl) { return pdl > 0 ? 1 : 0; }
 // activation, attention and cache kernels before the engine's GEMMs let them launch early, so
 // the first weight slices are requested while those kernels finish (a chain of back-to-back
 // GEMMs alone measured the same with it or without, within 0.3%).
+// NOTE(gemm): splitting K over a thread-block cluster (2-8 blocks per 16 rows, partials reduced
+// through distributed shared memory) was measured on the tensor-parallel shapes and lost on every
+// one: TP=4 Llama-3-70B qkv_proj 23.6 us at split 4 against 16.3 unsplit
+// (bench/results/NVIDIA_H100_80GB_HBM3/skinny_gemm_tp_20261127/).
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
                                             int64_t input_size) {
   const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
