@@ -2,10 +2,11 @@
 // out[M, N] = x[M, K] @ W[N, K]^T in bf16 with fp32 accumulation; cuBLAS gets the same call
 // torch's F.linear makes (cublasGemmEx, W transposed, CUBLAS_COMPUTE_32F), on the same data.
 //
-// Timing: a CUDA graph of --launches back-to-back launches, rotating over enough copies of W that
-// no launch finds its weight in L2 (>= 200 MB between two reads of one copy); the median replay
-// time over --iters replays, divided by the launch count. Bytes are the weight plus x and out,
-// each counted once; pct_of_copy is against the in-run device-to-device copy (read + write).
+// Timing: a CUDA graph of back-to-back launches (--launches, or one per copy if more), rotating
+// over enough copies of W that no launch finds any of its weight in L2 (>= 2 GB between two reads
+// of one copy); the median replay time over --iters replays, divided by the launch count. Bytes are
+// the weight plus x and out, each counted once; pct_of_copy is against the in-run device-to-device
+// copy (read + write).
 //
 // Sections (rows tagged by `op`):
 //   skinny_gemm     the five Llama-3-8B shapes x --tokens: ours (default config, plain launch)
@@ -16,7 +17,8 @@
 //                   --sweep-tokens, PDL off, to pick the default.
 //   decode_chain    the per-layer GEMMs of a model (--chain-models: llama3_8b, 32 layers + lm_head,
 //                   15 GB; llama3_70b_tp4, one rank's 80 layers + lm_head, 35 GB), one graph,
-//                   each layer with its own weights: ours (PDL off / on) vs cuBLAS.
+//                   each layer with its own weights: ours (PDL off / on; the launcher's picks
+//                   and the earlier ones, picks=legacy) vs cuBLAS.
 //   chain_by_shape  the same weights one layer shape at a time (all layers' copies in a row).
 //   span_probe      --span-shapes at M = 1, one weight copied to each of --spans-mb (one launch per
 //                   copy): time per launch against the span of memory read.
@@ -189,6 +191,12 @@ double rel_err(const bf16* a, const bf16* b, size_t n) {
   return diff / std::max(ref, 1e-30);
 }
 
+// Bytes of weight copies the timed launches rotate over. 200 MB kept every weight out of L2 but
+// flattered the largest layers: two alternating copies of a 235 MB gate_up left part of each in
+// L2 for its next read (our kernel 80.6 us, 87 at 1.4 GB of span or more, where a model's 15 GB
+// of weights are; cuBLAS flat at ~82: skinny_gemm_tp_20261127/span_probe_*). 2 GB is past that.
+constexpr double kRotateSpanBytes = 2e9;
+
 // The weight copies, x and out buffers of one shape at the largest M.
 struct ShapeBuffers {
   std::vector<bf16*> weights;  // each [n, k]
@@ -197,13 +205,16 @@ struct ShapeBuffers {
   bf16* ref;                   // [max_m, n], cuBLAS's result
   ShapeBuffers(const Shape& s, int64_t max_m) {
     const double bytes = 2.0 * s.n * s.k;
-    const int copies = std::max(2, static_cast<int>(std::ceil(200e6 / bytes)) + 1);
+    const int copies = std::max(2, static_cast<int>(std::ceil(kRotateSpanBytes / bytes)) + 1);
     for (int c = 0; c < copies; ++c) {
       weights.push_back(device_bf16(size_t(s.n) * s.k, 1.f / std::sqrt(float(s.k)), 100 + c));
     }
     x = device_bf16(size_t(max_m) * s.k, 1.f, 7);
     out = device_bf16(size_t(max_m) * s.n, 0.f, 8);
     ref = device_bf16(size_t(max_m) * s.n, 0.f, 9);
+    // The fills ran on the legacy stream, which the benchmark's non-blocking stream does not wait
+    // for: without this, cuBLAS's reference could read a weight or x still being written.
+    BENCH_CHECK(cudaDeviceSynchronize());
   }
   ~ShapeBuffers() {
     for (bf16* w : weights) cudaFree(w);
@@ -224,12 +235,14 @@ struct Bench {
 // Microseconds per launch of `launch(gemm)` over the rotating weight copies.
 double time_per_launch(const Bench& b, const ShapeBuffers& buf, const Shape& s, int64_t m,
                        const std::function<void(const Gemm&, cudaStream_t)>& launch) {
+  // At least one launch per copy, so that every replay reads the whole span.
+  const int launches = std::max(b.launches, static_cast<int>(buf.weights.size()));
   auto body = [&](cudaStream_t st) {
-    for (int i = 0; i < b.launches; ++i) {
+    for (int i = 0; i < launches; ++i) {
       launch(Gemm{buf.weights[i % buf.weights.size()], buf.x, buf.out, m, s.n, s.k}, st);
     }
   };
-  return 1e3 * graph_ms(body, b.stream, b.iters) / b.launches;
+  return 1e3 * graph_ms(body, b.stream, b.iters) / launches;
 }
 
 double gemm_bytes(const Shape& s, int64_t m) { return 2.0 * (s.n * s.k + m * s.k + m * s.n); }
@@ -309,6 +322,24 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
   }
 }
 
+// The launch configuration default_skinny_gemm_config returned before the 2 GB-span sweep
+// (skinny_gemm_tp_20261127/): 4 warps and the L2::256B hint, 8 warps from K = 8192, no hint and
+// 4 warps past 8 tokens, 16 warps without the hint from 4096 blocks.
+SkinnyGemmConfig legacy_config(int64_t m, int64_t n, int64_t k) {
+  SkinnyGemmConfig config = pyorch::default_skinny_gemm_config(m, n, k);
+  if ((n + 15) / 16 >= 4096) {
+    config.num_warps = 16;
+    config.l2_prefetch = 0;
+  } else if (m > 8) {
+    config.num_warps = 4;
+    config.l2_prefetch = 0;
+  } else {
+    config.num_warps = k >= 8192 ? 8 : 4;
+    config.l2_prefetch = 1;
+  }
+  return config;
+}
+
 // The decode step's GEMMs: the model's layers of (qkv_proj, o_proj, gate_up, down) with their own
 // weights, then lm_head, captured as one graph.
 void bench_chain(const Bench& b, const ChainModel& model, const std::vector<int64_t>& tokens) {
@@ -348,26 +379,31 @@ void bench_chain(const Bench& b, const ChainModel& model, const std::vector<int6
     };
     const double cublas_ms =
         time_chain([&](const Gemm& g, cudaStream_t st) { run_cublas(b.handle, g, st); });
-    // PDL off, on, and on again: the last two rows show the run-to-run spread.
-    for (int pdl : {0, 1, 1}) {
-      const double ms = time_chain([&](const Gemm& g, cudaStream_t st) {
-        SkinnyGemmConfig config = pyorch::default_skinny_gemm_config(g.m, g.n, g.k);
-        config.pdl = pdl;
-        run_ours(g, &config, st);
-      });
-      const double floor_ms = bytes / (b.copy_gbs * 1e6);
-      b.report->add({{"op", "decode_chain"},
-                     {"model", model.name},
-                     {"M", std::to_string(m)},
-                     {"num_gemms", std::to_string(chain.size())},
-                     {"weight_GB", Report::fmt(bytes / 1e9, 2)},
-                     {"pdl", std::to_string(pdl)},
-                     {"time_ms", Report::fmt(ms, 3)},
-                     {"cublas_ms", Report::fmt(cublas_ms, 3)},
-                     {"copy_floor_ms", Report::fmt(floor_ms, 3)},
-                     {"pct_of_copy", Report::fmt(100.0 * floor_ms / ms, 1)},
-                     {"cublas_pct_of_copy", Report::fmt(100.0 * floor_ms / cublas_ms, 1)},
-                     {"speedup", Report::fmt(cublas_ms / ms, 3)}});
+    // PDL off, on, and on again (the last two rows show the run-to-run spread), with the
+    // launcher's picks and with the picks it had before the 2 GB-span sweep (legacy_config).
+    for (const bool legacy : {false, true}) {
+      for (int pdl : {0, 1, 1}) {
+        const double ms = time_chain([&](const Gemm& g, cudaStream_t st) {
+          SkinnyGemmConfig config = legacy ? legacy_config(g.m, g.n, g.k)
+                                           : pyorch::default_skinny_gemm_config(g.m, g.n, g.k);
+          config.pdl = pdl;
+          run_ours(g, &config, st);
+        });
+        const double floor_ms = bytes / (b.copy_gbs * 1e6);
+        b.report->add({{"op", "decode_chain"},
+                       {"model", model.name},
+                       {"picks", legacy ? "legacy" : "default"},
+                       {"M", std::to_string(m)},
+                       {"num_gemms", std::to_string(chain.size())},
+                       {"weight_GB", Report::fmt(bytes / 1e9, 2)},
+                       {"pdl", std::to_string(pdl)},
+                       {"time_ms", Report::fmt(ms, 3)},
+                       {"cublas_ms", Report::fmt(cublas_ms, 3)},
+                       {"copy_floor_ms", Report::fmt(floor_ms, 3)},
+                       {"pct_of_copy", Report::fmt(100.0 * floor_ms / ms, 1)},
+                       {"cublas_pct_of_copy", Report::fmt(100.0 * floor_ms / cublas_ms, 1)},
+                       {"speedup", Report::fmt(cublas_ms / ms, 3)}});
+      }
     }
   }
   // The same weights one shape at a time (every layer's copy of it in a row, as one graph): the
@@ -436,17 +472,20 @@ void bench_span(const Bench& b, const Shape& s, const std::vector<int64_t>& span
     };
     const double cublas_us = time_all(
         [&](int c, cudaStream_t st) { run_cublas(b.handle, Gemm{w[c], x, out, 1, s.n, s.k}, st); });
-    for (int pdl : {0, 1}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      // 0: the default config; 1: with PDL; 2: the other L2 hint setting
+      const int pdl = variant == 1 ? 1 : 0;
       const double us = time_all([&](int c, cudaStream_t st) {
         SkinnyGemmConfig config = pyorch::default_skinny_gemm_config(1, s.n, s.k);
         config.pdl = pdl;
+        if (variant == 2) config.l2_prefetch = config.l2_prefetch > 0 ? 0 : 1;
         run_ours(Gemm{w[c], x, out, 1, s.n, s.k}, &config, st);
       });
       b.report->add({{"op", "span_probe"},
                      {"shape", s.name},
                      {"span_MB", std::to_string(static_cast<int64_t>(copies * bytes / 1e6))},
                      {"copies", std::to_string(copies)},
-                     {"pdl", std::to_string(pdl)},
+                     {"variant", std::to_string(variant)},
                      {"time_us", Report::fmt(us)},
                      {"cublas_us", Report::fmt(cublas_us)},
                      {"pct_of_copy", Report::fmt(100.0 * bytes / (us * 1e3) / b.copy_gbs, 1)},

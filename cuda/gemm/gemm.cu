@@ -15,17 +15,25 @@ int default_prefetch_slices(int pdl) { return pdl > 0 ? 1 : 0; }
 
 }  // namespace
 
-// Picked from bench_gemm's sweep on an H100 (bench/results/NVIDIA_H100_80GB_HBM3/bench_gemm.txt,
-// % of copy bandwidth at M = 1 / 8). A few hundred to a few thousand blocks (Llama-3-8B's
-// qkv_proj, o_proj, gate_up) stream best with 4 warps each and the L2::256B hint, which fetches
-// a row's whole 256-byte slice segment per request: 91.9 / 91.7, 84.7 / 84.4, 97.6 / 97.8.
-// Long rows (down, K = 14336) with 8 warps and the hint: 97.7 / 96.7. The LM head's 8016 blocks
-// with 16 warps and no hint: 102.0 / 99.6. Past 8 tokens the x fragments double and the hint
-// stops paying (M = 16, 4 warps: qkv_proj 85.6 without, 83.8 with). Deeper L2 prefetch (4
-// slices per warp) was slower on every shape. PDL is on wherever pdl_enabled(): the norm,
-// activation, attention and cache kernels before the engine's GEMMs let them launch early, so
-// the first weight slices are requested while those kernels finish (a chain of back-to-back
-// GEMMs alone measured the same with it or without, within 0.3%).
+// Picked from bench_gemm's sweep on an H100 with the weights read from a 2 GB span, as a model's
+// are (bench/results/NVIDIA_H100_80GB_HBM3/skinny_gemm_tp_20261127/sweep_2gb.txt: Llama-3-8B and
+// one rank's Llama-3-70B at TP=2/4/8, M = 1 / 8 / 16). An earlier sweep over 200 MB of copies
+// (bench_gemm.txt) favoured the L2::256B hint and 4 warps on the large layers: there part of each
+// weight was still in L2 from its last read, which never happens in a decode step. Times in us at
+// M = 1, new pick against that earlier one:
+// - >= 4096 blocks (an LM head): 16 warps, no hint (unchanged).
+// - >= 768 blocks (the MLP's gate_up): 16 warps, no hint: 8B gate_up 79.9 against 87.0, TP=4
+//   70B gate_up 83.0 against 86.5.
+// - >= 512 blocks (TP o_proj / down of 70B): 8 warps, no hint (4 where K < 2048): TP=4 o_proj
+//   14.1 against 14.7, TP=8 o_proj 8.3 against 9.0, TP=4 down 42.9 against 43.5.
+// - fewer: 4 warps and the hint (the hint fetches a row's whole 256-byte slice segment per
+//   request), 8 warps below 256 blocks with K >= 8192 (TP=4 qkv_proj 17.3): TP=2 qkv_proj 31.5
+//   against 33.9 with 8, 8B down 41.9 against 43.5.
+// Past 8 tokens the x fragments double and the hint stops paying: 4 warps without it, 8 from 512
+// blocks with K >= 2048 or below 256 blocks with K >= 8192 (TP=8 qkv_proj at M = 16: 11.6 against
+// 15.5). Deeper L2 prefetch (4 slices per warp) was slower on every shape. PDL is on wherever
+// pdl_enabled(): the norm, activation, attention and cache kernels before the engine's GEMMs let
+// them launch early, so the first weight slices are requested while those kernels finish.
 // NOTE(gemm): splitting K over a thread-block cluster (2-8 blocks per 16 rows, partials reduced
 // through distributed shared memory) was measured on the tensor-parallel shapes and lost on every
 // one: TP=4 Llama-3-70B qkv_proj 23.6 us at split 4 against 16.3 unsplit
@@ -33,15 +41,19 @@ int default_prefetch_slices(int pdl) { return pdl > 0 ? 1 : 0; }
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
                                             int64_t input_size) {
   const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
+  const bool few_long_rows = num_blocks < 256 && input_size >= 8192;
   SkinnyGemmConfig config;
+  config.l2_prefetch = 0;
   if (num_blocks >= 4096) {
     config.num_warps = 16;
-    config.l2_prefetch = 0;
   } else if (num_tokens > kernels::kSkinnyTileTokens) {
-    config.num_warps = 4;
-    config.l2_prefetch = 0;
+    config.num_warps = few_long_rows || (num_blocks >= 512 && input_size >= 2048) ? 8 : 4;
+  } else if (num_blocks >= 768) {
+    config.num_warps = 16;
+  } else if (num_blocks >= 512) {
+    config.num_warps = input_size >= 2048 ? 8 : 4;
   } else {
-    config.num_warps = input_size >= 8192 ? 8 : 4;
+    config.num_warps = few_long_rows ? 8 : 4;
     config.l2_prefetch = 1;
   }
   config.pdl = pdl_enabled() ? 1 : 0;
