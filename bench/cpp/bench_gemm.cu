@@ -20,6 +20,8 @@
 //                   each layer with its own weights: ours (PDL off / on; the launcher's picks
 //                   and the earlier ones, picks=legacy) vs cuBLAS.
 //   chain_by_shape  the same weights one layer shape at a time (all layers' copies in a row).
+//   fused_sweep     --fused-shapes at --fused-tokens (default 1,8): skinny_gemm_fused's forms
+//                   (normed store, normed / plain SiLU-and-mul, add), the pick and every config.
 //   span_probe      --span-shapes at M = 1, one weight copied to each of --spans-mb (one launch per
 //                   copy): time per launch against the span of memory read.
 // Flags: --shapes qkv_proj,o_proj,gate_up,down,lm_head (or any of kTpShapes: 70b_tp4_qkv, ...)
@@ -262,6 +264,59 @@ std::pair<double, double> measure_ours(const Bench& b, const ShapeBuffers& buf, 
   const double us = time_per_launch(
       b, buf, s, m, [&](const Gemm& g, cudaStream_t st) { run_ours(g, &config, st); });
   return {us, err};
+}
+
+// The fused forms the engine runs (skinny_gemm_fused) on one shape over the same 2 GB rotation:
+// normed store (qkv_proj), normed and plain SiLU-and-mul ([gate; up] paired rows), the residual
+// add (o_proj / down); the launcher's pick against every (warps, L2 hint) at PDL off.
+void bench_fused(const Bench& b, const Shape& s, const std::vector<int64_t>& tokens) {
+  int64_t max_m = 1;
+  for (int64_t m : tokens) max_m = std::max(max_m, m);
+  ShapeBuffers buf(s, max_m);
+  bf16* norm = device_bf16(size_t(s.k), 1.f, 13);
+  BENCH_CHECK(cudaDeviceSynchronize());
+  struct Form {
+    const char* name;
+    pyorch::SkinnyGemmEpilogue epilogue;
+    bool norm;
+  };
+  using E = pyorch::SkinnyGemmEpilogue;
+  const Form forms[] = {{"norm_store", E::kStore, true},
+                        {"norm_silu_mul", E::kSiluMul, true},
+                        {"silu_mul", E::kSiluMul, false},
+                        {"add", E::kAdd, false}};
+  for (int64_t m : tokens) {
+    for (const Form& f : forms) {
+      const int64_t cols = f.epilogue == E::kSiluMul ? s.n / 2 : s.n;
+      auto time_config = [&](const SkinnyGemmConfig* config) {
+        return time_per_launch(b, buf, s, m, [&](const Gemm& g, cudaStream_t st) {
+          BENCH_CHECK(pyorch::skinny_gemm_fused(g.out, g.x, g.w, nullptr, f.norm ? norm : nullptr,
+                                                1e-5f, f.epilogue, pyorch::DType::kBFloat16, g.m,
+                                                g.n, g.k, cols, g.k, st, config));
+        });
+      };
+      SkinnyGemmConfig picked = pyorch::default_skinny_gemm_config(m, s.n, s.k, f.norm);
+      picked.pdl = 0;
+      const double picked_us = time_config(&picked);
+      for (int warps : {4, 8, 16}) {
+        for (int l2 : {0, 1}) {
+          const SkinnyGemmConfig config{warps, l2, 1, 0};
+          const double us = time_config(&config);
+          b.report->add({{"op", "fused_sweep"},
+                         {"shape", s.name},
+                         {"form", f.name},
+                         {"M", std::to_string(m)},
+                         {"config", config_name(config)},
+                         {"time_us", Report::fmt(us)},
+                         {"picked", config_name(picked)},
+                         {"picked_us", Report::fmt(picked_us)},
+                         {"pct_of_copy",
+                          Report::fmt(100.0 * gemm_bytes(s, m) / (us * 1e3) / b.copy_gbs, 1)}});
+        }
+      }
+    }
+  }
+  cudaFree(norm);
 }
 
 void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tokens,
@@ -550,6 +605,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     bench_shape(b, *it, tokens, sweep);
+  }
+  for (const std::string& name : args.strs("fused-shapes", {})) {
+    const auto it = std::find_if(all_shapes.begin(), all_shapes.end(),
+                                 [&](const Shape& s) { return s.name == name; });
+    if (it == all_shapes.end()) {
+      std::fprintf(stderr, "bench_gemm: unknown shape %s\n", name.c_str());
+      return 2;
+    }
+    bench_fused(b, *it, args.list("fused-tokens", {1, 8}));
   }
   for (const std::string& name : args.strs("span-shapes", {})) {
     const auto it = std::find_if(all_shapes.begin(), all_shapes.end(),

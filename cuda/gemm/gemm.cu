@@ -38,8 +38,13 @@ int default_prefetch_slices(int pdl) { return pdl > 0 ? 1 : 0; }
 // through distributed shared memory) was measured on the tensor-parallel shapes and lost on every
 // one: TP=4 Llama-3-70B qkv_proj 23.6 us at split 4 against 16.3 unsplit
 // (bench/results/NVIDIA_H100_80GB_HBM3/skinny_gemm_tp_20261127/).
+// A normed input (norm_weight) changes the picks at M <= 8 (fused_sweep rows of
+// skinny_gemm_tp_20261127/fused_sweep.txt): the per-slice norm math favours the L2 hint and fewer
+// warps. 8 warps from 768 blocks or K >= 8192, else 4, always with the hint: the single-GPU
+// decode's normed gate_up + SiLU 81.4 us against 82.1 with 16 warps and no hint (M = 8: 81.7
+// against 83.6); a normed TP=4 o_proj 14.7 against 16.1 with 8 warps, no hint.
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
-                                            int64_t input_size) {
+                                            int64_t input_size, bool normed) {
   const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
   const bool few_long_rows = num_blocks < 256 && input_size >= 8192;
   SkinnyGemmConfig config;
@@ -48,6 +53,9 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
     config.num_warps = 16;
   } else if (num_tokens > kernels::kSkinnyTileTokens) {
     config.num_warps = few_long_rows || (num_blocks >= 512 && input_size >= 2048) ? 8 : 4;
+  } else if (normed) {
+    config.num_warps = num_blocks >= 768 || input_size >= 8192 ? 8 : 4;
+    config.l2_prefetch = 1;
   } else if (num_blocks >= 768) {
     config.num_warps = 16;
   } else if (num_blocks >= 512) {
@@ -133,7 +141,8 @@ cudaError_t launch_skinny_gemm(void* out, const void* input, const void* weight,
   if (norm_weight != nullptr && input_size == 0) {
     PYORCH_INVALID("skinny_gemm: a normed input needs input_size > 0");
   }
-  SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size);
+  SkinnyGemmConfig cfg =
+      default_skinny_gemm_config(num_tokens, output_size, input_size, norm_weight != nullptr);
   if (fused_pdl_default) cfg.pdl = 0;
   int prefetch_slices = -1;
   if (config != nullptr) {  // the caller's non-default fields win

@@ -24,9 +24,10 @@ struct SkinnyGemmConfig {
                  // weight stream starts while the previous kernel drains), 0: a plain launch
 };
 
-// The configuration skinny_gemm uses when given none.
+// The configuration skinny_gemm uses when given none; normed: skinny_gemm_fused's picks for a
+// normed input (norm_weight), which differ.
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
-                                            int64_t input_size);
+                                            int64_t input_size, bool normed = false);
 
 // out = input @ weight^T (+ bias), accumulated in fp32 and rounded once: torch's F.linear for
 // few rows. Each thread block owns 16 whole output columns (weight rows), so the result is

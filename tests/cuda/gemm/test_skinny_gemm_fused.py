@@ -19,6 +19,9 @@ EPS = 1e-5
 # half-tile), K = 8 and K off the 128-wide slice (the K tail predicates run for the norm too).
 SHAPES = [(2, 8), (34, 136), (166, 776), (770, 4104)]
 LLAMA_SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336), (128256 // 8, 4096)]
+# One rank of Llama-3-70B at TP=4 (qkv_proj, o_proj, gate_up, down) and TP=8 (qkv_proj, o_proj):
+# the 8-warp picks without the hint (>= 512 blocks) and the few-long-rows ones.
+TP_SHAPES = [(2560, 8192), (8192, 2048), (14336, 8192), (8192, 7168), (1280, 8192), (8192, 1024)]
 
 
 def _inputs(m: int, n: int, k: int, dtype: torch.dtype, device: str, bias: bool, norm: bool):
@@ -167,17 +170,25 @@ def test_opcheck(device, epilogue):
 
 @pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_tokens", [1, 8])
-@pytest.mark.parametrize("n,k", LLAMA_SHAPES)
-def test_fused_llama_shapes(dtype, num_tokens, n, k):
-    # Every launch configuration the launcher picks (4, 8 and 16 warps), normed, both epilogues;
-    # the same inputs give the same bits.
-    x, w, _, g = _inputs(num_tokens, n, k, dtype, "cuda", bias=False, norm=True)
+@pytest.mark.parametrize("num_tokens", [1, 8, 16])
+@pytest.mark.parametrize("n,k", LLAMA_SHAPES + TP_SHAPES)
+@pytest.mark.parametrize("norm", [True, False])
+def test_fused_llama_shapes(dtype, num_tokens, n, k, norm):
+    # Every launch configuration the launcher picks (4, 8 and 16 warps, with and without the L2
+    # hint; the normed picks differ from the plain ones), both epilogues and the add; the same
+    # inputs give the same bits.
+    x, w, _, g = _inputs(num_tokens, n, k, dtype, "cuda", bias=False, norm=norm)
     for epilogue in ("store", "silu_and_mul"):
         out = _run(x, w, None, g, epilogue)
         expected = ref.linear_fused(x, w, None, g, EPS, epilogue)
         torch.testing.assert_close(out, expected, **tol(dtype, 2.0))
         assert torch.equal(out, _run(x, w, None, g, epilogue))
+    if not norm:
+        residual = torch.randn(num_tokens, n, dtype=dtype, device="cuda") * 4
+        expected = ref.linear_fused(x, w, None, None, EPS, "add", residual)
+        _run(x, w, None, None, "add", residual)
+        ulp = torch.finfo(dtype).eps * expected.float().abs().max().item()
+        torch.testing.assert_close(residual, expected, atol=ulp, rtol=tol(dtype)["rtol"])
 
 
 @pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
