@@ -597,33 +597,27 @@ int main(int argc, char** argv) {
       args.has("no-sweep") ? std::vector<int64_t>{} : args.list("sweep-tokens", {1, 8, 16});
   std::vector<Shape> all_shapes = kLlamaShapes;
   all_shapes.insert(all_shapes.end(), kTpShapes.begin(), kTpShapes.end());
-  for (const std::string& name : names) {
-    const auto it = std::find_if(all_shapes.begin(), all_shapes.end(),
-                                 [&](const Shape& s) { return s.name == name; });
-    if (it == all_shapes.end()) {
-      std::fprintf(stderr, "bench_gemm: unknown shape %s\n", name.c_str());
-      return 2;
+  // Every name of a shape list flag, looked up in all_shapes; false (after a message) if unknown.
+  auto shapes_of = [&](const std::vector<std::string>& list, std::vector<Shape>* found) {
+    for (const std::string& name : list) {
+      const auto it = std::find_if(all_shapes.begin(), all_shapes.end(),
+                                   [&](const Shape& s) { return s.name == name; });
+      if (it == all_shapes.end()) {
+        std::fprintf(stderr, "bench_gemm: unknown shape %s\n", name.c_str());
+        return false;
+      }
+      found->push_back(*it);
     }
-    bench_shape(b, *it, tokens, sweep);
+    return true;
+  };
+  std::vector<Shape> plain, fused, spans;
+  if (!shapes_of(names, &plain) || !shapes_of(args.strs("fused-shapes", {}), &fused) ||
+      !shapes_of(args.strs("span-shapes", {}), &spans)) {
+    return 2;
   }
-  for (const std::string& name : args.strs("fused-shapes", {})) {
-    const auto it = std::find_if(all_shapes.begin(), all_shapes.end(),
-                                 [&](const Shape& s) { return s.name == name; });
-    if (it == all_shapes.end()) {
-      std::fprintf(stderr, "bench_gemm: unknown shape %s\n", name.c_str());
-      return 2;
-    }
-    bench_fused(b, *it, args.list("fused-tokens", {1, 8}));
-  }
-  for (const std::string& name : args.strs("span-shapes", {})) {
-    const auto it = std::find_if(all_shapes.begin(), all_shapes.end(),
-                                 [&](const Shape& s) { return s.name == name; });
-    if (it == all_shapes.end()) {
-      std::fprintf(stderr, "bench_gemm: unknown shape %s\n", name.c_str());
-      return 2;
-    }
-    bench_span(b, *it, args.list("spans-mb", {250, 1000, 4000, 16000}));
-  }
+  for (const Shape& s : plain) bench_shape(b, s, tokens, sweep);
+  for (const Shape& s : fused) bench_fused(b, s, args.list("fused-tokens", {1, 8}));
+  for (const Shape& s : spans) bench_span(b, s, args.list("spans-mb", {250, 1000, 4000, 16000}));
   if (!args.has("no-chain")) {
     for (const std::string& name : args.strs("chain-models", {"llama3_8b"})) {
       const auto it = std::find_if(kChainModels.begin(), kChainModels.end(),
