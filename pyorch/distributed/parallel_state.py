@@ -187,6 +187,21 @@ def destroy_model_parallel() -> None:
         _leave_world()
 
 
+# Set in every worker process's environment unless the user set them. TORCH_NCCL_DUMP_ON_TIMEOUT:
+# with it on (torch's default), each rank's NCCL heartbeat monitor polls rank 0's rendezvous
+# TCPStore for a "should dump" flag until the process ends, and a rank still alive when rank 0's
+# process has exited prints 'Failed to check the "should dump" flag on TCPStore' with a c10 stack
+# (seen at the end of 4-GPU runs even with _leave_world's ordering). Off, no flight-recorder dump
+# is written on an NCCL timeout; the watchdog still detects and reports the timeout.
+WORKER_ENV_DEFAULTS = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+
+
+def worker_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` (a copy of this process's environment) with WORKER_ENV_DEFAULTS filled in where
+    unset."""
+    return {**WORKER_ENV_DEFAULTS, **env}
+
+
 # How long rank 0 waits for the other ranks to leave (below the executor's 5 s shutdown grace, after
 # which it kills the workers that are left).
 _LEAVE_TIMEOUT_S = 3.0

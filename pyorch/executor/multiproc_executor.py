@@ -42,6 +42,7 @@ from typing import Any, Optional
 import pyorch
 from pyorch.config import EngineConfig
 from pyorch.core.scheduler_output import SchedulerOutput
+from pyorch.distributed.parallel_state import worker_env
 from pyorch.distributed.shm_broadcast import ShmBroadcastQueue, ShmQueueHandle
 from pyorch.executor.abstract import Executor
 from pyorch.executor.step import ModelRunnerOutput
@@ -121,7 +122,7 @@ class MultiprocExecutor(Executor):
         }
         # The workers import the same pyorch as this process (a checkout, or the installed one).
         root = os.path.dirname(os.path.dirname(os.path.abspath(pyorch.__file__)))
-        env = dict(os.environ)
+        env = worker_env(dict(os.environ))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen([sys.executable, "-m", "pyorch.executor.multiproc_executor"],
                                 stdin=subprocess.PIPE, env=env)

@@ -24,6 +24,7 @@ from typing import Any, Optional
 import pyorch
 from pyorch.config import EngineConfig
 from pyorch.core.scheduler_output import SchedulerOutput
+from pyorch.distributed.parallel_state import WORKER_ENV_DEFAULTS, worker_env
 from pyorch.executor.abstract import Executor
 from pyorch.executor.multiproc_executor import WorkerDiedError
 from pyorch.executor.step import ModelRunnerOutput
@@ -97,13 +98,15 @@ class RayDistributedExecutor(Executor):
         root = os.path.dirname(os.path.dirname(os.path.abspath(pyorch.__file__)))
         env = dict(os.environ)
         pythonpath = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        # Ray gives its actors the raylet's environment: pass the worker defaults explicitly.
+        defaults = {k: worker_env(env)[k] for k in WORKER_ENV_DEFAULTS}
         actor_cls = ray.remote(RayWorkerWrapper)
         self.actors: list[Any] = [
             actor_cls.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0.0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.placement_group, placement_group_bundle_index=rank),
-                runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                runtime_env={"env_vars": {**defaults, "PYTHONPATH": pythonpath}},
             ).remote()
             for rank in range(self.world_size)
         ]

@@ -90,6 +90,7 @@ def _call_with_deadline(fn, *args):
 @pytest.mark.parametrize("arch, async_scheduling",
                          [("llama", False), ("qwen3_kv1", True), ("qwen2_moe", False)],
                          ids=["llama-sync", "qwen3_kv1-async", "qwen2_moe-sync"])
+
 def test_tp2_greedy_equals_tp1(arch, async_scheduling, tmp_path_factory):
     path, vocab = _tiny_model(arch, tmp_path_factory)
     prompts = _prompts(vocab, PROMPT_LENS)
@@ -403,3 +404,15 @@ def _alive(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_worker_env_turns_off_the_nccl_dump_poll_unless_set():
+    # The workers' environment: TORCH_NCCL_DUMP_ON_TIMEOUT=0 by default (its store polling printed
+    # TCPStore tracebacks when rank 0 left first), the user's own value kept, nothing else touched.
+    from pyorch.distributed.parallel_state import worker_env
+
+    base = {"PATH": "/bin", "PYORCH_PDL": "0"}
+    assert worker_env(base) == {**base, "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+    user = worker_env({**base, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
+    assert user["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert base == {"PATH": "/bin", "PYORCH_PDL": "0"}  # the input is not modified
