@@ -9,6 +9,7 @@
 #include "pyorch/launch.h"
 #include "quantization_ops.h"
 #ifdef PYORCH_WITH_CUDA
+#include "pyorch/gemm.h"  // set_skinny_gemm_legacy_picks
 #include "pyorch/moe_grouped.h"
 #include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
 #endif
@@ -397,6 +398,10 @@ PYBIND11_MODULE(_C, m) {
         "Turn programmatic dependent launch on or off for the pyorch kernels launched after.");
   m.def("pdl_enabled", &pyorch::pdl_enabled,
         "Whether pyorch kernels launch with PDL on the current device (setting and GPU).");
+  m.def("set_skinny_gemm_legacy_picks", &pyorch::set_skinny_gemm_legacy_picks, py::arg("on"),
+        "Launch the fp16/bf16 skinny GEMMs with their picks from before the 2 GB-span sweep.");
+  m.def("skinny_gemm_legacy_picks", &pyorch::skinny_gemm_legacy_picks,
+        "Whether the skinny GEMMs use their legacy launch picks.");
   // CUDA IPC for the custom all-reduce: a buffer's handle (64 bytes) to share with the peers,
   // mapping a peer's handle into this process (on the current device) and unmapping it.
   m.def("custom_all_reduce_buffer_size", &pyorch::custom_all_reduce_buffer_size,

@@ -10,8 +10,9 @@ import torch
 from pyorch import _C, envs  # _C registers the ops
 from pyorch.scalar_type import ScalarType
 
-if _C.with_cuda:  # the kernels' PDL switch is process state of the C API (pyorch/launch.h)
-    _C.set_pdl_enabled(envs.PYORCH_PDL)
+if _C.with_cuda:  # the kernels' launch switches are process state of the C API
+    _C.set_pdl_enabled(envs.PYORCH_PDL)  # pyorch/launch.h
+    _C.set_skinny_gemm_legacy_picks(envs.PYORCH_SKINNY_GEMM_LEGACY_PICKS)  # pyorch/gemm.h
 
 _ops = torch.ops.pyorch
 

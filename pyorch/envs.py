@@ -61,6 +61,10 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         "`0` keeps tensor parallelism's row-parallel all-reduce and the next RMSNorm as two "
         "kernels instead of the fused all-reduce + residual add + RMSNorm (default on; for "
         "comparisons)"),
+    "PYORCH_SKINNY_GEMM_LEGACY_PICKS": (
+        _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
+        "`1` launches the fp16/bf16 decode GEMMs with their picks from before the 2 GB-span "
+        "sweep (4 warps and the L2 hint; default off; for comparisons)"),
     "PYORCH_GGUF_CPU_REPACK": (
         _flag("PYORCH_GGUF_CPU_REPACK", True),
         "`0` keeps GGUF Q4_0 / Q4_1 / Q8_0 weights on the CPU in the file's block layout instead "

@@ -377,24 +377,6 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
   }
 }
 
-// The launch configuration default_skinny_gemm_config returned before the 2 GB-span sweep
-// (skinny_gemm_tp_20261127/): 4 warps and the L2::256B hint, 8 warps from K = 8192, no hint and
-// 4 warps past 8 tokens, 16 warps without the hint from 4096 blocks.
-SkinnyGemmConfig legacy_config(int64_t m, int64_t n, int64_t k) {
-  SkinnyGemmConfig config = pyorch::default_skinny_gemm_config(m, n, k);
-  if ((n + 15) / 16 >= 4096) {
-    config.num_warps = 16;
-    config.l2_prefetch = 0;
-  } else if (m > 8) {
-    config.num_warps = 4;
-    config.l2_prefetch = 0;
-  } else {
-    config.num_warps = k >= 8192 ? 8 : 4;
-    config.l2_prefetch = 1;
-  }
-  return config;
-}
-
 // The decode step's GEMMs: the model's layers of (qkv_proj, o_proj, gate_up, down) with their own
 // weights, then lm_head, captured as one graph.
 void bench_chain(const Bench& b, const ChainModel& model, const std::vector<int64_t>& tokens) {
@@ -435,11 +417,11 @@ void bench_chain(const Bench& b, const ChainModel& model, const std::vector<int6
     const double cublas_ms =
         time_chain([&](const Gemm& g, cudaStream_t st) { run_cublas(b.handle, g, st); });
     // PDL off, on, and on again (the last two rows show the run-to-run spread), with the
-    // launcher's picks and with the picks it had before the 2 GB-span sweep (legacy_config).
+    // launcher's picks and with those from before the 2 GB-span sweep (legacy_skinny_gemm_config).
     for (const bool legacy : {false, true}) {
       for (int pdl : {0, 1, 1}) {
         const double ms = time_chain([&](const Gemm& g, cudaStream_t st) {
-          SkinnyGemmConfig config = legacy ? legacy_config(g.m, g.n, g.k)
+          SkinnyGemmConfig config = legacy ? pyorch::legacy_skinny_gemm_config(g.m, g.n, g.k)
                                            : pyorch::default_skinny_gemm_config(g.m, g.n, g.k);
           config.pdl = pdl;
           run_ours(g, &config, st);

@@ -1,11 +1,15 @@
 // Instantiates the skinny GEMM for fp16 and bf16 behind the torch-free C API, and picks its launch
 // configuration.
+#include <atomic>
+
 #include "gemm/skinny_gemm.cuh"
 #include "pyorch/gemm.h"
 
 namespace pyorch {
 
 namespace {
+
+std::atomic<bool> g_legacy_picks{false};  // set_skinny_gemm_legacy_picks
 
 // The up-front L2 prefetch pays only under PDL, where it overlaps the previous kernel's tail:
 // launched plainly, the fused decode layer ran 5.76-5.78 ms/token without it against 5.92 with
@@ -45,6 +49,9 @@ int default_prefetch_slices(int pdl) { return pdl > 0 ? 1 : 0; }
 // against 83.6); a normed TP=4 o_proj 14.7 against 16.1 with 8 warps, no hint.
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
                                             int64_t input_size, bool normed) {
+  if (g_legacy_picks.load(std::memory_order_relaxed)) {
+    return legacy_skinny_gemm_config(num_tokens, output_size, input_size);
+  }
   const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
   const bool few_long_rows = num_blocks < 256 && input_size >= 8192;
   SkinnyGemmConfig config;
@@ -68,6 +75,30 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
   config.prefetch_slices = default_prefetch_slices(config.pdl);
   return config;
 }
+
+// The picks of the 200 MB-rotation sweep (bench_gemm.txt), before the 2 GB one.
+SkinnyGemmConfig legacy_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
+                                           int64_t input_size) {
+  const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
+  SkinnyGemmConfig config;
+  if (num_blocks >= 4096) {
+    config.num_warps = 16;
+    config.l2_prefetch = 0;
+  } else if (num_tokens > kernels::kSkinnyTileTokens) {
+    config.num_warps = 4;
+    config.l2_prefetch = 0;
+  } else {
+    config.num_warps = input_size >= 8192 ? 8 : 4;
+    config.l2_prefetch = 1;
+  }
+  config.pdl = pdl_enabled() ? 1 : 0;
+  config.prefetch_slices = default_prefetch_slices(config.pdl);
+  return config;
+}
+
+void set_skinny_gemm_legacy_picks(bool on) { g_legacy_picks.store(on, std::memory_order_relaxed); }
+
+bool skinny_gemm_legacy_picks() { return g_legacy_picks.load(std::memory_order_relaxed); }
 
 namespace {
 

@@ -84,18 +84,8 @@ cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
   // row (an e4m3 row of K streams like a bf16 row of K / 2): not re-swept for e4m3 yet, so they
   // stay: 4 warps and the L2::256B hint, 8 warps from a bf16-equivalent K of 8192, no hint past 8
   // tokens; the 16-warp LM-head pick of >= 4096 blocks becomes 8 (no 16-warp e4m3 form).
-  SkinnyGemmConfig cfg = default_skinny_gemm_config(num_tokens, output_size, input_size / 2);
-  const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
-  if (num_blocks >= 4096) {
-    cfg.num_warps = 8;
-    cfg.l2_prefetch = 0;
-  } else if (num_tokens > kernels::kSkinnyTileTokens) {
-    cfg.num_warps = 4;
-    cfg.l2_prefetch = 0;
-  } else {
-    cfg.num_warps = input_size / 2 >= 8192 ? 8 : 4;
-    cfg.l2_prefetch = 1;
-  }
+  SkinnyGemmConfig cfg = legacy_skinny_gemm_config(num_tokens, output_size, input_size / 2);
+  if (cfg.num_warps > 8) cfg.num_warps = 8;
   const bool plain = epilogue == SkinnyGemmEpilogue::kStore && norm_weight == nullptr;
   if (!plain) cfg.pdl = 0;
   int prefetch_slices = -1;

@@ -108,5 +108,9 @@ def test_envs_parse_flags(monkeypatch):
         envs.PYORCH_PDL
     monkeypatch.setenv("PYORCH_LOGGING_LEVEL", "debug")
     assert envs.PYORCH_LOGGING_LEVEL == "DEBUG"
+    monkeypatch.delenv("PYORCH_SKINNY_GEMM_LEGACY_PICKS", raising=False)
+    assert envs.PYORCH_SKINNY_GEMM_LEGACY_PICKS is False
+    monkeypatch.setenv("PYORCH_SKINNY_GEMM_LEGACY_PICKS", "1")
+    assert envs.PYORCH_SKINNY_GEMM_LEGACY_PICKS is True
     with pytest.raises(AttributeError):
         envs.PYORCH_NOT_A_VARIABLE

@@ -9,7 +9,7 @@ scaled by 1/sqrt(K); outputs are poisoned with NaN first.
 import pytest
 import torch
 
-from pyorch import _ops
+from pyorch import _C, _ops
 from tests.conftest import CUDA_AVAILABLE, DEVICES, capture_graph, tol
 from tests.reference import gemm as ref
 
@@ -224,3 +224,22 @@ def test_pdl_is_a_launch_detail(device, pdl):
     out = torch.full_like(expected, float("nan"))
     _ops.skinny_gemm_fused(out, x, w, None, g, EPS, "silu_and_mul", pdl=pdl)
     assert torch.equal(out, expected)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
+@pytest.mark.parametrize("n,k", [(28672, 4096), (8192, 2048), (2560, 8192)])
+@pytest.mark.parametrize("num_tokens", [1, 16])
+def test_legacy_picks_compute_the_same_product(n, k, num_tokens):
+    # PYORCH_SKINNY_GEMM_LEGACY_PICKS (the A/B switch) changes only the launch: the same values
+    # within the tolerance (the fp32 sums run in another order), then the default picks again.
+    x, w, _, g = _inputs(num_tokens, n, k, torch.bfloat16, "cuda", bias=False, norm=True)
+    assert not _C.skinny_gemm_legacy_picks()
+    try:
+        _C.set_skinny_gemm_legacy_picks(True)
+        legacy = {e: _run(x, w, None, g, e) for e in ("store", "silu_and_mul")}
+    finally:
+        _C.set_skinny_gemm_legacy_picks(False)
+    for epilogue, out in legacy.items():
+        expected = ref.linear_fused(x, w, None, g, EPS, epilogue)
+        torch.testing.assert_close(out, expected, **tol(torch.bfloat16, 2.0))
+        torch.testing.assert_close(_run(x, w, None, g, epilogue), out, **tol(torch.bfloat16, 2.0))
