@@ -38,15 +38,15 @@ int default_prefetch_slices(int pdl) { return pdl > 0 ? 1 : 0; }
 // 15.5). Deeper L2 prefetch (4 slices per warp) was slower on every shape. PDL is on wherever
 // pdl_enabled(): the norm, activation, attention and cache kernels before the engine's GEMMs let
 // them launch early, so the first weight slices are requested while those kernels finish.
-// NOTE(gemm): splitting K over a thread-block cluster (2-8 blocks per 16 rows, partials reduced
-// through distributed shared memory) was measured on the tensor-parallel shapes and lost on every
-// one: TP=4 Llama-3-70B qkv_proj 23.6 us at split 4 against 16.3 unsplit
-// (bench/results/NVIDIA_H100_80GB_HBM3/skinny_gemm_tp_20261127/).
 // A normed input (norm_weight) changes the picks at M <= 8 (fused_sweep rows of
 // skinny_gemm_tp_20261127/fused_sweep.txt): the per-slice norm math favours the L2 hint and fewer
 // warps. 8 warps from 768 blocks or K >= 8192, else 4, always with the hint: the single-GPU
 // decode's normed gate_up + SiLU 81.4 us against 82.1 with 16 warps and no hint (M = 8: 81.7
 // against 83.6); a normed TP=4 o_proj 14.7 against 16.1 with 8 warps, no hint.
+// NOTE(gemm): splitting K over a thread-block cluster (2-8 blocks per 16 rows, partials reduced
+// through distributed shared memory) was measured on the tensor-parallel shapes and lost on every
+// one: TP=4 Llama-3-70B qkv_proj 23.6 us at split 4 against 16.3 unsplit
+// (bench/results/NVIDIA_H100_80GB_HBM3/skinny_gemm_tp_20261127/).
 SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
                                             int64_t input_size, bool normed) {
   if (g_legacy_picks.load(std::memory_order_relaxed)) {
