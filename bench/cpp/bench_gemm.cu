@@ -100,11 +100,8 @@ struct ChainModel {
 
 const std::vector<ChainModel> kChainModels = {
     {"llama3_8b",
-     {{"qkv_proj", 6144, 4096},
-      {"o_proj", 4096, 4096},
-      {"gate_up", 28672, 4096},
-      {"down", 4096, 14336}},
-     {"lm_head", 128256, 4096},
+     {kLlamaShapes.begin(), kLlamaShapes.end() - 1},  // qkv_proj .. down
+     kLlamaShapes.back(),                             // lm_head
      kLlamaLayers},
     // One rank of TP=4 (the vocabulary split four ways, as the engine's lm_head is).
     {"llama3_70b_tp4",
