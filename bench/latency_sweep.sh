@@ -7,7 +7,8 @@
 #
 # e.g. base= pdl_off=PYORCH_PDL=0. Each run is
 # `pyorch bench latency` at the gpu_check.sh settings (batch 1, in 128, out 256, dummy bf16,
-# max_model_len 2048; INPUT_LEN and OUTPUT_LEN change the lengths),
+# max_model_len 2048; INPUT_LEN and OUTPUT_LEN change the lengths, LATENCY_ARGS adds engine
+# flags to every run, e.g. "--quantization fp8 --kv-cache-dtype fp8"),
 # logged as OUT_DIR/latency_NAME_rR.{log,json}; OUT_DIR/latency_sweep.txt sums them up.
 set -uo pipefail
 OUT_DIR=${1:?usage: bash bench/latency_sweep.sh OUT_DIR MODEL_DIR NAME=ENV[,ENV...] ...}
@@ -29,7 +30,7 @@ for round in $(seq 1 "${REPEATS:-2}"); do
     env ${envs//,/ } timeout "${LATENCY_TIMEOUT:-240}" python3 -m pyorch.cli.main bench latency \
       --model "$MODEL" --load-format dummy --dtype bfloat16 --input-len "${INPUT_LEN:-128}" \
       --output-len "${OUTPUT_LEN:-256}" --batch-size 1 --max-model-len 2048 \
-      --num-iters "${NUM_ITERS:-10}" \
+      --num-iters "${NUM_ITERS:-10}" ${LATENCY_ARGS:-} \
       --output-json "$OUT_DIR/latency_${name}_r${round}.json" > "$log" 2>&1
     line=$(grep -m1 "ms per output token" "$log" || echo "FAILED (see $log)")
     echo "$name [${envs:-default}] round $round: $line" | tee -a "$summary"

@@ -12,6 +12,7 @@
 #include "pyorch/gemm.h"  // set_skinny_gemm_legacy_picks
 #include "pyorch/moe_grouped.h"
 #include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
+#include "pyorch/w4a16.h"      // set_w4a16_prefetch_acts
 #endif
 
 namespace py = pybind11;
@@ -399,9 +400,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("pdl_enabled", &pyorch::pdl_enabled,
         "Whether pyorch kernels launch with PDL on the current device (setting and GPU).");
   m.def("set_skinny_gemm_legacy_picks", &pyorch::set_skinny_gemm_legacy_picks, py::arg("on"),
-        "Launch the fp16/bf16 skinny GEMMs with their picks from before the 2 GB-span sweep.");
+        "Launch the skinny GEMMs (fp16/bf16 and fp8 weights) with their pre-2 GB-sweep picks.");
   m.def("skinny_gemm_legacy_picks", &pyorch::skinny_gemm_legacy_picks,
         "Whether the skinny GEMMs use their legacy launch picks.");
+  m.def("set_w4a16_prefetch_acts", &pyorch::set_w4a16_prefetch_acts, py::arg("on"),
+        "Whether the W4A16 stream kernel loads the next k-block's activations early.");
+  m.def("w4a16_prefetch_acts", &pyorch::w4a16_prefetch_acts,
+        "Whether the W4A16 stream kernel prefetches activations.");
   // CUDA IPC for the custom all-reduce: a buffer's handle (64 bytes) to share with the peers,
   // mapping a peer's handle into this process (on the current device) and unmapping it.
   m.def("custom_all_reduce_buffer_size", &pyorch::custom_all_reduce_buffer_size,

@@ -63,8 +63,12 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         "comparisons)"),
     "PYORCH_SKINNY_GEMM_LEGACY_PICKS": (
         _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
-        "`1` launches the fp16/bf16 decode GEMMs with their picks from before the 2 GB-span "
-        "sweep (4 warps and the L2 hint; default off; for comparisons)"),
+        "`1` launches the fp16/bf16 and fp8-weight decode GEMMs with their picks from before "
+        "their 2 GB-span sweeps (4 warps and the L2 hint; default off; for comparisons)"),
+    "PYORCH_W4A16_PREFETCH_ACTS": (
+        _flag("PYORCH_W4A16_PREFETCH_ACTS", True),
+        "`0` makes the W4A16 (GPTQ / AWQ) decode kernel load each k-block's activations just "
+        "before its dequant and mma instead of one k-block ahead (default on; for comparisons)"),
     "PYORCH_GGUF_CPU_REPACK": (
         _flag("PYORCH_GGUF_CPU_REPACK", True),
         "`0` keeps GGUF Q4_0 / Q4_1 / Q8_0 weights on the CPU in the file's block layout instead "

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -254,6 +255,11 @@ uint64_t check_all(std::vector<Rank>& ranks, const std::function<void(Rank&)>& f
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Load every kernel when each GPU's context is made. Under lazy loading (CUDA's default) the
+  // first launch of a kernel on GPU 1 loads its module, which may wait for GPU 0, whose kernel of
+  // the same call spins until GPU 1's runs: one host thread driving every GPU then hangs (the
+  // first fused-norm run stopped at its first call). The engine has a process per GPU.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   const Args args(argc, argv);
   Report report(args);
   const int num_ranks = static_cast<int>(args.num("ranks", 2));
@@ -368,6 +374,9 @@ int main(int argc, char** argv) {
         BENCH_CHECK(pyorch::fused_add_rms_norm(b.tmp, b.residual_b, b.weight, dtype, rows, hidden,
                                                hidden, hidden, eps, r.stream));
       };
+      // Progress on stderr: a run that stops here says at which step (the lease that first ran
+      // this mode got no output at all).
+      std::fprintf(stderr, "all_reduce_rms_norm rows=%lld: check\n", static_cast<long long>(rows));
       // Correctness: one call of each from the same residual, compared bit for bit.
       for (int k = 0; k < num_ranks; ++k) {
         BENCH_CHECK(cudaSetDevice(k));
@@ -402,8 +411,14 @@ int main(int argc, char** argv) {
         return graph ? time_graph_us(ranks, fn, warmup, iters, inner)
                      : time_all_us(ranks, fn, warmup, iters, inner);
       };
+      std::fprintf(stderr, "all_reduce_rms_norm rows=%lld: %llu wrong; timing fused\n",
+                   static_cast<long long>(rows), static_cast<unsigned long long>(bad));
       const double fused_us = time(fused);
+      std::fprintf(stderr, "all_reduce_rms_norm rows=%lld: timing unfused\n",
+                   static_cast<long long>(rows));
       const double unfused_us = time(unfused);
+      std::fprintf(stderr, "all_reduce_rms_norm rows=%lld: timing NCCL\n",
+                   static_cast<long long>(rows));
       double nccl_us = NAN;
 #ifdef PYORCH_BENCH_NCCL
       auto nccl_norm = [&](Rank& r) {

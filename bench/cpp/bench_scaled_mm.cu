@@ -21,7 +21,8 @@
 // no launch finds its weight in L2; each time is the median replay of a CUDA graph of launches.
 // Decode (op=fp8_skinny rows, --skinny-tokens, default 1,8,16): pyorch::skinny_gemm_fp8 (bf16
 // activations, e4m3 weights, per-channel scales; pyorch/gemm.h) on the same shapes: its time with
-// the default launch and with every (warps, L2 hint) it takes (sweep_us), % of the in-run copy
+// the default launch and with every (warps, L2 hint) it takes (sweep_us; weights over a 2 GB
+// span, as in a decode step), % of the in-run copy
 // bandwidth for its bytes (weight + x + out), and the W8A8 path at the same M for comparison (our
 // cutlass_scaled_mm per-token/channel, without its activation quant kernel, and cuBLASLt).
 // Flags: --tokens 1,16,...  --models 8b,70b  --no-check --no-bench --no-int8 --no-block
@@ -660,7 +661,12 @@ int bench_shape(Report& report, const Timer& t, const Shape& s, const std::vecto
 void bench_skinny(Report& report, const Timer& t, const Shape& s,
                   const std::vector<int64_t>& tokens, double copy_gbs) {
   const size_t weight_bytes = size_t(s.n) * s.k;
-  const int copies = static_cast<int>(std::max<size_t>(2, 200000000 / weight_bytes + 2));
+  // A decode step reads each weight once across a model-sized span: rotate over >= 2 GB of copies
+  // (at 200 MB, part of a large weight is still in L2 when its copy comes round again, which
+  // flatters the 4-warp, hinted launches; bench_gemm.cu measured it for bf16), with at least one
+  // launch per copy.
+  const int copies = static_cast<int>(std::max<size_t>(2, 2000000000 / weight_bytes + 2));
+  const int launches = std::max(24, copies);
   int64_t max_m = 1;
   for (int64_t m : tokens) max_m = std::max(max_m, m);
   Problem p = make_problem(max_m, s.n, s.k, DType::kFp8E4M3, weight_bytes * copies, 44);
@@ -678,7 +684,7 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
                 nullptr, 0.f, pyorch::SkinnyGemmEpilogue::kStore, DType::kBFloat16, m, s.n, s.k,
                 s.n, s.k, st, config));
           },
-          24, t.iters, t.stream);
+          launches, t.iters, t.stream);
     };
     const double us = skinny(nullptr);
     std::string sweep;
@@ -701,7 +707,7 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
           pi.b = p.b + (size_t(i) % copies) * weight_bytes;
           BENCH_CHECK(run_ours(pi, token, st));
         },
-        24, t.iters, t.stream);
+        launches, t.iters, t.stream);
     double cublas_us = NAN;
 #ifdef PYORCH_BENCH_CUBLASLT
     const CublasLtGemm g(t.handle, false, m, s.n, s.k, p.a_scales, p.b_scales, t.fast_accum,
@@ -712,7 +718,7 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
             g.run(t.handle, p.b + (size_t(i) % copies) * weight_bytes, p.a, cublas_out, t.workspace,
                   t.workspace_bytes, st);
           },
-          24, t.iters, t.stream);
+          launches, t.iters, t.stream);
     }
 #endif
     report.add({{"op", "fp8_skinny"},

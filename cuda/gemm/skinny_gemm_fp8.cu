@@ -47,6 +47,39 @@ cudaError_t fp8_dispatch_epilogue(const kernels::SkinnyGemmArgs<T, Fp8>& args,
   PYORCH_INVALID("skinny_gemm_fp8: unknown epilogue %d", static_cast<int>(epilogue));
 }
 
+// Launch picks from bench_scaled_mm's fp8_skinny sweep on an H100, weights read from a 2 GB span
+// as a decode step reads them (bench/results/NVIDIA_H100_80GB_HBM3/skinny_fp8_20261127/: Llama-3
+// 8B and 70B projections, M = 1 / 8 / 16). The L2::256B hint lost everywhere but on the longest
+// rows, and 8 warps beat 4 on most shapes; us at M = 1 against the picks this replaced (4 warps +
+// hint, 8 from a bf16-equivalent K of 8192): 8B qkv 12.9 / 14.7, o_proj 7.7 / 9.7, down 23.5 /
+// 26.1, gate_up 44.2 / 46.8 (4 warps: short rows in a large grid), 70B gate_up 167.5 / 190.2.
+// - M <= 8: 8 warps, no hint; 4 where the rows are short (K <= 4096) and the grid large (>= 1024
+//   blocks); the hint where rows are >= 16 KiB (70B down, K = 28672: 85.7 against 87.3 without).
+// - M > 8: no hint; 4 warps where N >= 1.5 K (qkv, gate_up: 8B gate_up 49.2 against 50.7), else 8
+//   (8B down 24.4 against 29.0).
+// 16 warps were tried too (a separate e4m3 build): never more than 0.2% faster, so there is no
+// 16-warp e4m3 form. set_skinny_gemm_legacy_picks restores the old picks, for A/B timing.
+SkinnyGemmConfig fp8_skinny_config(int64_t num_tokens, int64_t output_size, int64_t input_size) {
+  if (skinny_gemm_legacy_picks()) {
+    // bf16 legacy picks on the bf16-equivalent K (an e4m3 row of K streams like a bf16 row of
+    // K / 2), 16 warps capped to 8.
+    SkinnyGemmConfig cfg = legacy_skinny_gemm_config(num_tokens, output_size, input_size / 2);
+    if (cfg.num_warps > 8) cfg.num_warps = 8;
+    return cfg;
+  }
+  const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
+  SkinnyGemmConfig cfg;
+  cfg.l2_prefetch = 0;
+  if (num_tokens > kernels::kSkinnyTileTokens) {
+    cfg.num_warps = 2 * output_size >= 3 * input_size ? 4 : 8;
+  } else {
+    cfg.num_warps = num_blocks >= 1024 && input_size <= 4096 ? 4 : 8;
+    cfg.l2_prefetch = input_size >= 16384 ? 1 : 0;
+  }
+  cfg.pdl = pdl_enabled() ? 1 : 0;
+  return cfg;
+}
+
 }  // namespace
 
 cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
@@ -80,12 +113,7 @@ cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
   if (norm_weight != nullptr && input_size == 0) {
     PYORCH_INVALID("skinny_gemm_fp8: a normed input needs input_size > 0");
   }
-  // The picks the fp16/bf16 kernel had before its 2 GB-span sweep (gemm.cu), by bytes per block
-  // row (an e4m3 row of K streams like a bf16 row of K / 2): not re-swept for e4m3 yet, so they
-  // stay: 4 warps and the L2::256B hint, 8 warps from a bf16-equivalent K of 8192, no hint past 8
-  // tokens; the 16-warp LM-head pick of >= 4096 blocks becomes 8 (no 16-warp e4m3 form).
-  SkinnyGemmConfig cfg = legacy_skinny_gemm_config(num_tokens, output_size, input_size / 2);
-  if (cfg.num_warps > 8) cfg.num_warps = 8;
+  SkinnyGemmConfig cfg = fp8_skinny_config(num_tokens, output_size, input_size);
   const bool plain = epilogue == SkinnyGemmEpilogue::kStore && norm_weight == nullptr;
   if (!plain) cfg.pdl = 0;
   int prefetch_slices = -1;

@@ -31,12 +31,13 @@ SkinnyGemmConfig default_skinny_gemm_config(int64_t num_tokens, int64_t output_s
 
 // The picks skinny_gemm made before they were re-swept over a 2 GB span of weights (2026-11-27):
 // 4 warps and the L2::256B hint, 8 warps from K = 8192, no hint past 8 tokens, 16 warps without
-// the hint from 4096 blocks. skinny_gemm_fp8 still uses them (on its bf16-equivalent K).
+// the hint from 4096 blocks.
 SkinnyGemmConfig legacy_skinny_gemm_config(int64_t num_tokens, int64_t output_size,
                                            int64_t input_size);
 
 // Process-wide: default_skinny_gemm_config returns legacy_skinny_gemm_config's picks for every
-// fp16/bf16 skinny GEMM launched afterwards (off by default). For A/B timing of the engine;
+// fp16/bf16 skinny GEMM launched afterwards, and skinny_gemm_fp8 its own picks from before its
+// 2 GB-span sweep (off by default). For A/B timing of the engine;
 // pyorch sets it from PYORCH_SKINNY_GEMM_LEGACY_PICKS when its extension loads. Safe from any
 // thread; set it before CUDA graphs are captured (a graph keeps the launches it recorded).
 void set_skinny_gemm_legacy_picks(bool on);

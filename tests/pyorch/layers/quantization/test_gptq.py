@@ -156,6 +156,7 @@ MODELS = {
 }
 PROMPTS = [[5, 17, 99, 3, 42], [7] * 9 + [120, 33], [150, 4]]
 NEW_TOKENS = 12
+NEAR_TIE = 0.05  # nats: a bf16 near-tie between the 4-bit and the dense engine (see below)
 
 
 def _greedy_reference(model: torch.nn.Module, prompt: list[int]) -> list[int]:
@@ -217,24 +218,38 @@ def test_process_weights_after_loading_is_the_loaders():
 @pytest.mark.parametrize("fmt", ["gptq_act_order", "awq"])
 def test_cuda_engine_matches_the_dequantized_bf16_checkpoint(fmt: str, tmp_path):
     """On CUDA in bf16: the 4-bit checkpoint against the same engine on its dequantized weights
-    saved in bf16 (the very weights the kernel forms in registers), token for token."""
+    saved in bf16, greedy. The two engines' weights are not bit-identical: with groups of whole
+    64-row k-blocks the decode kernel scales exact group sums (W never rounded to bf16;
+    cuda/include/pyorch/w4a16.h). So a sequence may part from the dense one at a near-tie: up to
+    that step every token is equal, and there the dense engine ranks the 4-bit engine's token
+    within NEAR_TIE nats of its own. A wrong kernel parts at once, far from any tie."""
     path = str(tmp_path / "quantized")
     reference = write_w4a16_checkpoint(path, MODELS["llama"](), fmt, 128, bf16_scales=True)
     dense = str(tmp_path / "dense")
     reference.to(torch.bfloat16).save_pretrained(dense)
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    tokens = []
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=5)
+    runs = []
     for model in (path, dense):
         # A byte budget for the KV cache: two engines live in this process one after the other.
         llm = LLM(model, skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=128,
                   seed=0, kv_cache_memory_bytes=64 << 20)
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-        tokens.append([list(o.outputs[0].token_ids) for o in outs])
+        runs.append([(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs])
         llm.llm_engine.shutdown()
         del llm
         gc.collect()
         torch.cuda.empty_cache()
-    assert tokens[0] == tokens[1]
+    matched = 0
+    for (got, _), (want, want_logprobs) in zip(*runs, strict=True):
+        parted = [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b]
+        step = parted[0] if parted else len(want)
+        matched += step
+        if step < len(want):
+            top = want_logprobs[step]
+            assert got[step] in top, (got, want, step)
+            gap = top[want[step]].logprob - top[got[step]].logprob
+            assert gap <= NEAR_TIE, (got, want, step, gap)
+    assert matched >= len(PROMPTS) * NEW_TOKENS // 2, runs  # no early parting everywhere
 
 
 def test_awq_modules_to_not_convert_stay_unquantized():
