@@ -9,7 +9,8 @@
 #include "pyorch/launch.h"
 #include "quantization_ops.h"
 #ifdef PYORCH_WITH_CUDA
-#include "pyorch/gemm.h"  // set_skinny_gemm_legacy_picks
+#include "pyorch/custom_all_reduce.h"  // set_custom_all_reduce_rms_norm_split
+#include "pyorch/gemm.h"               // set_skinny_gemm_legacy_picks
 #include "pyorch/moe_grouped.h"
 #include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
 #include "pyorch/w4a16.h"      // set_w4a16_prefetch_acts
@@ -409,6 +410,10 @@ PYBIND11_MODULE(_C, m) {
         "Whether the W4A16 stream kernel prefetches activations.");
   // CUDA IPC for the custom all-reduce: a buffer's handle (64 bytes) to share with the peers,
   // mapping a peer's handle into this process (on the current device) and unmapping it.
+  m.def("set_custom_all_reduce_rms_norm_split", &pyorch::set_custom_all_reduce_rms_norm_split,
+        py::arg("on"), "Split the fused all-reduce + RMSNorm's rows over several blocks.");
+  m.def("custom_all_reduce_rms_norm_split", &pyorch::custom_all_reduce_rms_norm_split,
+        "Whether the fused all-reduce + RMSNorm splits its rows.");
   m.def("custom_all_reduce_buffer_size", &pyorch::custom_all_reduce_buffer_size,
         py::arg("max_bytes"), "Bytes of one rank's custom all-reduce buffer.");
   m.def("custom_all_reduce_push_bytes", &pyorch::custom_all_reduce_push_bytes, py::arg("max_bytes"),

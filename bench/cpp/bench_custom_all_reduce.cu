@@ -19,7 +19,8 @@
 // Flags: --ranks 2 --dtype bf16|fp16|fp32 --min-bytes 4096 --max-bytes 268435456 (x2 steps)
 //        --algos one_shot_push,one_shot,two_shot,auto,nccl --iters 20 --inner 20 --warmup 5
 //        --graph 1 --nccl-graph 1 --op all_reduce|all_reduce_rms_norm --hidden 4096
-//        --max-rows 64 --json FILE
+//        --max-rows 64 --norm-split 0|1 (the fused norm's rows split over several blocks) --json
+//        FILE
 // NCCL comes from the CUDA toolkit or the nvidia-nccl wheel (CMakeLists.txt); a build without it
 // runs the kernel alone and says so in each row (nccl_us=nan).
 #include <algorithm>
@@ -335,6 +336,9 @@ int main(int argc, char** argv) {
   if (op == "all_reduce_rms_norm") {
     const int64_t hidden = args.num("hidden", 4096);
     const int64_t max_rows = args.num("max-rows", 64);
+    if (args.has("norm-split")) {
+      pyorch::set_custom_all_reduce_rms_norm_split(args.num("norm-split", 0) != 0);
+    }
     const float eps = 1e-6f;
     const size_t esize = dtype_bytes(dtype);
     struct NormBufs {
@@ -456,6 +460,7 @@ int main(int argc, char** argv) {
                   {"ranks", std::to_string(num_ranks)},
                   {"rows", std::to_string(rows)},
                   {"hidden", std::to_string(hidden)},
+                  {"norm_split", pyorch::custom_all_reduce_rms_norm_split() ? "1" : "0"},
                   {"bytes", std::to_string(bytes)},
                   {"fused_us", Report::fmt(fused_us)},
                   {"custom_then_norm_us", Report::fmt(unfused_us)},

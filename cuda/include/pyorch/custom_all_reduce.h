@@ -62,6 +62,15 @@ cudaError_t custom_all_reduce_rms_norm(void* out, const void* input, void* resid
                                        int rank, int world_size, int64_t max_bytes, DType dtype,
                                        int64_t num_rows, int64_t hidden, cudaStream_t stream);
 
+// Process-wide: custom_all_reduce_rms_norm splits each row over several thread blocks where few
+// rows are given (at most 36 blocks in all), instead of one block per row. Off by default until
+// measured (bench_custom_all_reduce --op all_reduce_rms_norm --norm-split 1); the outputs may
+// differ from the unsplit kernel's in the last bit (the squares add in another order), and are
+// the same on every rank. Every rank must use the same setting; set it before CUDA graphs are
+// captured.
+void set_custom_all_reduce_rms_norm_split(bool on);
+bool custom_all_reduce_rms_norm_split();
+
 // CUDA IPC: export a cudaMalloc'd pointer as kCustomAllReduceIpcHandleBytes bytes, map a peer's
 // into this process (on the current device), unmap it.
 cudaError_t ipc_get_mem_handle(void* handle_out, void* ptr);

@@ -32,6 +32,7 @@ def _reference(x: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def _check_kernel(rank: int, world_size: int) -> None:
+    from pyorch import _C
     from pyorch.distributed.custom_all_reduce import (
         ALGO_AUTO,
         ALGO_ONE_SHOT,
@@ -72,8 +73,13 @@ def _check_kernel(rank: int, world_size: int) -> None:
         torch.testing.assert_close(group.all_reduce(odd),
                                    torch.full_like(odd, world_size * (world_size + 1) / 2))
         _check_graph_replay(comm, world_size, rank)
-        _check_fused_rms_norm(comm, rank)
+        # The fused norm with one block per row, then with few rows split over several blocks
+        # (off by default until measured; the same setting on every rank).
+        for split in (False, True):
+            _C.set_custom_all_reduce_rms_norm_split(split)
+            _check_fused_rms_norm(comm, rank)
     finally:
+        _C.set_custom_all_reduce_rms_norm_split(False)
         group.device_communicator = None
         comm.close()
 
