@@ -25,6 +25,9 @@
 // span, as in a decode step), % of the in-run copy
 // bandwidth for its bytes (weight + x + out), and the W8A8 path at the same M for comparison (our
 // cutlass_scaled_mm per-token/channel, without its activation quant kernel, and cuBLASLt).
+// fused_us / fused_sweep_us: the form the engine's fused decode layer runs on that shape (normed
+// input for qkv_proj, normed input + SiLU-and-mul for gate_up, the residual add for o_proj and
+// down) with its default launch and every (warps, L2 hint, PDL).
 // Flags: --tokens 1,16,...  --models 8b,70b  --no-check --no-bench --no-int8 --no-block
 //        --no-skinny --skinny-tokens 1,8,16 --iters 20 --cublas-fast-accum 1 --json FILE
 #include <algorithm>
@@ -674,6 +677,19 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
       size_t(max_m) * s.k, -2.f, 2.f, 45, [](float f) { return __float2bfloat16(f); });
   __nv_bfloat16* out = device_alloc<__nv_bfloat16>(size_t(max_m) * s.n);
   void* cublas_out = device_alloc<int32_t>(size_t(max_m) * s.n);
+  // The form the engine's fused decode layer runs on this shape (pyorch/layers/fused_linear.py):
+  // qkv_proj a normed input, gate_up a normed input + SiLU-and-mul, o_proj and down the residual
+  // add. Its launches default to no PDL (skinny_gemm_fp8), so the sweep tries both.
+  const bool normed = s.name == "qkv_proj" || s.name == "gate_up";
+  const pyorch::SkinnyGemmEpilogue fused_epi = s.name == "gate_up"
+                                                   ? pyorch::SkinnyGemmEpilogue::kSiluMul
+                                               : normed ? pyorch::SkinnyGemmEpilogue::kStore
+                                                        : pyorch::SkinnyGemmEpilogue::kAdd;
+  const int64_t fused_cols = fused_epi == pyorch::SkinnyGemmEpilogue::kSiluMul ? s.n / 2 : s.n;
+  __nv_bfloat16* norm_weight = pyorch::bench::random_device_buffer<__nv_bfloat16>(
+      size_t(s.k), 0.5f, 1.5f, 46, [](float f) { return __float2bfloat16(f); });
+  __nv_bfloat16* residual = pyorch::bench::random_device_buffer<__nv_bfloat16>(
+      size_t(max_m) * s.n, -1.f, 1.f, 47, [](float f) { return __float2bfloat16(f); });
   for (int64_t m : tokens) {
     const double bytes = double(weight_bytes) + 2.0 * m * (s.k + s.n);
     auto skinny = [&](const pyorch::SkinnyGemmConfig* config) {
@@ -693,6 +709,29 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
         const pyorch::SkinnyGemmConfig config{warps, l2, -1, -1};
         sweep += (sweep.empty() ? "" : ",") + std::string("w") + std::to_string(warps) + "l2" +
                  std::to_string(l2) + ":" + Report::fmt(skinny(&config));
+      }
+    }
+    auto fused = [&](const pyorch::SkinnyGemmConfig* config) {
+      return time_launches(
+          [&](int i, cudaStream_t st) {
+            const bool add = fused_epi == pyorch::SkinnyGemmEpilogue::kAdd;
+            BENCH_CHECK(pyorch::skinny_gemm_fp8(
+                add ? residual : out, x, p.b + (size_t(i) % copies) * weight_bytes, p.b_scales,
+                true, nullptr, normed ? norm_weight : nullptr, 1e-5f, fused_epi, DType::kBFloat16,
+                m, s.n, s.k, fused_cols, s.k, st, config));
+          },
+          launches, t.iters, t.stream);
+    };
+    const double fused_us = fused(nullptr);
+    std::string fused_sweep;
+    for (int warps : {4, 8}) {
+      for (int l2 : {0, 1}) {
+        for (int pdl : {0, 1}) {
+          const pyorch::SkinnyGemmConfig config{warps, l2, -1, pdl};
+          fused_sweep += (fused_sweep.empty() ? "" : ",") + std::string("w") +
+                         std::to_string(warps) + "l2" + std::to_string(l2) + "pdl" +
+                         std::to_string(pdl) + ":" + Report::fmt(fused(&config));
+        }
       }
     }
     Problem pm = p;
@@ -730,6 +769,11 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
                 {"time_us", Report::fmt(us)},
                 {"pct_of_copy", Report::fmt(100.0 * bytes / (us * 1e3) / copy_gbs, 1)},
                 {"sweep_us", sweep},
+                {"fused_form",
+                 normed ? (fused_epi == pyorch::SkinnyGemmEpilogue::kSiluMul ? "norm_silu" : "norm")
+                        : "add"},
+                {"fused_us", Report::fmt(fused_us)},
+                {"fused_sweep_us", fused_sweep},
                 {"w8a8_gemm_us", Report::fmt(w8a8_us)},
                 {"cublaslt_us", Report::fmt(cublas_us)},
                 {"ratio_cublaslt", Report::fmt(cublas_us / us, 3)}});
@@ -737,6 +781,8 @@ void bench_skinny(Report& report, const Timer& t, const Shape& s,
   BENCH_CHECK(cudaFree(x));
   BENCH_CHECK(cudaFree(out));
   BENCH_CHECK(cudaFree(cublas_out));
+  BENCH_CHECK(cudaFree(norm_weight));
+  BENCH_CHECK(cudaFree(residual));
   free_problem(p);
 }
 
