@@ -85,7 +85,11 @@ class CustomAllreduce:
                 self._opened.append(ptr)
                 pointers.append(ptr)
         self.pointers = pointers
-        dist.barrier(group=group)  # every signal area is zeroed and mapped before the first use
+        # Every signal area is zeroed and mapped before the first use (an NCCL group: its GPU
+        # named, or torch warns that it guessed).
+        index = torch.device(device).index
+        dist.barrier(group=group,
+                     device_ids=[index if index is not None else torch.cuda.current_device()])
 
     @classmethod
     def create(cls, group: Any) -> Optional["CustomAllreduce"]:

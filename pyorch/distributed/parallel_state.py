@@ -91,7 +91,11 @@ class GroupCoordinator:
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            dist.barrier(group=self.group)
+            # NCCL's barrier is told its GPU (torch warns when it has to guess); gloo takes none.
+            if self.device.type == "cuda" and self.device.index is not None:
+                dist.barrier(group=self.group, device_ids=[self.device.index])
+            else:
+                dist.barrier(group=self.group)
 
 
 _WORLD: Optional[GroupCoordinator] = None
