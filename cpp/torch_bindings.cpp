@@ -408,12 +408,12 @@ PYBIND11_MODULE(_C, m) {
         "Whether the W4A16 stream kernel loads the next k-block's activations early.");
   m.def("w4a16_prefetch_acts", &pyorch::w4a16_prefetch_acts,
         "Whether the W4A16 stream kernel prefetches activations.");
-  // CUDA IPC for the custom all-reduce: a buffer's handle (64 bytes) to share with the peers,
-  // mapping a peer's handle into this process (on the current device) and unmapping it.
   m.def("set_custom_all_reduce_rms_norm_split", &pyorch::set_custom_all_reduce_rms_norm_split,
         py::arg("on"), "Split the fused all-reduce + RMSNorm's rows over several blocks.");
   m.def("custom_all_reduce_rms_norm_split", &pyorch::custom_all_reduce_rms_norm_split,
         "Whether the fused all-reduce + RMSNorm splits its rows.");
+  // CUDA IPC for the custom all-reduce: a buffer's handle (64 bytes) to share with the peers,
+  // mapping a peer's handle into this process (on the current device) and unmapping it.
   m.def("custom_all_reduce_buffer_size", &pyorch::custom_all_reduce_buffer_size,
         py::arg("max_bytes"), "Bytes of one rank's custom all-reduce buffer.");
   m.def("custom_all_reduce_push_bytes", &pyorch::custom_all_reduce_push_bytes, py::arg("max_bytes"),

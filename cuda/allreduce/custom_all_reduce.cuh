@@ -65,13 +65,25 @@ struct RankBuffers {
   char* ptr[kCustomAllReduceMaxRanks];
 };
 
-__device__ __forceinline__ void store_release_sys(uint32_t* addr, uint32_t value) {
-  asm volatile("st.release.sys.global.u32 [%1], %0;" ::"r"(value), "l"(addr) : "memory");
+// Release stores and acquire loads of a flag at system scope (the peers' GPUs see it) or, with
+// kGpu, at GPU scope (this GPU's other blocks only: the split fused norm's partial sums).
+template <bool kGpu = false>
+__device__ __forceinline__ void store_release(uint32_t* addr, uint32_t value) {
+  if constexpr (kGpu) {
+    asm volatile("st.release.gpu.global.u32 [%1], %0;" ::"r"(value), "l"(addr) : "memory");
+  } else {
+    asm volatile("st.release.sys.global.u32 [%1], %0;" ::"r"(value), "l"(addr) : "memory");
+  }
 }
 
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* addr) {
+template <bool kGpu = false>
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* addr) {
   uint32_t value;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(addr) : "memory");
+  if constexpr (kGpu) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(addr) : "memory");
+  } else {
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(addr) : "memory");
+  }
   return value;
 }
 
@@ -86,9 +98,9 @@ __device__ __forceinline__ void block_barrier(const RankBuffers& bufs, int rank,
   if (threadIdx.x < NRANKS) {
     auto* peer = reinterpret_cast<AllReduceSignal*>(bufs.ptr[threadIdx.x]);
     auto* self = reinterpret_cast<AllReduceSignal*>(bufs.ptr[rank]);
-    store_release_sys(&slots(peer)[rank], flag);
+    store_release(&slots(peer)[rank], flag);
     const uint32_t* mine = &slots(self)[threadIdx.x];
-    while (static_cast<int32_t>(load_acquire_sys(mine) - flag) < 0) {
+    while (static_cast<int32_t>(load_acquire(mine) - flag) < 0) {
     }
   }
   __syncthreads();
@@ -381,16 +393,6 @@ constexpr int kSplitNormThreads = 128;
 constexpr int kSplitNormPacks = 4;      // packs per thread at most: chunk <= 512 packs
 constexpr int kSplitNormMaxSplits = 8;  // blocks per row at most
 
-__device__ __forceinline__ void store_release_gpu(uint32_t* addr, uint32_t value) {
-  asm volatile("st.release.gpu.global.u32 [%1], %0;" ::"r"(value), "l"(addr) : "memory");
-}
-
-__device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* addr) {
-  uint32_t value;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(addr) : "memory");
-  return value;
-}
-
 template <typename T, int NRANKS>
 __global__ void __launch_bounds__(kSplitNormThreads)
     all_reduce_rms_norm_split_kernel(RankBuffers bufs, int rank, const Pack* input, Pack* residual,
@@ -432,12 +434,12 @@ __global__ void __launch_bounds__(kSplitNormThreads)
   auto* self = reinterpret_cast<AllReduceSignal*>(bufs.ptr[rank]);
   if (threadIdx.x == 0) {
     self->norm_partial[blockIdx.x] = sum_sq;
-    store_release_gpu(&self->norm_flag[blockIdx.x], flag);  // orders the partial's store
+    store_release<true>(&self->norm_flag[blockIdx.x], flag);  // orders the partial's store
   }
   __shared__ float partials[kSplitNormMaxSplits];
   if (threadIdx.x < splits) {
     const int64_t b = row * splits + threadIdx.x;
-    while (static_cast<int32_t>(load_acquire_gpu(&self->norm_flag[b]) - flag) < 0) {
+    while (static_cast<int32_t>(load_acquire<true>(&self->norm_flag[b]) - flag) < 0) {
     }
     partials[threadIdx.x] = __ldcg(&self->norm_partial[b]);  // L2: the acquiring thread reads
   }
