@@ -61,6 +61,11 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         "`0` keeps tensor parallelism's row-parallel all-reduce and the next RMSNorm as two "
         "kernels instead of the fused all-reduce + residual add + RMSNorm (default on; for "
         "comparisons)"),
+    "PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT": (
+        _flag("PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT", False),
+        "`1` spreads the fused all-reduce + RMSNorm's rows over up to 8 blocks per rank, which "
+        "exchange partial sums of squares, instead of one block per row group (default off "
+        "until it is measured faster; for comparisons)"),
     "PYORCH_SKINNY_GEMM_LEGACY_PICKS": (
         _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
         "`1` launches the fp16/bf16 and fp8-weight decode GEMMs with their picks from before "
