@@ -408,10 +408,33 @@ PYBIND11_MODULE(_C, m) {
         "Whether the W4A16 stream kernel loads the next k-block's activations early.");
   m.def("w4a16_prefetch_acts", &pyorch::w4a16_prefetch_acts,
         "Whether the W4A16 stream kernel prefetches activations.");
-  m.def("set_custom_all_reduce_rms_norm_split", &pyorch::set_custom_all_reduce_rms_norm_split,
-        py::arg("on"), "Split the fused all-reduce + RMSNorm's rows over several blocks.");
-  m.def("custom_all_reduce_rms_norm_split", &pyorch::custom_all_reduce_rms_norm_split,
-        "Whether the fused all-reduce + RMSNorm splits its rows.");
+  m.def(
+      "set_custom_all_reduce_rms_norm_split",
+      [](const std::string& mode) {
+        using S = pyorch::AllReduceNormSplit;
+        if (mode != "off" && mode != "on" && mode != "auto") {
+          throw py::value_error(
+              "set_custom_all_reduce_rms_norm_split: mode must be 'off', 'on' "
+              "or 'auto', got '" +
+              mode + "'");
+        }
+        pyorch::set_custom_all_reduce_rms_norm_split(mode == "off"  ? S::kOff
+                                                     : mode == "on" ? S::kOn
+                                                                    : S::kAuto);
+      },
+      py::arg("mode"),
+      "Split the fused all-reduce + RMSNorm's rows over several blocks: 'off', 'on' or 'auto' "
+      "(the default: at most 4 rows).");
+  m.def(
+      "custom_all_reduce_rms_norm_split",
+      [] {
+        switch (pyorch::custom_all_reduce_rms_norm_split()) {
+          case pyorch::AllReduceNormSplit::kOff: return std::string("off");
+          case pyorch::AllReduceNormSplit::kOn: return std::string("on");
+          default: return std::string("auto");
+        }
+      },
+      "The fused all-reduce + RMSNorm's split mode: 'off', 'on' or 'auto'.");
   // CUDA IPC for the custom all-reduce: a buffer's handle (64 bytes) to share with the peers,
   // mapping a peer's handle into this process (on the current device) and unmapping it.
   m.def("custom_all_reduce_buffer_size", &pyorch::custom_all_reduce_buffer_size,

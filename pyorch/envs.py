@@ -29,6 +29,19 @@ def _flag(name: str, default: bool) -> Callable[[], bool]:
     return get
 
 
+def _split_mode() -> str:
+    """PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT as the C API's mode: 'auto', 'on' or 'off'."""
+    value = (os.environ.get("PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT") or "auto").lower()
+    if value == "auto":
+        return value
+    try:
+        on = _flag("PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT", False)()
+    except ValueError:
+        raise ValueError(f"PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT={value!r}: expected auto, 0/1, "
+                         "true/false, yes/no or on/off") from None
+    return "on" if on else "off"
+
+
 def _str(name: str, default: Optional[str]) -> Callable[[], Optional[str]]:
     return lambda: os.environ.get(name) or default
 
@@ -62,10 +75,10 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         "kernels instead of the fused all-reduce + residual add + RMSNorm (default on; for "
         "comparisons)"),
     "PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT": (
-        _flag("PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT", False),
-        "`1` spreads the fused all-reduce + RMSNorm's rows over up to 8 blocks per rank, which "
-        "exchange partial sums of squares, instead of one block per row group (default off "
-        "until it is measured faster; for comparisons)"),
+        _split_mode,
+        "how the fused all-reduce + RMSNorm spreads a row: `auto` (default) splits each of at "
+        "most 4 rows over up to 8 blocks per rank, which exchange partial sums of squares; `1` "
+        "splits wherever the blocks fit, `0` never (one block per row group; for comparisons)"),
     "PYORCH_SKINNY_GEMM_LEGACY_PICKS": (
         _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
         "`1` launches the fp16/bf16 and fp8-weight decode GEMMs with their picks from before "

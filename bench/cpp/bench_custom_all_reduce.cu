@@ -19,8 +19,8 @@
 // Flags: --ranks 2 --dtype bf16|fp16|fp32 --min-bytes 4096 --max-bytes 268435456 (x2 steps)
 //        --algos one_shot_push,one_shot,two_shot,auto,nccl --iters 20 --inner 20 --warmup 5
 //        --graph 1 --nccl-graph 1 --op all_reduce|all_reduce_rms_norm --hidden 4096
-//        --max-rows 64 --norm-split 0|1 (the fused norm's rows split over several blocks) --json
-//        FILE
+//        --max-rows 64 --norm-split 0|1|auto (the fused norm's rows split over several blocks;
+//        auto, the default, splits at most 4 rows; each row says auto:0 or auto:1) --json FILE
 // NCCL comes from the CUDA toolkit or the nvidia-nccl wheel (CMakeLists.txt); a build without it
 // runs the kernel alone and says so in each row (nccl_us=nan).
 #include <algorithm>
@@ -253,6 +253,15 @@ uint64_t check_all(std::vector<Rank>& ranks, const std::function<void(Rank&)>& f
   return bad;
 }
 
+// The split mode as a report cell: 0, 1, or auto:0 / auto:1 (what auto took for `rows`).
+std::string norm_split_label(int64_t rows) {
+  switch (pyorch::custom_all_reduce_rms_norm_split()) {
+    case pyorch::AllReduceNormSplit::kOff: return "0";
+    case pyorch::AllReduceNormSplit::kOn: return "1";
+    default: return rows <= pyorch::kAllReduceNormAutoSplitRows ? "auto:1" : "auto:0";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -337,7 +346,15 @@ int main(int argc, char** argv) {
     const int64_t hidden = args.num("hidden", 4096);
     const int64_t max_rows = args.num("max-rows", 64);
     if (args.has("norm-split")) {
-      pyorch::set_custom_all_reduce_rms_norm_split(args.num("norm-split", 0) != 0);
+      const std::string split = args.str("norm-split", "auto");
+      using S = pyorch::AllReduceNormSplit;
+      if (split != "0" && split != "1" && split != "auto") {
+        std::fprintf(stderr, "--norm-split must be 0, 1 or auto, got %s\n", split.c_str());
+        return 2;
+      }
+      pyorch::set_custom_all_reduce_rms_norm_split(split == "0"   ? S::kOff
+                                                   : split == "1" ? S::kOn
+                                                                  : S::kAuto);
     }
     const float eps = 1e-6f;
     const size_t esize = dtype_bytes(dtype);
@@ -460,7 +477,7 @@ int main(int argc, char** argv) {
                   {"ranks", std::to_string(num_ranks)},
                   {"rows", std::to_string(rows)},
                   {"hidden", std::to_string(hidden)},
-                  {"norm_split", pyorch::custom_all_reduce_rms_norm_split() ? "1" : "0"},
+                  {"norm_split", norm_split_label(rows)},
                   {"bytes", std::to_string(bytes)},
                   {"fused_us", Report::fmt(fused_us)},
                   {"custom_then_norm_us", Report::fmt(unfused_us)},

@@ -9,9 +9,7 @@ namespace pyorch {
 
 namespace {
 
-// set_custom_all_reduce_rms_norm_split: off until measured on GPUs (bench_custom_all_reduce
-// --norm-split 1 against 0).
-std::atomic<bool> g_norm_split{false};
+std::atomic<AllReduceNormSplit> g_norm_split{AllReduceNormSplit::kAuto};
 
 // NOTE(tp): kAuto is a default for callers without a measured table (pyorch.distributed's
 // CustomAllreduce passes the algorithm it measured best, bench/all_reduce_cutoffs.py): push
@@ -104,7 +102,9 @@ cudaError_t dispatch_norm_dtype(const kernels::RankBuffers& bufs, int rank, cons
                                 void* residual, const void* weight, void* out, float eps,
                                 DType dtype, int64_t num_rows, int64_t row_packs, int64_t max_bytes,
                                 cudaStream_t stream) {
-  const bool split = g_norm_split.load(std::memory_order_relaxed);
+  const AllReduceNormSplit mode = g_norm_split.load(std::memory_order_relaxed);
+  const bool split = mode == AllReduceNormSplit::kOn ||
+                     (mode == AllReduceNormSplit::kAuto && num_rows <= kAllReduceNormAutoSplitRows);
   return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
     return kernels::launch_all_reduce_rms_norm<T, NRANKS>(bufs, rank, input, residual, weight, out,
                                                           num_rows, row_packs, eps, max_bytes,
@@ -114,11 +114,13 @@ cudaError_t dispatch_norm_dtype(const kernels::RankBuffers& bufs, int rank, cons
 
 }  // namespace
 
-void set_custom_all_reduce_rms_norm_split(bool on) {
-  g_norm_split.store(on, std::memory_order_relaxed);
+void set_custom_all_reduce_rms_norm_split(AllReduceNormSplit mode) {
+  g_norm_split.store(mode, std::memory_order_relaxed);
 }
 
-bool custom_all_reduce_rms_norm_split() { return g_norm_split.load(std::memory_order_relaxed); }
+AllReduceNormSplit custom_all_reduce_rms_norm_split() {
+  return g_norm_split.load(std::memory_order_relaxed);
+}
 
 cudaError_t custom_all_reduce_rms_norm(void* out, const void* input, void* residual,
                                        const void* weight, float eps, void* const* buffers,

@@ -59,12 +59,27 @@ cudaError_t fp8_dispatch_epilogue(const kernels::SkinnyGemmArgs<T, Fp8>& args,
 //   (8B down 24.4 against 29.0).
 // 16 warps were tried too (a separate e4m3 build): never more than 0.2% faster, so there is no
 // 16-warp e4m3 form. set_skinny_gemm_legacy_picks restores the old picks, for A/B timing.
-SkinnyGemmConfig fp8_skinny_config(int64_t num_tokens, int64_t output_size, int64_t input_size) {
+// The fused forms the engine's decode layer runs (a normed input, + SiLU-and-mul, the residual
+// add) have their own picks, from the same bench's fused_sweep_us on an H100
+// (bench/results/NVIDIA_H100_80GB_HBM3/skinny_fp8_fused_20261127/); us at M = 1 against the
+// plain picks above:
+// - M <= 8: the hint, which wins or ties in every fused form measured. A normed input: 4 warps
+// where the
+//   rows are short (K <= 4096) or the grid wide (N >= 4 K), else 8 (8B qkv 12.9 / 14.4, 8B
+//   gate_up 46.4 / 49.2, 70B qkv 34.8 / 37.0, 70B gate_up 163.4 / 177.8). The add: 8 warps (8B
+//   down 23.0 / 24.5, 70B o_proj 25.9 / 27.4).
+// - M > 8: the plain picks, and the hint for the add where K >= 8192 (70B down 84.8 / 92.3, 8B
+//   down 23.7 / 25.4; at K = 4096 it loses: 8B o_proj 9.6 / 9.0).
+// PDL stays off in the fused forms: in the sweep it helped without the hint and hurt with it,
+// and a chain of one kernel does not show what it does after the engine's other kernels.
+SkinnyGemmConfig fp8_skinny_config(int64_t num_tokens, int64_t output_size, int64_t input_size,
+                                   bool normed, SkinnyGemmEpilogue epilogue) {
   if (skinny_gemm_legacy_picks()) {
     // bf16 legacy picks on the bf16-equivalent K (an e4m3 row of K streams like a bf16 row of
     // K / 2), 16 warps capped to 8.
     SkinnyGemmConfig cfg = legacy_skinny_gemm_config(num_tokens, output_size, input_size / 2);
     if (cfg.num_warps > 8) cfg.num_warps = 8;
+    if (normed || epilogue != SkinnyGemmEpilogue::kStore) cfg.pdl = 0;
     return cfg;
   }
   const int64_t num_blocks = (output_size + kernels::kSkinnyRows - 1) / kernels::kSkinnyRows;
@@ -77,6 +92,16 @@ SkinnyGemmConfig fp8_skinny_config(int64_t num_tokens, int64_t output_size, int6
     cfg.l2_prefetch = input_size >= 16384 ? 1 : 0;
   }
   cfg.pdl = pdl_enabled() ? 1 : 0;
+  if (!normed && epilogue == SkinnyGemmEpilogue::kStore) return cfg;
+  cfg.pdl = 0;
+  const bool add = epilogue == SkinnyGemmEpilogue::kAdd;
+  if (num_tokens <= kernels::kSkinnyTileTokens) {
+    cfg.l2_prefetch = 1;
+    if (normed) cfg.num_warps = input_size <= 4096 || output_size >= 4 * input_size ? 4 : 8;
+    if (add) cfg.num_warps = 8;
+  } else if (add && input_size >= 8192) {
+    cfg.l2_prefetch = 1;
+  }
   return cfg;
 }
 
@@ -113,9 +138,8 @@ cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
   if (norm_weight != nullptr && input_size == 0) {
     PYORCH_INVALID("skinny_gemm_fp8: a normed input needs input_size > 0");
   }
-  SkinnyGemmConfig cfg = fp8_skinny_config(num_tokens, output_size, input_size);
-  const bool plain = epilogue == SkinnyGemmEpilogue::kStore && norm_weight == nullptr;
-  if (!plain) cfg.pdl = 0;
+  SkinnyGemmConfig cfg =
+      fp8_skinny_config(num_tokens, output_size, input_size, norm_weight != nullptr, epilogue);
   int prefetch_slices = -1;
   if (config != nullptr) {
     if (config->num_warps >= 0) cfg.num_warps = config->num_warps;

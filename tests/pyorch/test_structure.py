@@ -114,3 +114,17 @@ def test_envs_parse_flags(monkeypatch):
     assert envs.PYORCH_SKINNY_GEMM_LEGACY_PICKS is True
     with pytest.raises(AttributeError):
         envs.PYORCH_NOT_A_VARIABLE
+
+
+def test_envs_parse_the_all_reduce_norm_split_mode(monkeypatch):
+    from pyorch import envs
+
+    name = "PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT"
+    monkeypatch.delenv(name, raising=False)
+    assert envs.PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT == "auto"
+    for value, mode in (("AUTO", "auto"), ("1", "on"), ("on", "on"), ("0", "off"), ("no", "off")):
+        monkeypatch.setenv(name, value)
+        assert envs.PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT == mode, value
+    monkeypatch.setenv(name, "sometimes")
+    with pytest.raises(ValueError, match=f"{name}='sometimes'"):
+        envs.PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT

@@ -62,14 +62,18 @@ cudaError_t custom_all_reduce_rms_norm(void* out, const void* input, void* resid
                                        int rank, int world_size, int64_t max_bytes, DType dtype,
                                        int64_t num_rows, int64_t hidden, cudaStream_t stream);
 
-// Process-wide: custom_all_reduce_rms_norm splits each row over several thread blocks where few
-// rows are given (at most 36 blocks in all), instead of one block per row. Off by default until
-// measured (bench_custom_all_reduce --op all_reduce_rms_norm --norm-split 1); the outputs may
-// differ from the unsplit kernel's in the last bit (the squares add in another order), and are
-// the same on every rank. Every rank must use the same setting; set it before CUDA graphs are
-// captured.
-void set_custom_all_reduce_rms_norm_split(bool on);
-bool custom_all_reduce_rms_norm_split();
+// Process-wide: whether custom_all_reduce_rms_norm splits each row over several thread blocks
+// (at most 36 blocks in all) instead of one block per row. kAuto (the default) splits at most
+// kAllReduceNormAutoSplitRows rows: on two and four H100s the split form took 0.3 to 2.8 us off
+// rows 1 to 4 at hidden 4096 and 8192 and lost or tied at 8 and 16 (bench_custom_all_reduce --op
+// all_reduce_rms_norm --norm-split 0|1; bench/results/NVIDIA_H100_80GB_HBM3x2/, ...x4/). kOn
+// splits wherever the grid fits, kOff never. The split outputs may differ from the unsplit
+// kernel's in the last bit (the squares add in another order) and are the same on every rank.
+// Every rank must use the same setting; set it before CUDA graphs are captured.
+enum class AllReduceNormSplit : int { kOff = 0, kOn = 1, kAuto = 2 };
+constexpr int64_t kAllReduceNormAutoSplitRows = 4;
+void set_custom_all_reduce_rms_norm_split(AllReduceNormSplit mode);
+AllReduceNormSplit custom_all_reduce_rms_norm_split();
 
 // CUDA IPC: export a cudaMalloc'd pointer as kCustomAllReduceIpcHandleBytes bytes, map a peer's
 // into this process (on the current device), unmap it.

@@ -73,13 +73,17 @@ def _check_kernel(rank: int, world_size: int) -> None:
         torch.testing.assert_close(group.all_reduce(odd),
                                    torch.full_like(odd, world_size * (world_size + 1) / 2))
         _check_graph_replay(comm, world_size, rank)
-        # The fused norm with one block per row, then with few rows split over several blocks
-        # (off by default until measured; the same setting on every rank).
-        for split in (False, True):
+        # The fused norm with one block per row, with rows split over several blocks, and the
+        # default (split up to 4 rows); the same setting on every rank.
+        assert _C.custom_all_reduce_rms_norm_split() == "auto"
+        for split in ("off", "on", "auto"):
             _C.set_custom_all_reduce_rms_norm_split(split)
+            assert _C.custom_all_reduce_rms_norm_split() == split
             _check_fused_rms_norm(comm, rank)
+        with pytest.raises(ValueError, match="'off', 'on' or 'auto', got 'sometimes'"):
+            _C.set_custom_all_reduce_rms_norm_split("sometimes")
     finally:
-        _C.set_custom_all_reduce_rms_norm_split(False)
+        _C.set_custom_all_reduce_rms_norm_split("auto")
         group.device_communicator = None
         comm.close()
 
