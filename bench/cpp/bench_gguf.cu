@@ -4,11 +4,13 @@
 //
 // Weights: random blocks written here (every quant bit and packed scale byte random, the fp16
 // super-scales d / dmin drawn uniform in +-0.01), never zeros; x uniform in [-1, 1).
-// Timing: a CUDA graph of one call per weight copy, rotating over enough copies that no call finds
-// its weight in L2 (>= 256 MB between two reads of one copy); median replay time / copies. A call
-// is the whole op: the q8_1 quantization of x and the product. Bytes: the weight blocks + x +
-// out, each once; pct_of_copy: achieved bytes/s against a device-to-device copy in the same run
-// (read + write bytes / time), i.e. how close the call is to the weight-read bandwidth floor.
+// Timing: a CUDA graph of one call per weight copy, the copies spanning --span-mb (default 2000,
+// as a decode step reads each weight once across a model-sized span: at a few hundred MB part of
+// a large weight can still be in L2 when its copy comes round again); median replay time /
+// copies. A call is the whole op: the q8_1 quantization of x and the product. Bytes: the weight
+// blocks + x + out, each once; pct_of_copy: achieved bytes/s against a device-to-device copy in
+// the same run (read + write bytes / time), i.e. how close the call is to the weight-read
+// bandwidth floor.
 // Correctness (first copy): a simple reference, W dequantized to fp32 by gguf_dequantize, x by its
 // own q8_1 blocks, and a plain fp32 tiled GEMM; PASS when max |out - ref| <= 4e-3 * max |ref|
 // (fp16 output rounding plus fp32 summation order).
@@ -17,7 +19,7 @@
 // (tile size, ring stages, L2 hint, PDL; GgufMulMatVecConfig), to pick its defaults;
 // op=gguf_dequantize: the whole weight to fp16 (time only: tests/cuda/gguf checks it bit for bit).
 // Flags: --types Q4_0,...,Q6_K --shapes qkv_proj,o_proj,gate_up,down --tokens 1,4,16,64,512
-//        --sweep-tokens 1 --no-sweep --no-dequantize --iters 20 --json FILE
+//        --sweep-tokens 1 --no-sweep --no-dequantize --iters 20 --span-mb 2000 --json FILE
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -268,6 +270,7 @@ int main(int argc, char** argv) {
   const auto shape_names = args.strs("shapes", {});
   const auto tokens = args.list("tokens", {1, 4, 16, 64, 512});
   const int iters = static_cast<int>(args.num("iters", 20));
+  const size_t span_bytes = size_t(args.num("span-mb", 2000)) * 1000000;
   const auto sweep_tokens =
       args.has("no-sweep") ? std::vector<int64_t>{} : args.list("sweep-tokens", {1});
   cudaStream_t stream;
@@ -291,7 +294,7 @@ int main(int argc, char** argv) {
       const int64_t block_bytes = pyorch::gguf_block_bytes(type.id);
       c.row_bytes = shape.k / block_size * block_bytes;
       const size_t bytes = size_t(shape.n) * c.row_bytes;
-      const int copies = static_cast<int>(std::max<size_t>(2, (size_t(256) << 20) / bytes + 1));
+      const int copies = static_cast<int>(std::max<size_t>(2, span_bytes / bytes + 1));
       for (int i = 0; i < copies; ++i) {
         uint8_t* w;
         BENCH_CHECK(cudaMalloc(&w, bytes));

@@ -7,12 +7,15 @@
 // per second) and PASS/FAIL against a naive reference kernel that decodes the tile layout through
 // its own inverse formula (independent of the kernels' index math) and sums in fp32.
 //
-// Timing: a CUDA graph of --launches back-to-back launches, rotating over enough copies of the
-// weight that no launch finds its weight in L2 (>= 200 MB between two reads of one copy); the
-// median replay over --iters replays, divided by the launch count.
+// Timing: a CUDA graph of back-to-back launches rotating over copies of the weight that span
+// --span-mb (default 2000: a decode step reads each weight once across a model-sized span; at
+// 200 MB part of a large weight is still in L2 when its copy comes round again, as bench_gemm.cu
+// measured for bf16), at least --launches and at least one per copy; the median replay over
+// --iters replays, divided by the launch count.
 // The decode chain: the 128 GEMMs of a Llama-3-8B decode step (32 layers, own weights each), one
 // graph, ours against cuBLAS bf16 (--chain-tokens; --no-chain skips it).
 // Flags: --models 8b,70b --tokens 1,2,4,8,16,32,64,128,512,2048 --launches 20 --iters 20
+//        --span-mb 2000
 //        --chain-tokens 1,8,16 --no-chain --prefetch N (L2 prefetch depth; 0: off) --json FILE
 //        --kernel stream|registers (the m <= 16 kernel)
 //        --stages N (stream ring slots per warp, 1..8) --ctas-per-sm N (the k-split's target)
@@ -131,6 +134,7 @@ struct Bench {
   cublasHandle_t handle;
   cudaStream_t stream;
   int launches, iters;
+  double span_bytes;  // the weight copies of one shape span at least this many bytes
   Report* report;
 };
 
@@ -178,10 +182,10 @@ struct Buffers {
   int32_t* workspace;
   float* partials;
   float* ref;  // [max_m, n]
-  Buffers(const Shape& s, int64_t max_m) {
+  Buffers(const Shape& s, int64_t max_m, double span_bytes) {
     const double q_bytes = s.n * s.k / 2.0, d_bytes = 2.0 * s.n * s.k;
-    const int q_copies = std::max(2, static_cast<int>(std::ceil(200e6 / q_bytes)) + 1);
-    const int d_copies = std::max(2, static_cast<int>(std::ceil(200e6 / d_bytes)) + 1);
+    const int q_copies = std::max(2, static_cast<int>(std::ceil(span_bytes / q_bytes)) + 1);
+    const int d_copies = std::max(2, static_cast<int>(std::ceil(span_bytes / d_bytes)) + 1);
     for (int c = 0; c < q_copies; ++c) {
       codes.push_back(device_alloc<uint32_t>(size_t(s.n) * s.k / 8));
       fill_words_kernel<<<2048, 256>>>(codes.back(), size_t(s.n) * s.k / 8, 100 + c);
@@ -268,7 +272,9 @@ double rel_err(const Buffers& buf, int64_t m, int64_t n) {
 void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tokens) {
   int64_t max_m = 1;
   for (int64_t m : tokens) max_m = std::max(max_m, m);
-  Buffers buf(s, max_m);
+  Buffers buf(s, max_m, b.span_bytes);
+  const int q_launches = std::max(b.launches, static_cast<int>(buf.codes.size()));
+  const int d_launches = std::max(b.launches, static_cast<int>(buf.dense.size()));
   const double weight_bytes = s.n * s.k / 2.0 + 2.0 * s.n * (s.k / kGroupSize);
   for (int64_t m : tokens) {
     // Correctness first (copy 0), against the naive reference.
@@ -283,22 +289,22 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
     const double us = 1e3 *
                       graph_ms(
                           [&](cudaStream_t st) {
-                            for (int i = 0; i < b.launches; ++i) {
+                            for (int i = 0; i < q_launches; ++i) {
                               run_ours(b, buf, s, m, i % static_cast<int>(buf.codes.size()), st);
                             }
                           },
                           b.stream, b.iters) /
-                      b.launches;
+                      q_launches;
     const double cublas_us = 1e3 *
                              graph_ms(
                                  [&](cudaStream_t st) {
-                                   for (int i = 0; i < b.launches; ++i) {
+                                   for (int i = 0; i < d_launches; ++i) {
                                      run_cublas(b.handle, buf.dense[i % buf.dense.size()], buf.a,
                                                 buf.out, m, s.n, s.k, st);
                                    }
                                  },
                                  b.stream, b.iters) /
-                             b.launches;
+                             d_launches;
     b.report->add({{"op", "w4a16_gemm"},
                    {"model", s.model},
                    {"shape", s.name},
@@ -440,6 +446,7 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
   b.launches = static_cast<int>(args.num("launches", 20));
   b.iters = static_cast<int>(args.num("iters", 20));
+  b.span_bytes = 1e6 * static_cast<double>(args.num("span-mb", 2000));
   b.report = &report;
   if (args.has("prefetch"))
     pyorch::set_w4a16_l2_prefetch(static_cast<int>(args.num("prefetch", 0)));
