@@ -64,10 +64,9 @@ cudaError_t fp8_dispatch_epilogue(const kernels::SkinnyGemmArgs<T, Fp8>& args,
 // (bench/results/NVIDIA_H100_80GB_HBM3/skinny_fp8_fused_20261127/); us at M = 1 against the
 // plain picks above:
 // - M <= 8: the hint, which wins or ties in every fused form measured. A normed input: 4 warps
-// where the
-//   rows are short (K <= 4096) or the grid wide (N >= 4 K), else 8 (8B qkv 12.9 / 14.4, 8B
-//   gate_up 46.4 / 49.2, 70B qkv 34.8 / 37.0, 70B gate_up 163.4 / 177.8). The add: 8 warps (8B
-//   down 23.0 / 24.5, 70B o_proj 25.9 / 27.4).
+//   where the rows are short (K <= 4096) or the grid wide (N >= 4 K), else 8 (8B qkv 12.9 /
+//   14.4, 8B gate_up 46.4 / 49.2, 70B qkv 34.8 / 37.0, 70B gate_up 163.4 / 177.8). The add: 8
+//   warps (8B down 23.0 / 24.5, 70B o_proj 25.9 / 27.4).
 // - M > 8: the plain picks, and the hint for the add where K >= 8192 (70B down 84.8 / 92.3, 8B
 //   down 23.7 / 25.4; at K = 4096 it loses: 8B o_proj 9.6 / 9.0).
 // PDL stays off in the fused forms: in the sweep it helped without the hint and hurt with it,

@@ -64,8 +64,9 @@ cudaError_t custom_all_reduce_rms_norm(void* out, const void* input, void* resid
 
 // Process-wide: whether custom_all_reduce_rms_norm splits each row over several thread blocks
 // (at most 36 blocks in all) instead of one block per row. kAuto (the default) splits at most
-// kAllReduceNormAutoSplitRows rows: on two and four H100s the split form took 0.3 to 2.8 us off
-// rows 1 to 4 at hidden 4096 and 8192 and lost or tied at 8 and 16 (bench_custom_all_reduce --op
+// kAllReduceNormAutoSplitRows rows: on two and four H100s the split form took 0.2 to 2.8 us off
+// every case of 1 to 4 rows at hidden 4096 and 8192; at 8 and 16 rows it was mixed (hidden 8192
+// on four GPUs: 11.8 against 11.4 us at 8 rows) (bench_custom_all_reduce --op
 // all_reduce_rms_norm --norm-split 0|1; bench/results/NVIDIA_H100_80GB_HBM3x2/, ...x4/). kOn
 // splits wherever the grid fits, kOff never. The split outputs may differ from the unsplit
 // kernel's in the last bit (the squares add in another order) and are the same on every rank.

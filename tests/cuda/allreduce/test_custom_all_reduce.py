@@ -32,7 +32,7 @@ def _reference(x: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def _check_kernel(rank: int, world_size: int) -> None:
-    from pyorch import _C
+    from pyorch import _C, envs
     from pyorch.distributed.custom_all_reduce import (
         ALGO_AUTO,
         ALGO_ONE_SHOT,
@@ -75,7 +75,8 @@ def _check_kernel(rank: int, world_size: int) -> None:
         _check_graph_replay(comm, world_size, rank)
         # The fused norm with one block per row, with rows split over several blocks, and the
         # default (split up to 4 rows); the same setting on every rank.
-        assert _C.custom_all_reduce_rms_norm_split() == "auto"
+        default = envs.PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT  # "auto" unless set
+        assert _C.custom_all_reduce_rms_norm_split() == default
         for split in ("off", "on", "auto"):
             _C.set_custom_all_reduce_rms_norm_split(split)
             assert _C.custom_all_reduce_rms_norm_split() == split
@@ -83,7 +84,7 @@ def _check_kernel(rank: int, world_size: int) -> None:
         with pytest.raises(ValueError, match="'off', 'on' or 'auto', got 'sometimes'"):
             _C.set_custom_all_reduce_rms_norm_split("sometimes")
     finally:
-        _C.set_custom_all_reduce_rms_norm_split("auto")
+        _C.set_custom_all_reduce_rms_norm_split(envs.PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT)
         group.device_communicator = None
         comm.close()
 
