@@ -270,7 +270,12 @@ int main(int argc, char** argv) {
   const auto shape_names = args.strs("shapes", {});
   const auto tokens = args.list("tokens", {1, 4, 16, 64, 512});
   const int iters = static_cast<int>(args.num("iters", 20));
-  const size_t span_bytes = size_t(args.num("span-mb", 2000)) * 1000000;
+  const int64_t span_mb = args.num("span-mb", 2000);
+  if (span_mb <= 0) {
+    std::fprintf(stderr, "--span-mb must be positive, got %lld\n", static_cast<long long>(span_mb));
+    return 2;
+  }
+  const size_t span_bytes = size_t(span_mb) * 1000000;
   const auto sweep_tokens =
       args.has("no-sweep") ? std::vector<int64_t>{} : args.list("sweep-tokens", {1});
   cudaStream_t stream;

@@ -446,7 +446,12 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
   b.launches = static_cast<int>(args.num("launches", 20));
   b.iters = static_cast<int>(args.num("iters", 20));
-  b.span_bytes = 1e6 * static_cast<double>(args.num("span-mb", 2000));
+  const int64_t span_mb = args.num("span-mb", 2000);
+  if (span_mb <= 0) {
+    std::fprintf(stderr, "--span-mb must be positive, got %lld\n", static_cast<long long>(span_mb));
+    return 2;
+  }
+  b.span_bytes = 1e6 * static_cast<double>(span_mb);
   b.report = &report;
   if (args.has("prefetch"))
     pyorch::set_w4a16_l2_prefetch(static_cast<int>(args.num("prefetch", 0)));
