@@ -408,6 +408,16 @@ PYBIND11_MODULE(_C, m) {
         "Whether the W4A16 stream kernel loads the next k-block's activations early.");
   m.def("w4a16_prefetch_acts", &pyorch::w4a16_prefetch_acts,
         "Whether the W4A16 stream kernel prefetches activations.");
+  m.def("set_w4a16_tiled_min_rows", &pyorch::set_w4a16_tiled_min_rows, py::arg("rows"),
+        "The row count from which gptq_marlin_gemm runs its tiled kernel (1..65, clamped).");
+  m.def("w4a16_tiled_min_rows", &pyorch::w4a16_tiled_min_rows,
+        "The row count from which gptq_marlin_gemm runs its tiled kernel.");
+  m.def("set_w4a16_mma_max_rows", &pyorch::set_w4a16_mma_max_rows, py::arg("rows"),
+        "Above this many rows gptq_marlin_gemm dequantizes the weight and calls cuBLAS.");
+  m.def("w4a16_mma_max_rows", &pyorch::w4a16_mma_max_rows,
+        "Above this many rows gptq_marlin_gemm dequantizes the weight and calls cuBLAS.");
+  m.def("w4a16_kernel_name", &pyorch::w4a16_kernel_name, py::arg("size_m"),
+        "The CUDA kernel gptq_marlin_gemm runs for size_m rows (stream, registers or tiled).");
   m.def(
       "set_custom_all_reduce_rms_norm_split",
       [](const std::string& mode) {

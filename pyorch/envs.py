@@ -42,6 +42,24 @@ def _split_mode() -> str:
     return "on" if on else "off"
 
 
+def _rows(name: str) -> Callable[[], Optional[int]]:
+    """A positive row count, or None (unset: the C API's default)."""
+
+    def get() -> Optional[int]:
+        value = os.environ.get(name)
+        if value is None or value == "":
+            return None
+        try:
+            rows = int(value)
+        except ValueError:
+            rows = 0
+        if rows < 1:
+            raise ValueError(f"{name}={value!r}: expected a positive number of rows")
+        return rows
+
+    return get
+
+
 def _str(name: str, default: Optional[str]) -> Callable[[], Optional[str]]:
     return lambda: os.environ.get(name) or default
 
@@ -87,6 +105,16 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PYORCH_W4A16_PREFETCH_ACTS", True),
         "`0` makes the W4A16 (GPTQ / AWQ) decode kernel load each k-block's activations just "
         "before its dequant and mma instead of one k-block ahead (default on; for comparisons)"),
+    "PYORCH_W4A16_TILED_MIN_ROWS": (
+        _rows("PYORCH_W4A16_TILED_MIN_ROWS"),
+        "from this many rows on the W4A16 GEMM runs its tiled kernel (activations and codes "
+        "staged in shared memory; default `17`); `65` restores the register kernel up to 64 rows "
+        "(values above 65 act as 65; for comparisons)"),
+    "PYORCH_W4A16_MMA_MAX_ROWS": (
+        _rows("PYORCH_W4A16_MMA_MAX_ROWS"),
+        "above this many rows the W4A16 GEMM dequantizes the weight in column chunks and calls "
+        "cuBLAS instead of running its own kernel (default in `cuda/w4a16/w4a16.cu`; for "
+        "comparisons)"),
     "PYORCH_GGUF_CPU_REPACK": (
         _flag("PYORCH_GGUF_CPU_REPACK", True),
         "`0` keeps GGUF Q4_0 / Q4_1 / Q8_0 weights on the CPU in the file's block layout instead "

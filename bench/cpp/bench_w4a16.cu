@@ -1,11 +1,12 @@
 // Benchmark of pyorch::gptq_marlin_gemm (W4A16, GPTQ uint4b8, group 128, bf16) against cuBLAS's
 // bf16 GEMM on Llama-3-8B and 70B projections (no torch).
 //
-// Each row: our time (M <= kW4A16MaxMmaRows: the tensor-core kernel; above: w4a16_dequantize in
-// column chunks + cuBLAS, exactly the adapter's large-M path), cuBLAS bf16 on the unquantized
-// [N, K] weight, the speedup (cuBLAS / ours), our achieved weight bandwidth (4-bit codes + scales
-// per second) and PASS/FAIL against a naive reference kernel that decodes the tile layout through
-// its own inverse formula (independent of the kernels' index math) and sums in fp32.
+// Each row: our time (M <= w4a16_mma_max_rows(): gptq_marlin_gemm, whose kernel the row names;
+// above: w4a16_dequantize in column chunks + cuBLAS, exactly the adapter's large-M path), cuBLAS
+// bf16 on the unquantized [N, K] weight, the speedup (cuBLAS / ours), our achieved weight bandwidth
+// (4-bit codes + scales per second) and PASS/FAIL against a naive reference kernel that decodes the
+// tile layout through its own inverse formula (independent of the kernels' index math) and sums in
+// fp32.
 //
 // Timing: a CUDA graph of back-to-back launches rotating over copies of the weight that span
 // --span-mb (default 2000: a decode step reads each weight once across a model-sized span; at
@@ -21,6 +22,8 @@
 //        --stages N (stream ring slots per warp, 1..8) --ctas-per-sm N (the k-split's target)
 //        --pdl 0|1 (the stream kernel's PDL launch) --shapes qkv_proj,o_proj,... (default: all)
 //        --prefetch-acts 0|1 (the stream kernel loads the next k-block's activations early)
+//        --tiled-min-rows N (from N rows on the tiled kernel; 65: the registers kernel up to 64)
+//        --mma-max-rows N (above N rows dequantize + cuBLAS, as the adapter does)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -59,9 +62,8 @@ using cublasHandle_t = void*;
 
 constexpr int64_t kGroupSize = 128;
 
-const char* kernel_name() {
-  return pyorch::w4a16_kernel() == pyorch::W4A16Kernel::kStream ? "stream" : "registers";
-}
+// Whether the adapter's path for m rows is gptq_marlin_gemm (else dequantize + cuBLAS).
+bool mma_path(int64_t m) { return m <= pyorch::w4a16_mma_max_rows(); }
 
 struct Shape {
   std::string model, name;
@@ -182,7 +184,13 @@ struct Buffers {
   int32_t* workspace;
   float* partials;
   float* ref;  // [max_m, n]
-  Buffers(const Shape& s, int64_t max_m, double span_bytes) {
+  Buffers(const Shape& s, const std::vector<int64_t>& tokens, double span_bytes) {
+    int64_t max_m = 1, max_partials = 1;
+    for (int64_t m : tokens) {
+      max_m = std::max(max_m, m);
+      if (mma_path(m))
+        max_partials = std::max(max_partials, pyorch::w4a16_partials_size(m, s.n, s.k));
+    }
     const double q_bytes = s.n * s.k / 2.0, d_bytes = 2.0 * s.n * s.k;
     const int q_copies = std::max(2, static_cast<int>(std::ceil(span_bytes / q_bytes)) + 1);
     const int d_copies = std::max(2, static_cast<int>(std::ceil(span_bytes / d_bytes)) + 1);
@@ -206,8 +214,7 @@ struct Buffers {
     dequant = device_alloc<bf16>(size_t(chunk) * s.k);
     workspace = device_alloc<int32_t>(size_t(s.n / pyorch::kW4A16BlockN + 1));
     BENCH_CHECK(cudaMemset(workspace, 0, (s.n / pyorch::kW4A16BlockN + 1) * sizeof(int32_t)));
-    partials = device_alloc<float>(size_t(
-        std::max<int64_t>(1, pyorch::w4a16_partials_size(pyorch::kW4A16MaxMmaRows, s.n, s.k))));
+    partials = device_alloc<float>(size_t(max_partials));
     ref = device_alloc<float>(size_t(max_m) * s.n);
     // The fills ran on the legacy stream; the timed work runs on a non-blocking one (the first
     // run's M = 1 rows of the 70B shapes read codes still being written: NaN, FAIL).
@@ -222,11 +229,11 @@ struct Buffers {
   }
 };
 
-// Ours: the kernel up to kW4A16MaxMmaRows rows, else the adapter's dequantize + cuBLAS path.
+// Ours: gptq_marlin_gemm up to w4a16_mma_max_rows() rows, else the adapter's dequantize + cuBLAS.
 void run_ours(const Bench& b, const Buffers& buf, const Shape& s, int64_t m, int copy,
               cudaStream_t st) {
   const auto* q = reinterpret_cast<const int32_t*>(buf.codes[copy]);
-  if (m <= pyorch::kW4A16MaxMmaRows) {
+  if (mma_path(m)) {
     BENCH_CHECK(pyorch::gptq_marlin_gemm(buf.out, buf.a, q, buf.scales, nullptr, nullptr, nullptr,
                                          buf.workspace, buf.partials, pyorch::W4A16Type::kUint4b8,
                                          pyorch::DType::kBFloat16, m, s.n, s.k, kGroupSize, s.k,
@@ -270,9 +277,7 @@ double rel_err(const Buffers& buf, int64_t m, int64_t n) {
 }
 
 void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tokens) {
-  int64_t max_m = 1;
-  for (int64_t m : tokens) max_m = std::max(max_m, m);
-  Buffers buf(s, max_m, b.span_bytes);
+  Buffers buf(s, tokens, b.span_bytes);
   const int q_launches = std::max(b.launches, static_cast<int>(buf.codes.size()));
   const int d_launches = std::max(b.launches, static_cast<int>(buf.dense.size()));
   const double weight_bytes = s.n * s.k / 2.0 + 2.0 * s.n * (s.k / kGroupSize);
@@ -305,27 +310,26 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
                                  },
                                  b.stream, b.iters) /
                              d_launches;
-    b.report->add({{"op", "w4a16_gemm"},
-                   {"model", s.model},
-                   {"shape", s.name},
-                   {"M", std::to_string(m)},
-                   {"N", std::to_string(s.n)},
-                   {"K", std::to_string(s.k)},
-                   {"path", m <= pyorch::kW4A16MaxMmaRows ? "mma" : "dequant+cublas"},
-                   {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name()
-                              : m <= pyorch::kW4A16MaxMmaRows  ? "registers"
-                                                               : "dequant"},
-                   {"stages", std::to_string(pyorch::w4a16_stream_stages())},
-                   {"prefetch_acts", pyorch::w4a16_prefetch_acts() ? "1" : "0"},
-                   {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
-                   {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
-                   {"splits", std::to_string(pyorch::w4a16_num_splits(s.n, s.k))},
-                   {"time_us", Report::fmt(us)},
-                   {"cublas_bf16_us", Report::fmt(cublas_us)},
-                   {"speedup_vs_cublas", Report::fmt(cublas_us / us, 3)},
-                   {"weight_GB/s", Report::fmt(weight_bytes / (us * 1e3), 1)},
-                   {"rel_err", Report::fmt(err, 5)},
-                   {"check", pass ? "PASS" : "FAIL"}});
+    b.report->add(
+        {{"op", "w4a16_gemm"},
+         {"model", s.model},
+         {"shape", s.name},
+         {"M", std::to_string(m)},
+         {"N", std::to_string(s.n)},
+         {"K", std::to_string(s.k)},
+         {"path", mma_path(m) ? "mma" : "dequant+cublas"},
+         {"kernel", mma_path(m) ? pyorch::w4a16_kernel_name(m) : "dequant"},
+         {"stages", std::to_string(pyorch::w4a16_stream_stages())},
+         {"prefetch_acts", pyorch::w4a16_prefetch_acts() ? "1" : "0"},
+         {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
+         {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
+         {"splits", std::to_string(mma_path(m) ? pyorch::w4a16_num_splits(m, s.n, s.k) : 1)},
+         {"time_us", Report::fmt(us)},
+         {"cublas_bf16_us", Report::fmt(cublas_us)},
+         {"speedup_vs_cublas", Report::fmt(cublas_us / us, 3)},
+         {"weight_GB/s", Report::fmt(weight_bytes / (us * 1e3), 1)},
+         {"rel_err", Report::fmt(err, 5)},
+         {"check", pass ? "PASS" : "FAIL"}});
   }
 }
 
@@ -374,13 +378,15 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
   bf16* out = device_alloc<bf16>(size_t(max_m) * max_n);
   int64_t max_partials = 1;
   for (const Shape& s : layer_shapes) {
-    max_partials =
-        std::max(max_partials, pyorch::w4a16_partials_size(pyorch::kW4A16MaxMmaRows, s.n, s.k));
+    for (int64_t m : tokens) {
+      if (mma_path(m))
+        max_partials = std::max(max_partials, pyorch::w4a16_partials_size(m, s.n, s.k));
+    }
   }
   float* partials = device_alloc<float>(size_t(max_partials));
   BENCH_CHECK(cudaDeviceSynchronize());
   for (int64_t m : tokens) {
-    if (m > pyorch::kW4A16MaxMmaRows) continue;
+    if (!mma_path(m)) continue;
     const double ours_ms = graph_ms(
         [&](cudaStream_t st) {
           for (const Layer& l : chain) {
@@ -401,7 +407,7 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
         b.stream, std::max(5, b.iters / 2));
     b.report->add({{"op", "w4a16_decode_chain"},
                    {"model", "8b"},
-                   {"kernel", m <= pyorch::kW4A16StreamMaxRows ? kernel_name() : "registers"},
+                   {"kernel", pyorch::w4a16_kernel_name(m)},
                    {"stages", std::to_string(pyorch::w4a16_stream_stages())},
                    {"prefetch_acts", pyorch::w4a16_prefetch_acts() ? "1" : "0"},
                    {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
@@ -465,13 +471,18 @@ int main(int argc, char** argv) {
   if (args.has("prefetch-acts")) pyorch::set_w4a16_prefetch_acts(args.num("prefetch-acts", 0) != 0);
   if (args.has("ctas-per-sm"))
     pyorch::set_w4a16_ctas_per_sm(static_cast<int>(args.num("ctas-per-sm", 4)));
+  if (args.has("tiled-min-rows"))
+    pyorch::set_w4a16_tiled_min_rows(args.num("tiled-min-rows", pyorch::kW4A16DefaultTiledMinRows));
+  if (args.has("mma-max-rows")) pyorch::set_w4a16_mma_max_rows(args.num("mma-max-rows", 1));
   std::printf(
       "device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d prefetch_acts=%d "
-      "ctas_per_sm=%d pdl=%d\n",
+      "ctas_per_sm=%d pdl=%d tiled_min_rows=%lld mma_max_rows=%lld\n",
       pyorch::bench::device_name().c_str(), pyorch::bench::copy_bandwidth_gbs(b.stream),
-      pyorch::w4a16_l2_prefetch(), kernel_name(), pyorch::w4a16_stream_stages(),
+      pyorch::w4a16_l2_prefetch(), pyorch::w4a16_kernel_name(1), pyorch::w4a16_stream_stages(),
       static_cast<int>(pyorch::w4a16_prefetch_acts()), pyorch::w4a16_ctas_per_sm(),
-      static_cast<int>(pyorch::pdl_enabled()));
+      static_cast<int>(pyorch::pdl_enabled()),
+      static_cast<long long>(pyorch::w4a16_tiled_min_rows()),
+      static_cast<long long>(pyorch::w4a16_mma_max_rows()));
   const auto models = args.strs("models", {"8b", "70b"});
   const auto tokens = args.list("tokens", {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048});
   const auto shapes = args.strs("shapes", {});

@@ -6,6 +6,7 @@
 #include "w4a16/w4a16_gemm.cuh"
 #include "w4a16/w4a16_repack.cuh"
 #include "w4a16/w4a16_stream.cuh"
+#include "w4a16/w4a16_tiled.cuh"
 
 namespace pyorch {
 
@@ -34,6 +35,15 @@ constexpr int64_t kW4MinBlocksPerSplit = 2;
 // the warps had too few bytes in flight.
 std::atomic<int> g_prefetch_blocks{8};
 
+// The tiled kernel's first row count (set_w4a16_tiled_min_rows) and the adapter's last row count
+// for gptq_marlin_gemm before dequantize + cuBLAS (set_w4a16_mma_max_rows).
+std::atomic<int64_t> g_tiled_min_rows{kW4A16DefaultTiledMinRows};
+std::atomic<int64_t> g_mma_max_rows{512};
+// The tiled kernel's k-split: thread blocks it aims for per SM (8 warps each, about 2 resident)
+// and the fewest k-blocks per split.
+constexpr int64_t kW4TiledCtasPerSm = 2;
+constexpr int64_t kW4TiledMinBlocksPerSplit = 4;
+
 int w4_num_sms() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cache[kMaxDevices];
@@ -52,13 +62,40 @@ int w4_num_sms() {
   return num_sms;
 }
 
-int64_t w4_blocks_per_split(int64_t size_n, int64_t size_k) {
-  const int64_t kblocks = size_k / kW4A16BlockK;
-  const int64_t column_groups = (size_n + kW4A16BlockN - 1) / kW4A16BlockN;
-  const int64_t target = int64_t{g_ctas_per_sm.load(std::memory_order_relaxed)} * w4_num_sms();
-  const int64_t splits = std::max<int64_t>(1, (target + column_groups - 1) / column_groups);
-  const int64_t per_split = std::max((kblocks + splits - 1) / splits, kW4MinBlocksPerSplit);
+enum class W4Path { kStream, kRegisters, kTiled };
+
+W4Path w4_path(int64_t size_m) {
+  if (size_m >= g_tiled_min_rows.load(std::memory_order_relaxed)) return W4Path::kTiled;
+  if (size_m <= kW4A16StreamMaxRows &&
+      g_kernel.load(std::memory_order_relaxed) == static_cast<int>(W4A16Kernel::kStream)) {
+    return W4Path::kStream;
+  }
+  return W4Path::kRegisters;
+}
+
+// k-blocks per split: enough thread blocks for target_blocks, at least min_per_split each.
+int64_t w4_split_blocks(int64_t kblocks, int64_t tiles, int64_t target_blocks,
+                        int64_t min_per_split) {
+  const int64_t splits = std::max<int64_t>(1, (target_blocks + tiles - 1) / tiles);
+  const int64_t per_split = std::max((kblocks + splits - 1) / splits, min_per_split);
   return std::max<int64_t>(1, std::min(kblocks, per_split));
+}
+
+int64_t w4_blocks_per_split(int64_t size_m, int64_t size_n, int64_t size_k) {
+  const int64_t kblocks = size_k / kW4A16BlockK;
+  if (w4_path(size_m) == W4Path::kTiled) {
+    const int64_t block_m = kernels::w4_tiled_block_m(size_m);
+    const int64_t tiles = (size_m + block_m - 1) / block_m *
+                          ((size_n + kernels::kW4TiledBlockN - 1) / kernels::kW4TiledBlockN);
+    // One arrival counter per tile, in a workspace of ceil(size_n / kW4A16BlockN) ints.
+    if (tiles > (size_n + kW4A16BlockN - 1) / kW4A16BlockN) return kblocks;
+    return w4_split_blocks(kblocks, tiles, kW4TiledCtasPerSm * w4_num_sms(),
+                           kW4TiledMinBlocksPerSplit);
+  }
+  const int64_t column_groups = (size_n + kW4A16BlockN - 1) / kW4A16BlockN;
+  return w4_split_blocks(kblocks, column_groups,
+                         int64_t{g_ctas_per_sm.load(std::memory_order_relaxed)} * w4_num_sms(),
+                         kW4MinBlocksPerSplit);
 }
 
 bool w4_shape_ok(int64_t size_n, int64_t size_k) {
@@ -89,14 +126,33 @@ void set_w4a16_ctas_per_sm(int ctas) { g_ctas_per_sm.store(std::max(ctas, 1)); }
 
 int w4a16_ctas_per_sm() { return g_ctas_per_sm.load(); }
 
-int64_t w4a16_num_splits(int64_t size_n, int64_t size_k) {
-  if (!w4_shape_ok(size_n, size_k)) return 1;
-  const int64_t per_split = w4_blocks_per_split(size_n, size_k);
+void set_w4a16_tiled_min_rows(int64_t rows) {
+  g_tiled_min_rows.store(std::clamp<int64_t>(rows, 1, kW4A16RegistersMaxRows + 1));
+}
+
+int64_t w4a16_tiled_min_rows() { return g_tiled_min_rows.load(); }
+
+void set_w4a16_mma_max_rows(int64_t rows) { g_mma_max_rows.store(std::max<int64_t>(rows, 1)); }
+
+int64_t w4a16_mma_max_rows() { return g_mma_max_rows.load(); }
+
+const char* w4a16_kernel_name(int64_t size_m) {
+  switch (w4_path(size_m)) {
+    case W4Path::kStream: return "stream";
+    case W4Path::kRegisters: return "registers";
+    case W4Path::kTiled: return "tiled";
+  }
+  return "?";
+}
+
+int64_t w4a16_num_splits(int64_t size_m, int64_t size_n, int64_t size_k) {
+  if (!w4_shape_ok(size_n, size_k) || size_m <= 0) return 1;
+  const int64_t per_split = w4_blocks_per_split(size_m, size_n, size_k);
   return (size_k / kW4A16BlockK + per_split - 1) / per_split;
 }
 
 int64_t w4a16_partials_size(int64_t size_m, int64_t size_n, int64_t size_k) {
-  const int64_t splits = w4a16_num_splits(size_n, size_k);
+  const int64_t splits = w4a16_num_splits(size_m, size_n, size_k);
   return splits > 1 ? splits * size_m * size_n : 0;
 }
 
@@ -180,9 +236,8 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
         static_cast<long long>(size_k), static_cast<long long>(group_size),
         static_cast<long long>(size_n));
   }
-  if (size_m < 0 || size_m > kW4A16MaxMmaRows) {
-    PYORCH_INVALID("gptq_marlin_gemm: size_m %lld > %lld: dequantize and use cuBLAS",
-                   static_cast<long long>(size_m), static_cast<long long>(kW4A16MaxMmaRows));
+  if (size_m < 0 || size_m > INT32_MAX) {
+    PYORCH_INVALID("gptq_marlin_gemm: size_m %lld out of range", static_cast<long long>(size_m));
   }
   if ((type == W4A16Type::kUint4) != (zeros != nullptr)) {
     PYORCH_INVALID("gptq_marlin_gemm: zero points go with uint4 and only with it");
@@ -208,19 +263,25 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
   p.group_size = static_cast<int>(group_size);
   p.a_stride = a_stride;
   p.out_stride = out_stride;
-  p.blocks_per_split = static_cast<int>(w4_blocks_per_split(size_n, size_k));
-  p.num_splits = static_cast<int>(w4a16_num_splits(size_n, size_k));
+  p.blocks_per_split = static_cast<int>(w4_blocks_per_split(size_m, size_n, size_k));
+  p.num_splits = static_cast<int>(w4a16_num_splits(size_m, size_n, size_k));
   p.group_shift = (group_size & (group_size - 1)) == 0 ? __builtin_ctzll(group_size) : -1;
   p.prefetch_blocks = g_prefetch_blocks.load(std::memory_order_relaxed);
-  const bool stream_kernel =
-      size_m <= kW4A16StreamMaxRows &&
-      g_kernel.load(std::memory_order_relaxed) == static_cast<int>(W4A16Kernel::kStream);
+  const W4Path path = w4_path(size_m);
+  if (path == W4Path::kRegisters && size_m > kW4A16RegistersMaxRows) {
+    PYORCH_INVALID("gptq_marlin_gemm: the registers kernel takes at most %lld rows, got %lld",
+                   static_cast<long long>(kW4A16RegistersMaxRows), static_cast<long long>(size_m));
+  }
   const int stages = g_stream_stages.load(std::memory_order_relaxed);
   const bool prefetch_acts = g_prefetch_acts.load(std::memory_order_relaxed);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
-    return stream_kernel
-               ? kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, prefetch_acts, stream)
-               : kernels::launch_w4a16_gemm<T>(p, zeros != nullptr, stream);
+    switch (path) {
+      case W4Path::kStream:
+        return kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, prefetch_acts, stream);
+      case W4Path::kTiled: return kernels::launch_w4a16_tiled<T>(p, zeros != nullptr, stream);
+      case W4Path::kRegisters: break;
+    }
+    return kernels::launch_w4a16_gemm<T>(p, zeros != nullptr, stream);
   });
 }
 

@@ -182,12 +182,11 @@ __device__ __forceinline__ void w4_load_acts(const W4A16GemmArgs& p, int kb, int
   }
 }
 
-// acc[mt] += activations x (rows 8 mt .. 8 mt + 7 of one k-block) @ the stage's dequantized
-// codes; with SCALED = false the codes are only centred (q - z, exact in 16 bits) and the caller
-// applies the group scale to the fp32 sums (w4a16_stream.cuh, groups of whole k-blocks).
-template <typename T, int M_TILES, bool HAS_ZEROS, bool SCALED = true>
-__device__ __forceinline__ void w4_compute_acts(const W4Stage& s, const W4Acts<M_TILES>& x,
-                                                float (&acc)[M_TILES][4]) {
+// The A fragments of a stage's 4 k-tiles (register r of k-tile kt holds rows g + 8 (r % 2) of the
+// n-tile): the codes dequantized to T ((q - z) * s, one rounding), or with SCALED = false only
+// centred (q - z, exact in 16 bits; the caller applies the group scale to the fp32 sums).
+template <typename T, bool HAS_ZEROS, bool SCALED = true>
+__device__ __forceinline__ void w4_dequant_frags(const W4Stage& s, uint32_t (&frag)[4][4]) {
   using T2 = typename W4Traits<T>::T2;
   const int z_lo = HAS_ZEROS ? static_cast<int>(s.zeros & 0xF) : 8;
   const int z_hi = HAS_ZEROS ? static_cast<int>((s.zeros >> 4) & 0xF) : 8;
@@ -195,8 +194,6 @@ __device__ __forceinline__ void w4_compute_acts(const W4Stage& s, const W4Acts<M
   const T2 bias_hi = w4_broadcast<T>(w4_bias_bits<T>(z_hi));
   const T2 scale_lo = w4_broadcast<T>(static_cast<uint16_t>(s.scales & 0xFFFF));
   const T2 scale_hi = w4_broadcast<T>(static_cast<uint16_t>(s.scales >> 16));
-  // The A fragments of the block's 4 k-tiles: register r holds rows g + 8 (r % 2).
-  uint32_t frag[4][4];
   const uint32_t words[4] = {s.codes.x, s.codes.y, s.codes.z, s.codes.w};
 #pragma unroll
   for (int kt = 0; kt < 4; ++kt) {
@@ -211,14 +208,28 @@ __device__ __forceinline__ void w4_compute_acts(const W4Stage& s, const W4Acts<M
       }
     }
   }
+}
+
+// acc += one k-block of the weight's A fragments (w4_dequant_frags) times 8 rows of activations
+// (b0, b1: the lane's 16 consecutive values of its row, the mma's B operand).
+template <typename T>
+__device__ __forceinline__ void w4_mma_block(float (&acc)[4], const uint32_t (&frag)[4][4],
+                                             const uint4& b0, const uint4& b1) {
+  w4_mma<T>(acc, frag[0], b0.x, b0.y);
+  w4_mma<T>(acc, frag[1], b0.z, b0.w);
+  w4_mma<T>(acc, frag[2], b1.x, b1.y);
+  w4_mma<T>(acc, frag[3], b1.z, b1.w);
+}
+
+// acc[mt] += activations x (rows 8 mt .. 8 mt + 7 of one k-block) @ the stage's dequantized
+// codes (SCALED: see w4_dequant_frags; false is w4a16_stream.cuh's, groups of whole k-blocks).
+template <typename T, int M_TILES, bool HAS_ZEROS, bool SCALED = true>
+__device__ __forceinline__ void w4_compute_acts(const W4Stage& s, const W4Acts<M_TILES>& x,
+                                                float (&acc)[M_TILES][4]) {
+  uint32_t frag[4][4];
+  w4_dequant_frags<T, HAS_ZEROS, SCALED>(s, frag);
 #pragma unroll
-  for (int mt = 0; mt < M_TILES; ++mt) {
-    const uint4 b0 = x.b[mt][0], b1 = x.b[mt][1];
-    w4_mma<T>(acc[mt], frag[0], b0.x, b0.y);
-    w4_mma<T>(acc[mt], frag[1], b0.z, b0.w);
-    w4_mma<T>(acc[mt], frag[2], b1.x, b1.y);
-    w4_mma<T>(acc[mt], frag[3], b1.z, b1.w);
-  }
+  for (int mt = 0; mt < M_TILES; ++mt) w4_mma_block<T>(acc[mt], frag, x.b[mt][0], x.b[mt][1]);
 }
 
 // w4_compute_acts with the activations of k-block kb loaded here, just before their use.

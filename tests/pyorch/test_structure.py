@@ -106,6 +106,16 @@ def test_envs_parse_flags(monkeypatch):
     monkeypatch.setenv("PYORCH_PDL", "maybe")
     with pytest.raises(ValueError, match="PYORCH_PDL='maybe'"):
         envs.PYORCH_PDL
+    monkeypatch.setenv("PYORCH_W4A16_MMA_MAX_ROWS", "300")
+    assert envs.PYORCH_W4A16_MMA_MAX_ROWS == 300
+    monkeypatch.setenv("PYORCH_W4A16_MMA_MAX_ROWS", "0")
+    with pytest.raises(ValueError, match="PYORCH_W4A16_MMA_MAX_ROWS='0'"):
+        envs.PYORCH_W4A16_MMA_MAX_ROWS
+    monkeypatch.setenv("PYORCH_W4A16_TILED_MIN_ROWS", "lots")
+    with pytest.raises(ValueError, match="positive number of rows"):
+        envs.PYORCH_W4A16_TILED_MIN_ROWS
+    monkeypatch.delenv("PYORCH_W4A16_TILED_MIN_ROWS")
+    assert envs.PYORCH_W4A16_TILED_MIN_ROWS is None
     monkeypatch.setenv("PYORCH_LOGGING_LEVEL", "debug")
     assert envs.PYORCH_LOGGING_LEVEL == "DEBUG"
     monkeypatch.delenv("PYORCH_SKINNY_GEMM_LEGACY_PICKS", raising=False)

@@ -53,8 +53,9 @@ cudaError_t awq_marlin_repack(int32_t* out, const int32_t* b_q_weight, int64_t s
 //   workspace: >= ceil(size_n / kW4A16BlockN) ints, zero before the first call; every call
 //              leaves it zero (the k-split's arrival counters). Calls sharing one must be ordered.
 //   partials:  >= w4a16_partials_size(size_m, size_n, size_k) floats (unused when that is 0)
-// size_m <= kW4A16MaxMmaRows; size_k a multiple of kW4A16BlockK and of group_size; size_n of
-// kW4A16TileN; group_size a multiple of 16 dividing size_k. Captures in a CUDA graph.
+// Any size_m >= 0 (the kernel by rows: w4a16_kernel_name); size_k a multiple of kW4A16BlockK and
+// of group_size; size_n of kW4A16TileN; group_size a multiple of 16 dividing size_k. Captures in
+// a CUDA graph.
 cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const void* scales,
                              const int32_t* zeros, const int32_t* perm, void* a_perm_buffer,
                              int32_t* workspace, float* partials, W4A16Type type, DType dtype,
@@ -84,13 +85,26 @@ int w4a16_stream_stages();
 // half of each warp's cycles stalled on these loads, issued just before their use.
 void set_w4a16_prefetch_acts(bool on);
 bool w4a16_prefetch_acts();
-// Thread blocks per SM the k-split aims for (default 4).
+// Thread blocks per SM the decode kernels' k-split aims for (default 4).
 void set_w4a16_ctas_per_sm(int ctas);
 int w4a16_ctas_per_sm();
+// From this many rows on gptq_marlin_gemm runs the tiled kernel (w4a16_tiled.cuh: activations
+// and codes staged in shared memory, 2 n-tiles x up to 8 m-tiles per warp; any m); below it the
+// decode kernels. 1..kW4A16RegistersMaxRows + 1 (clamped); default kW4A16DefaultTiledMinRows.
+constexpr int64_t kW4A16DefaultTiledMinRows = kW4A16StreamMaxRows + 1;
+void set_w4a16_tiled_min_rows(int64_t rows);
+int64_t w4a16_tiled_min_rows();
+// Up to this many rows the adapter (cpp/ops/w4a16.cpp) and bench_w4a16 run gptq_marlin_gemm;
+// above it they dequantize the weight in column chunks (w4a16_dequantize) and call cuBLAS, whose
+// tiled bf16 GEMM wins once the product is compute-bound. >= 1 (clamped).
+void set_w4a16_mma_max_rows(int64_t rows);
+int64_t w4a16_mma_max_rows();
+// The kernel gptq_marlin_gemm runs for size_m rows: "stream", "registers" or "tiled".
+const char* w4a16_kernel_name(int64_t size_m);
 
 // The k-split gptq_marlin_gemm uses for a shape on the current device (1 = none) and the fp32
 // partial sums it needs (0 without a split).
-int64_t w4a16_num_splits(int64_t size_n, int64_t size_k);
+int64_t w4a16_num_splits(int64_t size_m, int64_t size_n, int64_t size_k);
 int64_t w4a16_partials_size(int64_t size_m, int64_t size_n, int64_t size_k);
 
 // The large-M path: out [n_count, size_k] (row-major, nn.Linear's layout, dtype) = W^T for the

@@ -22,10 +22,9 @@ constexpr int64_t kW4A16WordsPerBlock = 128;
 // Columns one thread block of the CUDA GEMM covers (4 warps x one n-tile): the workspace needs
 // ceil(size_n / kW4A16BlockN) ints.
 constexpr int64_t kW4A16BlockN = 64;
-// Up to this many rows of a the CUDA tensor-core kernel runs the whole product; above it the
-// adapter (cpp/ops/w4a16.cpp) and the benchmark dequantize the weight in column chunks
-// (w4a16_dequantize) and call cuBLAS.
-constexpr int64_t kW4A16MaxMmaRows = 64;
+// Rows the CUDA register-staged kernel (cuda/w4a16/w4a16_gemm.cuh) handles at most; the tiled
+// kernel (w4a16_tiled.cuh) takes any m.
+constexpr int64_t kW4A16RegistersMaxRows = 64;
 
 // The (n, k) of code p (bits 4p..4p+3) of word `word` (flat int32 index) of the w4 tiles of a
 // [size_k, size_n] weight.

@@ -13,7 +13,7 @@ table applies as is.
 import pytest
 import torch
 
-from pyorch import _ops
+from pyorch import _C, _ops
 from pyorch.scalar_type import scalar_types
 from tests.conftest import CUDA_AVAILABLE, DEVICES, tol
 from tests.reference import w4a16 as ref
@@ -214,14 +214,71 @@ LLAMA_SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (28672
 def test_llama_shapes_cuda(fmt: str, k: int, n: int):
     dtype = torch.bfloat16
     args, reference = _layer(k, n, 128, fmt, dtype, "cuda")
-    for m in [1, 4, 8, 9, 16, 33, 64, 65, 300]:  # the k-split, each m-tile count, the cuBLAS path
+    # The decode kernels' k-split and m-tile counts, the tiled kernel's 64- and 128-row blocks
+    # (with and without its k-split), and the cuBLAS path above w4a16_mma_max_rows().
+    rows = [1, 4, 8, 9, 16, 17, 33, 64, 65, 129, 300, _C.w4a16_mma_max_rows() + 3]
+    for m in rows:
         a = torch.randn(m, k, dtype=dtype, device="cuda")
         out = _gemm(a, args, n)
         expected = reference(a)
         torch.testing.assert_close(out, expected, **tol(dtype), msg=f"M={m}")
-        if m <= 64:  # the k-split reduces in a fixed order: same bits every time
+        if m <= _C.w4a16_mma_max_rows():  # the k-splits reduce in a fixed order: same bits
             assert torch.equal(out, _gemm(a, args, n))
     assert int(args[4].abs().sum()) == 0  # the workspace's counters are back to zero
+
+
+@pytest.fixture
+def tiled_everywhere():
+    """gptq_marlin_gemm with the tiled kernel at every row count and no cuBLAS path."""
+    tiled_min, mma_max = _C.w4a16_tiled_min_rows(), _C.w4a16_mma_max_rows()
+    _C.set_w4a16_tiled_min_rows(1)
+    _C.set_w4a16_mma_max_rows(1 << 30)
+    try:
+        yield
+    finally:
+        _C.set_w4a16_tiled_min_rows(tiled_min)
+        _C.set_w4a16_mma_max_rows(mma_max)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("k,n", SHAPES + [(1024, 4096 + 48)])
+def test_tiled_kernel_every_row_count_cuda(tiled_everywhere, dtype: torch.dtype, fmt: str,
+                                           group_size: int, k: int, n: int):
+    # The tiled kernel (cuda/w4a16/w4a16_tiled.cuh) holds W rounded to the dtype at every m:
+    # partial row blocks, warps with no rows, a last column block of 3 n-tiles (N = 4144), a
+    # k-split of a 1024-deep K (16 k-blocks) and of 1-block ones.
+    if group_size != -1 and k % group_size:
+        pytest.skip("K is not a multiple of the group size")
+    args, reference = _layer(k, n, group_size, fmt, dtype, "cuda", seed=5)
+    for m in [1, 5, 8, 16, 17, 31, 64, 65, 100, 128, 200]:
+        assert _C.w4a16_kernel_name(m) == "tiled"
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        out = _gemm(a, args, n)
+        expected = (a.double() @ reference.rounded).to(dtype)
+        torch.testing.assert_close(out, expected, **tol(dtype), msg=f"M={m}")
+        assert torch.equal(out, _gemm(a, args, n))
+    assert int(args[4].abs().sum()) == 0
+
+
+@cuda_only
+def test_kernel_by_row_count_cuda():
+    assert _C.w4a16_kernel_name(16) == "stream"
+    assert _C.w4a16_kernel_name(17) == "tiled"
+    tiled_min = _C.w4a16_tiled_min_rows()
+    try:
+        _C.set_w4a16_tiled_min_rows(1000)  # clamped to 65: the registers kernel ends at 64
+        assert _C.w4a16_tiled_min_rows() == 65
+        assert _C.w4a16_kernel_name(64) == "registers"
+        assert _C.w4a16_kernel_name(65) == "tiled"
+        k, n = 256, 80
+        args, reference = _layer(k, n, 64, "awq", torch.float16, "cuda")
+        a = torch.randn(40, k, dtype=torch.float16, device="cuda")
+        torch.testing.assert_close(_gemm(a, args, n), reference(a), **tol(torch.float16))
+    finally:
+        _C.set_w4a16_tiled_min_rows(tiled_min)
 
 
 @cuda_only
