@@ -24,6 +24,7 @@
 //        --prefetch-acts 0|1 (the stream kernel loads the next k-block's activations early)
 //        --tiled-min-rows N (from N rows on the tiled kernel; 65: the registers kernel up to 64)
 //        --mma-max-rows N (above N rows dequantize + cuBLAS, as the adapter does)
+//        --chunk-mb N (MiB of dequantized columns per chunk of that path; default 64)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -209,8 +210,7 @@ struct Buffers {
     a = device_alloc<bf16>(size_t(max_m) * s.k);
     fill_bf16_kernel<<<2048, 256>>>(a, size_t(max_m) * s.k, -1.f, 1.f, 8);
     out = device_alloc<bf16>(size_t(max_m) * s.n);
-    chunk =
-        std::min<int64_t>(s.n, std::max<int64_t>(16, (int64_t{64} << 20) / (2 * s.k) / 16 * 16));
+    chunk = pyorch::w4a16_dequant_chunk_cols(s.n, s.k, sizeof(bf16));
     dequant = device_alloc<bf16>(size_t(chunk) * s.k);
     workspace = device_alloc<int32_t>(size_t(s.n / pyorch::kW4A16BlockN + 1));
     BENCH_CHECK(cudaMemset(workspace, 0, (s.n / pyorch::kW4A16BlockN + 1) * sizeof(int32_t)));
@@ -323,6 +323,7 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
          {"prefetch_acts", pyorch::w4a16_prefetch_acts() ? "1" : "0"},
          {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
          {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
+         {"chunk_cols", std::to_string(mma_path(m) ? 0 : buf.chunk)},
          {"splits", std::to_string(mma_path(m) ? pyorch::w4a16_num_splits(m, s.n, s.k) : 1)},
          {"time_us", Report::fmt(us)},
          {"cublas_bf16_us", Report::fmt(cublas_us)},
@@ -474,6 +475,7 @@ int main(int argc, char** argv) {
   if (args.has("tiled-min-rows"))
     pyorch::set_w4a16_tiled_min_rows(args.num("tiled-min-rows", pyorch::kW4A16DefaultTiledMinRows));
   if (args.has("mma-max-rows")) pyorch::set_w4a16_mma_max_rows(args.num("mma-max-rows", 1));
+  if (args.has("chunk-mb")) pyorch::set_w4a16_dequant_chunk_bytes(args.num("chunk-mb", 64) << 20);
   std::printf(
       "device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d prefetch_acts=%d "
       "ctas_per_sm=%d pdl=%d tiled_min_rows=%lld mma_max_rows=%lld\n",

@@ -12,9 +12,6 @@
 
 namespace {
 
-// Bytes of dequantized weight one large-M chunk may hold (bounds the temporary).
-constexpr int64_t kDequantChunkBytes = int64_t{64} << 20;
-
 const int32_t* optional_ptr(const std::optional<at::Tensor>& t) {
   return t && t->numel() > 0 ? t->const_data_ptr<int32_t>() : nullptr;
 }
@@ -92,9 +89,7 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
     PYORCH_CHECK_CUDA(pyorch::w4a16_permute_cols(a_in.data_ptr(), a.const_data_ptr(), perm, dtype,
                                                  size_m, size_k, a_stride, stream));
   }
-  const int64_t elem = a.element_size();
-  int64_t chunk = kDequantChunkBytes / (size_k * elem) / pyorch::kW4A16TileN * pyorch::kW4A16TileN;
-  chunk = std::max(pyorch::kW4A16TileN, std::min(chunk, size_n));
+  const int64_t chunk = pyorch::w4a16_dequant_chunk_cols(size_n, size_k, a.element_size());
   at::Tensor w = at::empty({chunk, size_k}, a.options());
   for (int64_t n0 = 0; n0 < size_n; n0 += chunk) {
     const int64_t cols = std::min(chunk, size_n - n0);

@@ -38,7 +38,8 @@ std::atomic<int> g_prefetch_blocks{8};
 // The tiled kernel's first row count (set_w4a16_tiled_min_rows) and the adapter's last row count
 // for gptq_marlin_gemm before dequantize + cuBLAS (set_w4a16_mma_max_rows).
 std::atomic<int64_t> g_tiled_min_rows{kW4A16DefaultTiledMinRows};
-std::atomic<int64_t> g_mma_max_rows{512};
+std::atomic<int64_t> g_mma_max_rows{128};
+std::atomic<int64_t> g_dequant_chunk_bytes{int64_t{64} << 20};
 // The tiled kernel's k-split: thread blocks it aims for per SM (8 warps each, about 2 resident)
 // and the fewest k-blocks per split.
 constexpr int64_t kW4TiledCtasPerSm = 2;
@@ -136,6 +137,17 @@ void set_w4a16_mma_max_rows(int64_t rows) { g_mma_max_rows.store(std::max<int64_
 
 int64_t w4a16_mma_max_rows() { return g_mma_max_rows.load(); }
 
+void set_w4a16_dequant_chunk_bytes(int64_t bytes) {
+  g_dequant_chunk_bytes.store(std::max<int64_t>(bytes, 1));
+}
+
+int64_t w4a16_dequant_chunk_cols(int64_t size_n, int64_t size_k, int64_t elem_bytes) {
+  const int64_t bytes = g_dequant_chunk_bytes.load(std::memory_order_relaxed);
+  const int64_t cols =
+      bytes / std::max<int64_t>(size_k * elem_bytes, 1) / kW4A16TileN * kW4A16TileN;
+  return std::max(kW4A16TileN, std::min(cols, size_n));
+}
+
 const char* w4a16_kernel_name(int64_t size_m) {
   switch (w4_path(size_m)) {
     case W4Path::kStream: return "stream";
@@ -206,18 +218,24 @@ cudaError_t w4a16_dequantize(void* out, const int32_t* b_q, const void* scales,
     PYORCH_INVALID("w4a16_dequantize: zero points go with uint4 and only with it");
   }
   if (n_count == 0) return cudaSuccess;
-  const unsigned blocks = kernels::w4_helper_blocks(n_count * size_k / 8);
+  if (group_size % 16 != 0) PYORCH_INVALID("w4a16_dequantize: group_size must be a multiple of 16");
+  kernels::W4A16GemmArgs p{};
+  p.b_q = reinterpret_cast<const uint4*>(b_q);
+  p.scales = scales;
+  p.zeros = reinterpret_cast<const uint32_t*>(zeros);
+  p.n = static_cast<int>(size_n);
+  p.k = static_cast<int>(size_k);
+  p.group_size = static_cast<int>(group_size);
+  p.group_shift = (group_size & (group_size - 1)) == 0 ? __builtin_ctzll(group_size) : -1;
+  // One thread per 16 bytes of codes: 32 per (n-tile, k-block).
+  const unsigned blocks = kernels::w4_helper_blocks(n_count * size_k / 32);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
-    const auto* q = reinterpret_cast<const uint32_t*>(b_q);
-    const auto* z = reinterpret_cast<const uint32_t*>(zeros);
     if (zeros != nullptr) {
       kernels::w4a16_dequantize_kernel<T, true><<<blocks, kernels::kW4HelperThreads, 0, stream>>>(
-          static_cast<T*>(out), q, static_cast<const T*>(scales), z, size_n, size_k, group_size,
-          n_begin, n_count);
+          static_cast<T*>(out), p, n_begin, n_count);
     } else {
       kernels::w4a16_dequantize_kernel<T, false><<<blocks, kernels::kW4HelperThreads, 0, stream>>>(
-          static_cast<T*>(out), q, static_cast<const T*>(scales), z, size_n, size_k, group_size,
-          n_begin, n_count);
+          static_cast<T*>(out), p, n_begin, n_count);
     }
     return cudaGetLastError();
   });

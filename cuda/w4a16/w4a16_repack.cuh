@@ -8,6 +8,7 @@
 
 #include "common/dtype.cuh"
 #include "pyorch/w4a16.h"
+#include "w4a16/w4a16_gemm.cuh"  // the fragment dequantization
 
 namespace pyorch::kernels {
 
@@ -37,31 +38,35 @@ __global__ void w4a16_repack_kernel(uint32_t* __restrict__ out, const uint32_t* 
   out[word] = packed;
 }
 
-// out: [n_count, k] (row-major) = W^T of the tiles' columns n_begin .. n_begin + n_count.
+// out: [n_count, k] (row-major) = W^T of the tiles' columns n_begin .. n_begin + n_count. One
+// thread per lane-slot of a (n-tile, k-block): its 16 bytes of codes are 16 consecutive k of
+// columns n_lo = 16 nt + g and n_lo + 8 (the layout in pyorch/w4a16.h), dequantized as the GEMM
+// kernels do (w4_dequant_frags: (q - z) * s rounded once) and written as two 32-byte runs per
+// column; a warp writes 16 columns x 128 contiguous bytes. p: the weight's fields of the GEMM's
+// arguments (b_q, scales, zeros, n, k, group_size, group_shift).
 template <typename T, bool HAS_ZEROS>
-__global__ void w4a16_dequantize_kernel(T* __restrict__ out, const uint32_t* __restrict__ b_q,
-                                        const T* __restrict__ scales,
-                                        const uint32_t* __restrict__ zeros, int64_t size_n,
-                                        int64_t size_k, int64_t group_size, int64_t n_begin,
+__global__ void w4a16_dequantize_kernel(T* __restrict__ out, const W4A16GemmArgs p, int64_t n_begin,
                                         int64_t n_count) {
-  const int64_t local = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (local >= n_count * size_k / 8) return;
-  const int64_t word = n_begin / kW4A16TileN * (size_k * 2) + local;  // tiles are n-major
-  const uint32_t packed = b_q[word];
+  const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int kblocks = p.k / static_cast<int>(kW4A16BlockK);
+  if (slot >= n_count / kW4A16TileN * kblocks * 32) return;
+  const int lane = static_cast<int>(slot % 32);
+  const int kb = static_cast<int>(slot / 32 % kblocks);
+  const int64_t nt = n_begin / kW4A16TileN + slot / 32 / kblocks;
+  W4Stage stage;
+  stage.codes = p.b_q[(nt * kblocks + kb) * 32 + lane];
+  w4_load_group<T, HAS_ZEROS>(p, nt, kb, lane, &stage);
+  uint32_t frag[4][4];
+  w4_dequant_frags<T, HAS_ZEROS>(stage, frag);
+  // Register r of k-tile kt: column g + 8 (r % 2), k = 16 t + 4 kt + 2 (r / 2) and the next one.
+  const int g = lane / 4, t = lane % 4;
+  const int64_t k0 = static_cast<int64_t>(kb) * kW4A16BlockK + 16 * t;
 #pragma unroll
-  for (int p = 0; p < 4; ++p) {  // codes p and p + 4 are neighbours k, k + 1 of one column
-    int64_t n, k;
-    w4a16_code_coord(word, p, size_k, &n, &k);
-    const int64_t group = k / group_size;
-    const int z =
-        HAS_ZEROS ? static_cast<int>((zeros[group * (size_n / 8) + n / 8] >> (4 * (n % 8))) & 0xF)
-                  : 8;
-    const float s = to_float(scales[group * size_n + n]);
-    const int q0 = static_cast<int>((packed >> (4 * p)) & 0xF);
-    const int q1 = static_cast<int>((packed >> (4 * (p + 4))) & 0xF);
-    T* dst = out + (n - n_begin) * size_k + k;
-    dst[0] = from_float<T>(static_cast<float>(q0 - z) * s);  // exact product, rounded once
-    dst[1] = from_float<T>(static_cast<float>(q1 - z) * s);
+  for (int half = 0; half < 2; ++half) {
+    const int64_t col = nt * kW4A16TileN + g + 8 * half - n_begin;
+    uint4* dst = reinterpret_cast<uint4*>(out + col * p.k + k0);
+    dst[0] = make_uint4(frag[0][half], frag[0][half + 2], frag[1][half], frag[1][half + 2]);
+    dst[1] = make_uint4(frag[2][half], frag[2][half + 2], frag[3][half], frag[3][half + 2]);
   }
 }
 

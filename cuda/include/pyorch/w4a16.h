@@ -99,6 +99,11 @@ int64_t w4a16_tiled_min_rows();
 // tiled bf16 GEMM wins once the product is compute-bound. >= 1 (clamped).
 void set_w4a16_mma_max_rows(int64_t rows);
 int64_t w4a16_mma_max_rows();
+// The large-M path's chunk: it dequantizes at most this many bytes of weight columns at a time
+// (default 64 MiB; >= one n-tile of columns). w4a16_dequant_chunk_cols: the columns of a chunk
+// (a multiple of kW4A16TileN, at most size_n) for a [size_n, size_k] weight of elem_bytes values.
+void set_w4a16_dequant_chunk_bytes(int64_t bytes);
+int64_t w4a16_dequant_chunk_cols(int64_t size_n, int64_t size_k, int64_t elem_bytes);
 // The kernel gptq_marlin_gemm runs for size_m rows: "stream", "registers" or "tiled".
 const char* w4a16_kernel_name(int64_t size_m);
 

@@ -23,7 +23,7 @@ GROUP_SIZES = [32, 64, 128, -1]
 # (K, N): one k-block and one n-tile; a partial thread block of columns (N = 80, 272: not a
 # multiple of 64); several k-blocks.
 SHAPES = [(64, 16), (256, 80), (640, 272)]
-ROWS = [1, 7, 16, 33, 64, 83]
+ROWS = [1, 7, 16, 33, 64, 83, 150]  # the tiled kernel from 17, dequantize + GEMM above 128
 FORMATS = ["gptq", "gptq_act_order", "awq"]
 STREAM_MAX_ROWS = 16  # kW4A16StreamMaxRows
 BLOCK_K = 64  # kW4A16BlockK
