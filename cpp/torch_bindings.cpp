@@ -413,9 +413,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("w4a16_tiled_min_rows", &pyorch::w4a16_tiled_min_rows,
         "The row count from which gptq_marlin_gemm runs its tiled kernel.");
   m.def("set_w4a16_mma_max_rows", &pyorch::set_w4a16_mma_max_rows, py::arg("rows"),
-        "Above this many rows gptq_marlin_gemm dequantizes the weight and calls cuBLAS.");
+        "Above this many rows gptq_marlin_gemm dequantizes the weight and calls cuBLAS (0: auto).");
   m.def("w4a16_mma_max_rows", &pyorch::w4a16_mma_max_rows,
-        "Above this many rows gptq_marlin_gemm dequantizes the weight and calls cuBLAS.");
+        "The row limit of gptq_marlin_gemm's own kernels (0: auto, by rows and weight size).");
+  m.def("w4a16_mma_path", &pyorch::w4a16_mma_path, py::arg("size_m"), py::arg("size_n"),
+        py::arg("size_k"),
+        "Whether gptq_marlin_gemm runs its own kernel (else dequantize + cuBLAS) for this shape.");
   m.def("w4a16_kernel_name", &pyorch::w4a16_kernel_name, py::arg("size_m"),
         "The CUDA kernel gptq_marlin_gemm runs for size_m rows (stream, registers or tiled).");
   m.def(

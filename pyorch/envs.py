@@ -113,8 +113,8 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
     "PYORCH_W4A16_MMA_MAX_ROWS": (
         _rows("PYORCH_W4A16_MMA_MAX_ROWS"),
         "above this many rows the W4A16 GEMM dequantizes the weight in column chunks and calls "
-        "cuBLAS instead of running its own kernel (default in `cuda/w4a16/w4a16.cu`; for "
-        "comparisons)"),
+        "cuBLAS instead of running its own kernel (default: auto, 64 rows or 128 for weights of "
+        "72 Mi elements and more; `pyorch/w4a16.h`; for comparisons)"),
     "PYORCH_GGUF_CPU_REPACK": (
         _flag("PYORCH_GGUF_CPU_REPACK", True),
         "`0` keeps GGUF Q4_0 / Q4_1 / Q8_0 weights on the CPU in the file's block layout instead "

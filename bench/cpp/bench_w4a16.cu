@@ -1,8 +1,8 @@
 // Benchmark of pyorch::gptq_marlin_gemm (W4A16, GPTQ uint4b8, group 128, bf16) against cuBLAS's
 // bf16 GEMM on Llama-3-8B and 70B projections (no torch).
 //
-// Each row: our time (M <= w4a16_mma_max_rows(): gptq_marlin_gemm, whose kernel the row names;
-// above: w4a16_dequantize in column chunks + cuBLAS, exactly the adapter's large-M path), cuBLAS
+// Each row: our time (where w4a16_mma_path says so: gptq_marlin_gemm, whose kernel the row names;
+// else w4a16_dequantize in column chunks + cuBLAS, exactly the adapter's large-M path), cuBLAS
 // bf16 on the unquantized [N, K] weight, the speedup (cuBLAS / ours), our achieved weight bandwidth
 // (4-bit codes + scales per second) and PASS/FAIL against a naive reference kernel that decodes the
 // tile layout through its own inverse formula (independent of the kernels' index math) and sums in
@@ -23,7 +23,7 @@
 //        --pdl 0|1 (the stream kernel's PDL launch) --shapes qkv_proj,o_proj,... (default: all)
 //        --prefetch-acts 0|1 (the stream kernel loads the next k-block's activations early)
 //        --tiled-min-rows N (from N rows on the tiled kernel; 65: the registers kernel up to 64)
-//        --mma-max-rows N (above N rows dequantize + cuBLAS, as the adapter does)
+//        --mma-max-rows N (above N rows dequantize + cuBLAS, as the adapter does; 0: auto)
 //        --chunk-mb N (MiB of dequantized columns per chunk of that path; default 64)
 #include <algorithm>
 #include <cmath>
@@ -64,7 +64,7 @@ using cublasHandle_t = void*;
 constexpr int64_t kGroupSize = 128;
 
 // Whether the adapter's path for m rows is gptq_marlin_gemm (else dequantize + cuBLAS).
-bool mma_path(int64_t m) { return m <= pyorch::w4a16_mma_max_rows(); }
+bool mma_path(int64_t m, int64_t n, int64_t k) { return pyorch::w4a16_mma_path(m, n, k); }
 
 struct Shape {
   std::string model, name;
@@ -189,7 +189,7 @@ struct Buffers {
     int64_t max_m = 1, max_partials = 1;
     for (int64_t m : tokens) {
       max_m = std::max(max_m, m);
-      if (mma_path(m))
+      if (mma_path(m, s.n, s.k))
         max_partials = std::max(max_partials, pyorch::w4a16_partials_size(m, s.n, s.k));
     }
     const double q_bytes = s.n * s.k / 2.0, d_bytes = 2.0 * s.n * s.k;
@@ -229,11 +229,11 @@ struct Buffers {
   }
 };
 
-// Ours: gptq_marlin_gemm up to w4a16_mma_max_rows() rows, else the adapter's dequantize + cuBLAS.
+// Ours: gptq_marlin_gemm where w4a16_mma_path says so, else the adapter's dequantize + cuBLAS.
 void run_ours(const Bench& b, const Buffers& buf, const Shape& s, int64_t m, int copy,
               cudaStream_t st) {
   const auto* q = reinterpret_cast<const int32_t*>(buf.codes[copy]);
-  if (mma_path(m)) {
+  if (mma_path(m, s.n, s.k)) {
     BENCH_CHECK(pyorch::gptq_marlin_gemm(buf.out, buf.a, q, buf.scales, nullptr, nullptr, nullptr,
                                          buf.workspace, buf.partials, pyorch::W4A16Type::kUint4b8,
                                          pyorch::DType::kBFloat16, m, s.n, s.k, kGroupSize, s.k,
@@ -317,14 +317,15 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
          {"M", std::to_string(m)},
          {"N", std::to_string(s.n)},
          {"K", std::to_string(s.k)},
-         {"path", mma_path(m) ? "mma" : "dequant+cublas"},
-         {"kernel", mma_path(m) ? pyorch::w4a16_kernel_name(m) : "dequant"},
+         {"path", mma_path(m, s.n, s.k) ? "mma" : "dequant+cublas"},
+         {"kernel", mma_path(m, s.n, s.k) ? pyorch::w4a16_kernel_name(m) : "dequant"},
          {"stages", std::to_string(pyorch::w4a16_stream_stages())},
          {"prefetch_acts", pyorch::w4a16_prefetch_acts() ? "1" : "0"},
          {"ctas_per_sm", std::to_string(pyorch::w4a16_ctas_per_sm())},
          {"pdl", pyorch::pdl_enabled() ? "1" : "0"},
-         {"chunk_cols", std::to_string(mma_path(m) ? 0 : buf.chunk)},
-         {"splits", std::to_string(mma_path(m) ? pyorch::w4a16_num_splits(m, s.n, s.k) : 1)},
+         {"chunk_cols", std::to_string(mma_path(m, s.n, s.k) ? 0 : buf.chunk)},
+         {"splits",
+          std::to_string(mma_path(m, s.n, s.k) ? pyorch::w4a16_num_splits(m, s.n, s.k) : 1)},
          {"time_us", Report::fmt(us)},
          {"cublas_bf16_us", Report::fmt(cublas_us)},
          {"speedup_vs_cublas", Report::fmt(cublas_us / us, 3)},
@@ -380,14 +381,18 @@ void bench_chain(const Bench& b, const std::vector<int64_t>& tokens) {
   int64_t max_partials = 1;
   for (const Shape& s : layer_shapes) {
     for (int64_t m : tokens) {
-      if (mma_path(m))
+      if (mma_path(m, s.n, s.k))
         max_partials = std::max(max_partials, pyorch::w4a16_partials_size(m, s.n, s.k));
     }
   }
   float* partials = device_alloc<float>(size_t(max_partials));
   BENCH_CHECK(cudaDeviceSynchronize());
   for (int64_t m : tokens) {
-    if (!mma_path(m)) continue;
+    // The chain times gptq_marlin_gemm: only row counts where every shape takes it.
+    if (!std::all_of(layer_shapes.begin(), layer_shapes.end(),
+                     [&](const Shape& s) { return mma_path(m, s.n, s.k); })) {
+      continue;
+    }
     const double ours_ms = graph_ms(
         [&](cudaStream_t st) {
           for (const Layer& l : chain) {
@@ -474,7 +479,7 @@ int main(int argc, char** argv) {
     pyorch::set_w4a16_ctas_per_sm(static_cast<int>(args.num("ctas-per-sm", 4)));
   if (args.has("tiled-min-rows"))
     pyorch::set_w4a16_tiled_min_rows(args.num("tiled-min-rows", pyorch::kW4A16DefaultTiledMinRows));
-  if (args.has("mma-max-rows")) pyorch::set_w4a16_mma_max_rows(args.num("mma-max-rows", 1));
+  if (args.has("mma-max-rows")) pyorch::set_w4a16_mma_max_rows(args.num("mma-max-rows", 0));
   if (args.has("chunk-mb")) pyorch::set_w4a16_dequant_chunk_bytes(args.num("chunk-mb", 64) << 20);
   std::printf(
       "device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d prefetch_acts=%d "

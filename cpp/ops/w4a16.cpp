@@ -1,6 +1,6 @@
-// CUDA adapters of the W4A16 ops: check, guard, stream, call cuda/, check status. Above
-// w4a16_mma_max_rows() rows gptq_marlin_gemm dequantizes the weight in column chunks and calls
-// cuBLAS through at::mm (the product is then compute-bound, and cuBLAS's bf16 GEMM wins).
+// CUDA adapters of the W4A16 ops: check, guard, stream, call cuda/, check status. Where
+// w4a16_mma_path says so (many rows), gptq_marlin_gemm dequantizes the weight in column chunks and
+// calls cuBLAS through at::mm (the product is then compute-bound, and cuBLAS's bf16 GEMM wins).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -70,7 +70,7 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
   const int32_t* perm = optional_ptr(perm_or_none);
   const int64_t a_stride = size_m <= 1 ? size_k : a.stride(0);
   const int64_t out_stride = size_m <= 1 ? size_n : out.stride(0);
-  if (size_m <= pyorch::w4a16_mma_max_rows()) {
+  if (pyorch::w4a16_mma_path(size_m, size_n, size_k)) {
     at::Tensor a_perm = perm != nullptr ? at::empty({size_m, size_k}, a.options()) : at::Tensor();
     const int64_t num_partials = pyorch::w4a16_partials_size(size_m, size_n, size_k);
     at::Tensor partials = at::empty({num_partials}, a.options().dtype(at::kFloat));

@@ -38,7 +38,7 @@ std::atomic<int> g_prefetch_blocks{8};
 // The tiled kernel's first row count (set_w4a16_tiled_min_rows) and the adapter's last row count
 // for gptq_marlin_gemm before dequantize + cuBLAS (set_w4a16_mma_max_rows).
 std::atomic<int64_t> g_tiled_min_rows{kW4A16DefaultTiledMinRows};
-std::atomic<int64_t> g_mma_max_rows{128};
+std::atomic<int64_t> g_mma_max_rows{0};  // auto
 std::atomic<int64_t> g_dequant_chunk_bytes{int64_t{64} << 20};
 // The tiled kernel's k-split: thread blocks it aims for per SM (8 warps each, about 2 resident)
 // and the fewest k-blocks per split.
@@ -133,9 +133,16 @@ void set_w4a16_tiled_min_rows(int64_t rows) {
 
 int64_t w4a16_tiled_min_rows() { return g_tiled_min_rows.load(); }
 
-void set_w4a16_mma_max_rows(int64_t rows) { g_mma_max_rows.store(std::max<int64_t>(rows, 1)); }
+void set_w4a16_mma_max_rows(int64_t rows) { g_mma_max_rows.store(std::max<int64_t>(rows, 0)); }
 
 int64_t w4a16_mma_max_rows() { return g_mma_max_rows.load(); }
+
+bool w4a16_mma_path(int64_t size_m, int64_t size_n, int64_t size_k) {
+  const int64_t max_rows = g_mma_max_rows.load(std::memory_order_relaxed);
+  if (max_rows > 0) return size_m <= max_rows;
+  return size_m <= kW4A16MmaRows ||
+         (size_m <= kW4A16MmaMaxRowsLarge && size_n * size_k >= kW4A16MmaLargeWeight);
+}
 
 void set_w4a16_dequant_chunk_bytes(int64_t bytes) {
   g_dequant_chunk_bytes.store(std::max<int64_t>(bytes, 1));

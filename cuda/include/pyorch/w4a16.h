@@ -94,11 +94,20 @@ int w4a16_ctas_per_sm();
 constexpr int64_t kW4A16DefaultTiledMinRows = kW4A16StreamMaxRows + 1;
 void set_w4a16_tiled_min_rows(int64_t rows);
 int64_t w4a16_tiled_min_rows();
-// Up to this many rows the adapter (cpp/ops/w4a16.cpp) and bench_w4a16 run gptq_marlin_gemm;
-// above it they dequantize the weight in column chunks (w4a16_dequantize) and call cuBLAS, whose
-// tiled bf16 GEMM wins once the product is compute-bound. >= 1 (clamped).
+// Whether the adapter (cpp/ops/w4a16.cpp) and bench_w4a16 run gptq_marlin_gemm for size_m rows
+// of a [size_k, size_n] weight; otherwise they dequantize the weight in column chunks
+// (w4a16_dequantize) and call cuBLAS, whose bf16 GEMM wins once the product is compute-bound.
+// set_w4a16_mma_max_rows(R > 0): exactly when size_m <= R. 0 (the default, "auto"): up to
+// kW4A16MmaRows rows, and up to kW4A16MmaMaxRowsLarge rows for weights of at least
+// kW4A16MmaLargeWeight elements (H100, bench_w4a16 at 128 rows: the tiled kernel beat
+// dequantize + cuBLAS on 8B gate_up (117 M elements) and 70B qkv / gate_up / down (84-470 M), lost
+// on 8B qkv / o / down and 70B o_proj (17-67 M); at 256 rows it lost or tied everywhere).
+constexpr int64_t kW4A16MmaRows = 64;
+constexpr int64_t kW4A16MmaMaxRowsLarge = 128;
+constexpr int64_t kW4A16MmaLargeWeight = int64_t{72} << 20;
 void set_w4a16_mma_max_rows(int64_t rows);
-int64_t w4a16_mma_max_rows();
+int64_t w4a16_mma_max_rows();  // the setting: 0 = auto
+bool w4a16_mma_path(int64_t size_m, int64_t size_n, int64_t size_k);
 // The large-M path's chunk: it dequantizes at most this many bytes of weight columns at a time
 // (default 64 MiB; >= one n-tile of columns). w4a16_dequant_chunk_cols: the columns of a chunk
 // (a multiple of kW4A16TileN, at most size_n) for a [size_n, size_k] weight of elem_bytes values.

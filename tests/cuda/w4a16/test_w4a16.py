@@ -23,7 +23,7 @@ GROUP_SIZES = [32, 64, 128, -1]
 # (K, N): one k-block and one n-tile; a partial thread block of columns (N = 80, 272: not a
 # multiple of 64); several k-blocks.
 SHAPES = [(64, 16), (256, 80), (640, 272)]
-ROWS = [1, 7, 16, 33, 64, 83, 150]  # the tiled kernel from 17, dequantize + GEMM above 128
+ROWS = [1, 7, 16, 33, 64, 83, 150]  # CUDA: tiled 17..64, dequantize + GEMM above (small weights)
 FORMATS = ["gptq", "gptq_act_order", "awq"]
 STREAM_MAX_ROWS = 16  # kW4A16StreamMaxRows
 BLOCK_K = 64  # kW4A16BlockK
@@ -215,14 +215,16 @@ def test_llama_shapes_cuda(fmt: str, k: int, n: int):
     dtype = torch.bfloat16
     args, reference = _layer(k, n, 128, fmt, dtype, "cuda")
     # The decode kernels' k-split and m-tile counts, the tiled kernel's 64- and 128-row blocks
-    # (with and without its k-split), and the cuBLAS path above w4a16_mma_max_rows().
-    rows = [1, 4, 8, 9, 16, 17, 33, 64, 65, 129, 300, _C.w4a16_mma_max_rows() + 3]
-    for m in rows:
+    # (with and without its k-split; 65..128 rows only on the large weights), and the cuBLAS path.
+    assert _C.w4a16_mma_max_rows() == 0  # auto
+    for m in [1, 4, 8, 9, 16, 17, 33, 64, 65, 128, 129, 300]:
+        mma = _C.w4a16_mma_path(m, n, k)
+        assert mma == (m <= 64 or (m <= 128 and n * k >= 72 << 20)), m
         a = torch.randn(m, k, dtype=dtype, device="cuda")
         out = _gemm(a, args, n)
         expected = reference(a)
         torch.testing.assert_close(out, expected, **tol(dtype), msg=f"M={m}")
-        if m <= _C.w4a16_mma_max_rows():  # the k-splits reduce in a fixed order: same bits
+        if mma:  # the k-splits reduce in a fixed order: same bits
             assert torch.equal(out, _gemm(a, args, n))
     assert int(args[4].abs().sum()) == 0  # the workspace's counters are back to zero
 
@@ -249,12 +251,13 @@ def test_tiled_kernel_every_row_count_cuda(tiled_everywhere, dtype: torch.dtype,
                                            group_size: int, k: int, n: int):
     # The tiled kernel (cuda/w4a16/w4a16_tiled.cuh) holds W rounded to the dtype at every m:
     # partial row blocks, warps with no rows, a last column block of 3 n-tiles (N = 4144), a
-    # k-split of a 1024-deep K (16 k-blocks) and of 1-block ones.
+    # k-split of a 1024-deep K (16 k-blocks) and of 1-block ones; through the adapter, which
+    # runs gptq_marlin_gemm at every m once w4a16_mma_max_rows is set.
     if group_size != -1 and k % group_size:
         pytest.skip("K is not a multiple of the group size")
     args, reference = _layer(k, n, group_size, fmt, dtype, "cuda", seed=5)
     for m in [1, 5, 8, 16, 17, 31, 64, 65, 100, 128, 200]:
-        assert _C.w4a16_kernel_name(m) == "tiled"
+        assert _C.w4a16_kernel_name(m) == "tiled" and _C.w4a16_mma_path(m, n, k)
         a = torch.randn(m, k, dtype=dtype, device="cuda")
         out = _gemm(a, args, n)
         expected = (a.double() @ reference.rounded).to(dtype)
