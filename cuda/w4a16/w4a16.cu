@@ -226,6 +226,9 @@ cudaError_t w4a16_dequantize(void* out, const int32_t* b_q, const void* scales,
   }
   if (n_count == 0) return cudaSuccess;
   if (group_size % 16 != 0) PYORCH_INVALID("w4a16_dequantize: group_size must be a multiple of 16");
+  if (reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    PYORCH_INVALID("w4a16_dequantize: out must be 16-byte aligned");
+  }
   kernels::W4A16GemmArgs p{};
   p.b_q = reinterpret_cast<const uint4*>(b_q);
   p.scales = scales;

@@ -122,7 +122,8 @@ int64_t w4a16_num_splits(int64_t size_m, int64_t size_n, int64_t size_k);
 int64_t w4a16_partials_size(int64_t size_m, int64_t size_n, int64_t size_k);
 
 // The large-M path: out [n_count, size_k] (row-major, nn.Linear's layout, dtype) = W^T for the
-// columns n_begin .. n_begin + n_count (multiples of kW4A16TileN), same arguments as the GEMM.
+// columns n_begin .. n_begin + n_count (multiples of kW4A16TileN), same arguments as the GEMM
+// (group_size a multiple of 16); out 16-byte aligned (it is written in 16-byte stores).
 cudaError_t w4a16_dequantize(void* out, const int32_t* b_q, const void* scales,
                              const int32_t* zeros, W4A16Type type, DType dtype, int64_t size_n,
                              int64_t size_k, int64_t group_size, int64_t n_begin, int64_t n_count,
