@@ -144,10 +144,9 @@ __global__ void __launch_bounds__(kW4TiledThreads, 2) w4a16_tiled_kernel(const W
   }
   attn::cp_async_wait<0>();
 
-  // acc[j][mt][i]: row warp_m0 + 8 mt + 2 t + i % 2, column 16 (warp_nt + j) + g + 8 (i / 2).
-  T* out = static_cast<T*>(p.out);
-  if (p.num_splits == 1) {
-    if (!active) return;
+  // acc[j][mt][e]: row warp_m0 + 8 mt + 2 t + e % 2, column 16 (warp_nt + j) + g + 8 (e / 2); each
+  // in-range value goes to store(row, col, value).
+  auto for_each_output = [&](auto store) {
 #pragma unroll
     for (int j = 0; j < kW4TiledTilesN; ++j) {
       if (warp_nt + j >= n_tiles) break;
@@ -157,27 +156,23 @@ __global__ void __launch_bounds__(kW4TiledThreads, 2) w4a16_tiled_kernel(const W
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = warp_m0 + mt * 8 + 2 * t + e % 2;
-          if (row < p.m) out[row * p.out_stride + col + 8 * (e / 2)] = from_float<T>(acc[j][mt][e]);
+          if (row < p.m) store(row, col + 8 * (e / 2), acc[j][mt][e]);
         }
       }
+    }
+  };
+  T* out = static_cast<T*>(p.out);
+  if (p.num_splits == 1) {
+    if (active) {
+      for_each_output(
+          [&](int row, int64_t col, float v) { out[row * p.out_stride + col] = from_float<T>(v); });
     }
     return;
   }
   if (active) {
     float* part = p.partials + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
-#pragma unroll
-    for (int j = 0; j < kW4TiledTilesN; ++j) {
-      if (warp_nt + j >= n_tiles) break;
-      const int64_t col = (warp_nt + j) * kW4A16TileN + g;
-#pragma unroll
-      for (int mt = 0; mt < M_TILES; ++mt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = warp_m0 + mt * 8 + 2 * t + e % 2;
-          if (row < p.m) part[static_cast<int64_t>(row) * p.n + col + 8 * (e / 2)] = acc[j][mt][e];
-        }
-      }
-    }
+    for_each_output(
+        [&](int row, int64_t col, float v) { part[static_cast<int64_t>(row) * p.n + col] = v; });
   }
   // The tile's last thread block to arrive sums the splits' partials in split order.
   __shared__ int is_last;
