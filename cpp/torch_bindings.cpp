@@ -408,6 +408,16 @@ PYBIND11_MODULE(_C, m) {
         "Whether the W4A16 stream kernel loads the next k-block's activations early.");
   m.def("w4a16_prefetch_acts", &pyorch::w4a16_prefetch_acts,
         "Whether the W4A16 stream kernel prefetches activations.");
+  m.def("set_w4a16_stream_chunk", &pyorch::set_w4a16_stream_chunk, py::arg("blocks"),
+        "k-blocks per ring slot of the W4A16 stream kernel for groups of 64+ rows (4 or 8).");
+  m.def("w4a16_stream_chunk", &pyorch::w4a16_stream_chunk,
+        "k-blocks per ring slot of the W4A16 stream kernel for groups of 64+ rows.");
+  m.def("set_w4a16_stream_stages", &pyorch::set_w4a16_stream_stages, py::arg("stages"),
+        "Ring slots per warp of the W4A16 stream kernel (1..8; powers of two for groups of 64+).");
+  m.def("w4a16_stream_stages", &pyorch::w4a16_stream_stages,
+        "Ring slots per warp of the W4A16 stream kernel.");
+  m.def("w4a16_num_splits", &pyorch::w4a16_num_splits, py::arg("size_m"), py::arg("size_n"),
+        py::arg("size_k"), "The k-split gptq_marlin_gemm uses for a shape (1: none).");
   m.def("set_w4a16_tiled_min_rows", &pyorch::set_w4a16_tiled_min_rows, py::arg("rows"),
         "The row count from which gptq_marlin_gemm runs its tiled kernel (1..65, clamped).");
   m.def("w4a16_tiled_min_rows", &pyorch::w4a16_tiled_min_rows,

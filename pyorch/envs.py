@@ -104,7 +104,8 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
     "PYORCH_W4A16_PREFETCH_ACTS": (
         _flag("PYORCH_W4A16_PREFETCH_ACTS", True),
         "`0` makes the W4A16 (GPTQ / AWQ) decode kernel load each k-block's activations just "
-        "before its dequant and mma instead of one k-block ahead (default on; for comparisons)"),
+        "before its dequant and mma instead of one k-block ahead (default on; group sizes below "
+        "64 only: larger groups always load ahead; for comparisons)"),
     "PYORCH_W4A16_TILED_MIN_ROWS": (
         _rows("PYORCH_W4A16_TILED_MIN_ROWS"),
         "from this many rows on the W4A16 GEMM runs its tiled kernel (activations and codes "

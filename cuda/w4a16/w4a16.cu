@@ -17,10 +17,13 @@ namespace {
 std::atomic<int> g_ctas_per_sm{4};
 // The decode kernel for m <= kW4A16StreamMaxRows (set_w4a16_kernel) and its ring depth.
 std::atomic<int> g_kernel{static_cast<int>(W4A16Kernel::kStream)};
-// H100, Llama-3-8B / 70B shapes at M = 1, 4, 16 (bench_w4a16 --stages): 2 slots beat 4 on every
-// shape (8B gate_up 42 against 65 us, 70B gate_up 149 against 228) and 8 was slowest (89, 307):
-// deeper rings cost resident thread blocks (shared memory), and the time follows the number of
-// resident warps, not the bytes in flight.
+// H100, Llama-3-8B / 70B shapes at M = 1, 4, 16 (bench_w4a16 --stages): with the per-block form,
+// 2 slots beat 4 on every shape (8B gate_up 42 against 65 us, 70B gate_up 149 against 228) and 8
+// was slowest (89, 307). With the grouped form in 8-block chunks, 1 slot beat 2 and 4 at M = 1
+// (8B decode chain 2.39 / 2.72 / 3.68 ms; 70B gate_up 106 / 150 / 166 us) and tied at M = 16:
+// the shared memory of deeper rings costs resident blocks and the L1 the activations are read
+// through, and the time follows those, not the bytes in flight. In 4-block chunks (the default,
+// g_stream_chunk) 2 slots hold the same 16 KiB per thread block as 8 x 1 and were a little faster.
 std::atomic<int> g_stream_stages{2};
 // The stream kernel's activation prefetch (set_w4a16_prefetch_acts). H100 A/B, two runs each
 // (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/prefetch_acts_ab_20261127/), on / off: 70B gate_up
@@ -28,6 +31,11 @@ std::atomic<int> g_stream_stages{2};
 // 5.40 / 5.40 against 5.51 / 5.50; 8B chain M = 1 3.14 / 3.17 against 2.99 / 3.21 (within the
 // spread). Every check passed with it on.
 std::atomic<bool> g_prefetch_acts{true};
+// The grouped stream kernel's chunk (set_w4a16_stream_chunk). H100, bench_w4a16 at M = 1..16
+// (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/stream_grouped_20261127): 4 blocks x 2 slots beat
+// 8 x 1 (the same shared memory) on 30 of 32 shapes, 8B decode chain 2.27 against 2.40 ms at
+// M = 1, 3.57 against 3.72 at M = 16.
+std::atomic<int> g_stream_chunk{4};
 // Fewest k-blocks (64 rows each) one split streams: shorter ones spend more on the partials.
 constexpr int64_t kW4MinBlocksPerSplit = 2;
 // k-blocks each warp keeps requested from L2 ahead of its register stages (set_w4a16_l2_prefetch).
@@ -94,9 +102,13 @@ int64_t w4_blocks_per_split(int64_t size_m, int64_t size_n, int64_t size_k) {
                            kW4TiledMinBlocksPerSplit);
   }
   const int64_t column_groups = (size_n + kW4A16BlockN - 1) / kW4A16BlockN;
-  return w4_split_blocks(kblocks, column_groups,
-                         int64_t{g_ctas_per_sm.load(std::memory_order_relaxed)} * w4_num_sms(),
-                         kW4MinBlocksPerSplit);
+  const int64_t per_split = w4_split_blocks(
+      kblocks, column_groups, int64_t{g_ctas_per_sm.load(std::memory_order_relaxed)} * w4_num_sms(),
+      kW4MinBlocksPerSplit);
+  // The stream kernel's grouped form places the ends of 128-row groups at fixed k-blocks when
+  // every split starts on an even k-block.
+  if (w4_path(size_m) == W4Path::kStream) return std::min(kblocks, (per_split + 1) / 2 * 2);
+  return per_split;
 }
 
 bool w4_shape_ok(int64_t size_n, int64_t size_k) {
@@ -122,6 +134,10 @@ int w4a16_stream_stages() { return g_stream_stages.load(); }
 void set_w4a16_prefetch_acts(bool on) { g_prefetch_acts.store(on); }
 
 bool w4a16_prefetch_acts() { return g_prefetch_acts.load(); }
+
+void set_w4a16_stream_chunk(int blocks) { g_stream_chunk.store(blocks <= 4 ? 4 : 8); }
+
+int w4a16_stream_chunk() { return g_stream_chunk.load(); }
 
 void set_w4a16_ctas_per_sm(int ctas) { g_ctas_per_sm.store(std::max(ctas, 1)); }
 
@@ -302,10 +318,12 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
   }
   const int stages = g_stream_stages.load(std::memory_order_relaxed);
   const bool prefetch_acts = g_prefetch_acts.load(std::memory_order_relaxed);
+  const int chunk = g_stream_chunk.load(std::memory_order_relaxed);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
     switch (path) {
       case W4Path::kStream:
-        return kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, prefetch_acts, stream);
+        return kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, prefetch_acts, chunk,
+                                               stream);
       case W4Path::kTiled: return kernels::launch_w4a16_tiled<T>(p, zeros != nullptr, stream);
       case W4Path::kRegisters: break;
     }

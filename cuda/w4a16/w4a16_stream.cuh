@@ -8,10 +8,10 @@
 // k-blocks (512 bytes each): lane 0 issues one bulk copy per slot with an mbarrier that completes
 // on the bytes; every lane waits on the slot's barrier, copies its 16 bytes per block into
 // registers, the warp syncs, lane 0 refills the slot with the chunk `stages` ahead, and the warp
-// dequantizes and multiplies the chunk in registers (scales and zero points are loaded one chunk
-// ahead) (lop3 + sub + mul, mma.sync: the arithmetic
-// of w4a16_gemm.cuh, shared with it). The grid and the deterministic k-split reduction are those
-// of w4a16_gemm_kernel.
+// dequantizes and multiplies the chunk in registers (lop3 + sub, mma.sync: the arithmetic of
+// w4a16_gemm.cuh, shared with it). The grid and the deterministic k-split reduction are those
+// of w4a16_gemm_kernel. Two forms: the grouped one (group sizes of whole k-blocks: scales applied
+// to each group's fp32 sums) and the per-weight one (smaller groups: each weight scaled).
 //
 // Under PDL (pdl_enabled()) the barriers' set-up, the first `stages` chunks' copies and the first
 // scales (weights: nothing writes them while the model runs) are issued before waiting for the
@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/launch.cuh"
 #include "pyorch/launch.h"
@@ -82,13 +83,10 @@ inline size_t w4_stream_smem_bytes(int stages) {
 // Dynamic shared memory a launch may take without opting in.
 constexpr size_t kW4StreamDefaultSmem = 48 * 1024;
 
+// The per-weight form, for group sizes that are not whole 64-row k-blocks (16, 32, 48, ...): each
+// weight is dequantized to T ((q - z) * s, one rounding) in registers as in w4a16_gemm.cuh.
 // grid (ceil(n / 64), num_splits), kW4Threads threads, w4_stream_smem_bytes(stages) bytes.
-// GROUP_SCALE: the group size is a multiple of the 64-row k-block (groups of blocks_per_group
-// whole blocks): the codes are only centred in registers and each group's fp32 sums are scaled
-// once (16 fewer 16-bit multiplies per lane per block; the weights are not rounded to 16 bits,
-// which is closer to the exact product than the contract's single rounding). Else (group 32)
-// each weight is scaled in registers as in w4a16_gemm.cuh.
-template <typename T, int M_TILES, bool HAS_ZEROS, bool GROUP_SCALE, bool PREFETCH_ACTS>
+template <typename T, int M_TILES, bool HAS_ZEROS, bool PREFETCH_ACTS>
 __global__ void __launch_bounds__(kW4Threads)
     w4a16_stream_kernel(const W4A16GemmArgs p, int stages) {
   extern __shared__ __align__(128) unsigned char w4_smem[];
@@ -104,9 +102,6 @@ __global__ void __launch_bounds__(kW4Threads)
   const int kb_end = min(kb_begin + p.blocks_per_split, kblocks);
   const bool valid_tile = nt < p.n / kW4A16TileN;
   float acc[M_TILES][4] = {};
-  float part[M_TILES][4] = {};  // GROUP_SCALE: the current group's unscaled sums
-  const int blocks_per_group = GROUP_SCALE ? p.group_size / static_cast<int>(kW4A16BlockK) : 1;
-  const bool bpg_pow2 = (blocks_per_group & (blocks_per_group - 1)) == 0;
   if (valid_tile && kb_begin < kb_end) {
     const uint4* warp_codes = p.b_q + nt * kblocks * 32;  // block kb at warp_codes + 32 kb
     const int nchunks = (kb_end - kb_begin + kW4StreamChunk - 1) / kW4StreamChunk;
@@ -154,35 +149,9 @@ __global__ void __launch_bounds__(kW4Threads)
 #pragma unroll
       for (int j = 0; j < kW4StreamChunk; ++j) {
         if (j >= blocks) continue;
-        W4Acts<M_TILES> cur;
         if constexpr (PREFETCH_ACTS) {
-          cur = acts;
+          const W4Acts<M_TILES> cur = acts;
           if (kb0 + j + 1 < kb_end) w4_load_acts<T, M_TILES>(p, kb0 + j + 1, lane, &acts);
-        }
-        if constexpr (GROUP_SCALE) {
-          // Centred codes into part; at the end of the block's group (or of the range) part
-          // times the group's scales goes into acc.
-          const int kb = kb0 + j;
-          if constexpr (PREFETCH_ACTS) {
-            w4_compute_acts<T, M_TILES, HAS_ZEROS, false>(st[j], cur, part);
-          } else {
-            w4_compute_stage<T, M_TILES, HAS_ZEROS, false>(p, st[j], kb, lane, part);
-          }
-          const bool group_end = bpg_pow2 ? ((kb + 1) & (blocks_per_group - 1)) == 0
-                                          : (kb + 1) % blocks_per_group == 0;
-          if (group_end || kb + 1 == kb_end) {
-            const float s_lo = w4_scale_value<T>(st[j].scales & 0xFFFF);
-            const float s_hi = w4_scale_value<T>(st[j].scales >> 16);
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                acc[mt][i] = fmaf(part[mt][i], i < 2 ? s_lo : s_hi, acc[mt][i]);
-                part[mt][i] = 0.f;
-              }
-            }
-          }
-        } else if constexpr (PREFETCH_ACTS) {
           w4_compute_acts<T, M_TILES, HAS_ZEROS>(st[j], cur, acc);
         } else {
           w4_compute_stage<T, M_TILES, HAS_ZEROS>(p, st[j], kb0 + j, lane, acc);
@@ -201,28 +170,241 @@ __global__ void __launch_bounds__(kW4Threads)
   w4_store_or_reduce<T, M_TILES>(p, acc, nt, valid_tile, g, t);
 }
 
+// The grouped form, for group sizes of whole 64-row k-blocks (every GPTQ / AWQ checkpoint in
+// practice: 64, 128, per-channel), written for few instructions per byte of codes: at M = 1 the
+// kernel is bound by instruction issue, not by DRAM (an ncu profile of the per-block form above
+// had the issue slots 43% busy at 38% of DRAM peak, with ~140 instructions per 512-byte k-block
+// in its SASS).
+// - The codes are only centred in registers (lop3 + sub: q - z is exact in 16 bits) and each
+//   group's fp32 sums are scaled once when the group ends. (Taking magic + q into the mma as is
+//   and subtracting (magic + z) times the activations with a second mma per k-tile was slower on
+//   an H100 at every shape: 8B decode chain 2.86 against 2.72 ms.)
+// - Chunks of CHUNK k-blocks (CHUNK x 512 bytes per warp and slot), read from shared memory block
+//   by block; the slot is refilled once the warp is done with it.
+// - GROUP_BLOCKS (2: groups of 128) places the group ends at fixed k-blocks of the unrolled
+//   chunk: the launch keeps every range on whole groups (w4a16.cu rounds the k-split to an even
+//   number of k-blocks). 0: any group of whole k-blocks, tracked by a count of k-blocks left (no
+//   division per block). The scales and zero points of the next two groups are in flight while
+//   the current one is computed.
+// - The activations of the next k-block are loaded before the current one is dequantized, from
+//   row pointers set up once; rows past m read row m - 1 (their sums are never stored), so no
+//   load is predicated on the row.
+// - The ring depth is a power of two (slot and barrier phase by mask and shift).
+// - PDL: the next kernel may launch once every block has streamed its range (as the per-weight
+//   form). Letting it launch as soon as the blocks had issued their first copies was slower on an
+//   H100 (8B decode chain 2.33 against 2.22 ms at M = 1; 8B GPTQ decode 2.98 against 3.02
+//   ms/token, within the spread).
+// grid (ceil(n / 64), num_splits), kW4Threads threads,
+// w4_grouped_smem_bytes(CHUNK, 1 << log2_stages).
+inline size_t w4_grouped_smem_bytes(int chunk, int stages) {
+  return static_cast<size_t>(kW4Warps) * stages * (chunk * 32 * sizeof(uint4) + 8);
+}
+
+template <typename T, int M_TILES, bool HAS_ZEROS, int GROUP_BLOCKS, int CHUNK>
+__global__ void __launch_bounds__(kW4Threads)
+    w4a16_stream_grouped_kernel(const W4A16GemmArgs p, int log2_stages) {
+  // The ring set-up mirrors the per-weight form's on purpose: one helper struct for both changed
+  // the register allocation and cost ~10% on an H100 (stream_grouped_20261127/run4_*).
+  extern __shared__ __align__(128) unsigned char w4_smem[];
+  constexpr int kW4GroupedChunk = CHUNK;
+  constexpr int kW4GroupedChunkWords = CHUNK * 32;  // uint4 per chunk
+  using T2 = typename W4Traits<T>::T2;
+  const int stages = 1 << log2_stages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  uint4* ring = reinterpret_cast<uint4*>(w4_smem) + warp * stages * kW4GroupedChunkWords;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(w4_smem + kW4Warps * stages * kW4GroupedChunkWords *
+                                                             sizeof(uint4)) +
+                   warp * stages;
+  const int64_t nt = static_cast<int64_t>(blockIdx.x) * kW4Warps + warp;
+  const int kblocks = p.k / static_cast<int>(kW4A16BlockK);
+  const int kb_begin = blockIdx.y * p.blocks_per_split;
+  const int kb_end = min(kb_begin + p.blocks_per_split, kblocks);
+  const bool valid_tile = nt < p.n / kW4A16TileN;
+  float acc[M_TILES][4] = {};
+  if (valid_tile && kb_begin < kb_end) {
+    const uint4* warp_codes = p.b_q + nt * kblocks * 32;  // block kb at warp_codes + 32 kb
+    const int nblocks = kb_end - kb_begin;
+    const int nchunks = (nblocks + kW4GroupedChunk - 1) / kW4GroupedChunk;
+    auto issue = [&](int c) {  // lane 0: chunk c into its slot
+      const int rel = c * kW4GroupedChunk;
+      const int blocks = min(kW4GroupedChunk, nblocks - rel);
+      const int slot = c & (stages - 1);
+      w4_bulk_copy(ring + slot * kW4GroupedChunkWords, warp_codes + (kb_begin + rel) * 32,
+                   static_cast<uint32_t>(blocks * 32 * sizeof(uint4)), &bars[slot]);
+    };
+    if (lane == 0) {
+      for (int s = 0; s < stages; ++s) w4_mbarrier_init(&bars[s]);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int c = 0; c < min(stages, nchunks); ++c) issue(c);
+    }
+    __syncwarp();
+    // Groups: k-blocks left in the current one, and the scales / zero points of it and the next
+    // two (weights: loaded before pdl_wait). q.x: scales of columns n_lo | n_lo + 8 << 16;
+    // q.y: zero points z_lo | z_hi << 4.
+    const int blocks_per_group = p.group_size / static_cast<int>(kW4A16BlockK);
+    const int last_group = kblocks / blocks_per_group - 1;
+    const int group = kb_begin / blocks_per_group;
+    int left = blocks_per_group * (group + 1) - kb_begin;  // GROUP_BLOCKS == 0 only
+    int ahead = group;  // the group whose scales sc_ptr / z_ptr point at
+    const uint16_t* sc_ptr =
+        static_cast<const uint16_t*>(p.scales) + static_cast<int64_t>(group) * p.n + nt * 16 + g;
+    const uint32_t* z_ptr = p.zeros + static_cast<int64_t>(group) * (p.n / 8) + nt * 2;
+    auto load_next = [&]() {  // the scales of group `ahead`, then step (clamped at the last)
+      uint2 q;
+      q.x = static_cast<uint32_t>(__ldg(sc_ptr)) | (static_cast<uint32_t>(__ldg(sc_ptr + 8)) << 16);
+      q.y = 0;
+      if constexpr (HAS_ZEROS) {
+        q.y = ((__ldg(z_ptr) >> (4 * g)) & 0xF) | (((__ldg(z_ptr + 1) >> (4 * g)) & 0xF) << 4);
+      }
+      if (ahead < last_group) {
+        ++ahead;
+        sc_ptr += p.n;
+        if constexpr (HAS_ZEROS) z_ptr += p.n / 8;
+      }
+      return q;
+    };
+    uint2 q0 = load_next();
+    uint2 q1 = load_next();
+    uint2 q2 = load_next();
+    pdl_wait();  // a comes from the kernel before
+    // The lane's activation rows (8 mt + g, or m - 1 past m) from k = 64 kb_begin + 16 t.
+    const T* arow[M_TILES];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+      const int row = min(mt * 8 + g, p.m - 1);
+      arow[mt] = static_cast<const T*>(p.a) + row * p.a_stride +
+                 static_cast<int64_t>(kb_begin) * kW4A16BlockK + 16 * t;
+    }
+    auto load_acts = [&](int rel, W4Acts<M_TILES>& x) {  // k-block kb_begin + rel
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        const uint4* ap = reinterpret_cast<const uint4*>(arow[mt] + rel * kW4A16BlockK);
+        x.b[mt][0] = __ldg(ap);
+        x.b[mt][1] = __ldg(ap + 1);
+      }
+    };
+    W4Acts<M_TILES> acts[2];
+    load_acts(0, acts[0]);
+    float part[M_TILES][4] = {};
+    for (int c = 0; c < nchunks; ++c) {
+      const int rel0 = c * kW4GroupedChunk;
+      const int blocks = min(kW4GroupedChunk, nblocks - rel0);
+      const int slot = c & (stages - 1);
+      w4_mbarrier_wait(&bars[slot], static_cast<uint32_t>((c >> log2_stages) & 1));
+      const uint4* src = ring + slot * kW4GroupedChunkWords + lane;
+#pragma unroll
+      for (int j = 0; j < kW4GroupedChunk; ++j) {
+        if (j >= blocks) continue;
+        const int rel = rel0 + j;
+        if (rel + 1 < nblocks) load_acts(rel + 1, acts[(j + 1) & 1]);
+        const W4Acts<M_TILES>& x = acts[j & 1];
+        const uint4 codes = src[j * 32];
+        // magic + z of the lane's two columns (rows g and g + 8 of the mma's A operand).
+        const uint32_t z_lo = HAS_ZEROS ? (q0.y & 0xF) : 8u;
+        const uint32_t z_hi = HAS_ZEROS ? ((q0.y >> 4) & 0xF) : 8u;
+        const uint32_t magic16 = W4Traits<T>::kMagic & 0xFFFFu;
+        const uint32_t bias_lo = (magic16 | z_lo) * 0x10001u;  // exact: a small integer
+        const uint32_t bias_hi = (magic16 | z_hi) * 0x10001u;
+        const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+        uint32_t frag[4][4];
+#pragma unroll
+        for (int kt = 0; kt < 4; ++kt) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const uint32_t pair = w4_code_pair(words[kt] >> (4 * r), W4Traits<T>::kMagic);
+            const uint32_t b = (r % 2) ? bias_hi : bias_lo;
+            frag[kt][r] = w4_center_pair(pair, *reinterpret_cast<const T2*>(&b));
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+          w4_mma_block<T>(part[mt], frag, x.b[mt][0], x.b[mt][1]);
+        }
+        bool group_end;
+        if constexpr (GROUP_BLOCKS > 0) {
+          group_end = j % GROUP_BLOCKS == GROUP_BLOCKS - 1;  // ranges start and end on groups
+        } else {
+          group_end = --left == 0 || rel + 1 == nblocks;  // or the range ends
+        }
+        if (group_end) {
+          const float s_lo = w4_scale_value<T>(q0.x & 0xFFFF);
+          const float s_hi = w4_scale_value<T>(q0.x >> 16);
+#pragma unroll
+          for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              acc[mt][i] = fmaf(part[mt][i], i < 2 ? s_lo : s_hi, acc[mt][i]);
+              part[mt][i] = 0.f;
+            }
+          }
+          left = blocks_per_group;
+          q0 = q1;
+          q1 = q2;
+          q2 = load_next();
+        }
+      }
+      __syncwarp();  // every lane is done with the slot: it may be refilled
+      if (lane == 0 && c + stages < nchunks) issue(c + stages);
+    }
+  } else {
+    pdl_wait();
+  }
+  pdl_launch_dependents();
+  w4_store_or_reduce<T, M_TILES>(p, acc, nt, valid_tile, g, t);
+}
+
+// Whether the grouped form (w4a16_stream_grouped_kernel) takes this group size.
+inline bool w4_stream_grouped(int group_size) { return group_size % kW4A16BlockK == 0; }
+
+// The ring depth the stream kernels run with: the grouped form takes powers of two only.
+inline int w4_stream_log2_stages(int stages) {
+  int log2 = 0;
+  while ((2 << log2) <= stages) ++log2;
+  return log2;
+}
+
 template <typename T>
 cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stages,
-                                bool prefetch_acts, cudaStream_t stream) {
+                                bool prefetch_acts, int chunk, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.n + kW4A16BlockN - 1) / kW4A16BlockN),
                   static_cast<unsigned>(p.num_splits));
-  const size_t smem = w4_stream_smem_bytes(stages);
+  const bool grouped = w4_stream_grouped(p.group_size);
+  const int log2_stages = w4_stream_log2_stages(stages);
+  if (grouped) stages = 1 << log2_stages;
+  chunk = chunk <= 4 ? 4 : 8;
+  const size_t smem = grouped ? w4_grouped_smem_bytes(chunk, stages) : w4_stream_smem_bytes(stages);
   cudaError_t err = cudaSuccess;
-  const bool group_scale = p.group_size % kW4A16BlockK == 0;
-  auto launch = [&](auto m_tiles, auto zeros) {
-    constexpr int kTiles = decltype(m_tiles)::value;
-    constexpr bool kZeros = decltype(zeros)::value;
-    auto* kernel = group_scale
-                       ? (prefetch_acts ? &w4a16_stream_kernel<T, kTiles, kZeros, true, true>
-                                        : &w4a16_stream_kernel<T, kTiles, kZeros, true, false>)
-                       : (prefetch_acts ? &w4a16_stream_kernel<T, kTiles, kZeros, false, true>
-                                        : &w4a16_stream_kernel<T, kTiles, kZeros, false, false>);
-    if (smem > kW4StreamDefaultSmem) {  // deeper rings than 5 slots (the benchmark's sweep)
+  auto run = [&](auto* kernel, int stage_arg) {
+    if (smem > kW4StreamDefaultSmem) {  // deep rings (the benchmark's sweep)
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(smem));
       if (err != cudaSuccess) return;
     }
-    err = launch_kernel(kernel, grid, dim3(kW4Threads), smem, stream, pdl_enabled(), p, stages);
+    err = launch_kernel(kernel, grid, dim3(kW4Threads), smem, stream, pdl_enabled(), p, stage_arg);
+  };
+  auto launch = [&](auto m_tiles, auto zeros) {
+    constexpr int kTiles = decltype(m_tiles)::value;
+    constexpr bool kZeros = decltype(zeros)::value;
+    if (grouped) {
+      auto with_blocks = [&](auto group_blocks) {
+        constexpr int kGB = decltype(group_blocks)::value;
+        if (chunk == 4) {
+          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, 4>, log2_stages);
+        } else {
+          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, 8>, log2_stages);
+        }
+      };
+      if (p.group_size == 2 * kW4A16BlockK && p.blocks_per_split % 2 == 0) {
+        with_blocks(std::integral_constant<int, 2>{});
+      } else {
+        with_blocks(std::integral_constant<int, 0>{});
+      }
+    } else if (prefetch_acts) {
+      run(&w4a16_stream_kernel<T, kTiles, kZeros, true>, stages);
+    } else {
+      run(&w4a16_stream_kernel<T, kTiles, kZeros, false>, stages);
+    }
   };
   auto with_tiles = [&](auto zeros) {
     if (p.m <= 8) {

@@ -74,7 +74,7 @@ __device__ __forceinline__ void w4_tiled_load_stage(const W4A16GemmArgs& p, uint
 template <typename T, int M_TILES, bool HAS_ZEROS>
 __global__ void __launch_bounds__(kW4TiledThreads, 2) w4a16_tiled_kernel(const W4A16GemmArgs p) {
   using Shape = W4TiledShape<M_TILES>;
-  extern __shared__ __align__(16) uint8_t w4_smem[];
+  extern __shared__ __align__(128) uint8_t w4_smem[];  // one declaration with the stream kernels
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int wn = warp % kW4TiledWarpsN, wm = warp / kW4TiledWarpsN;

@@ -76,15 +76,22 @@ enum class W4A16Kernel : int { kRegisters = 0, kStream = 1 };
 constexpr int64_t kW4A16StreamMaxRows = 16;
 void set_w4a16_kernel(W4A16Kernel kernel);
 W4A16Kernel w4a16_kernel();
-// Ring slots (2 KiB each) per warp of the stream kernel, 1..8 (default 2).
+// Ring slots per warp of the stream kernel, 1..8 (default 2); the grouped form
+// (group sizes of whole 64-row k-blocks) rounds it down to a power of two.
 void set_w4a16_stream_stages(int stages);
 int w4a16_stream_stages();
 // Whether the stream kernel loads the next k-block's activations before it dequantizes and
 // multiplies the current one (default on since the H100 A/B of bench_w4a16 --prefetch-acts 0|1).
 // An ncu profile of the default (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/ncu_20261127) had
 // half of each warp's cycles stalled on these loads, issued just before their use.
+// (The grouped form of the stream kernel, for group sizes of whole 64-row k-blocks, always loads
+// them one k-block ahead; this setting is for the per-weight form of smaller groups.)
 void set_w4a16_prefetch_acts(bool on);
 bool w4a16_prefetch_acts();
+// k-blocks (512 bytes each) per ring slot of the stream kernel's grouped form (groups of 64+
+// rows): 4 or 8 (default 4; anything else rounds to one of them). Process-wide, for the A/B.
+void set_w4a16_stream_chunk(int blocks);
+int w4a16_stream_chunk();
 // Thread blocks per SM the decode kernels' k-split aims for (default 4).
 void set_w4a16_ctas_per_sm(int ctas);
 int w4a16_ctas_per_sm();

@@ -290,9 +290,10 @@ def test_kernel_by_row_count_cuda():
                                               (-1, torch.bfloat16)])
 def test_stream_kernel_long_k_range_cuda(fmt: str, group_size: int, dtype: torch.dtype):
     # m <= 16 runs the stream kernel (cuda/w4a16/w4a16_stream.cuh). 2200 n-tiles are enough
-    # column groups for no k-split on a 132-SM GPU, so each warp streams all 35 k-blocks: nine
-    # 4-block chunks through a 4-slot ring (it wraps twice; the last chunk is 3 blocks), group 32
-    # changes scales inside a block, per-channel (K = 2240, not a power of two) divides.
+    # column groups for no k-split on a 132-SM GPU, so each warp streams all 35 k-blocks: group
+    # 32 (the per-weight form) in nine 4-block chunks (the last is 3 blocks), group 64 and
+    # per-channel (K = 2240, not a power of two: the counted group ends) in 8-block chunks (the
+    # last is 3 blocks), the rings wrapping.
     k, n = 2240, 16 * 2200
     args, reference = _layer(k, n, group_size, fmt, dtype, "cuda", seed=3)
     for m in [1, 5, 8, 9, 16]:
@@ -300,6 +301,61 @@ def test_stream_kernel_long_k_range_cuda(fmt: str, group_size: int, dtype: torch
         out = _gemm(a, args, n)
         expected = reference(a)
         torch.testing.assert_close(out, expected, **tol(dtype), msg=f"M={m}")
+
+
+@pytest.fixture
+def stream_settings():
+    """Restores the stream kernel's ring depth and chunk after a test."""
+    stages, chunk = _C.w4a16_stream_stages(), _C.w4a16_stream_chunk()
+    try:
+        yield
+    finally:
+        _C.set_w4a16_stream_stages(stages)
+        _C.set_w4a16_stream_chunk(chunk)
+
+
+@cuda_only
+@pytest.mark.parametrize("chunk", [4, 8])
+@pytest.mark.parametrize("stages", [1, 2, 3, 8])
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_size", [64, 128, 256, -1])
+def test_stream_grouped_kernel_splits_cuda(stream_settings, chunk: int, stages: int, fmt: str,
+                                           dtype: torch.dtype, group_size: int):
+    # The grouped stream kernel (groups of whole k-blocks) over a k-split of 2-block ranges
+    # (K = 1280 is 20 k-blocks; 2 column groups ask for many splits): group 256 starts ranges in
+    # the middle of its groups, 128 takes the fixed group ends, 64 and per-channel the counted
+    # ones. Ring depths 1..8 (3 runs as 2), chunks of 4 and 8 k-blocks.
+    k, n = 1280, 80
+    _C.set_w4a16_stream_stages(stages)
+    _C.set_w4a16_stream_chunk(chunk)
+    args, reference = _layer(k, n, group_size, fmt, dtype, "cuda", seed=7)
+    for m in [1, 3, 8, 9, 16]:
+        splits = _C.w4a16_num_splits(m, n, k)
+        assert splits > 1 and (k // BLOCK_K) // splits >= 2, splits
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        out = _gemm(a, args, n)
+        torch.testing.assert_close(out, reference(a), **tol(dtype), msg=f"M={m}")
+        assert torch.equal(out, _gemm(a, args, n))
+    assert int(args[4].abs().sum()) == 0
+
+
+@cuda_only
+@pytest.mark.parametrize("chunk,stages", [(8, 1), (8, 2), (4, 2)])
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stream_grouped_kernel_long_range_cuda(stream_settings, chunk: int, stages: int, fmt: str,
+                                               dtype: torch.dtype):
+    # Group 128 with no k-split: each warp streams 36 k-blocks (four 8-block chunks and a 4-block
+    # one, or nine of 4) through a 1- or 2-slot ring that wraps, the group ends at fixed blocks.
+    k, n = 2304, 16 * 2200
+    _C.set_w4a16_stream_chunk(chunk)
+    _C.set_w4a16_stream_stages(stages)
+    args, reference = _layer(k, n, 128, fmt, dtype, "cuda", seed=11)
+    for m in [1, 8, 16]:
+        assert _C.w4a16_num_splits(m, n, k) == 1
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        torch.testing.assert_close(_gemm(a, args, n), reference(a), **tol(dtype), msg=f"M={m}")
 
 
 @cuda_only
