@@ -45,13 +45,19 @@ def main() -> None:
     parser.add_argument("--quantization", default=None,
                         help="as the engine's --quantization (e.g. fp8: online dynamic fp8)")
     parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--load-format", default="dummy",
+                        help="as the engine's --load-format: dummy (default: random weights of "
+                             "the config's shapes) or auto (the checkpoint's own files, e.g. the "
+                             "GPTQ checkpoint bench/w4a16_decode.py writes, whose g_idx a dummy "
+                             "load does not fill)")
     parser.add_argument("--phase", choices=("decode", "prefill"), default="decode",
                         help="decode: steady decode once every prompt is in; prefill: the steps "
                              "that take the prompts in (after two warm-up steps)")
     args = parser.parse_args()
 
     engine = LLMEngine.from_engine_args(EngineArgs(
-        model=args.model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len,
+        model=args.model, load_format=args.load_format, dtype="bfloat16",
+        max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, async_scheduling=args.async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype))
