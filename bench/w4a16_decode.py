@@ -125,9 +125,14 @@ print("VLLM_DECODE " + json.dumps({"engine": "vllm", "ms_per_token": statistics.
 
 
 def time_vllm(path: str, new_tokens: int, repeats: int, timeout: int) -> dict[str, Any]:
+    # The staged vLLM bundle (shared/tools/vllm-peer) has no flashinfer: its sampler is turned
+    # off as the bundle's README does (greedy decode samples by argmax either way).
+    env = dict(os.environ)
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     try:
         out = subprocess.run([sys.executable, "-c", VLLM_SNIPPET, path, str(new_tokens),
-                              str(repeats)], capture_output=True, text=True, timeout=timeout)
+                              str(repeats)], capture_output=True, text=True, timeout=timeout,
+                             env=env)
     except subprocess.TimeoutExpired:
         return {"engine": "vllm", "error": f"timed out after {timeout} s"}
     for line in out.stdout.splitlines():

@@ -96,6 +96,15 @@ def _load_vllm_ops() -> str:
     raise ImportError(f"no vllm/_C*.so under {list(spec.submodule_search_locations)}")
 
 
+def _marlin_op() -> Any:
+    """vLLM's Marlin GEMM op: `_C::gptq_marlin_gemm`, named `_C::marlin_gemm` in vLLM 0.26 (with
+    more optional arguments: bias, activation scales, ...); None when neither is registered."""
+    for name in ("gptq_marlin_gemm", "marlin_gemm"):
+        if hasattr(torch.ops._C, name):
+            return getattr(torch.ops._C, name).default
+    return None
+
+
 def _vllm() -> tuple[Any, str]:
     """(marlin helpers, "") with vLLM's ops registered, or (None, why not). vLLM's own
     `vllm._custom_ops` registers torch.ops._C by importing vllm._C (and logs, not raises, when
@@ -104,14 +113,17 @@ def _vllm() -> tuple[Any, str]:
     try:
         from vllm import _custom_ops  # noqa: F401
         from vllm.model_executor.layers.quantization.utils import marlin_utils
-        if not hasattr(torch.ops._C, "gptq_marlin_gemm"):
+        if _marlin_op() is None:
             _load_vllm_ops()
+        if _marlin_op() is None:
+            raise RuntimeError("neither _C::gptq_marlin_gemm nor _C::marlin_gemm is registered")
         return marlin_utils, ""
     except Exception as e:  # noqa: BLE001 - try the library alone, then report why
         why = f"import vllm: {type(e).__name__}: {e}"
     try:
         path = _load_vllm_ops()
-        torch.ops._C.gptq_marlin_gemm.default  # noqa: B018 - raises when not registered
+        if _marlin_op() is None:
+            raise RuntimeError("neither _C::gptq_marlin_gemm nor _C::marlin_gemm is registered")
         print(f"vLLM package import failed ({why}); loaded its ops from {path}", flush=True)
         return _OwnMarlinUtils(), ""
     except Exception as e:  # noqa: BLE001
@@ -120,7 +132,7 @@ def _vllm() -> tuple[Any, str]:
 
 def _vllm_gemm(mu: Any, n: int, k: int) -> tuple[Callable[..., torch.Tensor], Any, Any]:
     """(gemm(a, qweight_marlin, scales_marlin) -> out, repack(qweight) , permute_scales)."""
-    op = torch.ops._C.gptq_marlin_gemm.default
+    op = _marlin_op()
     names = [a.name for a in op._schema.arguments]
     workspace = (mu.marlin_make_workspace_new(torch.device("cuda"))
                  if hasattr(mu, "marlin_make_workspace_new")
@@ -144,17 +156,19 @@ def _vllm_gemm(mu: Any, n: int, k: int) -> tuple[Callable[..., torch.Tensor], An
             elif "Optional" in str(arg.type) or "?" in str(arg.type):
                 args.append(None)
             else:
-                raise RuntimeError(f"vLLM gptq_marlin_gemm argument {arg.name} ({arg.type})")
+                raise RuntimeError(f"vLLM {op._schema.name} argument {arg.name} ({arg.type})")
         return op(*args)
 
     def repack(qweight: torch.Tensor) -> torch.Tensor:
         perm = torch.empty(0, dtype=torch.int32, device="cuda")
-        return torch.ops._C.gptq_marlin_repack(qweight, perm, k, n, 4)
+        op = torch.ops._C.gptq_marlin_repack.default
+        extra = [False] * (len(op._schema.arguments) - 5)  # 0.26: is_a_8bit (16-bit a here)
+        return op(qweight, perm, k, n, 4, *extra)
 
     def permute_scales(scales: torch.Tensor) -> torch.Tensor:
         return mu.marlin_permute_scales(scales, size_k=k, size_n=n, group_size=GROUP)
 
-    print(f"vLLM gptq_marlin_gemm arguments: {names}", flush=True)
+    print(f"vLLM {op._schema.name} arguments: {names}", flush=True)
     return gemm, repack, permute_scales
 
 
