@@ -57,6 +57,7 @@ def main() -> None:
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.model, load_format=args.load_format, dtype="bfloat16",
+        skip_tokenizer_init=True,  # prompts are token ids; dummy checkpoints have no tokenizer
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, async_scheduling=args.async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,

@@ -137,7 +137,12 @@ def _vllm_gemm(mu: Any, n: int, k: int) -> tuple[Callable[..., torch.Tensor], An
     workspace = (mu.marlin_make_workspace_new(torch.device("cuda"))
                  if hasattr(mu, "marlin_make_workspace_new")
                  else mu.marlin_make_workspace(n, torch.device("cuda")))
-    qtype = scalar_types.uint4b8
+    # vLLM's own scalar type ids (its encoding may differ from pyorch's copy of ScalarType).
+    try:
+        from vllm.scalar_type import scalar_types as vllm_scalar_types
+        qtype = vllm_scalar_types.uint4b8
+    except ImportError:
+        qtype = scalar_types.uint4b8
 
     def gemm(a: torch.Tensor, qw: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         m = a.shape[0]
@@ -146,7 +151,8 @@ def _vllm_gemm(mu: Any, n: int, k: int) -> tuple[Callable[..., torch.Tensor], An
             atomic = mu.should_use_atomic_add_reduce(m=m, n=n, k=k, device=a.device,
                                                      dtype=a.dtype)
         values = dict(a=a, b_q_weight=qw, b_scales=scales, workspace=workspace,
-                      b_q_type=qtype.id, b_q_type_id=qtype.id, size_m=m, size_n=n, size_k=k,
+                      b_q_type=qtype.id, b_q_type_id=qtype.id, b_type_id=qtype.id, size_m=m,
+                      size_n=n, size_k=k,
                       is_k_full=True, use_atomic_add=atomic, use_fp32_reduce=True,
                       is_zp_float=False)
         args = []
