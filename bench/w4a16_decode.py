@@ -149,8 +149,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--vllm", action="store_true")
     p.add_argument("--vllm-timeout", type=int, default=150)
+    p.add_argument("--scales-by-copy", type=int, choices=(0, 1), default=None,
+                   help="the W4A16 stream kernel's groups of 128 take their scales by bulk "
+                        "copies (1) or global loads (0); default: the library's default. Set "
+                        "before the engine captures its CUDA graphs")
     p.add_argument("--json", default="")
     args = p.parse_args()
+    if args.scales_by_copy is not None:
+        from pyorch import _C
+        _C.set_w4a16_stream_scales_by_copy(bool(args.scales_by_copy))
     cfg = dict(LLAMA3_8B)
     if os.path.exists(args.config):
         with open(args.config) as f:
@@ -159,6 +166,8 @@ def main() -> None:
     write_checkpoint(args.dir, cfg)
     print(f"checkpoint ready in {time.time() - t0:.1f} s: {args.dir}", flush=True)
     rows = [time_pyorch(args.dir, args.new_tokens, args.repeats)]
+    if args.scales_by_copy is not None:
+        rows[-1]["scales_by_copy"] = args.scales_by_copy
     print(json.dumps(rows[-1]), flush=True)
     if args.vllm:
         torch.cuda.empty_cache()

@@ -412,6 +412,10 @@ PYBIND11_MODULE(_C, m) {
         "k-blocks per ring slot of the W4A16 stream kernel for groups of 64+ rows (4 or 8).");
   m.def("w4a16_stream_chunk", &pyorch::w4a16_stream_chunk,
         "k-blocks per ring slot of the W4A16 stream kernel for groups of 64+ rows.");
+  m.def("set_w4a16_stream_scales_by_copy", &pyorch::set_w4a16_stream_scales_by_copy, py::arg("on"),
+        "Whether the W4A16 stream kernel brings the scales of groups of 128 by bulk copies.");
+  m.def("w4a16_stream_scales_by_copy", &pyorch::w4a16_stream_scales_by_copy,
+        "Whether the W4A16 stream kernel brings the scales of groups of 128 by bulk copies.");
   m.def("set_w4a16_stream_stages", &pyorch::set_w4a16_stream_stages, py::arg("stages"),
         "Ring slots per warp of the W4A16 stream kernel (1..8; powers of two for groups of 64+).");
   m.def("w4a16_stream_stages", &pyorch::w4a16_stream_stages,

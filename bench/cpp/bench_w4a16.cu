@@ -23,6 +23,8 @@
 //        --pdl 0|1 (the stream kernel's PDL launch) --shapes qkv_proj,o_proj,... (default: all)
 //        --prefetch-acts 0|1 (the stream kernel loads the next k-block's activations early)
 //        --chunk N (k-blocks per ring slot of the stream kernel, groups of 64+ rows: 4 or 8)
+//        --scales-by-copy 0|1 (the stream kernel's groups of 128 take their scales by the ring
+//        slots' bulk copies; default 0: global loads into registers)
 //        --tiled-min-rows N (from N rows on the tiled kernel; 65: the registers kernel up to 64)
 //        --mma-max-rows N (above N rows dequantize + cuBLAS, as the adapter does; 0: auto)
 //        --chunk-mb N (MiB of dequantized columns per chunk of that path; default 64)
@@ -479,6 +481,8 @@ int main(int argc, char** argv) {
   if (args.has("pdl")) pyorch::set_pdl_enabled(args.num("pdl", 1) != 0);
   if (args.has("prefetch-acts")) pyorch::set_w4a16_prefetch_acts(args.num("prefetch-acts", 0) != 0);
   if (args.has("chunk")) pyorch::set_w4a16_stream_chunk(static_cast<int>(args.num("chunk", 4)));
+  if (args.has("scales-by-copy"))
+    pyorch::set_w4a16_stream_scales_by_copy(args.num("scales-by-copy", 1) != 0);
   if (args.has("ctas-per-sm"))
     pyorch::set_w4a16_ctas_per_sm(static_cast<int>(args.num("ctas-per-sm", 4)));
   if (args.has("tiled-min-rows"))
@@ -487,11 +491,12 @@ int main(int argc, char** argv) {
   if (args.has("chunk-mb")) pyorch::set_w4a16_dequant_chunk_bytes(args.num("chunk-mb", 64) << 20);
   std::printf(
       "device=%s copy_GB/s=%.1f l2_prefetch_blocks=%d kernel=%s stages=%d prefetch_acts=%d "
-      "chunk=%d ctas_per_sm=%d pdl=%d tiled_min_rows=%lld mma_max_rows=%lld\n",
+      "chunk=%d scales_by_copy=%d ctas_per_sm=%d pdl=%d tiled_min_rows=%lld mma_max_rows=%lld\n",
       pyorch::bench::device_name().c_str(), pyorch::bench::copy_bandwidth_gbs(b.stream),
       pyorch::w4a16_l2_prefetch(), pyorch::w4a16_kernel_name(1), pyorch::w4a16_stream_stages(),
       static_cast<int>(pyorch::w4a16_prefetch_acts()), pyorch::w4a16_stream_chunk(),
-      pyorch::w4a16_ctas_per_sm(), static_cast<int>(pyorch::pdl_enabled()),
+      static_cast<int>(pyorch::w4a16_stream_scales_by_copy()), pyorch::w4a16_ctas_per_sm(),
+      static_cast<int>(pyorch::pdl_enabled()),
       static_cast<long long>(pyorch::w4a16_tiled_min_rows()),
       static_cast<long long>(pyorch::w4a16_mma_max_rows()));
   const auto models = args.strs("models", {"8b", "70b"});

@@ -36,6 +36,13 @@ std::atomic<bool> g_prefetch_acts{true};
 // 8 x 1 (the same shared memory) on 30 of 32 shapes, 8B decode chain 2.27 against 2.40 ms at
 // M = 1, 3.57 against 3.72 at M = 16.
 std::atomic<int> g_stream_chunk{4};
+// Whether the grouped stream kernel's groups of 128 get their scales by the ring slots' bulk
+// copies (set_w4a16_stream_scales_by_copy) instead of global loads into registers. H100,
+// bench_w4a16 (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/scales_20261128): 8B decode chain at
+// M = 1 2.21 / 2.20 ms by copy against 2.10 / 2.09 by registers (another machine; the code before
+// both: 2.29 / 2.26 and 2.27 / 2.29); 8B GPTQ engine decode 2.84 against 2.97 ms/token (one run
+// each, two machines). Off until one machine times both in the engine.
+std::atomic<bool> g_stream_scales_by_copy{false};
 // Fewest k-blocks (64 rows each) one split streams: shorter ones spend more on the partials.
 constexpr int64_t kW4MinBlocksPerSplit = 2;
 // k-blocks each warp keeps requested from L2 ahead of its register stages (set_w4a16_l2_prefetch).
@@ -138,6 +145,10 @@ bool w4a16_prefetch_acts() { return g_prefetch_acts.load(); }
 void set_w4a16_stream_chunk(int blocks) { g_stream_chunk.store(blocks <= 4 ? 4 : 8); }
 
 int w4a16_stream_chunk() { return g_stream_chunk.load(); }
+
+void set_w4a16_stream_scales_by_copy(bool on) { g_stream_scales_by_copy.store(on); }
+
+bool w4a16_stream_scales_by_copy() { return g_stream_scales_by_copy.load(); }
 
 void set_w4a16_ctas_per_sm(int ctas) { g_ctas_per_sm.store(std::max(ctas, 1)); }
 
@@ -319,11 +330,12 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
   const int stages = g_stream_stages.load(std::memory_order_relaxed);
   const bool prefetch_acts = g_prefetch_acts.load(std::memory_order_relaxed);
   const int chunk = g_stream_chunk.load(std::memory_order_relaxed);
+  const bool by_copy = g_stream_scales_by_copy.load(std::memory_order_relaxed);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
     switch (path) {
       case W4Path::kStream:
         return kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, prefetch_acts, chunk,
-                                               stream);
+                                               by_copy, stream);
       case W4Path::kTiled: return kernels::launch_w4a16_tiled<T>(p, zeros != nullptr, stream);
       case W4Path::kRegisters: break;
     }

@@ -61,6 +61,19 @@ __device__ __forceinline__ void w4_bulk_copy(void* dst, const void* src, uint32_
       : "memory");
 }
 
+// A further bulk copy completing on bar in the same phase (its bytes expected, no arrival): the
+// phase's one arrival is w4_bulk_copy's.
+__device__ __forceinline__ void w4_bulk_copy_more(void* dst, const void* src, uint32_t bytes,
+                                                  uint64_t* bar) {
+  const uint32_t b = w4_smem_addr(bar);
+  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(w4_smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(b)
+      : "memory");
+}
+
 __device__ __forceinline__ void w4_mbarrier_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t b = w4_smem_addr(bar);
   uint32_t done = 0;
@@ -74,6 +87,13 @@ __device__ __forceinline__ void w4_mbarrier_wait(uint64_t* bar, uint32_t parity)
         : "memory");
   } while (!done);
 }
+
+// The scales of one group for a lane's two columns (n_lo = 16 nt + g and n_lo + 8) and the
+// packed zero-point words holding them, as loaded.
+struct W4GroupQ {
+  uint32_t s_lo, s_hi;  // the scales' 16 bits
+  uint32_t z_lo, z_hi;  // zero-point words of columns 16 nt .. + 7 and 16 nt + 8 .. + 15
+};
 
 // Dynamic shared memory of one thread block: the warps' rings, then their barriers.
 inline size_t w4_stream_smem_bytes(int stages) {
@@ -196,26 +216,44 @@ __global__ void __launch_bounds__(kW4Threads)
 //   ms/token, within the spread).
 // grid (ceil(n / 64), num_splits), kW4Threads threads,
 // w4_grouped_smem_bytes(CHUNK, 1 << log2_stages).
-inline size_t w4_grouped_smem_bytes(int chunk, int stages) {
-  return static_cast<size_t>(kW4Warps) * stages * (chunk * 32 * sizeof(uint4) + 8);
+// Per slot and group of 128 rows in it (GROUP_BLOCKS = 2): the warp's 16 scales, then the 16-byte
+// window of zero-point words holding its two.
+constexpr int kW4GroupScaleBytes = 32, kW4GroupZeroBytes = 16;
+
+inline size_t w4_grouped_slot_bytes(int chunk) {
+  return static_cast<size_t>(chunk) * 32 * sizeof(uint4) +
+         static_cast<size_t>(chunk / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes);
 }
 
-template <typename T, int M_TILES, bool HAS_ZEROS, int GROUP_BLOCKS, int CHUNK>
+inline size_t w4_grouped_smem_bytes(int chunk, int stages) {
+  return static_cast<size_t>(kW4Warps) * stages * (w4_grouped_slot_bytes(chunk) + 8);
+}
+
+template <typename T, int M_TILES, bool HAS_ZEROS, int GROUP_BLOCKS, bool BY_COPY, int CHUNK>
 __global__ void __launch_bounds__(kW4Threads)
     w4a16_stream_grouped_kernel(const W4A16GemmArgs p, int log2_stages) {
   // The ring set-up mirrors the per-weight form's on purpose: one helper struct for both changed
   // the register allocation and cost ~10% on an H100 (stream_grouped_20261127/run4_*).
   extern __shared__ __align__(128) unsigned char w4_smem[];
+  static_assert(GROUP_BLOCKS == 0 || GROUP_BLOCKS == 2, "slots hold CHUNK / 2 groups");
+  constexpr bool kByCopy = BY_COPY && GROUP_BLOCKS > 0;  // scales in the slots
   constexpr int kW4GroupedChunk = CHUNK;
-  constexpr int kW4GroupedChunkWords = CHUNK * 32;  // uint4 per chunk
+  constexpr int kW4GroupedChunkWords = CHUNK * 32;  // uint4 of codes per chunk
+  // uint4 per slot: the codes, then (GROUP_BLOCKS = 2) the chunk's scales and zero-point windows.
+  constexpr int kSlotWords =
+      kW4GroupedChunkWords + (CHUNK / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes) / 16;
+  static_assert(
+      kSlotWords * sizeof(uint4) ==
+          (CHUNK * 32 * sizeof(uint4) + (CHUNK / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes)),
+      "w4_grouped_slot_bytes");
   using T2 = typename W4Traits<T>::T2;
   const int stages = 1 << log2_stages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  uint4* ring = reinterpret_cast<uint4*>(w4_smem) + warp * stages * kW4GroupedChunkWords;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(w4_smem + kW4Warps * stages * kW4GroupedChunkWords *
-                                                             sizeof(uint4)) +
-                   warp * stages;
+  uint4* ring = reinterpret_cast<uint4*>(w4_smem) + warp * stages * kSlotWords;
+  uint64_t* bars =
+      reinterpret_cast<uint64_t*>(w4_smem + kW4Warps * stages * kSlotWords * sizeof(uint4)) +
+      warp * stages;
   const int64_t nt = static_cast<int64_t>(blockIdx.x) * kW4Warps + warp;
   const int kblocks = p.k / static_cast<int>(kW4A16BlockK);
   const int kb_begin = blockIdx.y * p.blocks_per_split;
@@ -230,7 +268,24 @@ __global__ void __launch_bounds__(kW4Threads)
       const int rel = c * kW4GroupedChunk;
       const int blocks = min(kW4GroupedChunk, nblocks - rel);
       const int slot = c & (stages - 1);
-      w4_bulk_copy(ring + slot * kW4GroupedChunkWords, warp_codes + (kb_begin + rel) * 32,
+      uint4* dst = ring + slot * kSlotWords;
+      if constexpr (kByCopy) {
+        // The chunk's groups (the range starts on one): 32 bytes of scales each, and the 16-byte
+        // window of zero-point words holding the warp's two (launch: both 16-byte aligned).
+        unsigned char* extra = reinterpret_cast<unsigned char*>(dst + kW4GroupedChunkWords);
+        const int64_t g0 = (kb_begin + rel) / GROUP_BLOCKS;
+        for (int i = 0; i < (blocks + GROUP_BLOCKS - 1) / GROUP_BLOCKS; ++i) {
+          w4_bulk_copy_more(extra + i * kW4GroupScaleBytes,
+                            static_cast<const uint16_t*>(p.scales) + (g0 + i) * p.n + nt * 16,
+                            kW4GroupScaleBytes, &bars[slot]);
+          if constexpr (HAS_ZEROS) {
+            w4_bulk_copy_more(extra + (CHUNK / 2) * kW4GroupScaleBytes + i * kW4GroupZeroBytes,
+                              p.zeros + (g0 + i) * (p.n / 8) + ((nt * 2) & ~int64_t{3}),
+                              kW4GroupZeroBytes, &bars[slot]);
+          }
+        }
+      }
+      w4_bulk_copy(dst, warp_codes + (kb_begin + rel) * 32,
                    static_cast<uint32_t>(blocks * 32 * sizeof(uint4)), &bars[slot]);
     };
     if (lane == 0) {
@@ -239,9 +294,14 @@ __global__ void __launch_bounds__(kW4Threads)
       for (int c = 0; c < min(stages, nchunks); ++c) issue(c);
     }
     __syncwarp();
-    // Groups: k-blocks left in the current one, and the scales / zero points of it and the next
-    // two (weights: loaded before pdl_wait). q.x: scales of columns n_lo | n_lo + 8 << 16;
-    // q.y: zero points z_lo | z_hi << 4.
+    // Groups. The scales and zero points stay as they were loaded (W4GroupQ) until their group:
+    // an instruction that combined two scales as soon as they were loaded (a PRMT) waited for a
+    // DRAM round trip once per group (ncu: long-scoreboard stalls ~47% of the cycles between
+    // issues). GROUP_BLOCKS = 2: the chunk's CHUNK / 2 groups each keep a fixed register set,
+    // refilled with the group one chunk later as soon as it is used (no register moves, which
+    // would wait on the loads); or, BY_COPY, they come with the codes by the slot's bulk copies
+    // (no global loads but the activations'). GROUP_BLOCKS = 0: the current group and the next
+    // two, rotated at group ends. The first loads are issued before pdl_wait (weights).
     const int blocks_per_group = p.group_size / static_cast<int>(kW4A16BlockK);
     const int last_group = kblocks / blocks_per_group - 1;
     const int group = kb_begin / blocks_per_group;
@@ -251,11 +311,13 @@ __global__ void __launch_bounds__(kW4Threads)
         static_cast<const uint16_t*>(p.scales) + static_cast<int64_t>(group) * p.n + nt * 16 + g;
     const uint32_t* z_ptr = p.zeros + static_cast<int64_t>(group) * (p.n / 8) + nt * 2;
     auto load_next = [&]() {  // the scales of group `ahead`, then step (clamped at the last)
-      uint2 q;
-      q.x = static_cast<uint32_t>(__ldg(sc_ptr)) | (static_cast<uint32_t>(__ldg(sc_ptr + 8)) << 16);
-      q.y = 0;
+      W4GroupQ q;
+      q.s_lo = __ldg(sc_ptr);
+      q.s_hi = __ldg(sc_ptr + 8);
+      q.z_lo = q.z_hi = 0;
       if constexpr (HAS_ZEROS) {
-        q.y = ((__ldg(z_ptr) >> (4 * g)) & 0xF) | (((__ldg(z_ptr + 1) >> (4 * g)) & 0xF) << 4);
+        q.z_lo = __ldg(z_ptr);
+        q.z_hi = __ldg(z_ptr + 1);
       }
       if (ahead < last_group) {
         ++ahead;
@@ -264,9 +326,12 @@ __global__ void __launch_bounds__(kW4Threads)
       }
       return q;
     };
-    uint2 q0 = load_next();
-    uint2 q1 = load_next();
-    uint2 q2 = load_next();
+    constexpr int kRegGroups = GROUP_BLOCKS == 0 ? 3 : (kByCopy ? 1 : CHUNK / GROUP_BLOCKS);
+    W4GroupQ gq[kRegGroups];
+    if constexpr (!kByCopy) {
+#pragma unroll
+      for (int i = 0; i < kRegGroups; ++i) gq[i] = load_next();
+    }
     pdl_wait();  // a comes from the kernel before
     // The lane's activation rows (8 mt + g, or m - 1 past m) from k = 64 kb_begin + 16 t.
     const T* arow[M_TILES];
@@ -292,7 +357,9 @@ __global__ void __launch_bounds__(kW4Threads)
       const int blocks = min(kW4GroupedChunk, nblocks - rel0);
       const int slot = c & (stages - 1);
       w4_mbarrier_wait(&bars[slot], static_cast<uint32_t>((c >> log2_stages) & 1));
-      const uint4* src = ring + slot * kW4GroupedChunkWords + lane;
+      const uint4* src = ring + slot * kSlotWords + lane;
+      const unsigned char* extra =
+          reinterpret_cast<const unsigned char*>(ring + slot * kSlotWords + kW4GroupedChunkWords);
 #pragma unroll
       for (int j = 0; j < kW4GroupedChunk; ++j) {
         if (j >= blocks) continue;
@@ -300,9 +367,23 @@ __global__ void __launch_bounds__(kW4Threads)
         if (rel + 1 < nblocks) load_acts(rel + 1, acts[(j + 1) & 1]);
         const W4Acts<M_TILES>& x = acts[j & 1];
         const uint4 codes = src[j * 32];
-        // magic + z of the lane's two columns (rows g and g + 8 of the mma's A operand).
-        const uint32_t z_lo = HAS_ZEROS ? (q0.y & 0xF) : 8u;
-        const uint32_t z_hi = HAS_ZEROS ? ((q0.y >> 4) & 0xF) : 8u;
+        // The group of this k-block, and magic + z of the lane's two columns (rows g and g + 8 of
+        // the mma's A operand).
+        uint32_t z_lo = 8u, z_hi = 8u;
+        if constexpr (HAS_ZEROS) {
+          const W4GroupQ& q = gq[GROUP_BLOCKS > 0 && !kByCopy ? j / GROUP_BLOCKS : 0];
+          uint32_t zw_lo = q.z_lo, zw_hi = q.z_hi;
+          if constexpr (kByCopy) {
+            const uint32_t* zw =
+                reinterpret_cast<const uint32_t*>(extra + (CHUNK / 2) * kW4GroupScaleBytes +
+                                                  (j / GROUP_BLOCKS) * kW4GroupZeroBytes) +
+                (nt & 1) * 2;
+            zw_lo = zw[0];
+            zw_hi = zw[1];
+          }
+          z_lo = (zw_lo >> (4 * g)) & 0xF;
+          z_hi = (zw_hi >> (4 * g)) & 0xF;
+        }
         const uint32_t magic16 = W4Traits<T>::kMagic & 0xFFFFu;
         const uint32_t bias_lo = (magic16 | z_lo) * 0x10001u;  // exact: a small integer
         const uint32_t bias_hi = (magic16 | z_hi) * 0x10001u;
@@ -328,8 +409,16 @@ __global__ void __launch_bounds__(kW4Threads)
           group_end = --left == 0 || rel + 1 == nblocks;  // or the range ends
         }
         if (group_end) {
-          const float s_lo = w4_scale_value<T>(q0.x & 0xFFFF);
-          const float s_hi = w4_scale_value<T>(q0.x >> 16);
+          const W4GroupQ& q = gq[GROUP_BLOCKS > 0 && !kByCopy ? j / GROUP_BLOCKS : 0];
+          uint32_t sb_lo = q.s_lo, sb_hi = q.s_hi;
+          if constexpr (kByCopy) {
+            const uint16_t* sw =
+                reinterpret_cast<const uint16_t*>(extra + (j / GROUP_BLOCKS) * kW4GroupScaleBytes);
+            sb_lo = sw[g];
+            sb_hi = sw[g + 8];
+          }
+          const float s_lo = w4_scale_value<T>(sb_lo);
+          const float s_hi = w4_scale_value<T>(sb_hi);
 #pragma unroll
           for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
@@ -338,10 +427,14 @@ __global__ void __launch_bounds__(kW4Threads)
               part[mt][i] = 0.f;
             }
           }
-          left = blocks_per_group;
-          q0 = q1;
-          q1 = q2;
-          q2 = load_next();
+          if constexpr (GROUP_BLOCKS == 0) {
+            left = blocks_per_group;
+            gq[0] = gq[1];
+            gq[1] = gq[2];
+            gq[2] = load_next();
+          } else if constexpr (!kByCopy) {
+            gq[j / GROUP_BLOCKS] = load_next();
+          }
         }
       }
       __syncwarp();  // every lane is done with the slot: it may be refilled
@@ -366,7 +459,8 @@ inline int w4_stream_log2_stages(int stages) {
 
 template <typename T>
 cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stages,
-                                bool prefetch_acts, int chunk, cudaStream_t stream) {
+                                bool prefetch_acts, int chunk, bool scales_by_copy,
+                                cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.n + kW4A16BlockN - 1) / kW4A16BlockN),
                   static_cast<unsigned>(p.num_splits));
   const bool grouped = w4_stream_grouped(p.group_size);
@@ -387,18 +481,30 @@ cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stag
     constexpr int kTiles = decltype(m_tiles)::value;
     constexpr bool kZeros = decltype(zeros)::value;
     if (grouped) {
-      auto with_blocks = [&](auto group_blocks) {
+      auto with_blocks = [&](auto group_blocks, auto by_copy) {
         constexpr int kGB = decltype(group_blocks)::value;
+        constexpr bool kCopy = decltype(by_copy)::value;
         if (chunk == 4) {
-          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, 4>, log2_stages);
+          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, kCopy, 4>, log2_stages);
         } else {
-          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, 8>, log2_stages);
+          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, kCopy, 8>, log2_stages);
         }
       };
+      // Groups of 128 on even k-splits take the fixed group ends; their scales (and zero points)
+      // come by the slots' bulk copies when scales_by_copy and the copies may read them: 16-byte
+      // aligned rows (n % 32 for the zero-point words, whose 16-byte windows then also stay
+      // inside their row).
+      const bool copyable =
+          reinterpret_cast<uintptr_t>(p.scales) % 16 == 0 &&
+          (!has_zeros || (reinterpret_cast<uintptr_t>(p.zeros) % 16 == 0 && p.n % 32 == 0));
       if (p.group_size == 2 * kW4A16BlockK && p.blocks_per_split % 2 == 0) {
-        with_blocks(std::integral_constant<int, 2>{});
+        if (scales_by_copy && copyable) {
+          with_blocks(std::integral_constant<int, 2>{}, std::true_type{});
+        } else {
+          with_blocks(std::integral_constant<int, 2>{}, std::false_type{});
+        }
       } else {
-        with_blocks(std::integral_constant<int, 0>{});
+        with_blocks(std::integral_constant<int, 0>{}, std::false_type{});
       }
     } else if (prefetch_acts) {
       run(&w4a16_stream_kernel<T, kTiles, kZeros, true>, stages);

@@ -92,6 +92,11 @@ bool w4a16_prefetch_acts();
 // rows): 4 or 8 (default 4; anything else rounds to one of them). Process-wide, for the A/B.
 void set_w4a16_stream_chunk(int blocks);
 int w4a16_stream_chunk();
+// Whether the stream kernel's grouped form takes the scales and zero points of groups of 128 by
+// its ring slots' bulk copies (with the codes) instead of global loads into registers (default
+// off; the register path runs where the copies cannot read them). Process-wide, for the A/B.
+void set_w4a16_stream_scales_by_copy(bool on);
+bool w4a16_stream_scales_by_copy();
 // Thread blocks per SM the decode kernels' k-split aims for (default 4).
 void set_w4a16_ctas_per_sm(int ctas);
 int w4a16_ctas_per_sm();

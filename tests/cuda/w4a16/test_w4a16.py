@@ -305,28 +305,35 @@ def test_stream_kernel_long_k_range_cuda(fmt: str, group_size: int, dtype: torch
 
 @pytest.fixture
 def stream_settings():
-    """Restores the stream kernel's ring depth and chunk after a test."""
+    """Restores the stream kernel's ring depth, chunk and scale path after a test."""
     stages, chunk = _C.w4a16_stream_stages(), _C.w4a16_stream_chunk()
+    by_copy = _C.w4a16_stream_scales_by_copy()
     try:
         yield
     finally:
         _C.set_w4a16_stream_stages(stages)
         _C.set_w4a16_stream_chunk(chunk)
+        _C.set_w4a16_stream_scales_by_copy(by_copy)
 
 
 @cuda_only
+@pytest.mark.parametrize("by_copy", [False, True])
 @pytest.mark.parametrize("chunk", [4, 8])
 @pytest.mark.parametrize("stages", [1, 2, 3, 8])
 @pytest.mark.parametrize("fmt", ["gptq", "awq"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("group_size", [64, 128, 256, -1])
-def test_stream_grouped_kernel_splits_cuda(stream_settings, chunk: int, stages: int, fmt: str,
-                                           dtype: torch.dtype, group_size: int):
+def test_stream_grouped_kernel_splits_cuda(stream_settings, by_copy: bool, chunk: int,
+                                           stages: int, fmt: str, dtype: torch.dtype,
+                                           group_size: int):
     # The grouped stream kernel (groups of whole k-blocks) over a k-split of 2-block ranges
     # (K = 1280 is 20 k-blocks; 2 column groups ask for many splits): group 256 starts ranges in
     # the middle of its groups, 128 takes the fixed group ends, 64 and per-channel the counted
-    # ones. Ring depths 1..8 (3 runs as 2), chunks of 4 and 8 k-blocks.
+    # ones. Ring depths 1..8 (3 runs as 2), chunks of 4 and 8 k-blocks; group 128's scales by
+    # global loads or by the slots' bulk copies (AWQ's zero-point rows of N / 2 = 40 bytes take
+    # the loads either way).
     k, n = 1280, 80
+    _C.set_w4a16_stream_scales_by_copy(by_copy)
     _C.set_w4a16_stream_stages(stages)
     _C.set_w4a16_stream_chunk(chunk)
     args, reference = _layer(k, n, group_size, fmt, dtype, "cuda", seed=7)
@@ -341,19 +348,46 @@ def test_stream_grouped_kernel_splits_cuda(stream_settings, chunk: int, stages: 
 
 
 @cuda_only
+@pytest.mark.parametrize("by_copy", [False, True])
 @pytest.mark.parametrize("chunk,stages", [(8, 1), (8, 2), (4, 2)])
 @pytest.mark.parametrize("fmt", ["gptq", "awq"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_stream_grouped_kernel_long_range_cuda(stream_settings, chunk: int, stages: int, fmt: str,
-                                               dtype: torch.dtype):
+def test_stream_grouped_kernel_long_range_cuda(stream_settings, by_copy: bool, chunk: int,
+                                               stages: int, fmt: str, dtype: torch.dtype):
     # Group 128 with no k-split: each warp streams 36 k-blocks (four 8-block chunks and a 4-block
     # one, or nine of 4) through a 1- or 2-slot ring that wraps, the group ends at fixed blocks.
     k, n = 2304, 16 * 2200
+    _C.set_w4a16_stream_scales_by_copy(by_copy)
     _C.set_w4a16_stream_chunk(chunk)
     _C.set_w4a16_stream_stages(stages)
     args, reference = _layer(k, n, 128, fmt, dtype, "cuda", seed=11)
     for m in [1, 8, 16]:
         assert _C.w4a16_num_splits(m, n, k) == 1
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        torch.testing.assert_close(_gemm(a, args, n), reference(a), **tol(dtype), msg=f"M={m}")
+
+
+@cuda_only
+@pytest.mark.parametrize("by_copy", [False, True])
+@pytest.mark.parametrize("n", [80, 4096])
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_stream_grouped_kernel_misaligned_scales_cuda(stream_settings, offset: int, fmt: str,
+                                                      n: int, by_copy: bool):
+    # Group 128, scales by global loads or (by_copy) by the slots' bulk copies, which need their
+    # rows 16-byte aligned (N = 4096): scales and zero points one element into a larger buffer, or
+    # AWQ zero-point rows of N / 2 = 40 bytes (N = 80), take the loads instead. Same results.
+    _C.set_w4a16_stream_scales_by_copy(by_copy)
+    k, dtype = 2048, torch.bfloat16
+    (b_q, scales, zeros, perm, ws, qtype), reference = _layer(k, n, 128, fmt, dtype, "cuda", seed=5)
+    if offset:
+        big = torch.empty(scales.numel() + offset, dtype=dtype, device="cuda")
+        scales = big[offset:].view_as(scales).copy_(scales)
+        if zeros is not None:
+            zbig = torch.empty(zeros.numel() + offset, dtype=zeros.dtype, device="cuda")
+            zeros = zbig[offset:].view_as(zeros).copy_(zeros)
+    args = (b_q, scales, zeros, perm, ws, qtype)
+    for m in [1, 5, 12, 16]:
         a = torch.randn(m, k, dtype=dtype, device="cuda")
         torch.testing.assert_close(_gemm(a, args, n), reference(a), **tol(dtype), msg=f"M={m}")
 
