@@ -215,18 +215,18 @@ __global__ void __launch_bounds__(kW4Threads)
 //   H100 (8B decode chain 2.33 against 2.22 ms at M = 1; 8B GPTQ decode 2.98 against 3.02
 //   ms/token, within the spread).
 // grid (ceil(n / 64), num_splits), kW4Threads threads,
-// w4_grouped_smem_bytes(CHUNK, 1 << log2_stages).
-// Per slot and group of 128 rows in it (GROUP_BLOCKS = 2): the warp's 16 scales, then the 16-byte
-// window of zero-point words holding its two.
+// w4_grouped_smem_bytes(CHUNK, 1 << log2_stages, BY_COPY && GROUP_BLOCKS > 0).
+// Per slot and group of 128 rows in it, by copy: the warp's 16 scales, then the 16-byte window of
+// zero-point words holding its two.
 constexpr int kW4GroupScaleBytes = 32, kW4GroupZeroBytes = 16;
 
-inline size_t w4_grouped_slot_bytes(int chunk) {
+inline size_t w4_grouped_slot_bytes(int chunk, bool by_copy) {
   return static_cast<size_t>(chunk) * 32 * sizeof(uint4) +
-         static_cast<size_t>(chunk / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes);
+         (by_copy ? static_cast<size_t>(chunk / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes) : 0);
 }
 
-inline size_t w4_grouped_smem_bytes(int chunk, int stages) {
-  return static_cast<size_t>(kW4Warps) * stages * (w4_grouped_slot_bytes(chunk) + 8);
+inline size_t w4_grouped_smem_bytes(int chunk, int stages, bool by_copy) {
+  return static_cast<size_t>(kW4Warps) * stages * (w4_grouped_slot_bytes(chunk, by_copy) + 8);
 }
 
 template <typename T, int M_TILES, bool HAS_ZEROS, int GROUP_BLOCKS, bool BY_COPY, int CHUNK>
@@ -239,13 +239,14 @@ __global__ void __launch_bounds__(kW4Threads)
   constexpr bool kByCopy = BY_COPY && GROUP_BLOCKS > 0;  // scales in the slots
   constexpr int kW4GroupedChunk = CHUNK;
   constexpr int kW4GroupedChunkWords = CHUNK * 32;  // uint4 of codes per chunk
-  // uint4 per slot: the codes, then (GROUP_BLOCKS = 2) the chunk's scales and zero-point windows.
+  // uint4 per slot: the codes, then (by copy) the chunk's scales and zero-point windows.
   constexpr int kSlotWords =
-      kW4GroupedChunkWords + (CHUNK / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes) / 16;
-  static_assert(
-      kSlotWords * sizeof(uint4) ==
-          (CHUNK * 32 * sizeof(uint4) + (CHUNK / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes)),
-      "w4_grouped_slot_bytes");
+      kW4GroupedChunkWords +
+      (kByCopy ? (CHUNK / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes) / 16 : 0);
+  static_assert(kSlotWords * sizeof(uint4) ==
+                    CHUNK * 32 * sizeof(uint4) +
+                        (kByCopy ? (CHUNK / 2) * (kW4GroupScaleBytes + kW4GroupZeroBytes) : 0),
+                "w4_grouped_slot_bytes");
   using T2 = typename W4Traits<T>::T2;
   const int stages = 1 << log2_stages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -467,7 +468,16 @@ cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stag
   const int log2_stages = w4_stream_log2_stages(stages);
   if (grouped) stages = 1 << log2_stages;
   chunk = chunk <= 4 ? 4 : 8;
-  const size_t smem = grouped ? w4_grouped_smem_bytes(chunk, stages) : w4_stream_smem_bytes(stages);
+  // Groups of 128 on even k-splits take the fixed group ends; their scales (and zero points)
+  // come by the slots' bulk copies when scales_by_copy and the copies may read them: 16-byte
+  // aligned rows (n % 32 for the zero-point words, whose 16-byte windows then also stay inside
+  // their row).
+  const bool fixed_ends = p.group_size == 2 * kW4A16BlockK && p.blocks_per_split % 2 == 0;
+  const bool by_copy =
+      grouped && fixed_ends && scales_by_copy && reinterpret_cast<uintptr_t>(p.scales) % 16 == 0 &&
+      (!has_zeros || (reinterpret_cast<uintptr_t>(p.zeros) % 16 == 0 && p.n % 32 == 0));
+  const size_t smem =
+      grouped ? w4_grouped_smem_bytes(chunk, stages, by_copy) : w4_stream_smem_bytes(stages);
   cudaError_t err = cudaSuccess;
   auto run = [&](auto* kernel, int stage_arg) {
     if (smem > kW4StreamDefaultSmem) {  // deep rings (the benchmark's sweep)
@@ -490,19 +500,10 @@ cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stag
           run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, kCopy, 8>, log2_stages);
         }
       };
-      // Groups of 128 on even k-splits take the fixed group ends; their scales (and zero points)
-      // come by the slots' bulk copies when scales_by_copy and the copies may read them: 16-byte
-      // aligned rows (n % 32 for the zero-point words, whose 16-byte windows then also stay
-      // inside their row).
-      const bool copyable =
-          reinterpret_cast<uintptr_t>(p.scales) % 16 == 0 &&
-          (!has_zeros || (reinterpret_cast<uintptr_t>(p.zeros) % 16 == 0 && p.n % 32 == 0));
-      if (p.group_size == 2 * kW4A16BlockK && p.blocks_per_split % 2 == 0) {
-        if (scales_by_copy && copyable) {
-          with_blocks(std::integral_constant<int, 2>{}, std::true_type{});
-        } else {
-          with_blocks(std::integral_constant<int, 2>{}, std::false_type{});
-        }
+      if (by_copy) {
+        with_blocks(std::integral_constant<int, 2>{}, std::true_type{});
+      } else if (fixed_ends) {
+        with_blocks(std::integral_constant<int, 2>{}, std::false_type{});
       } else {
         with_blocks(std::integral_constant<int, 0>{}, std::false_type{});
       }
