@@ -48,17 +48,24 @@ __device__ __forceinline__ void w4_mbarrier_init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(w4_smem_addr(bar)) : "memory");
 }
 
-// The bulk copy of `bytes` (a multiple of 16) from global src to shared dst, completing on bar.
-__device__ __forceinline__ void w4_bulk_copy(void* dst, const void* src, uint32_t bytes,
-                                             uint64_t* bar) {
-  const uint32_t b = w4_smem_addr(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
-               : "memory");
+// The bulk copy of `bytes` (a multiple of 16) from global src to shared dst, completing on the
+// barrier at shared address b (its bytes already expected there).
+__device__ __forceinline__ void w4_bulk_copy_issue(void* dst, const void* src, uint32_t bytes,
+                                                   uint32_t b) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
           "r"(w4_smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(b)
       : "memory");
+}
+
+// A bulk copy completing on bar, with the phase's one arrival.
+__device__ __forceinline__ void w4_bulk_copy(void* dst, const void* src, uint32_t bytes,
+                                             uint64_t* bar) {
+  const uint32_t b = w4_smem_addr(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
+               : "memory");
+  w4_bulk_copy_issue(dst, src, bytes, b);
 }
 
 // A further bulk copy completing on bar in the same phase (its bytes expected, no arrival): the
@@ -67,11 +74,7 @@ __device__ __forceinline__ void w4_bulk_copy_more(void* dst, const void* src, ui
                                                   uint64_t* bar) {
   const uint32_t b = w4_smem_addr(bar);
   asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(w4_smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(b)
-      : "memory");
+  w4_bulk_copy_issue(dst, src, bytes, b);
 }
 
 __device__ __forceinline__ void w4_mbarrier_wait(uint64_t* bar, uint32_t parity) {
