@@ -435,6 +435,10 @@ PYBIND11_MODULE(_C, m) {
         "Whether gptq_marlin_gemm runs its own kernel (else dequantize + cuBLAS) for this shape.");
   m.def("w4a16_kernel_name", &pyorch::w4a16_kernel_name, py::arg("size_m"),
         "The CUDA kernel gptq_marlin_gemm runs for size_m rows (stream, registers or tiled).");
+  m.def("w4a16_stream_acts_ahead", &pyorch::w4a16_stream_acts_ahead, py::arg("size_m"),
+        py::arg("size_n"), py::arg("size_k"),
+        "Whether the stream kernel's 9..16-row form loads activations a k-block ahead (else its "
+        "leaner form, for more resident blocks).");
   m.def(
       "set_custom_all_reduce_rms_norm_split",
       [](const std::string& mode) {

@@ -330,6 +330,7 @@ void bench_shape(const Bench& b, const Shape& s, const std::vector<int64_t>& tok
          {"chunk_cols", std::to_string(mma_path(m, s.n, s.k) ? 0 : buf.chunk)},
          {"splits",
           std::to_string(mma_path(m, s.n, s.k) ? pyorch::w4a16_num_splits(m, s.n, s.k) : 1)},
+         {"acts_ahead", pyorch::w4a16_stream_acts_ahead(m, s.n, s.k) ? "1" : "0"},
          {"time_us", Report::fmt(us)},
          {"cublas_bf16_us", Report::fmt(cublas_us)},
          {"speedup_vs_cublas", Report::fmt(cublas_us / us, 3)},

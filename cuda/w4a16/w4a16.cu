@@ -37,11 +37,10 @@ std::atomic<bool> g_prefetch_acts{true};
 // M = 1, 3.57 against 3.72 at M = 16.
 std::atomic<int> g_stream_chunk{4};
 // Whether the grouped stream kernel's groups of 128 get their scales by the ring slots' bulk
-// copies (set_w4a16_stream_scales_by_copy) instead of global loads into registers. H100,
-// bench_w4a16 (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/scales_20261128): 8B decode chain at
-// M = 1 2.21 / 2.20 ms by copy against 2.10 / 2.09 by registers (another machine; the code before
-// both: 2.29 / 2.26 and 2.27 / 2.29); 8B GPTQ engine decode 2.84 against 2.97 ms/token (one run
-// each, two machines). Off until one machine times both in the engine.
+// copies (set_w4a16_stream_scales_by_copy) instead of global loads into registers. H100, one
+// machine, registers / by copy (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/waves_20261128, run 0
+// and 1): bench_w4a16 8B decode chain at M = 1 2.10 / 2.21 ms, 70B gate_up M = 1 86.0 / 89.3 us;
+// 8B GPTQ engine decode, alternated twice, 2.864, 2.871 / 2.872, 2.865 ms/token (a tie). Off.
 std::atomic<bool> g_stream_scales_by_copy{false};
 // Fewest k-blocks (64 rows each) one split streams: shorter ones spend more on the partials.
 constexpr int64_t kW4MinBlocksPerSplit = 2;
@@ -97,8 +96,69 @@ int64_t w4_split_blocks(int64_t kblocks, int64_t tiles, int64_t target_blocks,
   return std::max<int64_t>(1, std::min(kblocks, per_split));
 }
 
+// Resident thread blocks per SM of the stream kernel's row form (kernels::
+// w4_stream_resident_blocks), cached per form, chunk and ring depth (one GPU model per process).
+int w4_stream_resident(int m_tiles, bool acts_ahead) {
+  static std::atomic<int> cache[2][2][2][4];  // 0: not asked yet; -1: the query failed
+  const int chunk = g_stream_chunk.load(std::memory_order_relaxed);
+  const int log2_stages = kernels::w4_stream_log2_stages(g_stream_stages.load());
+  std::atomic<int>& slot = cache[m_tiles > 1][acts_ahead][chunk > 4][std::min(log2_stages, 3)];
+  int blocks = slot.load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    blocks = kernels::w4_stream_resident_blocks(m_tiles, acts_ahead, chunk, 1 << log2_stages);
+    if (blocks <= 0) blocks = -1;
+    slot.store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
+}
+
+// The stream kernel's launch for m <= kW4A16StreamMaxRows: k-blocks per split, and whether the
+// 9..16-row form loads activations a k-block ahead.
+struct W4StreamPlan {
+  int64_t blocks_per_split;
+  bool acts_ahead;
+};
+
+// The k-split aims at g_ctas_per_sm thread blocks per SM, but never at more than stay resident at
+// once: a last partial wave of blocks streams with few warps per SM. Where even one split
+// overflows them, the 9..16-row form drops its activation look-ahead (8 resident blocks of 64
+// registers instead of 5 of 96). H100, bench_w4a16 at M = 16, before / after, one machine
+// (bench/results/NVIDIA_H100_80GB_HBM3/w4a16/waves_20261128, run 3): 8B gate_up 50.5 / 39.3 us
+// (2 splits, 896 blocks for 660 places, against 1 split); 70B gate_up 160.0 / 141.6 (896 column
+// groups, the lean form); 8B decode chain 3.44 / 2.95 ms. Up to 8 rows nothing changes on
+// Llama shapes (8 resident blocks already hold every split).
+W4StreamPlan w4_stream_plan(int64_t size_m, int64_t size_n, int64_t size_k) {
+  const int64_t kblocks = size_k / kW4A16BlockK;
+  const int64_t column_groups = (size_n + kW4A16BlockN - 1) / kW4A16BlockN;
+  const int64_t sms = w4_num_sms();
+  int64_t per_split = w4_split_blocks(kblocks, column_groups,
+                                      int64_t{g_ctas_per_sm.load(std::memory_order_relaxed)} * sms,
+                                      kW4MinBlocksPerSplit);
+  const int m_tiles = size_m <= 8 ? 1 : 2;
+  bool acts_ahead = true;
+  int64_t resident = w4_stream_resident(m_tiles, true);
+  if (m_tiles == 2 && column_groups > resident * sms) {
+    const int64_t lean = w4_stream_resident(2, false);
+    if (lean > resident) {
+      acts_ahead = false;
+      resident = lean;
+    }
+  }
+  if (resident > 0) {
+    const int64_t max_splits = std::max<int64_t>(1, resident * sms / column_groups);
+    if ((kblocks + per_split - 1) / per_split > max_splits) {
+      per_split = (kblocks + max_splits - 1) / max_splits;
+    }
+  }
+  // The grouped form places the ends of 128-row groups at fixed k-blocks when every split starts
+  // on an even k-block.
+  return {std::min(kblocks, (per_split + 1) / 2 * 2), acts_ahead};
+}
+
 int64_t w4_blocks_per_split(int64_t size_m, int64_t size_n, int64_t size_k) {
   const int64_t kblocks = size_k / kW4A16BlockK;
+  if (w4_path(size_m) == W4Path::kStream)
+    return w4_stream_plan(size_m, size_n, size_k).blocks_per_split;
   if (w4_path(size_m) == W4Path::kTiled) {
     const int64_t block_m = kernels::w4_tiled_block_m(size_m);
     const int64_t tiles = (size_m + block_m - 1) / block_m *
@@ -109,13 +169,9 @@ int64_t w4_blocks_per_split(int64_t size_m, int64_t size_n, int64_t size_k) {
                            kW4TiledMinBlocksPerSplit);
   }
   const int64_t column_groups = (size_n + kW4A16BlockN - 1) / kW4A16BlockN;
-  const int64_t per_split = w4_split_blocks(
-      kblocks, column_groups, int64_t{g_ctas_per_sm.load(std::memory_order_relaxed)} * w4_num_sms(),
-      kW4MinBlocksPerSplit);
-  // The stream kernel's grouped form places the ends of 128-row groups at fixed k-blocks when
-  // every split starts on an even k-block.
-  if (w4_path(size_m) == W4Path::kStream) return std::min(kblocks, (per_split + 1) / 2 * 2);
-  return per_split;
+  return w4_split_blocks(kblocks, column_groups,
+                         int64_t{g_ctas_per_sm.load(std::memory_order_relaxed)} * w4_num_sms(),
+                         kW4MinBlocksPerSplit);
 }
 
 bool w4_shape_ok(int64_t size_n, int64_t size_k) {
@@ -189,6 +245,12 @@ const char* w4a16_kernel_name(int64_t size_m) {
     case W4Path::kTiled: return "tiled";
   }
   return "?";
+}
+
+bool w4a16_stream_acts_ahead(int64_t size_m, int64_t size_n, int64_t size_k) {
+  if (!w4_shape_ok(size_n, size_k) || size_m <= 0 || w4_path(size_m) != W4Path::kStream)
+    return true;
+  return w4_stream_plan(size_m, size_n, size_k).acts_ahead;
 }
 
 int64_t w4a16_num_splits(int64_t size_m, int64_t size_n, int64_t size_k) {
@@ -298,6 +360,10 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
     PYORCH_INVALID("gptq_marlin_gemm: zero points go with uint4 and only with it");
   }
   if (size_m == 0) return cudaSuccess;
+  if (w4a16_partials_size(size_m, size_n, size_k) > 0 &&
+      reinterpret_cast<uintptr_t>(partials) % 16 != 0) {
+    PYORCH_INVALID("gptq_marlin_gemm: partials must be 16-byte aligned");  // float4 reads
+  }
   if (perm != nullptr) {
     PYORCH_RETURN_IF_ERROR(
         w4a16_permute_cols(a_perm_buffer, a, perm, dtype, size_m, size_k, a_stride, stream));
@@ -318,11 +384,15 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
   p.group_size = static_cast<int>(group_size);
   p.a_stride = a_stride;
   p.out_stride = out_stride;
-  p.blocks_per_split = static_cast<int>(w4_blocks_per_split(size_m, size_n, size_k));
+  const W4Path path = w4_path(size_m);
+  const W4StreamPlan plan =
+      path == W4Path::kStream ? w4_stream_plan(size_m, size_n, size_k) : W4StreamPlan{0, true};
+  p.blocks_per_split =
+      static_cast<int>(path == W4Path::kStream ? plan.blocks_per_split
+                                               : w4_blocks_per_split(size_m, size_n, size_k));
   p.num_splits = static_cast<int>(w4a16_num_splits(size_m, size_n, size_k));
   p.group_shift = (group_size & (group_size - 1)) == 0 ? __builtin_ctzll(group_size) : -1;
   p.prefetch_blocks = g_prefetch_blocks.load(std::memory_order_relaxed);
-  const W4Path path = w4_path(size_m);
   if (path == W4Path::kRegisters && size_m > kW4A16RegistersMaxRows) {
     PYORCH_INVALID("gptq_marlin_gemm: the registers kernel takes at most %lld rows, got %lld",
                    static_cast<long long>(kW4A16RegistersMaxRows), static_cast<long long>(size_m));
@@ -335,7 +405,7 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
     switch (path) {
       case W4Path::kStream:
         return kernels::launch_w4a16_stream<T>(p, zeros != nullptr, stages, prefetch_acts, chunk,
-                                               by_copy, stream);
+                                               by_copy, plan.acts_ahead, stream);
       case W4Path::kTiled: return kernels::launch_w4a16_tiled<T>(p, zeros != nullptr, stream);
       case W4Path::kRegisters: break;
     }

@@ -241,8 +241,50 @@ __device__ __forceinline__ void w4_compute_stage(const W4A16GemmArgs& p, const W
   w4_compute_acts<T, M_TILES, HAS_ZEROS, SCALED>(s, x, acc);
 }
 
+// out[row0 .. row0 + rows) x [n0 .. n0 + cols) = the sum of the k-split's partials in split
+// order. Each thread keeps OUTPUTS sums and reads all of them for one split before the next, so
+// that OUTPUTS L2 reads are in flight instead of one (this sum, at the end of a column group, is
+// the kernel's tail). More outputs cost registers: the caller's kernel keeps its count below its
+// occupancy steps (w4_sum_outputs).
+template <typename T, int OUTPUTS>
+__device__ __forceinline__ void w4_sum_partials(const W4A16GemmArgs& p, int row0, int rows,
+                                                int64_t n0, int cols) {
+  const int total = rows * cols;
+  const int64_t split_stride = static_cast<int64_t>(p.m) * p.n;
+  const float* part = p.partials + static_cast<int64_t>(row0) * p.n + n0;
+  T* out = static_cast<T*>(p.out) + static_cast<int64_t>(row0) * p.out_stride + n0;
+  for (int base = threadIdx.x; base < total; base += OUTPUTS * blockDim.x) {
+    int offset[OUTPUTS];  // into part (row * n + col), or -1 past the rectangle
+#pragma unroll
+    for (int u = 0; u < OUTPUTS; ++u) {
+      const int idx = base + u * static_cast<int>(blockDim.x);
+      offset[u] = idx < total ? (idx / cols) * p.n + idx % cols : -1;
+    }
+    float sum[OUTPUTS] = {};
+    const float* src = part;
+    for (int split = 0; split < p.num_splits; ++split, src += split_stride) {
+      float v[OUTPUTS];
+#pragma unroll
+      for (int u = 0; u < OUTPUTS; ++u) v[u] = offset[u] >= 0 ? __ldcg(src + offset[u]) : 0.f;
+#pragma unroll
+      for (int u = 0; u < OUTPUTS; ++u) sum[u] += v[u];
+    }
+#pragma unroll
+    for (int u = 0; u < OUTPUTS; ++u) {
+      if (offset[u] < 0) continue;
+      const int row = offset[u] / p.n, col = offset[u] - row * p.n;
+      out[static_cast<int64_t>(row) * p.out_stride + col] = from_float<T>(sum[u]);
+    }
+  }
+}
+
+// The partial sums each thread of the k-split's reduction keeps in flight, by the kernel's
+// m-tiles: with 4 at one m-tile the decode kernels' AWQ forms took 72 registers instead of 64 (7
+// resident blocks instead of 8, nvcc 13.0); from two m-tiles the count is set by the main loop.
+constexpr int w4_sum_outputs(int m_tiles) { return m_tiles == 1 ? 1 : 4; }
+
 // The last thread block of a column group sums the k-split's partials (split order) into out.
-template <typename T>
+template <typename T, int OUTPUTS>
 __device__ __forceinline__ void w4_reduce_splits(const W4A16GemmArgs& p) {
   __shared__ int is_last;
   __threadfence();
@@ -253,17 +295,22 @@ __device__ __forceinline__ void w4_reduce_splits(const W4A16GemmArgs& p) {
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  T* out = static_cast<T*>(p.out);
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kW4A16BlockN;
-  for (int idx = threadIdx.x; idx < p.m * kW4A16BlockN; idx += blockDim.x) {
-    const int row = idx / kW4A16BlockN;
-    const int64_t col = n0 + idx % kW4A16BlockN;
-    if (col >= p.n) continue;
-    float sum = 0.f;
-    for (int split = 0; split < p.num_splits; ++split) {
-      sum += __ldcg(p.partials + (static_cast<int64_t>(split) * p.m + row) * p.n + col);
+  if constexpr (OUTPUTS == 1) {  // one sum per thread (the loop of the decode kernels' 1..8 rows)
+    T* out = static_cast<T*>(p.out);
+    for (int idx = threadIdx.x; idx < p.m * kW4A16BlockN; idx += blockDim.x) {
+      const int row = idx / kW4A16BlockN;
+      const int64_t col = n0 + idx % kW4A16BlockN;
+      if (col >= p.n) continue;
+      float sum = 0.f;
+      for (int split = 0; split < p.num_splits; ++split) {
+        sum += __ldcg(p.partials + (static_cast<int64_t>(split) * p.m + row) * p.n + col);
+      }
+      out[row * p.out_stride + col] = from_float<T>(sum);
     }
-    out[row * p.out_stride + col] = from_float<T>(sum);
+  } else {
+    w4_sum_partials<T, OUTPUTS>(
+        p, 0, p.m, n0, static_cast<int>(min(static_cast<int64_t>(kW4A16BlockN), p.n - n0)));
   }
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
@@ -299,7 +346,7 @@ __device__ __forceinline__ void w4_store_or_reduce(const W4A16GemmArgs& p,
       }
     }
   }
-  w4_reduce_splits<T>(p);
+  w4_reduce_splits<T, w4_sum_outputs(M_TILES)>(p);
 }
 
 // grid (ceil(n / 64), num_splits), kW4Threads threads.

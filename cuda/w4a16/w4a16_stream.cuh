@@ -211,7 +211,10 @@ __global__ void __launch_bounds__(kW4Threads)
 //   the current one is computed.
 // - The activations of the next k-block are loaded before the current one is dequantized, from
 //   row pointers set up once; rows past m read row m - 1 (their sums are never stored), so no
-//   load is predicated on the row.
+//   load is predicated on the row. ACTS_AHEAD = false (9..16 rows only) loads each k-block's own
+//   activations just before its dequant instead: 16 registers fewer (64 against 88 in the GPTQ
+//   form, 8 resident blocks per SM instead of 5), for the launches whose blocks would not all be
+//   resident otherwise (w4_stream_plan in w4a16.cu).
 // - The ring depth is a power of two (slot and barrier phase by mask and shift).
 // - PDL: the next kernel may launch once every block has streamed its range (as the per-weight
 //   form). Letting it launch as soon as the blocks had issued their first copies was slower on an
@@ -232,7 +235,8 @@ inline size_t w4_grouped_smem_bytes(int chunk, int stages, bool by_copy) {
   return static_cast<size_t>(kW4Warps) * stages * (w4_grouped_slot_bytes(chunk, by_copy) + 8);
 }
 
-template <typename T, int M_TILES, bool HAS_ZEROS, int GROUP_BLOCKS, bool BY_COPY, int CHUNK>
+template <typename T, int M_TILES, bool HAS_ZEROS, int GROUP_BLOCKS, bool BY_COPY, int CHUNK,
+          bool ACTS_AHEAD>
 __global__ void __launch_bounds__(kW4Threads)
     w4a16_stream_grouped_kernel(const W4A16GemmArgs p, int log2_stages) {
   // The ring set-up mirrors the per-weight form's on purpose: one helper struct for both changed
@@ -240,6 +244,7 @@ __global__ void __launch_bounds__(kW4Threads)
   extern __shared__ __align__(128) unsigned char w4_smem[];
   static_assert(GROUP_BLOCKS == 0 || GROUP_BLOCKS == 2, "slots hold CHUNK / 2 groups");
   constexpr bool kByCopy = BY_COPY && GROUP_BLOCKS > 0;  // scales in the slots
+  constexpr bool kActsAhead = ACTS_AHEAD || M_TILES == 1;
   constexpr int kW4GroupedChunk = CHUNK;
   constexpr int kW4GroupedChunkWords = CHUNK * 32;  // uint4 of codes per chunk
   // uint4 per slot: the codes, then (by copy) the chunk's scales and zero-point windows.
@@ -353,8 +358,8 @@ __global__ void __launch_bounds__(kW4Threads)
         x.b[mt][1] = __ldg(ap + 1);
       }
     };
-    W4Acts<M_TILES> acts[2];
-    load_acts(0, acts[0]);
+    W4Acts<M_TILES> acts[kActsAhead ? 2 : 1];
+    if constexpr (kActsAhead) load_acts(0, acts[0]);
     float part[M_TILES][4] = {};
     for (int c = 0; c < nchunks; ++c) {
       const int rel0 = c * kW4GroupedChunk;
@@ -368,8 +373,12 @@ __global__ void __launch_bounds__(kW4Threads)
       for (int j = 0; j < kW4GroupedChunk; ++j) {
         if (j >= blocks) continue;
         const int rel = rel0 + j;
-        if (rel + 1 < nblocks) load_acts(rel + 1, acts[(j + 1) & 1]);
-        const W4Acts<M_TILES>& x = acts[j & 1];
+        if constexpr (kActsAhead) {
+          if (rel + 1 < nblocks) load_acts(rel + 1, acts[(j + 1) & (kActsAhead ? 1 : 0)]);
+        } else {
+          load_acts(rel, acts[0]);
+        }
+        const W4Acts<M_TILES>& x = acts[kActsAhead ? (j & 1) : 0];
         const uint4 codes = src[j * 32];
         // The group of this k-block, and magic + z of the lane's two columns (rows g and g + 8 of
         // the mma's A operand).
@@ -463,7 +472,7 @@ inline int w4_stream_log2_stages(int stages) {
 
 template <typename T>
 cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stages,
-                                bool prefetch_acts, int chunk, bool scales_by_copy,
+                                bool prefetch_acts, int chunk, bool scales_by_copy, bool acts_ahead,
                                 cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.n + kW4A16BlockN - 1) / kW4A16BlockN),
                   static_cast<unsigned>(p.num_splits));
@@ -490,17 +499,18 @@ cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stag
     }
     err = launch_kernel(kernel, grid, dim3(kW4Threads), smem, stream, pdl_enabled(), p, stage_arg);
   };
-  auto launch = [&](auto m_tiles, auto zeros) {
+  auto launch = [&](auto m_tiles, auto zeros, auto ahead) {
     constexpr int kTiles = decltype(m_tiles)::value;
     constexpr bool kZeros = decltype(zeros)::value;
+    constexpr bool kAhead = decltype(ahead)::value;
     if (grouped) {
       auto with_blocks = [&](auto group_blocks, auto by_copy) {
         constexpr int kGB = decltype(group_blocks)::value;
         constexpr bool kCopy = decltype(by_copy)::value;
         if (chunk == 4) {
-          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, kCopy, 4>, log2_stages);
+          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, kCopy, 4, kAhead>, log2_stages);
         } else {
-          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, kCopy, 8>, log2_stages);
+          run(&w4a16_stream_grouped_kernel<T, kTiles, kZeros, kGB, kCopy, 8, kAhead>, log2_stages);
         }
       };
       if (by_copy) {
@@ -518,9 +528,11 @@ cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stag
   };
   auto with_tiles = [&](auto zeros) {
     if (p.m <= 8) {
-      launch(std::integral_constant<int, 1>{}, zeros);
+      launch(std::integral_constant<int, 1>{}, zeros, std::true_type{});
+    } else if (acts_ahead || !grouped) {
+      launch(std::integral_constant<int, 2>{}, zeros, std::true_type{});
     } else {
-      launch(std::integral_constant<int, 2>{}, zeros);
+      launch(std::integral_constant<int, 2>{}, zeros, std::false_type{});
     }
   };
   if (has_zeros) {
@@ -530,6 +542,46 @@ cudaError_t launch_w4a16_stream(const W4A16GemmArgs& p, bool has_zeros, int stag
   }
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
+}
+
+// Thread blocks of the grouped stream kernel resident per SM (the CUDA occupancy calculator on the
+// bf16 GPTQ form with groups of 128: the register count of each row form sets it), for the launch
+// plan (w4_stream_plan). m_tiles 1 or 2; 0 when the query fails.
+inline int w4_stream_resident_blocks(int m_tiles, bool acts_ahead, int chunk, int stages) {
+  using T = __nv_bfloat16;
+  chunk = chunk <= 4 ? 4 : 8;
+  const int log2_stages = w4_stream_log2_stages(stages);
+  const size_t smem = w4_grouped_smem_bytes(chunk, 1 << log2_stages, false);
+  int blocks = 0;
+  auto query = [&](auto* kernel) {
+    if (smem > kW4StreamDefaultSmem &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)) != cudaSuccess) {
+      return;
+    }
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kW4Threads, smem) !=
+        cudaSuccess) {
+      blocks = 0;
+    }
+  };
+  auto with_chunk = [&](auto m, auto ahead) {
+    constexpr int kM = decltype(m)::value;
+    constexpr bool kA = decltype(ahead)::value;
+    if (chunk == 4) {
+      query(&w4a16_stream_grouped_kernel<T, kM, false, 2, false, 4, kA>);
+    } else {
+      query(&w4a16_stream_grouped_kernel<T, kM, false, 2, false, 8, kA>);
+    }
+  };
+  if (m_tiles <= 1) {
+    with_chunk(std::integral_constant<int, 1>{}, std::true_type{});
+  } else if (acts_ahead) {
+    with_chunk(std::integral_constant<int, 2>{}, std::true_type{});
+  } else {
+    with_chunk(std::integral_constant<int, 2>{}, std::false_type{});
+  }
+  cudaGetLastError();  // a failed query leaves no error behind
+  return blocks;
 }
 
 }  // namespace pyorch::kernels

@@ -184,16 +184,8 @@ __global__ void __launch_bounds__(kW4TiledThreads, 2) w4a16_tiled_kernel(const W
   if (!is_last) return;
   __threadfence();
   const int64_t n0 = nt0 * kW4A16TileN;
-  for (int idx = threadIdx.x; idx < Shape::kBlockM * kW4TiledBlockN; idx += blockDim.x) {
-    const int row = m0 + idx / kW4TiledBlockN;
-    const int64_t col = n0 + idx % kW4TiledBlockN;
-    if (row >= p.m || col >= p.n) continue;
-    float sum = 0.f;
-    for (int split = 0; split < p.num_splits; ++split) {
-      sum += __ldcg(p.partials + (static_cast<int64_t>(split) * p.m + row) * p.n + col);
-    }
-    out[row * p.out_stride + col] = from_float<T>(sum);
-  }
+  w4_sum_partials<T, 4>(p, m0, min(Shape::kBlockM, p.m - m0), n0,
+                        static_cast<int>(min(static_cast<int64_t>(kW4TiledBlockN), p.n - n0)));
   if (threadIdx.x == 0) p.counters[counter] = 0;
 }
 

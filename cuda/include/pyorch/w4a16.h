@@ -52,7 +52,8 @@ cudaError_t awq_marlin_repack(int32_t* out, const int32_t* b_q_weight, int64_t s
 //              (a'[:, j] = a[:, perm[j]]) into a_perm_buffer [size_m, size_k] (dtype)
 //   workspace: >= ceil(size_n / kW4A16BlockN) ints, zero before the first call; every call
 //              leaves it zero (the k-split's arrival counters). Calls sharing one must be ordered.
-//   partials:  >= w4a16_partials_size(size_m, size_n, size_k) floats (unused when that is 0)
+//   partials:  >= w4a16_partials_size(size_m, size_n, size_k) floats, 16-byte aligned (unused
+//              when that is 0)
 // Any size_m >= 0 (the kernel by rows: w4a16_kernel_name); size_k a multiple of kW4A16BlockK and
 // of group_size; size_n of kW4A16TileN; group_size a multiple of 16 dividing size_k. Captures in
 // a CUDA graph.
@@ -127,6 +128,12 @@ void set_w4a16_dequant_chunk_bytes(int64_t bytes);
 int64_t w4a16_dequant_chunk_cols(int64_t size_n, int64_t size_k, int64_t elem_bytes);
 // The kernel gptq_marlin_gemm runs for size_m rows: "stream", "registers" or "tiled".
 const char* w4a16_kernel_name(int64_t size_m);
+
+// Whether the stream kernel's 9..16-row form loads activations a k-block ahead for this shape
+// (the default), or drops that look-ahead for fewer registers: where the shape's column groups
+// outnumber the blocks of the look-ahead form that stay resident at once on the current device.
+// True outside the stream kernel's rows.
+bool w4a16_stream_acts_ahead(int64_t size_m, int64_t size_n, int64_t size_k);
 
 // The k-split gptq_marlin_gemm uses for a shape on the current device (1 = none) and the fp32
 // partial sums it needs (0 without a split).

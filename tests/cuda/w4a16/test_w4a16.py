@@ -368,6 +368,45 @@ def test_stream_grouped_kernel_long_range_cuda(stream_settings, by_copy: bool, c
 
 
 @cuda_only
+def test_stream_kernel_keeps_its_blocks_resident_cuda():
+    # The stream kernel's k-split never asks for more thread blocks than stay resident at once
+    # (a partial last wave streams with few warps per SM): at most 8 per SM (128 threads of at
+    # least 64 registers each), unless one split of the column groups is already more.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = LLAMA_SHAPES + [(8192, 10240), (8192, 57344), (28672, 8192)]
+    for k, n in shapes:
+        groups = (n + 63) // 64
+        for m in range(1, STREAM_MAX_ROWS + 1):
+            splits = _C.w4a16_num_splits(m, n, k)
+            assert groups * splits <= max(groups, 8 * sms), (k, n, m, splits)
+        assert _C.w4a16_num_splits(16, n, k) <= _C.w4a16_num_splits(8, n, k), (k, n)
+
+
+@cuda_only
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_size", [64, 128])
+def test_stream_kernel_lean_rows_form_cuda(fmt: str, dtype: torch.dtype, group_size: int):
+    # 9..16 rows over more column groups than the look-ahead form keeps resident take the form
+    # that loads each k-block's activations just before use; fewer columns, or at most 8 rows,
+    # keep the look-ahead.
+    k = 256
+    n = next((n for n in [16 * 2700, 16 * 4200, 16 * 8400]
+              if not _C.w4a16_stream_acts_ahead(12, n, k)), None)
+    if n is None:
+        pytest.skip("this GPU keeps every column group of these shapes resident")
+    assert _C.w4a16_stream_acts_ahead(8, n, k) and _C.w4a16_stream_acts_ahead(12, 4096, k)
+    args, reference = _layer(k, n, group_size, fmt, dtype, "cuda", seed=13)
+    for m in [9, 12, 16]:
+        assert not _C.w4a16_stream_acts_ahead(m, n, k)
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        out = _gemm(a, args, n)
+        torch.testing.assert_close(out, reference(a), **tol(dtype), msg=f"M={m}")
+        assert torch.equal(out, _gemm(a, args, n))
+    assert int(args[4].abs().sum()) == 0
+
+
+@cuda_only
 @pytest.mark.parametrize("by_copy", [False, True])
 @pytest.mark.parametrize("n", [80, 4096])
 @pytest.mark.parametrize("fmt", ["gptq", "awq"])
