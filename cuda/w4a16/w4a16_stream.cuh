@@ -554,14 +554,13 @@ inline int w4_stream_resident_blocks(int m_tiles, bool acts_ahead, int chunk, in
   const size_t smem = w4_grouped_smem_bytes(chunk, 1 << log2_stages, false);
   int blocks = 0;
   auto query = [&](auto* kernel) {
-    if (smem > kW4StreamDefaultSmem &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem)) != cudaSuccess) {
-      return;
-    }
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kW4Threads, smem) !=
-        cudaSuccess) {
+    if ((smem > kW4StreamDefaultSmem &&
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(smem)) != cudaSuccess) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kW4Threads, smem) !=
+            cudaSuccess) {
       blocks = 0;
+      cudaGetLastError();  // the failed query's own error: the caller then plans without it
     }
   };
   auto with_chunk = [&](auto m, auto ahead) {
@@ -580,7 +579,6 @@ inline int w4_stream_resident_blocks(int m_tiles, bool acts_ahead, int chunk, in
   } else {
     with_chunk(std::integral_constant<int, 2>{}, std::false_type{});
   }
-  cudaGetLastError();  // a failed query leaves no error behind
   return blocks;
 }
 
