@@ -137,7 +137,7 @@ W4StreamPlan w4_stream_plan(int64_t size_m, int64_t size_n, int64_t size_k) {
   const int m_tiles = size_m <= 8 ? 1 : 2;
   bool acts_ahead = true;
   int64_t resident = w4_stream_resident(m_tiles, true);
-  if (m_tiles == 2 && column_groups > resident * sms) {
+  if (m_tiles == 2 && resident > 0 && column_groups > resident * sms) {
     const int64_t lean = w4_stream_resident(2, false);
     if (lean > resident) {
       acts_ahead = false;
