@@ -360,10 +360,6 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
     PYORCH_INVALID("gptq_marlin_gemm: zero points go with uint4 and only with it");
   }
   if (size_m == 0) return cudaSuccess;
-  if (w4a16_partials_size(size_m, size_n, size_k) > 0 &&
-      reinterpret_cast<uintptr_t>(partials) % 16 != 0) {
-    PYORCH_INVALID("gptq_marlin_gemm: partials must be 16-byte aligned");  // float4 reads
-  }
   if (perm != nullptr) {
     PYORCH_RETURN_IF_ERROR(
         w4a16_permute_cols(a_perm_buffer, a, perm, dtype, size_m, size_k, a_stride, stream));

@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(kW4Threads)
 // - The activations of the next k-block are loaded before the current one is dequantized, from
 //   row pointers set up once; rows past m read row m - 1 (their sums are never stored), so no
 //   load is predicated on the row. ACTS_AHEAD = false (9..16 rows only) loads each k-block's own
-//   activations just before its dequant instead: 16 registers fewer (64 against 88 in the GPTQ
-//   form, 8 resident blocks per SM instead of 5), for the launches whose blocks would not all be
+//   activations just before its dequant instead: 64 registers against 96 in the GPTQ form, 8
+//   resident blocks per SM instead of 5, for the launches whose blocks would not all be
 //   resident otherwise (w4_stream_plan in w4a16.cu).
 // - The ring depth is a power of two (slot and barrier phase by mask and shift).
 // - PDL: the next kernel may launch once every block has streamed its range (as the per-weight
@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kW4Threads)
         if (j >= blocks) continue;
         const int rel = rel0 + j;
         if constexpr (kActsAhead) {
-          if (rel + 1 < nblocks) load_acts(rel + 1, acts[(j + 1) & (kActsAhead ? 1 : 0)]);
+          if (rel + 1 < nblocks) load_acts(rel + 1, acts[(j + 1) & 1]);
         } else {
           load_acts(rel, acts[0]);
         }

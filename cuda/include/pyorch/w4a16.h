@@ -52,8 +52,7 @@ cudaError_t awq_marlin_repack(int32_t* out, const int32_t* b_q_weight, int64_t s
 //              (a'[:, j] = a[:, perm[j]]) into a_perm_buffer [size_m, size_k] (dtype)
 //   workspace: >= ceil(size_n / kW4A16BlockN) ints, zero before the first call; every call
 //              leaves it zero (the k-split's arrival counters). Calls sharing one must be ordered.
-//   partials:  >= w4a16_partials_size(size_m, size_n, size_k) floats, 16-byte aligned (unused
-//              when that is 0)
+//   partials:  >= w4a16_partials_size(size_m, size_n, size_k) floats (unused when that is 0)
 // Any size_m >= 0 (the kernel by rows: w4a16_kernel_name); size_k a multiple of kW4A16BlockK and
 // of group_size; size_n of kW4A16TileN; group_size a multiple of 16 dividing size_k. Captures in
 // a CUDA graph.

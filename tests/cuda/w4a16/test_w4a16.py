@@ -373,7 +373,7 @@ def test_stream_kernel_keeps_its_blocks_resident_cuda():
     # (a partial last wave streams with few warps per SM): at most 8 per SM (128 threads of at
     # least 64 registers each), unless one split of the column groups is already more.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    shapes = LLAMA_SHAPES + [(8192, 10240), (8192, 57344), (28672, 8192)]
+    shapes = LLAMA_SHAPES + [(8192, 10240), (8192, 57344)]  # with the 70B qkv and gate_up
     for k, n in shapes:
         groups = (n + 63) // 64
         for m in range(1, STREAM_MAX_ROWS + 1):
