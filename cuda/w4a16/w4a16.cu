@@ -386,7 +386,8 @@ cudaError_t gptq_marlin_gemm(void* out, const void* a, const int32_t* b_q, const
   p.blocks_per_split =
       static_cast<int>(path == W4Path::kStream ? plan.blocks_per_split
                                                : w4_blocks_per_split(size_m, size_n, size_k));
-  p.num_splits = static_cast<int>(w4a16_num_splits(size_m, size_n, size_k));
+  p.num_splits =
+      (p.k / static_cast<int>(kW4A16BlockK) + p.blocks_per_split - 1) / p.blocks_per_split;
   p.group_shift = (group_size & (group_size - 1)) == 0 ? __builtin_ctzll(group_size) : -1;
   p.prefetch_blocks = g_prefetch_blocks.load(std::memory_order_relaxed);
   if (path == W4Path::kRegisters && size_m > kW4A16RegistersMaxRows) {
