@@ -7,16 +7,17 @@
 // Timing: a CUDA graph of one call per weight copy, the copies spanning --span-mb (default 2000,
 // as a decode step reads each weight once across a model-sized span: at a few hundred MB part of
 // a large weight can still be in L2 when its copy comes round again); median replay time /
-// copies. A call is the whole op: the q8_1 quantization of x and the product. Bytes: the weight
-// blocks + x + out, each once; pct_of_copy: achieved bytes/s against a device-to-device copy in
-// the same run (read + write bytes / time), i.e. how close the call is to the weight-read
-// bandwidth floor.
+// copies. A call is the whole op: the q8_1 quantization of x (a kernel of its own, or inside the
+// one-token product) and the product. Bytes: the weight blocks + x + out, each once;
+// pct_of_copy: achieved bytes/s against a device-to-device copy in the same run (read + write
+// bytes / time), i.e. how close the call is to the weight-read bandwidth floor.
 // Correctness (first copy): a simple reference, W dequantized to fp32 by gguf_dequantize, x by its
 // own q8_1 blocks, and a plain fp32 tiled GEMM; PASS when max |out - ref| <= 4e-3 * max |ref|
 // (fp16 output rounding plus fp32 summation order).
 // Rows: op=gguf_mul_mat_vec for M <= 16 (passes of 8 tokens past 8), op=gguf_mul_mat for M >= 4,
 // op=gguf_mmvq_sweep: the vector kernel at --sweep-tokens under each launch configuration
-// (tile size, ring stages, L2 hint, PDL; GgufMulMatVecConfig), to pick its defaults;
+// (tile size, ring stages, L2 hint, PDL, rows per block, fused q8_1; GgufMulMatVecConfig), to
+// pick its defaults;
 // op=gguf_dequantize: the whole weight to fp16 (time only: tests/cuda/gguf checks it bit for bit).
 // Flags: --types Q4_0,...,Q6_K --shapes qkv_proj,o_proj,gate_up,down --tokens 1,4,16,64,512
 //        --sweep-tokens 1 --no-sweep --no-dequantize --iters 20 --span-mb 2000 --json FILE
@@ -207,10 +208,14 @@ bool run_product(Report& report, const Case& c, const std::string& op, const Pro
     BENCH_CHECK(product(out, x, c.weights[copy], workspace, c.type->id, DType::kFloat16, m, n, k,
                         c.row_bytes, k, n, s));
   };
-  // Correctness on the first copy.
+  // Correctness on the first copy. The reference's x is its q8_1 blocks, quantized here into a
+  // workspace of its own (one-token products quantize x themselves and leave theirs unwritten).
   call(0, stream);
-  const auto* xq = static_cast<const int8_t*>(workspace);
-  const auto* xds = reinterpret_cast<const float4*>(static_cast<const char*>(workspace) +
+  void* ref_ws;
+  BENCH_CHECK(cudaMalloc(&ref_ws, pyorch::gguf_workspace_bytes(m, k)));
+  BENCH_CHECK(pyorch::gguf_quantize_q8_1(ref_ws, x, DType::kFloat16, m, k, k, stream));
+  const auto* xq = static_cast<const int8_t*>(ref_ws);
+  const auto* xds = reinterpret_cast<const float4*>(static_cast<const char*>(ref_ws) +
                                                     pyorch::gguf_workspace_xds_offset(m, k));
   dequantize_q8_1_kernel<<<(m * k + 255) / 256, 256, 0, stream>>>(xf, xq, xds, m, k);
   reference_gemm_kernel<<<dim3((n + 15) / 16, (m + 15) / 16), dim3(16, 16), 0, stream>>>(
@@ -258,6 +263,7 @@ bool run_product(Report& report, const Case& c, const std::string& op, const Pro
   BENCH_CHECK(cudaFree(xf));
   BENCH_CHECK(cudaFree(ref));
   BENCH_CHECK(cudaFree(workspace));
+  BENCH_CHECK(cudaFree(ref_ws));
   return pass;
 }
 
@@ -325,19 +331,27 @@ int main(int argc, char** argv) {
         }
       }
       // The vector kernel's launch choices, to pick its defaults (rows op=gguf_mmvq_sweep):
-      // {sub-blocks per lane, stages, L2::256B hint, PDL}.
-      const int sweep[][4] = {{2, 2, 0, 1}, {2, 2, 1, 1}, {2, 3, 0, 1}, {2, 3, 1, 1},
-                              {2, 4, 1, 1}, {2, 3, 1, 0}, {4, 2, 1, 1}};
+      // {sub-blocks per lane, stages, L2::256B hint, PDL, rows per block, x quantized by the
+      // product itself (one token only)}.
+      const int sweep[][6] = {{2, 2, 1, 1, 4, 0}, {2, 3, 0, 1, 4, 0}, {2, 3, 1, 1, 4, 0},
+                              {2, 4, 1, 1, 4, 0}, {2, 3, 1, 0, 4, 0}, {4, 2, 1, 1, 4, 0},
+                              {2, 2, 1, 1, 4, 1}, {2, 3, 1, 1, 4, 1}, {2, 2, 0, 1, 8, 1},
+                              {2, 2, 1, 1, 8, 1}, {2, 3, 1, 1, 8, 1}, {2, 2, 1, 0, 8, 1},
+                              {4, 2, 1, 1, 4, 1}, {4, 2, 1, 1, 8, 1}};
       for (int64_t m : sweep_tokens) {
         for (const auto& v : sweep) {
+          if (v[5] == 1 && m != 1) continue;
           pyorch::GgufMulMatVecConfig config;
           config.subs_per_lane = v[0];
           config.num_stages = v[1];
           config.l2_prefetch = v[2];
           config.pdl = v[3];
+          config.warps = v[4];
+          config.fuse_x = v[5];
           const std::string name = "subs" + std::to_string(v[0]) + "_stages" +
                                    std::to_string(v[1]) + "_l2" + std::to_string(v[2]) + "_pdl" +
-                                   std::to_string(v[3]);
+                                   std::to_string(v[3]) + "_warps" + std::to_string(v[4]) +
+                                   "_fuse" + std::to_string(v[5]);
           failures += !run_product(report, c, "gguf_mmvq_sweep", mul_mat_vec_with(config), m,
                                    copy_gbs, iters, stream, name);
         }

@@ -7,6 +7,11 @@
 #include "gguf/gguf_q8_1.cuh"
 #include "pyorch/gguf.h"
 
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
 namespace pyorch {
 
 namespace {
@@ -90,10 +95,9 @@ cudaError_t launch_convert(void* out, const void* weight, int32_t type, int64_t 
 }
 
 // Checks shared by both products; quantizes the activation into the workspace.
-cudaError_t prepare_mul_mat(const char* op, const void* input, const void* weight, void* workspace,
-                            int32_t type, DType dtype, int64_t num_tokens, int64_t output_size,
-                            int64_t input_size, int64_t weight_row_stride_bytes,
-                            int64_t input_stride, cudaStream_t stream) {
+cudaError_t check_mul_mat(const char* op, const void* weight, void* workspace, int32_t type,
+                          DType dtype, int64_t num_tokens, int64_t output_size, int64_t input_size,
+                          int64_t weight_row_stride_bytes) {
   const TypeInfo info = type_info(type);
   if (!info.quantized) PYORCH_INVALID("%s: GGML type %d has no product kernel", op, int(type));
   if (!is_float_dtype(dtype)) PYORCH_INVALID("%s: dtype %s", op, dtype_name(dtype));
@@ -106,8 +110,83 @@ cudaError_t prepare_mul_mat(const char* op, const void* input, const void* weigh
     PYORCH_INVALID("%s: weight rows must be %d-byte aligned, the workspace 16-byte aligned", op,
                    info.block_bytes % 4 == 0 ? 4 : 2);
   }
+  return cudaSuccess;
+}
+
+// The products' argument checks, then x's q8_1 blocks into the workspace.
+cudaError_t prepare_mul_mat(const char* op, const void* input, const void* weight, void* workspace,
+                            int32_t type, DType dtype, int64_t num_tokens, int64_t output_size,
+                            int64_t input_size, int64_t weight_row_stride_bytes,
+                            int64_t input_stride, cudaStream_t stream) {
+  PYORCH_RETURN_IF_ERROR(check_mul_mat(op, weight, workspace, type, dtype, num_tokens, output_size,
+                                       input_size, weight_row_stride_bytes));
   if (num_tokens == 0 || input_size == 0) return cudaSuccess;
   return gguf_quantize_q8_1(workspace, input, dtype, num_tokens, input_size, input_stride, stream);
+}
+
+// Thread blocks of one vector-product form an SM holds at once, from the occupancy calculator,
+// cached per device, kernel, block size and shared memory (0: the form does not fit).
+template <int TYPE, bool FUSE_X>
+int mmvq_resident_blocks(int warps, int subs_per_lane, size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int, size_t>, int> cache;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const auto key = std::make_tuple(device, warps, subs_per_lane, smem);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache
+             .emplace(key, kernels::gguf::mul_mat_vec_resident_blocks<TYPE, 1, FUSE_X>(
+                               warps, subs_per_lane, smem))
+             .first;
+  }
+  return it->second;
+}
+
+int num_sms() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+// How one token's product that quantizes x itself (FUSE_X) launches: rows per thread block,
+// and the grid capped at the blocks that stay resident (each block then quantizes x once for
+// several rows per warp instead of once per row group). Of the candidate block sizes (`warps`,
+// or 8 and 4), the one with the most resident warps per SM, 8 on a tie (less quantization per
+// row). warps == 0: neither fits an SM (x too long for shared memory).
+struct FusedPlan {
+  int warps;
+  int64_t max_blocks;
+};
+
+template <int TYPE>
+FusedPlan mmvq_fused_plan(int64_t input_size, int subs_per_lane, int num_stages, int warps) {
+  const int64_t sms = num_sms();
+  FusedPlan best{0, 0};
+  int64_t best_warps_per_sm = 0;
+  for (const int w : {8, 4}) {
+    if (warps > 0 && w != warps) continue;
+    const size_t smem =
+        kernels::gguf::mul_mat_vec_smem<TYPE>(w, subs_per_lane, num_stages, true, input_size);
+    const int64_t resident = mmvq_resident_blocks<TYPE, true>(w, subs_per_lane, smem);
+    if (resident <= 0 || sms <= 0) continue;
+    if (resident * w > best_warps_per_sm) {
+      best = {w, resident * sms};
+      best_warps_per_sm = resident * w;
+    }
+  }
+  if (warps > 0 && best.warps == 0) {  // a forced block size the calculator refused: no cap
+    return {warps, 0};
+  }
+  return best;
 }
 
 cudaError_t zero_output(void* out, DType dtype, int64_t num_tokens, int64_t output_size,
@@ -192,13 +271,18 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
   // double-buffering, no L2 hint): two sub-blocks per lane beat four on every Q4_K / Q8_0 8B
   // shape at M = 1 (four: more registers, fewer resident warps, and a second wave for the
   // 4096-row shapes), PDL gained 1-15%.
+  // The one-token form that quantizes x itself: 2 stages (bench_gguf's sweep, H100: 2 beat 3
+  // and 4 on every Q4_0 / Q4_K / Q6_K / Q8_0 Llama-3-8B shape, less shared memory per block).
   int subs_per_lane = 2;
   int num_stages = 3;
+  int fused_stages = 2;
+  bool subs_set = false;
   bool l2_256 = true;
   bool pdl = pdl_enabled();
   if (config != nullptr) {  // the caller's non-default fields win
-    if (config->subs_per_lane >= 0) subs_per_lane = config->subs_per_lane;
-    if (config->num_stages >= 0) num_stages = config->num_stages;
+    subs_set = config->subs_per_lane >= 0;
+    if (subs_set) subs_per_lane = config->subs_per_lane;
+    if (config->num_stages >= 0) num_stages = fused_stages = config->num_stages;
     if (config->l2_prefetch >= 0) l2_256 = config->l2_prefetch > 0;
     if (config->pdl >= 0) pdl = config->pdl > 0 && pdl_enabled();
   }
@@ -208,6 +292,68 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
   if (num_stages < 2 || num_stages > 4) {
     PYORCH_INVALID("gguf_mul_mat_vec: num_stages %d is not 2, 3 or 4", num_stages);
   }
+  const int want_warps = config != nullptr ? config->warps : -1;
+  const int want_fuse = config != nullptr ? config->fuse_x : -1;
+  if (want_warps == 0 || want_warps > kernels::gguf::kMmvqMaxWarps) {
+    PYORCH_INVALID("gguf_mul_mat_vec: warps %d is not 1..%d", want_warps,
+                   kernels::gguf::kMmvqMaxWarps);
+  }
+  // One token whose x is 16-byte aligned may be quantized by the product itself.
+  const bool can_fuse = num_tokens == 1 && reinterpret_cast<uintptr_t>(input) % 16 == 0;
+  if (want_fuse > 0 && !can_fuse) {
+    PYORCH_INVALID("gguf_mul_mat_vec: fuse_x needs one token (got %lld) and a 16-byte aligned x",
+                   static_cast<long long>(num_tokens));
+  }
+  if (want_fuse > 0 || (want_fuse < 0 && can_fuse)) {
+    // prepare_mul_mat's checks, without the q8_1 kernel.
+    PYORCH_RETURN_IF_ERROR(check_mul_mat("gguf_mul_mat_vec", weight, workspace, type, dtype,
+                                         num_tokens, output_size, input_size,
+                                         weight_row_stride_bytes));
+    if (output_size == 0) return cudaSuccess;
+    if (input_size == 0)
+      return zero_output(out, dtype, num_tokens, output_size, out_stride, stream);
+    FusedPlan plan{0, 0};
+    int fused_subs = subs_per_lane;
+    PYORCH_RETURN_IF_ERROR(PYORCH_DISPATCH_GGUF_QUANT(type, TYPE, [&] {
+      plan = mmvq_fused_plan<TYPE>(input_size, fused_subs, fused_stages, want_warps);
+      // K-quants whose warps take several rows each stream tiles of 4 sub-blocks per lane (16
+      // blocks): half the per-tile work per byte. H100, bench_gguf's sweep, Llama-3-8B gate_up
+      // (28672 rows) at M = 1, 8 rows per block, 4 against 2 sub-blocks per lane: Q4_K 27.4 /
+      // 29.0 us, Q6_K 37.8 / 39.6, Q2_K 21.3 / 23.6, Q5_K 32.2 / 33.5
+      // (bench/results/NVIDIA_H100_80GB_HBM3/gguf_fused_20261128, run 7). A row per warp (qkv,
+      // o, down) keeps 2 (Q4_K down 17.0 against 18.8).
+      const bool several_rows =
+          plan.warps > 0 && plan.max_blocks > 0 && output_size > plan.max_blocks * plan.warps;
+      if (!subs_set && several_rows && kernels::gguf::BlockTraits<TYPE>::kBlockSize == 256) {
+        const FusedPlan wide = mmvq_fused_plan<TYPE>(input_size, 4, fused_stages, want_warps);
+        if (wide.warps > 0) {
+          plan = wide;
+          fused_subs = 4;
+        }
+      }
+      return cudaSuccess;
+    }));
+    if (plan.warps > 0) {
+      const auto* w = static_cast<const uint8_t*>(weight);
+      return PYORCH_DISPATCH_GGUF_QUANT(type, TYPE, [&] {
+        return kernels::gguf::launch_mul_mat_vec<TYPE, 1, true>(
+            out, dtype, w, nullptr, nullptr, input, 1, output_size, input_size,
+            weight_row_stride_bytes, out_stride, plan.warps, plan.max_blocks, fused_subs,
+            fused_stages, l2_256, pdl, stream);
+      });
+    }
+    // x does not fit in shared memory: the q8_1 kernel's form below.
+    if (want_fuse > 0) {
+      PYORCH_INVALID("gguf_mul_mat_vec: fuse_x: x of %lld values does not fit in shared memory",
+                     static_cast<long long>(input_size));
+    }
+  }
+  // The q8_1 kernel's form: one row per warp, at most kMmvqWarps per block (its launch bounds).
+  if (want_warps > kernels::gguf::kMmvqWarps) {
+    PYORCH_INVALID("gguf_mul_mat_vec: warps %d: at most %d without fuse_x", want_warps,
+                   kernels::gguf::kMmvqWarps);
+  }
+  const int warps = want_warps > 0 ? want_warps : kernels::gguf::kMmvqWarps;
   PYORCH_RETURN_IF_ERROR(prepare_mul_mat("gguf_mul_mat_vec", input, weight, workspace, type, dtype,
                                          num_tokens, output_size, input_size,
                                          weight_row_stride_bytes, input_stride, stream));
@@ -225,23 +371,20 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
       void* o = static_cast<char*>(out) + t0 * out_stride * (dtype == DType::kFloat32 ? 4 : 2);
       const int8_t* q = xq + t0 * input_size;
       const Q81Scale* ds = xds + t0 * subs;
+      auto launch = [&](auto tokens) {
+        return kernels::gguf::launch_mul_mat_vec<TYPE, decltype(tokens)::value, false>(
+            o, dtype, w, q, ds, nullptr, n, output_size, input_size, weight_row_stride_bytes,
+            out_stride, warps, 0, subs_per_lane, num_stages, l2_256, pdl, stream);
+      };
       cudaError_t err;
       if (n == 1) {
-        err = kernels::gguf::launch_mul_mat_vec<TYPE, 1>(
-            o, dtype, w, q, ds, n, output_size, input_size, weight_row_stride_bytes, out_stride,
-            subs_per_lane, num_stages, l2_256, pdl, stream);
+        err = launch(std::integral_constant<int, 1>{});
       } else if (n == 2) {
-        err = kernels::gguf::launch_mul_mat_vec<TYPE, 2>(
-            o, dtype, w, q, ds, n, output_size, input_size, weight_row_stride_bytes, out_stride,
-            subs_per_lane, num_stages, l2_256, pdl, stream);
+        err = launch(std::integral_constant<int, 2>{});
       } else if (n <= 4) {
-        err = kernels::gguf::launch_mul_mat_vec<TYPE, 4>(
-            o, dtype, w, q, ds, n, output_size, input_size, weight_row_stride_bytes, out_stride,
-            subs_per_lane, num_stages, l2_256, pdl, stream);
+        err = launch(std::integral_constant<int, 4>{});
       } else {
-        err = kernels::gguf::launch_mul_mat_vec<TYPE, 8>(
-            o, dtype, w, q, ds, n, output_size, input_size, weight_row_stride_bytes, out_stride,
-            subs_per_lane, num_stages, l2_256, pdl, stream);
+        err = launch(std::integral_constant<int, 8>{});
       }
       PYORCH_RETURN_IF_ERROR(err);
     }

@@ -55,6 +55,51 @@ __global__ void quantize_q8_1_kernel(int8_t* __restrict__ xq, Q81Scale* __restri
   }
 }
 
+// One q8_1 block (32 values of x) by one thread, into shared memory: the arithmetic of
+// quantize_q8_1_kernel above (the same max, scale, rounding and exact integer sums), so a product
+// that quantizes its own x (mul_mat_vec_kernel's FUSE_X) gives the bits of one that reads the
+// kernel's output.
+//   x: 32 values, 16-byte aligned;  q: [32] int8, 16-byte aligned
+template <typename T>
+__device__ __forceinline__ void quantize_q8_1_block(const T* __restrict__ x, int8_t* q,
+                                                    Q81Scale* ds) {
+  constexpr int kPerLoad = 16 / sizeof(T);
+  float v[32];
+#pragma unroll
+  for (int i = 0; i < 32; i += kPerLoad) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(x + i);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kPerLoad; ++j) v[i + j] = to_float(e[j]);
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  const float d = amax / 127.f;
+  const float inv_d = d == 0.f ? 0.f : 1.f / d;
+  uint32_t packed[8];
+  int sum[2] = {0, 0};
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int qi = __float2int_rn(v[4 * w + j] * inv_d);
+      sum[w / 4] += qi;
+      word |= (uint32_t(qi) & 0xffu) << (8 * j);
+    }
+    packed[w] = word;
+  }
+  reinterpret_cast<uint4*>(q)[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  reinterpret_cast<uint4*>(q)[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  Q81Scale s;
+  s.d = d;
+  s.s[0] = d * static_cast<float>(sum[0]);
+  s.s[1] = d * static_cast<float>(sum[1]);
+  s.pad = 0.f;
+  *ds = s;
+}
+
 template <typename T>
 cudaError_t launch_quantize_q8_1(int8_t* xq, Q81Scale* xds, const T* x, int64_t num_tokens,
                                  int64_t input_size, int64_t x_stride, cudaStream_t stream) {

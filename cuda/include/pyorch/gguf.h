@@ -85,8 +85,11 @@ struct GgufMulMatVecConfig {
   int subs_per_lane = -1;  // 2 or 4: 32-value sub-blocks per lane per tile (the tile's size)
   int num_stages = -1;     // 2..4: the shared-memory ring of tiles per warp (stages - 1 in flight)
   int l2_prefetch = -1;    // 1: the weight copies carry the L2::256B prefetch hint, 0: they do not
-  int pdl = -1;  // 1: programmatic dependent launch where pdl_enabled() (the first weight tiles
-                 // are requested while the q8_1 kernel finishes), 0: a plain launch
+  int pdl = -1;     // 1: programmatic dependent launch where pdl_enabled() (the first weight tiles
+                    // are requested while the kernel before it finishes), 0: a plain launch
+  int warps = -1;   // 1..8 (1..4 without fuse_x): weight rows (warps) per thread block
+  int fuse_x = -1;  // 1: one token's product quantizes x itself (no q8_1 kernel; needs x 16-byte
+                    // aligned, else refused), 0: the q8_1 kernel runs first
 };
 
 // gguf_mul_mat_vec: one warp streams each weight row with 16-byte loads and dp4a, for few tokens.

@@ -95,6 +95,42 @@ def test_ggml_mul_mat_cuda_llama_rows(op: str, num_tokens: int, qtype: Q) -> Non
     _check_product(getattr(_ops, op)(_device_weight(raw), x, int(qtype), rows), x, raw, qtype)
 
 
+def _x_at(x: torch.Tensor, offset_elems: int) -> torch.Tensor:
+    """A copy of x whose data starts `offset_elems` elements into its buffer."""
+    buf = torch.empty(x.numel() + offset_elems, dtype=x.dtype, device=x.device)
+    view = buf[offset_elems:].view(x.shape)
+    view.copy_(x)
+    return view
+
+
+@pytest.mark.parametrize("qtype,rows,cols", [(q, 130, _cols(q)) for q in QUANT_TYPES] + [
+    (Q.Q4_K, 6144, 4096), (Q.Q4_K, 4096, 14336), (Q.Q8_0, 6144, 4096), (Q.Q6_K, 1031, 14336),
+    (Q.Q4_K, 20011, 512), (Q.Q6_K, 20011, 256), (Q.Q8_0, 20011, 96)],
+    ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ggml_mul_mat_vec_cuda_fused_q8_1_same_bits(
+    qtype: Q, rows: int, cols: int, dtype: torch.dtype
+) -> None:
+    # One token with a 16-byte aligned x: the vector kernel quantizes x itself in shared memory
+    # (no q8_1 kernel). The same x one element off 16 bytes takes the q8_1 kernel's path: both
+    # must give the same bits. 130 and 1031 rows leave blocks with idle warps, which still
+    # quantize x; 20011 rows are more than the resident warps hold, so each warp takes several
+    # rows (and K-quants then stream tiles of 4 sub-blocks per lane).
+    raw = ref.make_weight(qtype, rows, cols, np.random.default_rng(int(qtype) * 13 + rows))
+    w = _device_weight(raw)
+    x = torch.randn(1, cols, device="cuda").to(dtype) * 3
+    fused = _ops.ggml_mul_mat_vec_a8(w, _x_at(x, 0), int(qtype), rows)
+    plain = _ops.ggml_mul_mat_vec_a8(w, _x_at(x, 1), int(qtype), rows)
+    if rows > 20000 and ref.block_size(qtype) == 256:
+        # Wider tiles sum each row's sub-blocks in another order: both forms against the
+        # reference instead.
+        _check_product(plain, x, raw, qtype)
+    else:
+        assert torch.equal(fused, plain)
+    if rows * cols <= 1 << 24:
+        _check_product(fused, x, raw, qtype)
+
+
 @pytest.mark.parametrize("op", PRODUCTS)
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q3_K, Q.Q6_K], ids=lambda q: q.name)
 def test_ggml_mul_mat_cuda_rows_not_16_byte_aligned(op: str, qtype: Q) -> None:
