@@ -83,24 +83,14 @@ def write_checkpoint(path: str, cfg: dict[str, Any]) -> None:
 
 
 def time_pyorch(path: str, new_tokens: int, repeats: int) -> dict[str, Any]:
-    from pyorch import LLM, SamplingParams
+    from pyorch import LLM
+    from pyorch.benchmarks.common import decode_ms_per_token
 
     t0 = time.time()
     llm = LLM(path, skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=1024,
               gpu_memory_utilization=0.5, seed=0, max_num_seqs=4)
     load_s = time.time() - t0
-    prompt = [{"prompt_token_ids": list(range(10, 42))}]
-
-    def run(n: int) -> float:
-        start = time.perf_counter()
-        llm.generate(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-                     use_tqdm=False)
-        return time.perf_counter() - start
-
-    run(new_tokens + 1)  # warm-up
-    ms = []
-    for _ in range(repeats):
-        ms.append((run(new_tokens + 1) - run(1)) * 1e3 / new_tokens)
+    ms = decode_ms_per_token(llm, new_tokens, repeats, range(10, 42))
     return {"engine": "pyorch", "load_s": load_s, "ms_per_token": statistics.median(ms),
             "samples_ms": ms}
 

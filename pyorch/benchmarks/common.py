@@ -286,6 +286,24 @@ def median(values: Sequence[float]) -> float:
     return percentile(values, 50)
 
 
+def decode_ms_per_token(llm: Any, new_tokens: int, repeats: int,
+                        prompt_token_ids: Sequence[int]) -> list[float]:
+    """Batch-1 decode time per token of `llm` (an LLM), one sample per repeat: (a 1 + new_tokens
+    token greedy generation - a 1 token one) / new_tokens, ignore_eos, after one warm-up run."""
+    from pyorch import SamplingParams
+
+    prompt = [{"prompt_token_ids": list(prompt_token_ids)}]
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        llm.generate(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                     use_tqdm=False)
+        return time.perf_counter() - start
+
+    run(new_tokens + 1)
+    return [(run(new_tokens + 1) - run(1)) * 1e3 / new_tokens for _ in range(repeats)]
+
+
 def parse_int_list(text: str) -> list[int]:
     values = [int(v) for v in text.split(",") if v.strip()]
     if not values or any(v < 1 for v in values):

@@ -105,7 +105,7 @@ def _x_at(x: torch.Tensor, offset_elems: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("qtype,rows,cols", [(q, 130, _cols(q)) for q in QUANT_TYPES] + [
     (Q.Q4_K, 6144, 4096), (Q.Q4_K, 4096, 14336), (Q.Q8_0, 6144, 4096), (Q.Q6_K, 1031, 14336),
-    (Q.Q4_K, 20011, 512), (Q.Q6_K, 20011, 256), (Q.Q8_0, 20011, 96)],
+    (Q.Q4_K, 20011, 512), (Q.Q6_K, 20011, 256), (Q.Q8_0, 20011, 96), (Q.Q8_0, 3, 147456)],
     ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ggml_mul_mat_vec_cuda_fused_q8_1_same_bits(
@@ -115,7 +115,8 @@ def test_ggml_mul_mat_vec_cuda_fused_q8_1_same_bits(
     # (no q8_1 kernel). The same x one element off 16 bytes takes the q8_1 kernel's path: both
     # must give the same bits. 130 and 1031 rows leave blocks with idle warps, which still
     # quantize x; 20011 rows are more than the resident warps hold, so each warp takes several
-    # rows (and K-quants then stream tiles of 4 sub-blocks per lane).
+    # rows (and K-quants then stream tiles of 4 sub-blocks per lane). An x of 147456 values does
+    # not fit in shared memory (1.5 bytes a value): the product falls back to the q8_1 kernel.
     raw = ref.make_weight(qtype, rows, cols, np.random.default_rng(int(qtype) * 13 + rows))
     w = _device_weight(raw)
     x = torch.randn(1, cols, device="cuda").to(dtype) * 3
