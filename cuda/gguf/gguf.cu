@@ -271,8 +271,10 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
   // double-buffering, no L2 hint): two sub-blocks per lane beat four on every Q4_K / Q8_0 8B
   // shape at M = 1 (four: more registers, fewer resident warps, and a second wave for the
   // 4096-row shapes), PDL gained 1-15%.
-  // The one-token form that quantizes x itself: 2 stages (bench_gguf's sweep, H100: 2 beat 3
-  // and 4 on every Q4_0 / Q4_K / Q6_K / Q8_0 Llama-3-8B shape, less shared memory per block).
+  // The one-token form that quantizes x itself: 2 stages (less shared memory per block). H100,
+  // bench_gguf's sweep (results gguf_fused_20261128, run 7), one Llama-3-8B layer's four shapes
+  // at 8 rows per block, 2 against 3 stages: Q4_K 62.4 / 63.5 us, Q6_K 82.4 / 85.6, Q8_0 94.6 /
+  // 95.0, Q4_0 56.9 / 57.0 (qkv alone is faster with 3 for some types).
   int subs_per_lane = 2;
   int num_stages = 3;
   int fused_stages = 2;

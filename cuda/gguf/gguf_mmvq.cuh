@@ -341,7 +341,7 @@ auto* mul_mat_vec_kernel_for(int subs_per_lane) {
                             : mul_mat_vec_kernel<TYPE, NUM_TOKENS, 2, FUSE_X>;
 }
 
-// Dynamic shared memory of one launch (0 where the form does not fit a thread block).
+// Dynamic shared memory of one launch.
 template <int TYPE>
 size_t mul_mat_vec_smem(int warps, int subs_per_lane, int num_stages, bool fuse_x,
                         int64_t input_size) {
@@ -349,8 +349,8 @@ size_t mul_mat_vec_smem(int warps, int subs_per_lane, int num_stages, bool fuse_
                             : mmvq_smem_bytes<TYPE, 2>(warps, num_stages, fuse_x, input_size);
 }
 
-// Thread blocks of the form that one SM holds at once (0: it does not fit). The occupancy
-// calculator, once per form and shared-memory size.
+// Thread blocks of the form that one SM holds at once (0: it does not fit), from the occupancy
+// calculator (the host caches it: mmvq_resident_blocks in gguf.cu).
 template <int TYPE, int NUM_TOKENS, bool FUSE_X>
 int mul_mat_vec_resident_blocks(int warps, int subs_per_lane, size_t smem) {
   auto* kernel = mul_mat_vec_kernel_for<TYPE, NUM_TOKENS, FUSE_X>(subs_per_lane);
@@ -382,9 +382,18 @@ cudaError_t launch_mul_mat_vec(void* out, DType out_dtype, const uint8_t* weight
   const size_t smem = mul_mat_vec_smem<TYPE>(warps, subs_per_lane, num_stages, FUSE_X, input_size);
   auto* kernel = mul_mat_vec_kernel_for<TYPE, NUM_TOKENS, FUSE_X>(subs_per_lane);
   if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
+    int device = 0, max_smem = 0;
+    PYORCH_RETURN_IF_ERROR(cudaGetDevice(&device));
+    PYORCH_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (smem > static_cast<size_t>(max_smem)) {
+      PYORCH_INVALID(
+          "gguf_mul_mat_vec: %d rows per block, %d stages of %d sub-blocks per lane%s take %zu "
+          "bytes of shared memory (at most %d)",
+          warps, num_stages, subs_per_lane, FUSE_X ? " and x" : "", smem, max_smem);
+    }
+    PYORCH_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(smem)));
   }
   int64_t grid = (output_size + warps - 1) / warps;
   if (max_blocks > 0 && grid > max_blocks) grid = max_blocks;
