@@ -320,8 +320,11 @@ def test_50mb_prompt_does_not_stall_other_requests(server):
     # two fresh-clone CI runs measured 16.6 ms): one parse of slack on top of 2x idle.
     assert other_health <= 2 * idle_health + 0.025, (idle_health, other_health)
     # An 8 MB body is parsed as JSON before it can be refused (~12 ms holding the GIL, each, back
-    # to back here), and on 2 cores that CPU is the engine's: measured 1.2-2.2x, so 3x.
-    assert other_ttft <= 3 * idle_ttft + 0.01, (idle_ttft, other_ttft)
+    # to back here), and on 2 cores that CPU, and the attacker's building and sending the bodies,
+    # is taken from the engine: measured 1.2-2.2x in earlier runs, 3.1x alone and 4.1x in a
+    # fresh-clone CI run on 2026-11-28 (142.7 against 34.5 ms). So 5x: the stall this test
+    # guards against (a body handled on the event loop) costs seconds, not tens of milliseconds.
+    assert other_ttft <= 5 * idle_ttft + 0.01, (idle_ttft, other_ttft)
 
 
 # ---- which routes need the API key (the middleware on its own) -----------------------------------
