@@ -22,6 +22,14 @@ from pyorch.structured_output.manager import GrammarOutput
 logger = logging.getLogger(__name__)
 
 
+def cpu_threads(world_size: int) -> Optional[int]:
+    """The intra-op thread count of one CPU rank: ranks on one host share its cores, each an equal
+    part; None where the user chose with OMP_NUM_THREADS, which torch has read already."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
 class Worker:
     """Rank `rank` of `world_size`; `local_rank` is its GPU on this host."""
 
@@ -55,8 +63,9 @@ class Worker:
             torch.cuda.set_device(self.local_rank)
             backend = "nccl"
         else:
-            # Ranks on one host share its cores; each takes an equal part of them.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
+            threads = cpu_threads(self.world_size)
+            if threads is not None:
+                torch.set_num_threads(threads)
             backend = "gloo"
         if self.world_size > 1:
             init_distributed_environment(self.world_size, self.rank,
