@@ -25,7 +25,9 @@
 #   T (timeout per client run, 900 s),
 #   PYORCH_SERVE_ARGS / VLLM_SERVE_ARGS (extra server flags, e.g. --target-step-ms 30).
 # Writes OUT_DIR/<engine>_<workload>.json (vLLM's result format, TTFT / TPOT / ITL / E2E at p50 and
-# p99, goodput under ttft:500 tpot:50), server and client logs, and for each workload both engines
+# p99, goodput under ttft:500 tpot:50), <engine>_<workload>.counters.txt (the server's prompt,
+# generation and prefix-cache token counters before and after), server and client logs, and for
+# each workload both engines
 # ran, OUT_DIR/compare_<workload>.png + .json (bench/plot_serve_compare.py: latency against
 # output throughput, per-rate ratios pyorch / vLLM).
 set -uo pipefail
@@ -63,17 +65,29 @@ stop_server() {  # PID
   kill -KILL "$1" 2> /dev/null
 }
 
+# counters FILE LABEL: appends the server's token and prefix-cache counters (pyorch's and vLLM's
+# Prometheus names) to FILE under LABEL. Before and after each client run: what the server
+# prefilled and what the prefix cache gave, against the client's own input-token count.
+counters() {
+  { echo "# $2"
+    curl -sf "http://127.0.0.1:$PORT/metrics" | grep -E \
+      '^(pyorch|vllm):(prompt_tokens|generation_tokens|prefix_cache_queries|prefix_cache_hits)_total[{ ]'
+  } >> "$1"
+}
+
 # client ENGINE NAME RATE DATASET_FLAGS...: one vLLM bench serve run against the server up now
 # (NUM=... in the environment overrides the number of prompts).
 client() {
   local engine=$1 name=$2 rate=$3
   shift 3
+  counters "$OUT_DIR/${engine}_${name}.counters.txt" before
   timeout "$T" "${VLLM[@]}" bench serve --backend openai --base-url "http://127.0.0.1:$PORT" \
     --endpoint /v1/completions --model "$MODEL" --tokenizer "$MODEL" --num-prompts "${NUM:-$N}" \
     --request-rate "$rate" --ignore-eos --percentile-metrics ttft,tpot,itl,e2el \
     --metric-percentiles 50,99 --goodput ttft:500 tpot:50 --save-result \
     --result-dir "$OUT_DIR" --result-filename "${engine}_${name}.json" "$@" \
     > "$OUT_DIR/${engine}_${name}.log" 2>&1 || status=1
+  counters "$OUT_DIR/${engine}_${name}.counters.txt" after
   grep -E "Output token throughput|Median TTFT|P99 TTFT|P99 ITL|goodput" \
     "$OUT_DIR/${engine}_${name}.log" | sed "s/^/  $engine $name: /"
 }

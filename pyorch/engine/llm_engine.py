@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Any, Iterable, Optional, Union
 
 from pyorch.config import EngineConfig
@@ -49,6 +50,11 @@ class LLMEngine:
                                            revision=mc.revision,
                                            tokenizer_mode=mc.tokenizer_mode)
         self.engine_core = EngineCore(config)
+        # The core sits in reference cycles (the model's parameters hold their modules' bound
+        # weight loaders), so dropping the engine would keep its weights, KV cache and workers
+        # until the next garbage collection. Shut the core down when the engine goes.
+        self._finalizer = weakref.finalize(self, self.engine_core.shutdown)
+        self._finalizer.atexit = False
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.eos_token_id = self.input_processor.eos_token_id()
@@ -141,6 +147,8 @@ class LLMEngine:
         return self.engine_core.reset_prefix_cache()
 
     def shutdown(self) -> None:
-        """Stops the engine core's workers (tensor parallelism); idempotent."""
+        """Frees the model and KV cache and stops the engine core's workers (tensor
+        parallelism); idempotent. Dropping the engine does the same."""
+        self._finalizer.detach()
         self.engine_core.shutdown()
 

@@ -403,3 +403,35 @@ def test_generate_priority_orders_requests_and_fcfs_refuses_it(tmp_path):
                kv_cache_memory_bytes=8 << 20, skip_tokenizer_init=True)
     with pytest.raises(ValueError, match="priority"):
         fcfs.generate(prompts[:1], params, use_tqdm=False, priority=[2])
+
+
+def test_dropping_the_llm_frees_its_model_and_cache_at_once(tmp_path):
+    """`del llm` returns the weights and the KV cache without waiting for a garbage collection
+    (the model's parameters sit in reference cycles): a second engine in the same process must
+    not size its cache from memory the first still holds. shutdown() first, then del, is fine."""
+    import weakref
+
+    from tests.pyorch.engine.test_async_llm import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "m")
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for explicit_shutdown in (False, True):
+        llm = LLM(model=path, dtype=torch.float32, device="cpu", max_model_len=128, seed=0,
+                  kv_cache_memory_bytes=8 << 20, skip_tokenizer_init=True)
+        assert llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)
+        runner = llm.llm_engine.model_runner
+        weight = weakref.ref(next(runner.loaded_model.parameters()))
+        cache = weakref.ref(runner.kv_caches[0][0])
+        del runner
+        gc.collect()
+        gc.disable()
+        try:
+            if explicit_shutdown:
+                llm.llm_engine.shutdown()
+                assert weight() is None and cache() is None
+                llm.llm_engine.shutdown()  # idempotent
+            assert weight() is not None or explicit_shutdown
+            del llm
+            assert weight() is None and cache() is None
+        finally:
+            gc.enable()
