@@ -120,6 +120,10 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PYORCH_GGUF_CPU_REPACK", True),
         "`0` keeps GGUF Q4_0 / Q4_1 / Q8_0 weights on the CPU in the file's block layout instead "
         "of repacking them at load for the 8-row kernels (default on; for comparisons)"),
+    "OMP_NUM_THREADS": (
+        _str("OMP_NUM_THREADS", None),
+        "torch's intra-op thread count on the CPU (read by torch at import); where it is set, a "
+        "CPU worker keeps it instead of taking its equal share of the host's cores"),
 }
 
 # Read by setup.py at build time or by bench/ scripts (documented in the same table).

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 
+from pyorch import envs
 from pyorch.config import EngineConfig
 from pyorch.core.scheduler_output import SchedulerOutput
 from pyorch.executor.model_runner import ModelRunner
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 def cpu_threads(world_size: int) -> Optional[int]:
     """The intra-op thread count of one CPU rank: ranks on one host share its cores, each an equal
     part; None where the user chose with OMP_NUM_THREADS, which torch has read already."""
-    if os.environ.get("OMP_NUM_THREADS"):
+    if envs.OMP_NUM_THREADS:
         return None
     return max(1, (os.cpu_count() or 1) // world_size)
 
