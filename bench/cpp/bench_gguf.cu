@@ -335,12 +335,11 @@ int main(int argc, char** argv) {
       // product itself (one token only)}. The last two put more bytes in flight per warp (3 or
       // 4 tiles of 2 sub-blocks, or 2 of 4): on an H200 the one-token products ran at the H100's
       // speed (49% of copy for Q4_K), with about 36 KB in flight per SM.
-      const int sweep[][6] = {{2, 2, 1, 1, 4, 0}, {2, 3, 0, 1, 4, 0}, {2, 3, 1, 1, 4, 0},
-                              {2, 4, 1, 1, 4, 0}, {2, 3, 1, 0, 4, 0}, {4, 2, 1, 1, 4, 0},
-                              {2, 2, 1, 1, 4, 1}, {2, 3, 1, 1, 4, 1}, {2, 2, 0, 1, 8, 1},
-                              {2, 2, 1, 1, 8, 1}, {2, 3, 1, 1, 8, 1}, {2, 2, 1, 0, 8, 1},
-                              {4, 2, 1, 1, 4, 1}, {4, 2, 1, 1, 8, 1}, {2, 4, 1, 1, 8, 1},
-                              {4, 3, 1, 1, 8, 1}};
+      const int sweep[][6] = {
+          {2, 2, 1, 1, 4, 0}, {2, 3, 0, 1, 4, 0}, {2, 3, 1, 1, 4, 0}, {2, 4, 1, 1, 4, 0},
+          {2, 3, 1, 0, 4, 0}, {4, 2, 1, 1, 4, 0}, {2, 2, 1, 1, 4, 1}, {2, 3, 1, 1, 4, 1},
+          {2, 2, 0, 1, 8, 1}, {2, 2, 1, 1, 8, 1}, {2, 3, 1, 1, 8, 1}, {2, 2, 1, 0, 8, 1},
+          {4, 2, 1, 1, 4, 1}, {4, 2, 1, 1, 8, 1}, {2, 4, 1, 1, 8, 1}, {4, 3, 1, 1, 8, 1}};
       for (int64_t m : sweep_tokens) {
         for (const auto& v : sweep) {
           if (v[5] == 1 && m != 1) continue;
