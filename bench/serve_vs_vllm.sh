@@ -75,15 +75,18 @@ counters() {
   } >> "$1"
 }
 
-# client ENGINE NAME RATE DATASET_FLAGS...: one vLLM bench serve run against the server up now
-# (NUM=... in the environment overrides the number of prompts).
+# client ENGINE NAME RATE SEED DATASET_FLAGS...: one vLLM bench serve run against the server up
+# now (NUM=... in the environment overrides the number of prompts). Each workload has its own
+# dataset seed: with one seed, every random workload replays the same prompts, so a later run
+# finds them all in the prefix cache and its TTFT measures no prefill (both engines did that in
+# the runs of 2026-11-26: rate inf served 256k prompt tokens in 0.9 s).
 client() {
-  local engine=$1 name=$2 rate=$3
-  shift 3
+  local engine=$1 name=$2 rate=$3 seed=$4
+  shift 4
   counters "$OUT_DIR/${engine}_${name}.counters.txt" before
   timeout "$T" "${VLLM[@]}" bench serve --backend openai --base-url "http://127.0.0.1:$PORT" \
     --endpoint /v1/completions --model "$MODEL" --tokenizer "$MODEL" --num-prompts "${NUM:-$N}" \
-    --request-rate "$rate" --ignore-eos --percentile-metrics ttft,tpot,itl,e2el \
+    --request-rate "$rate" --seed "$seed" --ignore-eos --percentile-metrics ttft,tpot,itl,e2el \
     --metric-percentiles 50,99 --goodput ttft:500 tpot:50 --save-result \
     --result-dir "$OUT_DIR" --result-filename "${engine}_${name}.json" "$@" \
     > "$OUT_DIR/${engine}_${name}.log" 2>&1 || status=1
@@ -100,12 +103,12 @@ RATIO=("${RANDOM_512[@]}" --random-range-ratio 0.9)
 
 serve_sets() {  # ENGINE
   local engine=$1
-  want r4 && NUM=$N4 client "$engine" random_rate4 4 "${RANDOM_512[@]}"
-  want r16 && client "$engine" random_rate16 16 "${RANDOM_512[@]}"
-  want rinf && client "$engine" random_rateinf inf "${RANDOM_512[@]}"
-  want prefix && client "$engine" prefix_rateinf inf "${PREFIX[@]}"
-  want ratio16 && client "$engine" ratio_rate16 16 "${RATIO[@]}"
-  want ratio && client "$engine" ratio_rateinf inf "${RATIO[@]}"
+  want r4 && NUM=$N4 client "$engine" random_rate4 4 1 "${RANDOM_512[@]}"
+  want r16 && client "$engine" random_rate16 16 2 "${RANDOM_512[@]}"
+  want rinf && client "$engine" random_rateinf inf 3 "${RANDOM_512[@]}"
+  want prefix && client "$engine" prefix_rateinf inf 4 "${PREFIX[@]}"
+  want ratio16 && client "$engine" ratio_rate16 16 6 "${RATIO[@]}"
+  want ratio && client "$engine" ratio_rateinf inf 5 "${RATIO[@]}"
 }
 
 needs_server() { want r4 || want r16 || want rinf || want prefix || want ratio || want ratio16; }
