@@ -39,21 +39,10 @@ constexpr int kDecodeSingleSplitKeys = 384;
 
 constexpr int kMaxDevices = 64;
 
-// Cached per device: the query costs host time on every call otherwise.
+// 132 (an H100) when the device cannot be asked: the choice only affects speed.
 int num_sms_of_current_device() {
-  static std::atomic<int> cache[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 132;
-  if (device < kMaxDevices && cache[device].load(std::memory_order_relaxed) > 0) {
-    return cache[device].load(std::memory_order_relaxed);
-  }
-  int num_sms = 0;
-  if (cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      num_sms <= 0) {
-    return 132;  // an H100; the choice only affects speed
-  }
-  if (device < kMaxDevices) cache[device].store(num_sms, std::memory_order_relaxed);
-  return num_sms;
+  const int count = current_device_sm_count();
+  return count > 0 ? count : 132;
 }
 
 // Raises a kernel's dynamic shared-memory limit once per device (the attribute is per device).

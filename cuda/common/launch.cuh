@@ -23,6 +23,11 @@
 
 namespace pyorch {
 
+// The current device's SM count, asked once per device (the query costs host time on every
+// launch otherwise); 0 when it cannot be asked. Launchers that size grids by it keep their own
+// fallback for 0. Safe to call from any thread.
+int current_device_sm_count();
+
 namespace kernels {
 
 // PDL: wait until the grids this one depends on have completed and their writes are visible.

@@ -147,16 +147,6 @@ int mmvq_resident_blocks(int warps, int subs_per_lane, size_t smem) {
   return it->second;
 }
 
-int num_sms() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return sms;
-}
-
 // How one token's product that quantizes x itself (FUSE_X) launches: rows per thread block,
 // and the grid capped at the blocks that stay resident (each block then quantizes x once for
 // several rows per warp instead of once per row group). Of the candidate block sizes (`warps`,
@@ -169,7 +159,7 @@ struct FusedPlan {
 
 template <int TYPE>
 FusedPlan mmvq_fused_plan(int64_t input_size, int subs_per_lane, int num_stages, int warps) {
-  const int64_t sms = num_sms();
+  const int64_t sms = current_device_sm_count();
   FusedPlan best{0, 0};
   int64_t best_warps_per_sm = 0;
   for (const int w : {8, 4}) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "moe/moe_grouped_internal.h"
 #include "pyorch/moe.h"
 #include "pyorch/moe_grouped.h"
@@ -155,18 +156,14 @@ kernels::MoeGroupedTile pick_tile(int64_t num_rows, int64_t num_experts) {
   return kernels::MoeGroupedTile::kLarge;
 }
 
-int current_device_sm_count(int* device) {
-  constexpr int kMaxDevices = 64;
-  static int counts[kMaxDevices] = {};  // 0: not asked yet (a benign race: same value)
+// The current device and its SM count (0 when either cannot be asked: CUTLASS then asks).
+int device_and_sm_count(int* device) {
   *device = 0;
-  if (cudaGetDevice(device) != cudaSuccess || *device < 0 || *device >= kMaxDevices) return 0;
-  if (counts[*device] == 0) {
-    int count = 0;
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, *device) == cudaSuccess) {
-      counts[*device] = count;
-    }
+  if (cudaGetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
   }
-  return counts[*device];
+  return current_device_sm_count();
 }
 
 }  // namespace
@@ -224,7 +221,7 @@ cudaError_t moe_grouped_permute(void* permuted, int32_t* expert_offsets, int32_t
 size_t moe_grouped_gemm_workspace_size(int64_t num_experts, DType dtype) {
 #ifdef PYORCH_WITH_CUTLASS
   int device = 0;
-  const int sms = current_device_sm_count(&device);
+  const int sms = device_and_sm_count(&device);
   size_t most = 0;
   for (auto tile : {kernels::MoeGroupedTile::kSwap32, kernels::MoeGroupedTile::kSwap64,
                     kernels::MoeGroupedTile::kLarge}) {
@@ -252,7 +249,7 @@ cudaError_t moe_grouped_gemm(void* out, const void* a, const void* weight,
   if (num_rows == 0) return cudaSuccess;
   kernels::MoeGroupedGemmParams p{out, a, weight,    expert_offsets,  alpha, num_experts,
                                   n,   k, workspace, workspace_bytes, 0,     0};
-  p.sm_count = current_device_sm_count(&p.device);
+  p.sm_count = device_and_sm_count(&p.device);
   const kernels::MoeGroupedTile tile = pick_tile(num_rows, num_experts);
   if (dtype == DType::kBFloat16) {
     if (alpha != nullptr) PYORCH_INVALID("moe_grouped_gemm: alpha is for fp8 operands only");

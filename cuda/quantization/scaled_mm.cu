@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/check.cuh"
+#include "common/launch.cuh"
 #include "pyorch/scaled_mm.h"
 #include "quantization/scaled_mm_internal.h"
 
@@ -97,20 +98,10 @@ const char* scaled_mm_tile_name(ScaledMmTile tile) {
 
 namespace {
 
-// The SM count of the current device, asked once per device (the tile choice below).
+// The SM count of the current device (the tile choice below); 132, an H100, when unknown.
 int sm_count() {
-  constexpr int kMaxDevices = 64;
-  static int counts[kMaxDevices] = {};  // 0: not asked yet (a benign race: same value)
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 132;
-  if (counts[device] == 0) {
-    int count = 0;
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 132;
-    }
-    counts[device] = count;
-  }
-  return counts[device];
+  const int count = current_device_sm_count();
+  return count > 0 ? count : 132;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
+#include "common/launch.cuh"
 #include "quantization/scaled_mm_internal.h"
 
 namespace pyorch::kernels {
@@ -182,26 +183,13 @@ struct Sm90ScaledMm {
 // Initializes and launches a CUTLASS device GEMM on `stream`. The kernels here need no workspace
 // (a data-parallel persistent schedule), which keeps the launch graph-capturable; a kernel that
 // asked for one would be refused here, not silently given a stale pointer.
-// The current device's SM count, asked once per device: the persistent tile scheduler sizes its
-// grid with it, and CUTLASS would otherwise query it on every launch.
-inline int current_sm_count() {
-  constexpr int kMaxDevices = 64;
-  static int counts[kMaxDevices] = {};  // 0: not asked yet (a benign race: same value)
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-  if (counts[device] == 0) {
-    int count = 0;
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) {
-      counts[device] = count;
-    }
-  }
-  return counts[device];
-}
 
 template <typename Gemm>
 cudaError_t run_cutlass_gemm(typename Gemm::Arguments args, const char* what, cudaStream_t stream) {
   cudaGetDevice(&args.hw_info.device_id);
-  args.hw_info.sm_count = current_sm_count();  // 0 (unknown) lets CUTLASS ask
+  // The persistent tile scheduler sizes its grid by it; CUTLASS would otherwise ask on every
+  // launch (0, unknown, lets it ask).
+  args.hw_info.sm_count = current_device_sm_count();
   Gemm gemm;
   if (Gemm::get_workspace_size(args) != 0) {
     std::fprintf(stderr, "pyorch: %s: this CUTLASS kernel wants a workspace\n", what);
