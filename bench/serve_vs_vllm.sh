@@ -149,13 +149,14 @@ if want offline; then  # the same two workloads offline, each engine's own throu
     grep -h "output tok/s" "$OUT_DIR"/pyorch_offline_*.log | sed 's/^/  pyorch offline: /'
   fi
   if has_engine vllm; then
+    # vLLM's bench throughput takes the random lengths from --random-input-len /
+    # --random-output-len (defaults 1024 / 128); its --input-len / --output-len do not reach them.
     timeout "$T" "${VLLM[@]}" bench throughput --model "$MODEL" --load-format dummy \
       --dtype bfloat16 --max-model-len "$MML" --num-prompts "$N" "${PREFIX[@]}" \
       --output-json "$OUT_DIR/vllm_offline_prefix.json" \
       > "$OUT_DIR/vllm_offline_prefix.log" 2>&1 || status=1
     timeout "$T" "${VLLM[@]}" bench throughput --model "$MODEL" --load-format dummy \
-      --dtype bfloat16 --max-model-len "$MML" --num-prompts "$N" --dataset-name random \
-      --input-len 512 --output-len 256 --random-range-ratio 0.9 \
+      --dtype bfloat16 --max-model-len "$MML" --num-prompts "$N" "${RATIO[@]}" \
       --output-json "$OUT_DIR/vllm_offline_ratio.json" \
       > "$OUT_DIR/vllm_offline_ratio.log" 2>&1 || status=1
     grep -h "^Throughput" "$OUT_DIR"/vllm_offline_*.log | sed 's/^/  vllm offline: /'
