@@ -183,12 +183,11 @@ struct Sm90ScaledMm {
 // Initializes and launches a CUTLASS device GEMM on `stream`. The kernels here need no workspace
 // (a data-parallel persistent schedule), which keeps the launch graph-capturable; a kernel that
 // asked for one would be refused here, not silently given a stale pointer.
-
 template <typename Gemm>
 cudaError_t run_cutlass_gemm(typename Gemm::Arguments args, const char* what, cudaStream_t stream) {
   cudaGetDevice(&args.hw_info.device_id);
-  // The persistent tile scheduler sizes its grid by it; CUTLASS would otherwise ask on every
-  // launch (0, unknown, lets it ask).
+  // The persistent tile scheduler sizes its grid by the SM count; CUTLASS would otherwise ask
+  // on every launch (0, unknown, lets it ask).
   args.hw_info.sm_count = current_device_sm_count();
   Gemm gemm;
   if (Gemm::get_workspace_size(args) != 0) {
