@@ -332,9 +332,9 @@ int main(int argc, char** argv) {
       }
       // The vector kernel's launch choices, to pick its defaults (rows op=gguf_mmvq_sweep):
       // {sub-blocks per lane, stages, L2::256B hint, PDL, rows per block, x quantized by the
-      // product itself (one token only)}. The last two put more bytes in flight per warp (3 or
-      // 4 tiles of 2 sub-blocks, or 2 of 4): on an H200 the one-token products ran at the H100's
-      // speed (49% of copy for Q4_K), with about 36 KB in flight per SM.
+      // product itself (one token only)}. The last two put more bytes in flight per warp (4
+      // tiles of 2 sub-blocks, 3 of 4). Measured on an H200 they did not beat the default
+      // (bench/results/NVIDIA_H200/gguf_sweep_20261128/); they stay in the sweep for new GPUs.
       const int sweep[][6] = {
           {2, 2, 1, 1, 4, 0}, {2, 3, 0, 1, 4, 0}, {2, 3, 1, 1, 4, 0}, {2, 4, 1, 1, 4, 0},
           {2, 3, 1, 0, 4, 0}, {4, 2, 1, 1, 4, 0}, {2, 2, 1, 1, 4, 1}, {2, 3, 1, 1, 4, 1},
