@@ -72,11 +72,14 @@ def test_greedy_matches_transformers_on_each_moe_path(tiny_moe, path, chunked, m
     if chunked:
         kwargs["max_num_batched_tokens"] = 16
     calls = {name: 0 for name in _PATH_OPS.values()}
+    def counting(name: str, real):
+        def counted(*args):
+            calls[name] += 1
+            return real(*args)
+        return counted
+
     for name in calls:  # count launches (eager steps and CUDA-graph captures)
-        def counted(*args, _real=getattr(_ops, name), _name=name):
-            calls[_name] += 1
-            return _real(*args)
-        monkeypatch.setattr(_ops, name, counted)
+        monkeypatch.setattr(_ops, name, counting(name, getattr(_ops, name)))
     llm = _make_llm(model_path, **kwargs)
     prompts = _prompts(hf.config.vocab_size)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), use_tqdm=False)
