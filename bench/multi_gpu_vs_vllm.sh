@@ -7,13 +7,14 @@
 # Both engines get --tensor-parallel-size TP (and --enable-expert-parallel with "ep"), dummy bf16
 # weights (--load-format dummy) and, when QUANT is set, the same --quantization QUANT. Workloads
 # (SETS, comma-separated): t128 (128 in / 128 out), t1000 (1000 / 1000), both NUM_PROMPTS prompts
-# (default 1000) at temperature 1.0 (vLLM's bench sampling), and latency (batch 1, 128 in / 256
-# out). Each engine runs its own benchmark (`pyorch bench ...`, `vllm bench ...`, through
+# (default 1000) at temperature 1.0 (vLLM's bench sampling), latency (batch 1, 128 in / 256
+# out) and startup (cold start to a ready LLM: `pyorch bench startup`, vLLM's LLM(...) timed by
+# bench/vllm_peer.sh; only --tensor-parallel-size is passed to vLLM's there, so not with ep/QUANT). Each engine runs its own benchmark (`pyorch bench ...`, `vllm bench ...`, through
 # bench/vllm_peer.sh); bench/compare_vllm.py then prints both and pyorch/vLLM per workload and
 # writes OUT_DIR/compare.json + .png. Environment:
 #   ENGINES=pyorch,vllm   which engines to run (a 10-minute device command may fit only one:
 #                         run them in two calls, then ENGINES=none to compare)
-#   SETS=t128,t1000,latency   QUANT=   NUM_PROMPTS=1000   MAX_MODEL_LEN=2048
+#   SETS=t128,t1000,latency (and startup)   QUANT=   NUM_PROMPTS=1000   MAX_MODEL_LEN=2048
 #   T=900 (timeout per run, s)   PYORCH_EXTRA / VLLM_EXTRA (more engine flags for one side)
 # vLLM must be unpacked in /tmp/site (shared/tools/vllm-peer/README.md); only vLLM's processes see
 # it. pyorch must be built with CUDA in this checkout. MODEL_DIR needs config.json and tokenizer
@@ -74,6 +75,12 @@ if engine pyorch; then
       --max-model-len "$MML" --output-json "$OUT_DIR/$1.json") > "$OUT_DIR/$1.log" 2>&1 || status=1
     grep -E "x output|output tok" "$OUT_DIR/$1.log" | tail -3
   }
+  if want startup; then
+    (cd "$HERE" && timeout "$T" python3 -m pyorch.cli.main bench startup "${common[@]}" \
+      --max-model-len "$MML" --num-iters 1 --num-iters-warmup 0 \
+      --output-json "$OUT_DIR/startup.json") > "$OUT_DIR/startup.log" 2>&1 || status=1
+    grep -v tokenizer "$OUT_DIR/startup.log" | tail -3
+  fi
   want t128 && py_throughput throughput_128_128_t1 128 128
   want t1000 && py_throughput throughput_1000_1000_t1 1000 1000
   if want latency; then
@@ -86,10 +93,17 @@ fi
 
 if engine vllm; then
   vsets=""
+  if want startup; then
+    if [ "$EP" = ep ] || [ -n "${QUANT:-}" ]; then
+      echo "startup: vLLM's start-up set takes only --tensor-parallel-size; left out with ep/QUANT"
+    else
+      vsets+="startup,"
+    fi
+  fi
   want t128 && vsets+="t128,"
   want latency && vsets+="latency,"
   want t1000 && vsets+="t1000,"
-  VLLM_EXTRA="${layout[*]} ${VLLM_EXTRA:-}" VLLM_NUM_PROMPTS=$N VLLM_BENCH_TIMEOUT=$T \
+  VLLM_EXTRA="${layout[*]} ${VLLM_EXTRA:-}" VLLM_TP=$TP VLLM_NUM_PROMPTS=$N VLLM_BENCH_TIMEOUT=$T \
     bash "$HERE/bench/vllm_peer.sh" "$OUT_DIR" "$MODEL" "${vsets%,}" || status=1
 fi
 
