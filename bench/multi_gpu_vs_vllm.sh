@@ -9,7 +9,8 @@
 # (SETS, comma-separated): t128 (128 in / 128 out), t1000 (1000 / 1000), both NUM_PROMPTS prompts
 # (default 1000) at temperature 1.0 (vLLM's bench sampling), latency (batch 1, 128 in / 256
 # out) and startup (cold start to a ready LLM: `pyorch bench startup`, vLLM's LLM(...) timed by
-# bench/vllm_peer.sh; only --tensor-parallel-size is passed to vLLM's there, so not with ep/QUANT). Each engine runs its own benchmark (`pyorch bench ...`, `vllm bench ...`, through
+# bench/vllm_peer.sh; only --tensor-parallel-size is passed to vLLM's there, so not with
+# ep/QUANT). Each engine runs its own benchmark (`pyorch bench ...`, `vllm bench ...`, through
 # bench/vllm_peer.sh); bench/compare_vllm.py then prints both and pyorch/vLLM per workload and
 # writes OUT_DIR/compare.json + .png. Environment:
 #   ENGINES=pyorch,vllm   which engines to run (a 10-minute device command may fit only one:
