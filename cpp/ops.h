@@ -20,7 +20,9 @@
       const at::Tensor& positions, at::Tensor& query, at::Tensor& key, const at::Tensor& value,   \
       int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox, at::Tensor& key_cache,    \
       at::Tensor& value_cache, const at::Tensor& slot_mapping, const std::string& kv_cache_dtype, \
-      const at::Tensor& k_scale, const at::Tensor& v_scale);                                      \
+      const at::Tensor& k_scale, const at::Tensor& v_scale,                                       \
+      const std::optional<at::Tensor>& q_norm_weight,                                             \
+      const std::optional<at::Tensor>& k_norm_weight, double norm_eps);                           \
   void silu_and_mul(at::Tensor& out, const at::Tensor& input);                                    \
   void gelu_and_mul(at::Tensor& out, const at::Tensor& input);                                    \
   void gelu_tanh_and_mul(at::Tensor& out, const at::Tensor& input);                               \

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -93,6 +94,33 @@ inline RopeCacheShape check_rope_and_cache(
   check_same_device(cos_sin_cache, "cos_sin_cache", key, "key", kOp);
   return {rot_dim, heads_view(query, num_tokens, head_size, "query"),
           heads_view(key, num_tokens, head_size, "key"), cache};
+}
+
+// rotary_embedding_and_cache's optional q/k norm weights: both or neither, each a contiguous
+// [head_size] tensor in query's dtype on query's device, with whole heads rotating (rot_dim ==
+// head_size) and head_size a power of two (how the CUDA kernel splits a head over a group of
+// threads). Returns whether they are given.
+inline bool check_qk_norm(const at::Tensor& query, const std::optional<at::Tensor>& q_norm_weight,
+                          const std::optional<at::Tensor>& k_norm_weight, int64_t head_size,
+                          int64_t rot_dim) {
+  constexpr const char* kOp = "rotary_embedding_and_cache";
+  TORCH_CHECK(q_norm_weight.has_value() == k_norm_weight.has_value(), kOp,
+              ": q_norm_weight and k_norm_weight go together (both or neither)");
+  if (!q_norm_weight.has_value()) return false;
+  for (const at::Tensor* w : {&*q_norm_weight, &*k_norm_weight}) {
+    const char* name = w == &*q_norm_weight ? "q_norm_weight" : "k_norm_weight";
+    TORCH_CHECK(w->dim() == 1 && w->size(0) == head_size && w->is_contiguous(), kOp, ": ", name,
+                " must be a contiguous [head_size = ", head_size, "] tensor, got ", w->sizes());
+    TORCH_CHECK(w->scalar_type() == query.scalar_type(), kOp, ": ", name, " dtype ",
+                w->scalar_type(), " != query dtype ", query.scalar_type());
+    TORCH_CHECK(w->device() == query.device(), kOp, ": ", name, " is on ", w->device(),
+                ", query on ", query.device());
+  }
+  TORCH_CHECK(rot_dim == head_size, kOp, ": the q/k norm needs whole heads to rotate (rot_dim ",
+              rot_dim, " != head_size ", head_size, ")");
+  TORCH_CHECK(head_size >= 2 && (head_size & (head_size - 1)) == 0, kOp,
+              ": the q/k norm needs a power-of-two head_size, got ", head_size);
+  return true;
 }
 
 }  // namespace pyorch

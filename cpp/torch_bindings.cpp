@@ -36,11 +36,13 @@ TORCH_LIBRARY(pyorch, m) {
       "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
       "Tensor cos_sin_cache, bool is_neox) -> ()");
   // rotary_embedding on query and key, then reshape_and_cache_flash of the rotated key and value
-  // (key and value: [num_tokens, num_kv_heads, head_size]), in one kernel on CUDA.
+  // (key and value: [num_tokens, num_kv_heads, head_size]), in one kernel on CUDA. With the norm
+  // weights, every query and key head is first RMS-normalized (Qwen3's q_norm / k_norm).
   m.def(
       "rotary_embedding_and_cache(Tensor positions, Tensor! query, Tensor! key, Tensor value, "
       "int head_size, Tensor cos_sin_cache, bool is_neox, Tensor! key_cache, Tensor! value_cache, "
-      "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
+      "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale, "
+      "Tensor? q_norm_weight=None, Tensor? k_norm_weight=None, float norm_eps=1e-6) -> ()");
 
   // ---- activations: out[..., d] = act(input[..., :d]) * input[..., d:] --------------------------
   m.def("silu_and_mul(Tensor! out, Tensor input) -> ()");

@@ -260,17 +260,47 @@ def rotary_embedding_and_cache(
     kv_cache_dtype: str,
     k_scale: torch.Tensor,
     v_scale: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> None:
     """rotary_embedding(positions, query, key, ...) then reshape_and_cache_flash(key, value, ...),
     with the same results, in one kernel on CUDA.
 
     key, value: [num_tokens, num_kv_heads, head_size] (any token/head stride, last dim
-    contiguous); the rest as those two ops take them.
+    contiguous); the rest as those two ops take them. With q_norm_weight and k_norm_weight
+    ([head_size], query's dtype; both or neither) every query and key head is RMS-normalized
+    first, as rms_norm(head, weight, norm_eps) would (Qwen3's per-head q/k norm: vLLM's
+    fused_qk_norm_rope, here with the cache write too). The norm needs rot_dim == head_size and
+    a power-of-two head_size (see qk_norm_fusable).
     """
     _ops.rotary_embedding_and_cache(
         positions, query, key, value, head_size, cos_sin_cache, is_neox, key_cache, value_cache,
-        slot_mapping, kv_cache_dtype, k_scale, v_scale,
+        slot_mapping, kv_cache_dtype, k_scale, v_scale, q_norm_weight, k_norm_weight, norm_eps,
     )
+
+
+def qk_norm_fusable(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_size: int, rot_dim: int,
+    q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor,
+) -> bool:
+    """Whether rotary_embedding_and_cache takes these q/k norm weights: whole heads rotate, a
+    power-of-two head_size, weights of query's dtype and device, and on CUDA 16-byte aligned
+    heads of at most 32 vectors per half (the kernel reduces a head's sum of squares over a
+    group of at most a warp's threads)."""
+    if rot_dim != head_size or head_size < 2 or head_size & (head_size - 1):
+        return False
+    weights = (q_norm_weight, k_norm_weight)
+    if any(w.dtype != query.dtype or w.device != query.device or w.shape != (head_size,)
+           or not w.is_contiguous() for w in weights):
+        return False
+    if not query.is_cuda:
+        return True
+    vec = 16 // query.element_size()
+    tensors = (query, key, value, *weights)
+    return (head_size // 2 // vec <= 32 and head_size // 2 % vec == 0
+            and all(t.data_ptr() % 16 == 0 for t in tensors)
+            and all(s % vec == 0 for t in (query, key, value) for s in t.stride()[:-1]))
 
 
 # ---- activations --------------------------------------------------------------------------------

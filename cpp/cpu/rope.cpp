@@ -1,4 +1,5 @@
 // CPU rotary embedding: one token per task, each head staged through fp32 and rotated in place.
+#include <cmath>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -39,7 +40,9 @@ inline void rotate_gptj(float* __restrict__ x, const float* __restrict__ cos,
 template <typename T, typename CacheT>
 void rope_tokens(const int64_t* positions, T* query, T* key, const CacheT* cache,
                  int64_t num_tokens, const HeadsView& q, const HeadsView& k, int64_t rot_dim,
-                 int64_t max_position, int64_t cache_stride, bool is_neox) {
+                 int64_t max_position, int64_t cache_stride, bool is_neox,
+                 const T* q_norm_weight = nullptr, const T* k_norm_weight = nullptr,
+                 float norm_eps = 0.f) {
   const int64_t half = rot_dim / 2;
   const int64_t total_heads = q.num_heads + k.num_heads;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, total_heads * rot_dim));
@@ -57,6 +60,16 @@ void rope_tokens(const int64_t* positions, T* query, T* key, const CacheT* cache
         T* head = h < q.num_heads ? query + t * q.token_stride + h * q.head_stride
                                   : key + t * k.token_stride + (h - q.num_heads) * k.head_stride;
         to_float(head, x, rot_dim);
+        if (q_norm_weight != nullptr) {  // rot_dim == head_size (checked): rms_norm's arithmetic
+          const T* w = h < q.num_heads ? q_norm_weight : k_norm_weight;
+          float sum_sq = 0.f;
+          for (int64_t i = 0; i < rot_dim; ++i) sum_sq += x[i] * x[i];
+          const float inv_rms = 1.f / std::sqrt(sum_sq / static_cast<float>(rot_dim) + norm_eps);
+          for (int64_t i = 0; i < rot_dim; ++i) {
+            const float normed = static_cast<float>(static_cast<T>(x[i] * inv_rms));
+            x[i] = static_cast<float>(static_cast<T>(normed * static_cast<float>(w[i])));
+          }
+        }
         if (is_neox) {
           rotate_neox(x, x + half, cos, sin, half);
         } else {
@@ -108,10 +121,33 @@ void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, 
                                 const at::Tensor& cos_sin_cache, bool is_neox,
                                 at::Tensor& key_cache, at::Tensor& value_cache,
                                 const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                                const at::Tensor& k_scale, const at::Tensor& v_scale) {
-  pyorch::check_rope_and_cache(positions, query, key, value, head_size, cos_sin_cache, key_cache,
-                               value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale);
-  rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox);
+                                const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                const std::optional<at::Tensor>& q_norm_weight,
+                                const std::optional<at::Tensor>& k_norm_weight, double norm_eps) {
+  const pyorch::RopeCacheShape s = pyorch::check_rope_and_cache(
+      positions, query, key, value, head_size, cos_sin_cache, key_cache, value_cache, slot_mapping,
+      kv_cache_dtype, k_scale, v_scale);
+  if (pyorch::check_qk_norm(query, q_norm_weight, k_norm_weight, head_size, s.rot_dim)) {
+    TORCH_CHECK(query.device().is_cpu() && cos_sin_cache.device().is_cpu(),
+                "rotary_embedding_and_cache: tensors must be on CPU");
+    const at::Tensor pos = positions.contiguous();
+    PYORCH_CPU_DISPATCH_FLOATS(query.scalar_type(), "rotary_embedding_and_cache", [&] {
+      auto run = [&](const auto* cache) {
+        rope_tokens(pos.const_data_ptr<int64_t>(), query.data_ptr<scalar_t>(),
+                    key.data_ptr<scalar_t>(), cache, s.cache.num_tokens, s.query, s.key, s.rot_dim,
+                    cos_sin_cache.size(0), cos_sin_cache.stride(0), is_neox,
+                    q_norm_weight->const_data_ptr<scalar_t>(),
+                    k_norm_weight->const_data_ptr<scalar_t>(), static_cast<float>(norm_eps));
+      };
+      if (cos_sin_cache.scalar_type() == at::kFloat) {
+        run(cos_sin_cache.const_data_ptr<float>());
+      } else {
+        run(cos_sin_cache.const_data_ptr<scalar_t>());
+      }
+    });
+  } else {
+    rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox);
+  }
   reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                           v_scale);
 }

@@ -43,10 +43,14 @@ void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, 
                                 const at::Tensor& cos_sin_cache, bool is_neox,
                                 at::Tensor& key_cache, at::Tensor& value_cache,
                                 const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                                const at::Tensor& k_scale, const at::Tensor& v_scale) {
+                                const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                const std::optional<at::Tensor>& q_norm_weight,
+                                const std::optional<at::Tensor>& k_norm_weight, double norm_eps) {
   const pyorch::RopeCacheShape s = pyorch::check_rope_and_cache(
       positions, query, key, value, head_size, cos_sin_cache, key_cache, value_cache, slot_mapping,
       kv_cache_dtype, k_scale, v_scale);
+  const bool qk_norm =
+      pyorch::check_qk_norm(query, q_norm_weight, k_norm_weight, head_size, s.rot_dim);
   TORCH_CHECK(query.is_cuda(), "rotary_embedding_and_cache: tensors must be on CUDA, got ",
               query.device());
   const bool fp8 = s.cache.kv_cache_dtype == pyorch::KVCacheDType::kFp8E4M3;
@@ -61,5 +65,7 @@ void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, 
       slot_mapping.const_data_ptr<int64_t>(), fp8 ? k_scale.const_data_ptr<float>() : nullptr,
       fp8 ? v_scale.const_data_ptr<float>() : nullptr, s.cache.kv_cache_dtype, s.cache.num_blocks,
       s.cache.block_size, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+      qk_norm ? q_norm_weight->const_data_ptr() : nullptr,
+      qk_norm ? k_norm_weight->const_data_ptr() : nullptr, static_cast<float>(norm_eps),
       c10::cuda::getCurrentCUDAStream()));
 }

@@ -92,8 +92,12 @@ cudaError_t rotary_embedding_and_cache(
     int64_t value_head_stride, int64_t cache_stride, bool is_neox, void* key_cache,
     void* value_cache, const int64_t* slot_mapping, const float* k_scale, const float* v_scale,
     KVCacheDType kv_cache_dtype, int64_t num_blocks, int64_t block_size, int64_t kv_block_stride,
-    int64_t kv_slot_stride, int64_t kv_head_stride, cudaStream_t stream) {
+    int64_t kv_slot_stride, int64_t kv_head_stride, const void* q_norm_weight,
+    const void* k_norm_weight, float norm_eps, cudaStream_t stream) {
   PYORCH_RETURN_IF_ERROR(check_rope_sizes(num_heads, num_kv_heads, head_size, rot_dim));
+  if ((q_norm_weight == nullptr) != (k_norm_weight == nullptr)) {
+    PYORCH_INVALID("rotary_embedding_and_cache: q_norm_weight and k_norm_weight go together");
+  }
   if (num_tokens == 0) return cudaSuccess;  // empty tensors may have null data pointers
   if (key == nullptr || value == nullptr || key_cache == nullptr || value_cache == nullptr) {
     PYORCH_INVALID("rotary_embedding_and_cache: key, value and both caches are required");
@@ -120,7 +124,10 @@ cudaError_t rotary_embedding_and_cache(
                                            kv_block_stride,
                                            kv_slot_stride,
                                            kv_head_stride,
-                                           static_cast<int>(head_size)};
+                                           static_cast<int>(head_size),
+                                           static_cast<const T*>(q_norm_weight),
+                                           static_cast<const T*>(k_norm_weight),
+                                           norm_eps};
     return kernels::launch_rotary_embedding_and_cache<
         T, std::remove_const_t<std::remove_pointer_t<decltype(cos_sin)>>, KvT,
         decltype(fp8)::value>(rope_params(layout, q, cos_sin), kv, is_neox, stream);

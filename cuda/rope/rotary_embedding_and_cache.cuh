@@ -9,12 +9,21 @@
 // key elements past rot_dim (partial rotary), which no rotation touches, so no barrier is needed;
 // each thread loads its first copy before rotating, so the two round trips overlap.
 // A negative slot (padding) or one past the cache is not written, as in reshape_and_cache_flash.
+//
+// With QK_NORM (Qwen3's per-head q/k RMSNorm, vLLM's fused_qk_norm_rope folded in), every query
+// and key head is RMS-normalized with its weight before it rotates, with rms_norm's arithmetic
+// (fp32 sum of squares, the normalized value rounded to T, times the weight, rounded to T): the
+// two norm launches (and, for several tokens, the copies of the strided q/k views they needed)
+// go. A head's sum of squares is a shuffle over the group of threads that holds it, so it needs
+// rot_dim == head_size and one chunk per thread with a power-of-two chunk count <= 32 (the host
+// checks; see qk_norm_supported).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
 #include "cache/cache_kernels.cuh"
+#include "common/reduce.cuh"
 #include "rope/rotary_embedding.cuh"
 
 namespace pyorch::kernels {
@@ -38,9 +47,13 @@ struct RopeKvParams {
   int64_t kv_slot_stride;
   int64_t kv_head_stride;
   int head_size;
+  const T* q_norm_weight = nullptr;  // [head_size], read only with QK_NORM
+  const T* k_norm_weight = nullptr;
+  float norm_eps = 0.f;
 };
 
-template <typename T, typename CosSinT, typename KvT, bool FP8, bool IS_NEOX, int VEC_SIZE>
+template <typename T, typename CosSinT, typename KvT, bool FP8, bool IS_NEOX, int VEC_SIZE,
+          bool QK_NORM>
 __global__ void __launch_bounds__(kRopeMaxThreads)
     rotary_embedding_and_cache_kernel(const RopeParams<T, CosSinT> p,
                                       const RopeKvParams<T, KvT> kv) {
@@ -108,12 +121,27 @@ __global__ void __launch_bounds__(kRopeMaxThreads)
     return h >= p.num_heads ? k_token + (h - p.num_heads) * p.key_head_stride
                             : q_token + h * p.query_head_stride;
   };
+  // QK_NORM: the lanes of this thread's group (same head row and token: blockDim.x lanes, one
+  // chunk each, aligned in the warp) run the head loop in step and reduce over group_mask.
+  const int lane = static_cast<int>((threadIdx.z * blockDim.y * blockDim.x + tid) % kWarpSize);
+  const unsigned group_mask =
+      QK_NORM ? (blockDim.x >= kWarpSize
+                     ? 0xffffffffu
+                     : ((1u << blockDim.x) - 1u) << (lane / blockDim.x * blockDim.x))
+              : 0u;
   for (int chunk = threadIdx.x; chunk < num_chunks; chunk += blockDim.x) {
     float cos_v[VEC_SIZE], sin_v[VEC_SIZE];
     load_as_float(cos_row + chunk * VEC_SIZE, cos_v);
     load_as_float(sin_row + chunk * VEC_SIZE, sin_v);
     const int lo_off = IS_NEOX ? chunk * VEC_SIZE : 2 * chunk * VEC_SIZE;
     const int hi_off = IS_NEOX ? p.half_rot_dim + chunk * VEC_SIZE : lo_off + VEC_SIZE;
+    V wq_lo, wq_hi, wk_lo, wk_hi;  // this chunk's norm weights (QK_NORM only)
+    if constexpr (QK_NORM) {
+      wq_lo.load(kv.q_norm_weight + lo_off);
+      wq_hi.load(kv.q_norm_weight + hi_off);
+      wk_lo.load(kv.k_norm_weight + lo_off);
+      wk_hi.load(kv.k_norm_weight + hi_off);
+    }
     // Two heads per step, both loaded before either is stored (one round trip, not two).
     for (int h0 = threadIdx.y; h0 < total_heads; h0 += 2 * blockDim.y) {
       const int hs[2] = {h0, h0 + static_cast<int>(blockDim.y)};
@@ -123,6 +151,40 @@ __global__ void __launch_bounds__(kRopeMaxThreads)
         if (hs[u] < total_heads) {
           lo[u].load(head_ptr(hs[u]) + lo_off);
           hi[u].load(head_ptr(hs[u]) + hi_off);
+        }
+      }
+      if constexpr (QK_NORM) {
+        float sum_sq[2] = {0.f, 0.f};
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          if (hs[u] >= total_heads) continue;
+#pragma unroll
+          for (int j = 0; j < VEC_SIZE; ++j) {
+            const float a = to_float(lo[u].data[j]);
+            const float b = to_float(hi[u].data[j]);
+            sum_sq[u] += a * a + b * b;
+          }
+        }
+        for (int offset = 1; offset < static_cast<int>(blockDim.x); offset *= 2) {
+          sum_sq[0] += __shfl_xor_sync(group_mask, sum_sq[0], offset);
+          sum_sq[1] += __shfl_xor_sync(group_mask, sum_sq[1], offset);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          if (hs[u] >= total_heads) continue;
+          const float inv_rms = rsqrtf(sum_sq[u] / static_cast<float>(kv.head_size) + kv.norm_eps);
+          const bool is_query = hs[u] < p.num_heads;
+          const V& w_lo = is_query ? wq_lo : wk_lo;
+          const V& w_hi = is_query ? wq_hi : wk_hi;
+#pragma unroll
+          for (int j = 0; j < VEC_SIZE; ++j) {
+            lo[u].data[j] =
+                from_float<T>(to_float(from_float<T>(to_float(lo[u].data[j]) * inv_rms)) *
+                              to_float(w_lo.data[j]));
+            hi[u].data[j] =
+                from_float<T>(to_float(from_float<T>(to_float(hi[u].data[j]) * inv_rms)) *
+                              to_float(w_hi.data[j]));
+          }
         }
       }
 #pragma unroll
@@ -168,24 +230,50 @@ __host__ inline int rope_and_cache_vec_size(const RopeParams<T, CosSinT>& p,
                          {kv.kv_block_stride, kv.kv_slot_stride, kv.kv_head_stride})});
 }
 
+// Whether the QK_NORM form can run at this vector width: whole heads rotate (rot_dim ==
+// head_size) and a head's chunks (one per thread) are a power-of-two group of at most a warp.
+__host__ inline bool qk_norm_supported(int half_rot_dim, int head_size, int vec) {
+  const int num_chunks = half_rot_dim / vec;
+  return 2 * half_rot_dim == head_size && num_chunks >= 1 && num_chunks <= kWarpSize &&
+         (num_chunks & (num_chunks - 1)) == 0;
+}
+
 template <typename T, typename CosSinT, typename KvT, bool FP8>
 cudaError_t launch_rotary_embedding_and_cache(const RopeParams<T, CosSinT>& p,
                                               const RopeKvParams<T, KvT>& kv, bool is_neox,
                                               cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
-  const int vec = rope_and_cache_vec_size(p, kv);
+  const bool qk_norm = kv.q_norm_weight != nullptr;
+  int vec = rope_and_cache_vec_size(p, kv);
+  if (qk_norm) {
+    // The weights are read with the heads' vector width.
+    vec = std::min(vec, max_vec_size<T>(kv.head_size, {kv.q_norm_weight, kv.k_norm_weight}, {}));
+    if (!qk_norm_supported(p.half_rot_dim, kv.head_size, vec)) {
+      PYORCH_INVALID(
+          "rotary_embedding_and_cache: the q/k norm needs rot_dim == head_size (got %d and %d) "
+          "and head_size / 2 / vector width a power of two <= 32 (vector width %d: check the "
+          "16-byte alignment of query, key, value, the caches and the norm weights)",
+          2 * p.half_rot_dim, kv.head_size, vec);
+    }
+  }
   // The block shape of rotary_embedding; its threads also do the copies.
-  auto launch = [&](auto vec_c, auto neox_c) -> cudaError_t {
+  auto launch = [&](auto vec_c, auto neox_c, auto norm_c) -> cudaError_t {
     constexpr int kVec = decltype(vec_c)::value;
     int64_t num_blocks = 0;
     const dim3 block = rope_block_shape(p, kVec, &num_blocks);
     if (num_blocks > 0x7fffffff) PYORCH_INVALID("rotary_embedding_and_cache: too many tokens");
     return launch_kernel(
-        &rotary_embedding_and_cache_kernel<T, CosSinT, KvT, FP8, decltype(neox_c)::value, kVec>,
+        &rotary_embedding_and_cache_kernel<T, CosSinT, KvT, FP8, decltype(neox_c)::value, kVec,
+                                           decltype(norm_c)::value>,
         dim3(static_cast<unsigned>(num_blocks)), block, 0, stream, pdl_enabled(), p, kv);
   };
   return dispatch_vec_size<T>(vec, [&](auto vec_c) {
-    return is_neox ? launch(vec_c, std::true_type{}) : launch(vec_c, std::false_type{});
+    if (qk_norm) {
+      return is_neox ? launch(vec_c, std::true_type{}, std::true_type{})
+                     : launch(vec_c, std::false_type{}, std::true_type{});
+    }
+    return is_neox ? launch(vec_c, std::true_type{}, std::false_type{})
+                   : launch(vec_c, std::false_type{}, std::false_type{});
   });
 }
 

@@ -6,7 +6,7 @@ embedding, the layer also rotates query and key, in the kernel that writes the c
 (rotary_embedding_and_cache); tests also run the rotation and the write as two ops.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -16,6 +16,7 @@ from pyorch.config import check_kv_cache_dtype
 from pyorch.forward_context import AttentionMetadata, get_forward_context
 
 if TYPE_CHECKING:
+    from pyorch.layers.layernorm import RMSNorm
     from pyorch.layers.rotary_embedding import RotaryEmbedding
 
 # Tests turn this off to compare the fused rotation + cache write with the two separate ops.
@@ -78,6 +79,9 @@ class Attention(nn.Module):
         value: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
         positions: torch.Tensor | None = None,  # [num_tokens] int64, with rotary_emb
         rotary_emb: "RotaryEmbedding | None" = None,  # rotates query and key (in place) first
+        # (q_norm, k_norm): RMSNorms over each query / key head, applied before the rotation
+        # (Qwen3), in the rotation's kernel where it can take them
+        qk_norm: "tuple[RMSNorm, RMSNorm] | None" = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
         num_tokens = query.shape[0]
         out = torch.empty(
@@ -92,13 +96,19 @@ class Attention(nn.Module):
         if rotary_emb is not None and positions is None:
             raise ValueError(f"Attention layer {self.layer_idx}: rotary_emb needs positions")
         key_cache, value_cache = self.kv_cache
+        fused = rotary_emb is not None and _FUSE_ROPE_CACHE
+        if qk_norm is not None and not (fused and self._qk_norm_fusable(
+                query, key, value, rotary_emb, qk_norm)):
+            query, key = self._norm_heads(query, qk_norm[0]), self._norm_heads(key, qk_norm[1])
+            qk_norm = None
         key_heads = key.view(num_tokens, self.num_kv_heads, self.head_size)
         value_heads = value.view(num_tokens, self.num_kv_heads, self.head_size)
-        if rotary_emb is not None and _FUSE_ROPE_CACHE:
-            assert positions is not None  # checked above
+        if fused:
+            assert positions is not None and rotary_emb is not None  # checked above
             rotary_emb.forward_and_cache(
                 positions, query, key_heads, value_heads, key_cache, value_cache,
                 attn_metadata.slot_mapping, self.kv_cache_dtype, self.k_scale, self.v_scale,
+                qk_norm,
             )
         else:
             if rotary_emb is not None:
@@ -130,6 +140,22 @@ class Attention(nn.Module):
             self.v_scale,
         )
         return out.view(num_tokens, -1)
+
+    def _qk_norm_fusable(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         rotary_emb: "RotaryEmbedding | None",
+                         qk_norm: "tuple[RMSNorm, RMSNorm]") -> bool:
+        q_norm, k_norm = qk_norm
+        return (
+            rotary_emb is not None
+            and q_norm.variance_epsilon == k_norm.variance_epsilon
+            and _ops.qk_norm_fusable(query, key, value, self.head_size, rotary_emb.rotary_dim,
+                                     q_norm.weight, k_norm.weight)
+        )
+
+    def _norm_heads(self, x: torch.Tensor, norm: "RMSNorm") -> torch.Tensor:
+        # [T, heads * head_size] (a strided view of the qkv output) -> normed per head, contiguous.
+        num_tokens = x.shape[0]
+        return cast(torch.Tensor, norm(x.reshape(-1, self.head_size))).view(num_tokens, -1)
 
     def _cascade(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, meta: AttentionMetadata) -> None:

@@ -6,12 +6,15 @@ model dtype), so a model matches its HF implementation position for position.
 """
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from pyorch import _ops
+
+if TYPE_CHECKING:
+    from pyorch.layers.layernorm import RMSNorm
 
 # HF rope_type values get_rope implements ("default" is plain RoPE).
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -175,13 +178,20 @@ class RotaryEmbedding(nn.Module):
         kv_cache_dtype: str,
         k_scale: torch.Tensor,
         v_scale: torch.Tensor,
+        qk_norm: "tuple[RMSNorm, RMSNorm] | None" = None,  # normalizes each head first
     ) -> None:
         """forward, then the rotated key and the value written into the caches at their slots
-        (reshape_and_cache_flash), in one kernel."""
+        (reshape_and_cache_flash), in one kernel; with qk_norm (the caller checked
+        qk_norm_fusable), every query and key head is RMS-normalized before it rotates."""
         cache = self._cache_for(query)
+        q_w = k_w = None
+        eps = 1e-6
+        if qk_norm is not None:
+            q_w, k_w = qk_norm[0].weight, qk_norm[1].weight
+            eps = qk_norm[0].variance_epsilon
         _ops.rotary_embedding_and_cache(
             positions, query, key, value, self.head_size, cache, self.is_neox_style, key_cache,
-            value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
+            value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, q_w, k_w, eps,
         )
 
     def forward_native(

@@ -127,21 +127,17 @@ class LlamaAttention(nn.Module):
             layer_idx=layer_idx, sliding_window=get_layer_sliding_window(config, layer_idx),
         )
 
-    def _norm_heads(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        # [T, heads * head_dim] view of the qkv output -> normed per head, contiguous.
-        num_tokens = x.shape[0]
-        return norm(x.reshape(-1, self.head_dim)).view(num_tokens, -1)
-
     def attend(
         self,
         positions: torch.Tensor,  # [T] int64
         qkv: torch.Tensor,  # [T, q_size + 2 * kv_size]: qkv_proj's output
     ) -> torch.Tensor:  # [T, num_heads * head_dim]: o_proj's input
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm:
-            q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
-        # The attention layer rotates q and k in the kernel that writes the KV cache.
-        return self.attn(q, k, v, positions=positions, rotary_emb=self.rotary_emb)
+        # The attention layer normalizes (Qwen3) and rotates q and k in the kernel that writes
+        # the KV cache.
+        qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
+        return self.attn(q, k, v, positions=positions, rotary_emb=self.rotary_emb,
+                         qk_norm=qk_norm)
 
     def forward(
         self,

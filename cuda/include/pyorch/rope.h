@@ -36,6 +36,11 @@ cudaError_t rotary_embedding(const int64_t* positions, void* query, void* key,
 //                  strides (kv_block_stride, kv_slot_stride, kv_head_stride, 1), holding dtype
 //                  (kAuto) or fp8 e4m3 bytes (kFp8E4M3, with k_scale / v_scale on the device)
 //   slot_mapping:  [num_tokens] int64; a negative slot or one past the cache is not written
+//   q_norm_weight / k_norm_weight: [head_size] in dtype, both or neither: each query / key head
+//                  is first RMS-normalized (eps norm_eps) and scaled by its weight, as rms_norm
+//                  over the heads would (Qwen3's q_norm / k_norm; vLLM's fused_qk_norm_rope).
+//                  Needs rot_dim == head_size and head_size / 2 a power-of-two multiple (at most
+//                  32) of the vector width (8 for 16-bit types and 16-byte aligned tensors).
 cudaError_t rotary_embedding_and_cache(
     const int64_t* positions, void* query, void* key, const void* value, const void* cos_sin_cache,
     DType dtype, DType cache_dtype, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
@@ -44,6 +49,7 @@ cudaError_t rotary_embedding_and_cache(
     int64_t value_head_stride, int64_t cache_stride, bool is_neox, void* key_cache,
     void* value_cache, const int64_t* slot_mapping, const float* k_scale, const float* v_scale,
     KVCacheDType kv_cache_dtype, int64_t num_blocks, int64_t block_size, int64_t kv_block_stride,
-    int64_t kv_slot_stride, int64_t kv_head_stride, cudaStream_t stream);
+    int64_t kv_slot_stride, int64_t kv_head_stride, const void* q_norm_weight,
+    const void* k_norm_weight, float norm_eps, cudaStream_t stream);
 
 }  // namespace pyorch

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from pyorch.forward_context import get_forward_context, set_forward_context
 from pyorch.layers.attention import Attention
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, tol
 from tests.pyorch.paged_batch import allocate_blocks, build_metadata
 
 BLOCK_SIZE = 16
@@ -169,6 +169,65 @@ def test_attention_with_rotary(device: str, dtype: torch.dtype, fuse: bool, monk
         assert torch.equal(got, want), name
     with set_forward_context(meta), pytest.raises(ValueError, match="needs positions"):
         layer(q, k, v, rotary_emb=rope)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("rot_dim", [64, 32])
+def test_attention_with_qk_norm(device: str, dtype: torch.dtype, fuse: bool, rot_dim: int,
+                                monkeypatch):
+    """Given qk_norm (Qwen3's per-head RMSNorms), the layer normalizes q and k before rotating
+    them: in the cache-writing kernel when it can (fused, whole heads rotating), else with the
+    norm layers first. Either way it matches normalizing and rotating first and calling the
+    layer without either (exactly where the same ops run; to rounding in the fused kernel, whose
+    sums of squares add in another order)."""
+    import pyorch.layers.attention as attention_module
+    from pyorch.layers.layernorm import RMSNorm
+    from pyorch.layers.rotary_embedding import RotaryEmbedding
+
+    monkeypatch.setattr(attention_module, "_FUSE_ROPE_CACHE", fuse)
+    num_heads, num_kv_heads, head_size = 4, 2, 64
+    ctx_lens, q_lens = [c for c, _ in BATCH], [q for _, q in BATCH]
+    tables, num_blocks = allocate_blocks([c + q for c, q in BATCH], BLOCK_SIZE, shuffle=True)
+    meta, _ = build_metadata(ctx_lens, q_lens, tables, BLOCK_SIZE, device, num_padding_tokens=2)
+    num_tokens = sum(q_lens) + 2
+    positions = torch.cat([torch.arange(c, c + q) for c, q in BATCH] + [torch.zeros(2)]).long()
+    positions = positions.to(device)
+    inv_freq = 10000.0 ** -(torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)
+    rope = RotaryEmbedding(head_size, rot_dim, 4096, inv_freq, True, dtype).to(device)
+    norms = []
+    for _ in range(2):
+        norm = RMSNorm(head_size, eps=1e-6, dtype=dtype).to(device)
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.5 * torch.randn(head_size))
+        norms.append(norm)
+    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
+    prefix = [torch.randn(cache_shape, dtype=dtype, device=device) for _ in range(2)]
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
+                      device=device)
+    sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+    outs = []
+    for in_layer in (True, False):
+        layer = Attention(num_heads, head_size, head_size**-0.5, num_kv_heads).to(device)
+        layer.kv_cache = (prefix[0].clone(), prefix[1].clone())
+        q, k, v = qkv.clone().split(sizes, dim=-1)
+        with set_forward_context(meta):
+            if in_layer:
+                out = layer(q, k, v, positions=positions, rotary_emb=rope,
+                            qk_norm=(norms[0], norms[1]))
+            else:
+                q = norms[0](q.reshape(-1, head_size)).view(num_tokens, -1)
+                k = norms[1](k.reshape(-1, head_size)).view(num_tokens, -1)
+                rope(positions, q, k)
+                out = layer(q, k, v)
+        outs.append((out[: sum(q_lens)], *layer.kv_cache))
+    in_kernel = fuse and rot_dim == head_size
+    for name, got, want in zip(["out", "key_cache", "value_cache"], outs[0], outs[1]):
+        if in_kernel:
+            torch.testing.assert_close(got, want, **tol(dtype, 2), msg=name)
+        else:
+            assert torch.equal(got, want), name
 
 
 def _fp8_round_trip(x: torch.Tensor, scale: float) -> torch.Tensor:
