@@ -1,4 +1,7 @@
 // CUDA adapter for rotary_embedding: check, guard, stream, call cuda/, check status. No math here.
+#include <cstdint>
+#include <initializer_list>
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -51,6 +54,27 @@ void rotary_embedding_and_cache(const at::Tensor& positions, at::Tensor& query, 
       kv_cache_dtype, k_scale, v_scale);
   const bool qk_norm =
       pyorch::check_qk_norm(query, q_norm_weight, k_norm_weight, head_size, s.rot_dim);
+  if (qk_norm) {
+    // The kernel's norm form splits a head into 16-byte chunks, one per thread of a group of at
+    // most a warp: every pointer and stride it reads with must allow that width.
+    const int64_t vec = 16 / query.element_size();
+    bool aligned = true;
+    const std::initializer_list<const at::Tensor*> tensors = {
+        &query, &key, &value, &key_cache, &value_cache, &*q_norm_weight, &*k_norm_weight};
+    for (const at::Tensor* t : tensors) {
+      aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+    }
+    aligned = aligned && s.query.token_stride % vec == 0 && s.query.head_stride % vec == 0 &&
+              s.key.token_stride % vec == 0 && s.key.head_stride % vec == 0 &&
+              value.stride(0) % vec == 0 && value.stride(1) % vec == 0 &&
+              key_cache.stride(0) % vec == 0 && key_cache.stride(1) % vec == 0 &&
+              key_cache.stride(2) % vec == 0;
+    TORCH_CHECK(aligned && head_size / 2 / vec <= 32,
+                "rotary_embedding_and_cache: the q/k norm on CUDA needs 16-byte aligned query, "
+                "key, value, caches and norm weights with strides of whole 16-byte vectors, and "
+                "head_size <= ",
+                64 * vec, " (got head_size ", head_size, ")");
+  }
   TORCH_CHECK(query.is_cuda(), "rotary_embedding_and_cache: tensors must be on CUDA, got ",
               query.device());
   const bool fp8 = s.cache.kv_cache_dtype == pyorch::KVCacheDType::kFp8E4M3;

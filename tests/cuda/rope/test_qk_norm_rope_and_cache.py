@@ -177,8 +177,9 @@ def test_rejects_bad_norm_arguments(device):
 
 @pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
 def test_cuda_rejects_misaligned_heads_and_fusable_says_so():
-    """Heads at an odd element offset read one element at a time: 64 chunks per half head, more
-    than a warp, so the kernel refuses and qk_norm_fusable (the model's check) says no first."""
+    """Heads at an odd element offset could only be read an element at a time (64 chunks per
+    half head, more than the kernel's thread group): the op refuses with a clear error, and
+    qk_norm_fusable (the model's check) says no first."""
     head_size = 128
     x = _inputs(2, 4, 2, head_size, head_size, torch.bfloat16, ("auto", None), "cuda", pad=1,
                 padding_tokens=0)
@@ -190,7 +191,7 @@ def test_cuda_rejects_misaligned_heads_and_fusable_says_so():
     x["v"] = odd[:, q_size + kv_size:q_size + 2 * kv_size].view(x["v"].shape)
     q_w, k_w = _weights(head_size, torch.bfloat16, "cuda")
     assert not _ops.qk_norm_fusable(x["q"], x["k"], x["v"], head_size, head_size, q_w, k_w)
-    with pytest.raises(RuntimeError, match="vector width"):
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
         _fused(x, head_size, True, q_w, k_w)
 
 

@@ -182,6 +182,8 @@ def test_attention_with_qk_norm(device: str, dtype: torch.dtype, fuse: bool, rot
     norm layers first. Either way it matches normalizing and rotating first and calling the
     layer without either (exactly where the same ops run; to rounding in the fused kernel, whose
     sums of squares add in another order)."""
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("the CUDA paged_attention kernel takes fp16/bf16 only")
     import pyorch.layers.attention as attention_module
     from pyorch.layers.layernorm import RMSNorm
     from pyorch.layers.rotary_embedding import RotaryEmbedding
