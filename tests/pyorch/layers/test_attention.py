@@ -128,6 +128,22 @@ def test_attention_rejects_bad_heads_and_dtype():
     assert layer.kv_cache_dtype == "auto"
 
 
+def _rope_batch(device: str, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
+                head_size: int):
+    """The paged batch of the rotary tests: (metadata, positions, caches' prefix, qkv, sizes)."""
+    ctx_lens, q_lens = [c for c, _ in BATCH], [q for _, q in BATCH]
+    tables, num_blocks = allocate_blocks([c + q for c, q in BATCH], BLOCK_SIZE, shuffle=True)
+    meta, _ = build_metadata(ctx_lens, q_lens, tables, BLOCK_SIZE, device, num_padding_tokens=2)
+    num_tokens = sum(q_lens) + 2
+    positions = torch.cat([torch.arange(c, c + q) for c, q in BATCH] + [torch.zeros(2)]).long()
+    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
+    prefix = [torch.randn(cache_shape, dtype=dtype, device=device) for _ in range(2)]
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
+                      device=device)
+    sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+    return meta, positions.to(device), prefix, qkv, sizes
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fuse", [True, False])
@@ -140,18 +156,11 @@ def test_attention_with_rotary(device: str, dtype: torch.dtype, fuse: bool, monk
 
     monkeypatch.setattr(attention_module, "_FUSE_ROPE_CACHE", fuse)
     num_heads, num_kv_heads, head_size = 4, 2, 64
-    ctx_lens, q_lens = [c for c, _ in BATCH], [q for _, q in BATCH]
-    tables, num_blocks = allocate_blocks([c + q for c, q in BATCH], BLOCK_SIZE, shuffle=True)
-    meta, _ = build_metadata(ctx_lens, q_lens, tables, BLOCK_SIZE, device, num_padding_tokens=2)
-    num_tokens = sum(q_lens) + 2
-    positions = torch.cat([torch.arange(c, c + q) for c, q in BATCH] + [torch.zeros(2)]).long()
+    meta, positions, prefix, qkv, sizes = _rope_batch(device, dtype, num_heads, num_kv_heads,
+                                                      head_size)
+    num_real = sum(q for _, q in BATCH)
     inv_freq = 10000.0 ** -(torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
     rope = RotaryEmbedding(head_size, head_size, 4096, inv_freq, True, dtype).to(device)
-    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
-    prefix = [torch.randn(cache_shape, dtype=dtype, device=device) for _ in range(2)]
-    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
-                      device=device)
-    sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
     outs = []
     for with_rope in (True, False):
         layer = Attention(num_heads, head_size, head_size**-0.5, num_kv_heads).to(device)
@@ -160,11 +169,11 @@ def test_attention_with_rotary(device: str, dtype: torch.dtype, fuse: bool, monk
         q, k, v = x.split(sizes, dim=-1)
         with set_forward_context(meta):
             if with_rope:
-                out = layer(q, k, v, positions=positions.to(device), rotary_emb=rope)
+                out = layer(q, k, v, positions=positions, rotary_emb=rope)
             else:
-                rope(positions.to(device), q, k)
+                rope(positions, q, k)
                 out = layer(q, k, v)
-        outs.append((out[: sum(q_lens)], x, *layer.kv_cache))  # padding rows: never written
+        outs.append((out[:num_real], x, *layer.kv_cache))  # padding rows: never written
     for name, got, want in zip(["out", "qkv", "key_cache", "value_cache"], outs[0], outs[1]):
         assert torch.equal(got, want), name
     with set_forward_context(meta), pytest.raises(ValueError, match="needs positions"):
@@ -190,12 +199,9 @@ def test_attention_with_qk_norm(device: str, dtype: torch.dtype, fuse: bool, rot
 
     monkeypatch.setattr(attention_module, "_FUSE_ROPE_CACHE", fuse)
     num_heads, num_kv_heads, head_size = 4, 2, 64
-    ctx_lens, q_lens = [c for c, _ in BATCH], [q for _, q in BATCH]
-    tables, num_blocks = allocate_blocks([c + q for c, q in BATCH], BLOCK_SIZE, shuffle=True)
-    meta, _ = build_metadata(ctx_lens, q_lens, tables, BLOCK_SIZE, device, num_padding_tokens=2)
-    num_tokens = sum(q_lens) + 2
-    positions = torch.cat([torch.arange(c, c + q) for c, q in BATCH] + [torch.zeros(2)]).long()
-    positions = positions.to(device)
+    meta, positions, prefix, qkv, sizes = _rope_batch(device, dtype, num_heads, num_kv_heads,
+                                                      head_size)
+    num_tokens, num_real = qkv.shape[0], sum(q for _, q in BATCH)
     inv_freq = 10000.0 ** -(torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)
     rope = RotaryEmbedding(head_size, rot_dim, 4096, inv_freq, True, dtype).to(device)
     norms = []
@@ -204,11 +210,6 @@ def test_attention_with_qk_norm(device: str, dtype: torch.dtype, fuse: bool, rot
         with torch.no_grad():
             norm.weight.copy_(1 + 0.5 * torch.randn(head_size))
         norms.append(norm)
-    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
-    prefix = [torch.randn(cache_shape, dtype=dtype, device=device) for _ in range(2)]
-    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, dtype=dtype,
-                      device=device)
-    sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
     outs = []
     for in_layer in (True, False):
         layer = Attention(num_heads, head_size, head_size**-0.5, num_kv_heads).to(device)
@@ -223,9 +224,9 @@ def test_attention_with_qk_norm(device: str, dtype: torch.dtype, fuse: bool, rot
                 k = norms[1](k.reshape(-1, head_size)).view(num_tokens, -1)
                 rope(positions, q, k)
                 out = layer(q, k, v)
-        outs.append((out[: sum(q_lens)], *layer.kv_cache))
+        outs.append((out[:num_real], *layer.kv_cache))
     in_kernel = fuse and rot_dim == head_size
-    for name, got, want in zip(["out", "key_cache", "value_cache"], outs[0], outs[1]):
+    for name, got, want in zip(["out", "key_cache", "value_cache"], outs[0], outs[1], strict=True):
         if in_kernel:
             torch.testing.assert_close(got, want, **tol(dtype, 2), msg=name)
         else:
