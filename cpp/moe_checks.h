@@ -14,45 +14,6 @@ namespace pyorch {
 
 inline bool moe_index_dtype(at::ScalarType t) { return t == at::kInt || t == at::kLong; }
 
-// moe_router_topk: hidden [M, H] (fp32/fp16/bf16, rows may be strided, last dim contiguous);
-// gate [E, H] contiguous, hidden's dtype; router_logits [M, E] contiguous, hidden's dtype;
-// topk_weights [M, top_k] fp32 and topk_ids [M, top_k] int32, contiguous; counter a 1-element
-// int32 tensor. H a multiple of 8. Returns top_k.
-inline int64_t check_moe_router_topk(const at::Tensor& topk_weights, const at::Tensor& topk_ids,
-                                     const at::Tensor& router_logits, const at::Tensor& hidden,
-                                     const at::Tensor& gate, const at::Tensor& counter) {
-  constexpr const char* kOp = "moe_router_topk";
-  const at::ScalarType t = hidden.scalar_type();
-  TORCH_CHECK(t == at::kFloat || t == at::kHalf || t == at::kBFloat16, kOp,
-              ": hidden_states must be float32, float16 or bfloat16, got ", t);
-  TORCH_CHECK(hidden.dim() == 2 && gate.dim() == 2, kOp,
-              ": hidden_states [num_tokens, hidden] and gate_weight [num_experts, hidden] must "
-              "be 2-D");
-  const int64_t m = hidden.size(0), h = hidden.size(1), e = gate.size(0);
-  TORCH_CHECK(gate.size(1) == h && gate.scalar_type() == t && gate.is_contiguous(), kOp,
-              ": gate_weight must be a contiguous [num_experts, ", h, "] ", t, " tensor, got ",
-              gate.sizes(), " ", gate.scalar_type());
-  TORCH_CHECK(h % 8 == 0 && (h <= 1 || hidden.stride(1) == 1) && hidden.stride(0) % 8 == 0, kOp,
-              ": hidden size ", h,
-              " and the row stride of hidden_states must be multiples of 8 "
-              "with a contiguous last dimension");
-  TORCH_CHECK(router_logits.dim() == 2 && router_logits.size(0) == m &&
-                  router_logits.size(1) == e && router_logits.scalar_type() == t &&
-                  router_logits.is_contiguous(),
-              kOp, ": router_logits must be a contiguous [", m, ", ", e, "] ", t, " tensor");
-  TORCH_CHECK(topk_weights.dim() == 2 && topk_weights.size(0) == m &&
-                  topk_ids.sizes() == topk_weights.sizes() &&
-                  topk_weights.scalar_type() == at::kFloat && topk_ids.scalar_type() == at::kInt &&
-                  topk_weights.is_contiguous() && topk_ids.is_contiguous(),
-              kOp, ": topk_weights (float32) and topk_ids (int32) must be contiguous [", m,
-              ", top_k]");
-  const int64_t k = topk_weights.size(1);
-  TORCH_CHECK(k >= 1 && k <= e, kOp, ": top_k must be in [1, ", e, "], got ", k);
-  TORCH_CHECK(counter.numel() == 1 && counter.scalar_type() == at::kInt, kOp,
-              ": counter must be a 1-element int32 tensor");
-  return k;
-}
-
 // topk_softmax: gating_output [M, E] (fp32/fp16/bf16, rows may be strided); topk_weights [M,
 // top_k] fp32; topk_indices [M, top_k] int32 or int64; token_expert_indices [M, top_k] int32.
 // All outputs contiguous. Returns top_k.

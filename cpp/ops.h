@@ -87,9 +87,6 @@
   void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,                            \
                     at::Tensor& token_expert_indices, const at::Tensor& gating_output,             \
                     bool renormalize);                                                             \
-  void moe_router_topk(at::Tensor& topk_weights, at::Tensor& topk_ids, at::Tensor& router_logits,  \
-                       const at::Tensor& hidden_states, const at::Tensor& gate_weight,             \
-                       at::Tensor& counter, bool renormalize);                                     \
   void moe_sum(const at::Tensor& input, at::Tensor& output);                                       \
   void moe_align_block_size(const at::Tensor& topk_ids, int64_t num_experts, int64_t block_size,   \
                             at::Tensor& sorted_token_ids, at::Tensor& experts_ids,                 \

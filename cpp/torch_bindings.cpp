@@ -151,12 +151,6 @@ TORCH_LIBRARY(pyorch, m) {
   m.def(
       "topk_softmax(Tensor! topk_weights, Tensor! topk_indices, Tensor! token_expert_indices, "
       "Tensor gating_output, bool renormalize) -> ()");
-  // The router GEMM and topk_softmax in one launch on CUDA (a decode batch, M <= 8):
-  // router_logits = hidden_states @ gate_weight^T (rounded to the dtype), then topk_softmax of it
-  // into topk_weights / topk_ids (int32). counter: an int32 workspace element, 0 between calls.
-  m.def(
-      "moe_router_topk(Tensor! topk_weights, Tensor! topk_ids, Tensor! router_logits, "
-      "Tensor hidden_states, Tensor gate_weight, Tensor! counter, bool renormalize) -> ()");
   // output [M, H] = sum over top_k of input [M, top_k, H] (fp32 sum, rounded once).
   m.def("moe_sum(Tensor input, Tensor! output) -> ()");
   // Sorts the M * top_k (token, expert) pairs of topk_ids [M, top_k] by expert, each expert's run
@@ -308,7 +302,6 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("skinny_gemm", c10::kCPU, &pyorch::cpu::skinny_gemm);
   m.impl("skinny_gemm_fused", c10::kCPU, &pyorch::cpu::skinny_gemm_fused);
   m.impl("topk_softmax", c10::kCPU, &pyorch::cpu::topk_softmax);
-  m.impl("moe_router_topk", c10::kCPU, &pyorch::cpu::moe_router_topk);
   m.impl("moe_sum", c10::kCPU, &pyorch::cpu::moe_sum);
   m.impl("moe_align_block_size", c10::kCPU, &pyorch::cpu::moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCPU, &pyorch::cpu::fused_moe_gemm);
@@ -363,7 +356,6 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("custom_all_reduce_init_buffer", c10::kCUDA, &custom_all_reduce_init_buffer);
   m.impl("custom_all_reduce_rms_norm", c10::kCUDA, &custom_all_reduce_rms_norm);
   m.impl("topk_softmax", c10::kCUDA, &topk_softmax);
-  m.impl("moe_router_topk", c10::kCUDA, &moe_router_topk);
   m.impl("moe_sum", c10::kCUDA, &moe_sum);
   m.impl("moe_align_block_size", c10::kCUDA, &moe_align_block_size);
   m.impl("fused_moe_gemm", c10::kCUDA, &fused_moe_gemm);

@@ -533,31 +533,6 @@ def topk_softmax(
     _ops.topk_softmax(topk_weights, topk_indices, token_expert_indices, gating_output, renormalize)
 
 
-def moe_router_topk(
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    router_logits: torch.Tensor,
-    hidden_states: torch.Tensor,
-    gate_weight: torch.Tensor,
-    counter: torch.Tensor,
-    renormalize: bool,
-) -> None:
-    """The MoE router linear layer and topk_softmax in one launch on CUDA (a decode batch).
-
-    router_logits : [num_tokens, num_experts] (out), hidden_states' dtype: hidden_states @
-        gate_weight^T, rounded to the dtype as the router linear layer's output is.
-    topk_weights, topk_ids : [num_tokens, top_k] float32 / int32 (out): topk_softmax of those
-        logits (ties to the lower expert id, renormalized when `renormalize`).
-    hidden_states : [num_tokens, hidden] float32/float16/bfloat16 (rows may be strided); hidden
-        and the row stride multiples of 8. gate_weight : [num_experts, hidden], contiguous.
-    counter : a 1-element int32 tensor on the device, 0 before the call and left 0 (the CUDA
-        kernel's CTAs count themselves in on it; the last one does the top-k).
-    CUDA takes up to 8 tokens and 1024 experts, with 16-byte aligned hidden_states and gate.
-    """
-    _ops.moe_router_topk(topk_weights, topk_ids, router_logits, hidden_states, gate_weight,
-                         counter, renormalize)
-
-
 def moe_sum(input: torch.Tensor, output: torch.Tensor) -> None:
     """output [num_tokens, hidden] = input [num_tokens, top_k, hidden].sum(1) (float32 sum)."""
     _ops.moe_sum(input, output)

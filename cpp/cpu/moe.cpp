@@ -79,20 +79,6 @@ void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,
   });
 }
 
-void moe_router_topk(at::Tensor& topk_weights, at::Tensor& topk_ids, at::Tensor& router_logits,
-                     const at::Tensor& hidden_states, const at::Tensor& gate_weight,
-                     at::Tensor& counter, bool renormalize) {
-  check_moe_router_topk(topk_weights, topk_ids, router_logits, hidden_states, gate_weight, counter);
-  TORCH_CHECK(hidden_states.device().is_cpu() && gate_weight.device().is_cpu() &&
-                  router_logits.device().is_cpu() && topk_weights.device().is_cpu() &&
-                  topk_ids.device().is_cpu(),
-              "moe_router_topk: tensors must be on CPU");
-  // The two ops it fuses: the router linear (rounded to the dtype), then topk_softmax.
-  router_logits.copy_(at::matmul(hidden_states, gate_weight.t()));
-  at::Tensor token_expert = at::empty(topk_ids.sizes(), topk_ids.options());
-  topk_softmax(topk_weights, topk_ids, token_expert, router_logits, renormalize);
-}
-
 void moe_sum(const at::Tensor& input, at::Tensor& output) {
   check_moe_sum(input, output);
   TORCH_CHECK(input.device().is_cpu() && output.device().is_cpu(), "moe_sum: tensors on CPU");

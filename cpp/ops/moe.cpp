@@ -31,31 +31,6 @@ void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,
       renormalize, c10::cuda::getCurrentCUDAStream()));
 }
 
-void moe_router_topk(at::Tensor& topk_weights, at::Tensor& topk_ids, at::Tensor& router_logits,
-                     const at::Tensor& hidden_states, const at::Tensor& gate_weight,
-                     at::Tensor& counter, bool renormalize) {
-  const int64_t top_k = pyorch::check_moe_router_topk(topk_weights, topk_ids, router_logits,
-                                                      hidden_states, gate_weight, counter);
-  check_same_cuda(
-      {&hidden_states, &gate_weight, &router_logits, &topk_weights, &topk_ids, &counter},
-      "moe_router_topk");
-  const int64_t num_tokens = hidden_states.size(0), num_experts = gate_weight.size(0);
-  TORCH_CHECK(num_tokens <= pyorch::kMoeRouterTopkMaxTokens &&
-                  num_experts <= pyorch::kMoeMaxExperts && top_k <= 32,
-              "moe_router_topk: CUDA takes up to ", pyorch::kMoeRouterTopkMaxTokens, " tokens, ",
-              pyorch::kMoeMaxExperts, " experts and top_k <= 32, got ", num_tokens, ", ",
-              num_experts, " and ", top_k);
-  TORCH_CHECK(aligned16(hidden_states) && aligned16(gate_weight),
-              "moe_router_topk: hidden_states and gate_weight must be 16-byte aligned");
-  const c10::cuda::OptionalCUDAGuard guard(hidden_states.device());
-  PYORCH_CHECK_CUDA(pyorch::moe_router_topk(
-      topk_weights.data_ptr<float>(), topk_ids.data_ptr<int32_t>(), router_logits.data_ptr(),
-      hidden_states.const_data_ptr(), gate_weight.const_data_ptr(), counter.data_ptr<int32_t>(),
-      pyorch::to_pyorch_dtype(hidden_states.scalar_type()), num_tokens, num_experts,
-      hidden_states.size(1), num_tokens <= 1 ? hidden_states.size(1) : hidden_states.stride(0),
-      top_k, renormalize, c10::cuda::getCurrentCUDAStream()));
-}
-
 void moe_sum(const at::Tensor& input, at::Tensor& output) {
   pyorch::check_moe_sum(input, output);
   check_same_cuda({&input, &output}, "moe_sum");

@@ -57,48 +57,6 @@ cudaError_t topk_softmax(float* topk_weights, void* topk_indices, DType indices_
   });
 }
 
-cudaError_t moe_router_topk(float* topk_weights, int32_t* topk_ids, void* router_logits,
-                            const void* hidden, const void* gate, int32_t* counter, DType dtype,
-                            int64_t num_tokens, int64_t num_experts, int64_t hidden_size,
-                            int64_t hidden_stride, int64_t top_k, bool renormalize,
-                            cudaStream_t stream) {
-  if (num_experts < 1 || num_experts > kMoeMaxExperts || top_k < 1 || top_k > 32 ||
-      top_k > num_experts || num_tokens < 0 || num_tokens > kMoeRouterTopkMaxTokens ||
-      hidden_size < 1 || hidden_size % kernels::kRouterTopkAlign != 0 ||
-      hidden_stride % kernels::kRouterTopkAlign != 0 || hidden_size > (1 << 30)) {
-    PYORCH_INVALID(
-        "moe_router_topk: need 1 <= top_k <= min(32, num_experts), num_experts <= %d, "
-        "num_tokens <= %d, hidden_size and its row stride multiples of %d",
-        static_cast<int>(kMoeMaxExperts), static_cast<int>(kMoeRouterTopkMaxTokens),
-        kernels::kRouterTopkAlign);
-  }
-  if (reinterpret_cast<uintptr_t>(hidden) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(gate) % 16 != 0) {
-    PYORCH_INVALID("moe_router_topk: hidden and gate must be 16-byte aligned");
-  }
-  if (num_tokens == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((num_experts + kernels::kRouterTopkWarps - 1) /
-                                        kernels::kRouterTopkWarps));
-  const dim3 block(kernels::kRouterTopkWarps * kernels::kWarpSize);
-  return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&]() -> cudaError_t {
-    const int m = static_cast<int>(num_tokens), e = static_cast<int>(num_experts);
-    auto launch = [&](auto per_lane) {
-      constexpr int kPerLane = decltype(per_lane)::value;
-      return kernels::launch_kernel(
-          &kernels::moe_router_topk_kernel<T, kPerLane>, grid, block, 0, stream, pdl_enabled(),
-          topk_weights, topk_ids, static_cast<T*>(router_logits), static_cast<const T*>(hidden),
-          static_cast<const T*>(gate), counter, m, e, static_cast<int>(hidden_size), hidden_stride,
-          static_cast<int>(top_k), renormalize);
-    };
-    if (e <= 32) return launch(std::integral_constant<int, 1>{});
-    if (e <= 64) return launch(std::integral_constant<int, 2>{});
-    if (e <= 128) return launch(std::integral_constant<int, 4>{});
-    if (e <= 256) return launch(std::integral_constant<int, 8>{});
-    if (e <= 512) return launch(std::integral_constant<int, 16>{});
-    return launch(std::integral_constant<int, 32>{});
-  });
-}
-
 cudaError_t moe_align_block_size(const void* topk_ids, DType ids_dtype, int64_t num_flat,
                                  int64_t num_experts, int64_t block_size, int32_t* sorted_token_ids,
                                  int64_t num_sorted, int32_t* expert_ids, int64_t num_blocks,

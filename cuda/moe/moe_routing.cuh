@@ -6,24 +6,28 @@
 #include <cstdint>
 
 #include "common/dtype.cuh"
-#include "common/launch.cuh"
 #include "common/reduce.cuh"
-#include "common/vec.cuh"
 
 namespace pyorch::kernels {
 
 constexpr int kTopkWarps = 4;  // tokens per CTA of topk_softmax: one warp each
 
-// One warp's top_k softmax of one token's gating row. Lane l owns experts l, l + 32, ..., l + 32
-// * (PER_LANE - 1) (PER_LANE >= ceil(E / 32), a power of two up to 32: E <= 1024), read into
-// registers once, and a bit per owned expert once it is taken; each of the top_k rounds is a
-// warp argmax over the untaken ones, ties to the lower expert id. (Reading the row again in
-// every round, through L1, cost about twice the kernel's time at 128 experts.) Lane j < top_k
-// returns round j's expert and its (renormalized) weight.
-template <typename T, int PER_LANE>
-__device__ __forceinline__ void topk_softmax_row(const T* row, int num_experts, int top_k,
-                                                 bool renormalize, float& weight, int& expert) {
+// One warp per token. Lane l owns experts l, l + 32, ..., l + 32 * (PER_LANE - 1) (PER_LANE >=
+// ceil(E / 32), a power of two up to 32: E <= 1024), read into registers once, and a bit per
+// owned expert once it is taken; each of the top_k rounds is a warp argmax over the untaken ones,
+// ties to the lower expert id. (Reading the row again in every round, through L1, cost about
+// twice the kernel's time at 128 experts.)
+template <typename T, typename IndexT, int PER_LANE>
+__global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, top_k]
+                                    IndexT* __restrict__ topk_indices,   // [M, top_k]
+                                    int32_t* __restrict__ token_expert,  // [M, top_k]
+                                    const T* __restrict__ gating,        // [M, E], row stride
+                                    int num_tokens, int num_experts, int top_k,
+                                    int64_t gating_stride, bool renormalize) {
   const int lane = threadIdx.x % kWarpSize;
+  const int token = blockIdx.x * kTopkWarps + threadIdx.x / kWarpSize;
+  if (token >= num_tokens) return;
+  const T* row = gating + token * gating_stride;
   float v[PER_LANE];
   float row_max = -INFINITY;
 #pragma unroll
@@ -73,113 +77,12 @@ __device__ __forceinline__ void topk_softmax_row(const T* row, int num_experts, 
       my_expert = best_e;
     }
   }
-  weight = renormalize && selected > 0.f ? my_weight / selected : my_weight;
-  expert = my_expert;
-}
-
-// One warp per token (topk_softmax_row).
-template <typename T, typename IndexT, int PER_LANE>
-__global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, top_k]
-                                    IndexT* __restrict__ topk_indices,   // [M, top_k]
-                                    int32_t* __restrict__ token_expert,  // [M, top_k]
-                                    const T* __restrict__ gating,        // [M, E], row stride
-                                    int num_tokens, int num_experts, int top_k,
-                                    int64_t gating_stride, bool renormalize) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int token = blockIdx.x * kTopkWarps + threadIdx.x / kWarpSize;
-  if (token >= num_tokens) return;
-  float weight;
-  int expert;
-  topk_softmax_row<T, PER_LANE>(gating + token * gating_stride, num_experts, top_k, renormalize,
-                                weight, expert);
   if (lane < top_k) {
     const int64_t o = static_cast<int64_t>(token) * top_k + lane;
-    topk_weights[o] = weight;
-    topk_indices[o] = static_cast<IndexT>(expert);
+    topk_weights[o] = renormalize && selected > 0.f ? my_weight / selected : my_weight;
+    topk_indices[o] = static_cast<IndexT>(my_expert);
     token_expert[o] = lane * num_tokens + token;
   }
-}
-
-// ---- the router GEMM and topk_softmax in one launch, for a few tokens ---------------------------
-// Warp w of CTA b computes expert e = b * kRouterTopkWarps + w's logits for all M tokens: its
-// gate row (H elements, 16-byte loads across the lanes, asked of L2 before pdl_wait) against
-// each token's row, fp32 sums rounded to T, written to router_logits. The CTAs then count
-// themselves in on *counter; the last one (it sees every CTA's logits after the fences) stages
-// the [M, E] logits in shared memory, runs topk_softmax_row per token (one warp each) and sets
-// the counter back to 0 for the next launch (graph replays included).
-constexpr int kRouterTopkWarps = 4;
-constexpr int kRouterTopkMaxTokens = 8;
-constexpr int kRouterTopkAlign = 8;  // H and the row stride: multiples of a 16-byte load of T
-
-template <typename T, int PER_LANE>
-__global__ void __launch_bounds__(kRouterTopkWarps* kWarpSize)
-    moe_router_topk_kernel(float* __restrict__ topk_weights,  // [M, top_k]
-                           int32_t* __restrict__ topk_ids,    // [M, top_k]
-                           T* router_logits,                  // [M, E]: written, then re-read
-                           const T* __restrict__ hidden,      // [M, H], row stride hidden_stride
-                           const T* __restrict__ gate,        // [E, H]
-                           int32_t* counter,                  // [1], 0 between launches
-                           int num_tokens, int num_experts, int hidden_size, int64_t hidden_stride,
-                           int top_k, bool renormalize) {
-  __shared__ T staged[kRouterTopkMaxTokens * kWarpSize * PER_LANE];
-  __shared__ bool is_last;
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int e = blockIdx.x * kRouterTopkWarps + warp;
-  const T* w_row = gate + static_cast<int64_t>(min(e, num_experts - 1)) * hidden_size;
-  constexpr int kLine = 128 / static_cast<int>(sizeof(T));  // elements per 128-byte line
-  for (int k = lane * kLine; k < hidden_size; k += kWarpSize * kLine) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(w_row + k));  // weights are constants
-  }
-  pdl_wait();  // hidden is the previous kernel's output
-  pdl_launch_dependents();
-  if (e < num_experts) {
-    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-    float acc[kRouterTopkMaxTokens] = {};
-    for (int k = lane * kVec; k < hidden_size; k += kWarpSize * kVec) {
-      Vec<T, kVec> w;
-      w.load(w_row + k);
-#pragma unroll
-      for (int m = 0; m < kRouterTopkMaxTokens; ++m) {
-        if (m >= num_tokens) break;
-        Vec<T, kVec> x;
-        x.load(hidden + m * hidden_stride + k);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          acc[m] = fmaf(to_float(w.data[j]), to_float(x.data[j]), acc[m]);
-        }
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < kRouterTopkMaxTokens; ++m) {
-      if (m >= num_tokens) break;
-      const float sum = warp_reduce_sum(acc[m]);
-      if (lane == 0) router_logits[m * num_experts + e] = from_float<T>(sum);
-    }
-  }
-  __threadfence();  // this CTA's logits are visible device-wide before it counts itself in
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  // Every CTA's logits, through L2 (ld.global.cg: not this SM's L1, which may hold none of them).
-  const int num_logits = num_tokens * num_experts;
-  for (int i = threadIdx.x; i < num_logits; i += blockDim.x) {
-    staged[i] = __ldcg(router_logits + i);
-  }
-  __syncthreads();
-  for (int m = warp; m < num_tokens; m += kRouterTopkWarps) {
-    float weight;
-    int expert;
-    topk_softmax_row<T, PER_LANE>(staged + m * num_experts, num_experts, top_k, renormalize, weight,
-                                  expert);
-    if (lane < top_k) {
-      topk_weights[m * top_k + lane] = weight;
-      topk_ids[m * top_k + lane] = expert;
-    }
-  }
-  if (threadIdx.x == 0) *counter = 0;
 }
 
 constexpr int kAlignThreads = 1024;

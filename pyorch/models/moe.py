@@ -82,7 +82,7 @@ class SparseMoeBlock(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        out = self.experts.forward_with_gate(x, self.gate)
+        out = self.experts(x, self.gate(x))
         if self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         if self.shared_expert is not None and self.shared_expert_gate is not None:

@@ -27,22 +27,6 @@ cudaError_t topk_softmax(float* topk_weights, void* topk_indices, DType indices_
                          int64_t num_tokens, int64_t num_experts, int64_t top_k,
                          int64_t gating_stride, bool renormalize, cudaStream_t stream);
 
-// The most tokens moe_router_topk takes on CUDA (a decode batch: each warp keeps a sum per token).
-constexpr int64_t kMoeRouterTopkMaxTokens = 8;
-
-// The router GEMM and topk_softmax in one launch: router_logits[m, e] = hidden[m] . gate[e]
-// (fp32 sums, rounded to the dtype), then topk_softmax(router_logits) into topk_weights /
-// topk_ids (int32), as the router linear layer followed by topk_softmax (same rounding of the
-// logits; the sums add in another order). counter: one int32 on the device, 0 before the call
-// and left 0 after it (the CTAs count themselves in on it; the last one does the top-k).
-//   hidden: [M, H] (row stride hidden_stride); gate: [E, H] contiguous; fp32/fp16/bf16; H a
-//   multiple of 8 and 16-byte aligned rows; M <= kMoeRouterTopkMaxTokens; E <= kMoeMaxExperts.
-cudaError_t moe_router_topk(float* topk_weights, int32_t* topk_ids, void* router_logits,
-                            const void* hidden, const void* gate, int32_t* counter, DType dtype,
-                            int64_t num_tokens, int64_t num_experts, int64_t hidden_size,
-                            int64_t hidden_stride, int64_t top_k, bool renormalize,
-                            cudaStream_t stream);
-
 // Sorts the flat pair ids f of topk_ids [num_flat] (int32 or int64) by expert, each expert's
 // run padded to a multiple of block_size with the value num_flat (ids outside [0, E) are
 // dropped). sorted_token_ids: [num_sorted] int32; expert_ids: [num_blocks] int32 (through

@@ -40,53 +40,6 @@ def fused_topk(
     return weights, ids
 
 
-# The router GEMM and topk_softmax as one launch (moe_router_topk) for a decode batch on CUDA: the
-# most tokens it takes, and each device's counter (0 between launches), made once outside any
-# CUDA-graph capture.
-ROUTER_TOPK_MAX_TOKENS = 8
-_ROUTER_TOPK_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def router_topk(
-    hidden_states: torch.Tensor,  # [T, H]
-    gate_weight: torch.Tensor,  # [E, H]: the router linear layer's weight (no bias)
-    top_k: int,
-    renormalize: bool,
-) -> tuple[torch.Tensor, torch.Tensor] | None:  # weights [T, top_k] float32, ids int32
-    """fused_topk(hidden_states @ gate_weight^T) in one launch where moe_router_topk takes the
-    batch (CUDA, 1..8 tokens, aligned rows of a multiple of 8, <= 1024 experts), else None."""
-    num_tokens, hidden = hidden_states.shape
-    num_experts = gate_weight.shape[0]
-    if not (
-        hidden_states.is_cuda
-        and 1 <= num_tokens <= ROUTER_TOPK_MAX_TOKENS
-        and gate_weight.dtype == hidden_states.dtype
-        and gate_weight.device == hidden_states.device
-        and gate_weight.is_contiguous()
-        and gate_weight.shape[1] == hidden
-        and hidden % 8 == 0
-        and hidden_states.stride(1) == 1
-        and (num_tokens == 1 or hidden_states.stride(0) % 8 == 0)
-        and hidden_states.data_ptr() % 16 == 0
-        and gate_weight.data_ptr() % 16 == 0
-        and num_experts <= 1024
-        and 1 <= top_k <= min(32, num_experts)
-    ):
-        return None
-    device = hidden_states.device
-    counter = _ROUTER_TOPK_COUNTERS.get(device)
-    if counter is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        counter = torch.zeros(1, dtype=torch.int32, device=device)
-        _ROUTER_TOPK_COUNTERS[device] = counter
-    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=device)
-    ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=device)
-    logits = torch.empty(num_tokens, num_experts, dtype=hidden_states.dtype, device=device)
-    _ops.moe_router_topk(weights, ids, logits, hidden_states, gate_weight, counter, renormalize)
-    return weights, ids
-
-
 def grouped_topk(
     gating_output: torch.Tensor,  # [T, E] router logits
     top_k: int,

@@ -20,13 +20,8 @@ from typing import cast
 import torch
 from torch import nn
 
-from pyorch.layers.fused_moe.fused_moe import (
-    fused_experts,
-    fused_topk,
-    grouped_topk,
-    router_topk,
-)
-from pyorch.layers.linear import ReplicatedLinear, UnquantizedLinearMethod, set_weight_attrs
+from pyorch.layers.fused_moe.fused_moe import fused_experts, fused_topk, grouped_topk
+from pyorch.layers.linear import set_weight_attrs
 from pyorch.layers.quantization import (
     QuantizationConfig,
     QuantizeMethodBase,
@@ -222,29 +217,6 @@ class FusedMoE(nn.Module):
             hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
             self.global_num_experts, self.expert_map,
         )
-
-    def forward_with_gate(
-        self,
-        hidden_states: torch.Tensor,  # [T, H]
-        gate: ReplicatedLinear,  # the router: router_logits = gate(hidden_states)
-    ) -> torch.Tensor:  # [T, H]
-        """forward(hidden_states, gate(hidden_states)); for a decode batch on CUDA with plain
-        softmax routing, an unquantized bias-free router and unquantized experts, the router
-        GEMM and the top-k are one launch (router_topk)."""
-        if (
-            self.quant_method is None
-            and not self.use_grouped_topk
-            and isinstance(gate.quant_method, UnquantizedLinearMethod)
-            and gate.bias is None
-        ):
-            weight = cast(torch.Tensor, gate.weight)
-            routed = router_topk(hidden_states, weight, self.top_k, self.renormalize)
-            if routed is not None:
-                return fused_experts(
-                    hidden_states, self.w13_weight, self.w2_weight, *routed,
-                    self.global_num_experts, self.expert_map,
-                )
-        return self(hidden_states, gate(hidden_states))
 
     def extra_repr(self) -> str:
         return (

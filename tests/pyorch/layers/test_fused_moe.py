@@ -44,43 +44,6 @@ def test_fused_moe_layer(device: str, num_tokens: int):
     torch.testing.assert_close(out.cpu().double(), want, **tol(dtype, 4.0))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("num_tokens", [1, 8, 9])
-def test_forward_with_gate(device: str, num_tokens: int, monkeypatch):
-    """forward_with_gate(x, gate) is forward(x, gate(x)). On CUDA a batch of up to 8 tokens routes
-    through moe_router_topk (one launch; its logits add in another order, so the comparison is
-    with the experts run on its own routing, which tests/cuda/moe/test_moe_router_topk.py checks
-    against the router linear + topk_softmax); other batches take the router linear."""
-    from pyorch.layers.fused_moe import fused_experts
-    from pyorch.layers.fused_moe import layer as layer_module
-    from pyorch.layers.linear import ReplicatedLinear
-
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    layer = _build(_expert_weights(), device, dtype)
-    gate = ReplicatedLinear(H, E, bias=False).to(device=device, dtype=dtype)
-    with torch.no_grad():
-        gate.weight.copy_(torch.randn(E, H) / H**0.5)
-    x = torch.randn(num_tokens, H, device=device).to(dtype)
-    routed = []
-    original = layer_module.router_topk
-
-    def spy(*args):
-        out = original(*args)
-        routed.append(out)
-        return out
-
-    monkeypatch.setattr(layer_module, "router_topk", spy)
-    out = layer.forward_with_gate(x, gate)
-    assert len(routed) == 1
-    if device == "cuda" and num_tokens <= 8:
-        assert routed[0] is not None
-        want = fused_experts(x, layer.w13_weight, layer.w2_weight, *routed[0], E)
-    else:
-        assert routed[0] is None
-        want = layer(x, gate(x))
-    assert torch.equal(out, want)
-
-
 def test_tensor_and_expert_parallel_shards_sum_to_the_whole():
     experts = _expert_weights()
     x, logits = torch.randn(29, H), torch.randn(29, E)
