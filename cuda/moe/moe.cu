@@ -28,16 +28,22 @@ cudaError_t topk_softmax(float* topk_weights, void* topk_indices, DType indices_
       PYORCH_INVALID("topk_softmax: topk_indices must be int32 or int64");
     }
     // Experts per lane: the smallest power of two covering E / 32.
+    // With PDL: at decode this kernel sits between the router GEMM and the expert kernels, a
+    // few microseconds of launch latency that can hide behind the router's tail.
+    const bool pdl = pdl_enabled();
+    cudaError_t status = cudaSuccess;
     auto launch = [&](auto per_lane) {
       constexpr int kPerLane = decltype(per_lane)::value;
       if (indices_dtype == DType::kInt32) {
-        kernels::topk_softmax_kernel<T, int32_t, kPerLane><<<grid, threads, 0, stream>>>(
-            topk_weights, static_cast<int32_t*>(topk_indices), token_expert_indices, g, m, e, k,
-            gating_stride, renormalize);
+        status = kernels::launch_kernel(&kernels::topk_softmax_kernel<T, int32_t, kPerLane>, grid,
+                                        dim3(threads), 0, stream, pdl, topk_weights,
+                                        static_cast<int32_t*>(topk_indices), token_expert_indices,
+                                        g, m, e, k, gating_stride, renormalize);
       } else {
-        kernels::topk_softmax_kernel<T, int64_t, kPerLane><<<grid, threads, 0, stream>>>(
-            topk_weights, static_cast<int64_t*>(topk_indices), token_expert_indices, g, m, e, k,
-            gating_stride, renormalize);
+        status = kernels::launch_kernel(&kernels::topk_softmax_kernel<T, int64_t, kPerLane>, grid,
+                                        dim3(threads), 0, stream, pdl, topk_weights,
+                                        static_cast<int64_t*>(topk_indices), token_expert_indices,
+                                        g, m, e, k, gating_stride, renormalize);
       }
     };
     if (e <= 32) {
@@ -53,7 +59,7 @@ cudaError_t topk_softmax(float* topk_weights, void* topk_indices, DType indices_
     } else {
       launch(std::integral_constant<int, 32>{});
     }
-    return cudaGetLastError();
+    return status;
   });
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/reduce.cuh"
 
 namespace pyorch::kernels {
@@ -24,6 +25,10 @@ __global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, 
                                     const T* __restrict__ gating,        // [M, E], row stride
                                     int num_tokens, int num_experts, int top_k,
                                     int64_t gating_stride, bool renormalize) {
+  // Launched with PDL (topk_softmax): the logits are the router GEMM's output; the kernels after
+  // (the sort, or the decode pair's gate_up) wait on this one in turn.
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x % kWarpSize;
   const int token = blockIdx.x * kTopkWarps + threadIdx.x / kWarpSize;
   if (token >= num_tokens) return;

@@ -7,7 +7,7 @@ import torch
 
 from pyorch import _ops
 from pyorch.layers.fused_moe.fused_moe import moe_align_block_size
-from tests.conftest import DEVICES, tol
+from tests.conftest import CUDA_AVAILABLE, DEVICES, tol
 from tests.reference import moe as ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -33,6 +33,27 @@ def test_topk_softmax(device: str, dtype: torch.dtype, num_tokens: int, num_expe
     torch.testing.assert_close(weights.cpu().double(), want_w, atol=1e-6, rtol=1e-5)
     want_te = torch.arange(top_k).view(1, -1) * num_tokens + torch.arange(num_tokens).view(-1, 1)
     assert torch.equal(token_expert.cpu().long(), want_te)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
+def test_topk_softmax_waits_for_the_router_gemm():
+    """topk_softmax launches with PDL: it may start while the router GEMM before it runs and must
+    read its logits only after the wait. A skinny GEMM (itself PDL-launched) writes new logits
+    right before each call, into the same buffer; each call's choice matches them."""
+    torch.manual_seed(0)
+    hidden, num_experts, top_k = 2048, 128, 8
+    gate = (torch.randn(num_experts, hidden, device="cuda") / hidden**0.5).to(torch.bfloat16)
+    logits = torch.empty(1, num_experts, device="cuda", dtype=torch.bfloat16)
+    weights = torch.empty(1, top_k, device="cuda")
+    ids = torch.empty(1, top_k, dtype=torch.int32, device="cuda")
+    token_expert = torch.empty(1, top_k, dtype=torch.int32, device="cuda")
+    for _ in range(20):
+        x = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+        _ops.skinny_gemm(logits, x, gate, None)
+        _ops.topk_softmax(weights, ids, token_expert, logits, True)
+        want_w, want_ids = ref.topk_softmax(logits.cpu(), top_k, True)
+        assert torch.equal(ids.cpu().long(), want_ids)
+        torch.testing.assert_close(weights.cpu().double(), want_w, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
