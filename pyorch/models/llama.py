@@ -223,8 +223,9 @@ class LlamaDecoderLayer(nn.Module):
         (an MoE block: the norm inside its router GEMM and gate_up kernel, the add inside its
         down kernel)."""
         attn = self.self_attn
-        qkv = norm_linear(residual, self.input_layernorm, attn.qkv_proj)
-        linear_add_(residual, attn.attend(positions, qkv), attn.o_proj)
+        pdl = getattr(self.mlp, "decode_pdl", lambda name: None)  # an MoE block's launch choice
+        qkv = norm_linear(residual, self.input_layernorm, attn.qkv_proj, pdl=pdl("qkv_proj"))
+        linear_add_(residual, attn.attend(positions, qkv), attn.o_proj, pdl=pdl("o_proj"))
         if not isinstance(self.mlp, LlamaMLP):
             cast(Any, self.mlp).forward_fused(residual, self.post_attention_layernorm)
             return

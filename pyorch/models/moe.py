@@ -30,6 +30,10 @@ from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
 # Tests and A/B runs turn this off to compare the fused decode layer of an MoE model with the
 # unfused one (LlamaDecoderLayer.forward_fused, SparseMoeBlock.forward_fused).
 FUSED_MOE_DECODE = True
+# PDL for the fused MoE decode layer's skinny GEMMs (skinny_gemm_fused's default is off: in the
+# dense fused layer GEMMs follow GEMMs). Here qkv_proj follows the previous layer's MoE down
+# kernel, o_proj follows attention and the router (gate) follows o_proj.
+FUSED_MOE_DECODE_PDL: dict[str, bool | None] = {"qkv_proj": None, "o_proj": True, "gate": True}
 
 # HF per-expert names -> vLLM's shard ids (w1 gate, w3 up, w2 down).
 _EXPERT_SHARDS = {
@@ -113,6 +117,10 @@ class SparseMoeBlock(nn.Module):
             and experts.intermediate_size_per_partition % 8 == 0
         )
 
+    def decode_pdl(self, name: str) -> bool | None:
+        """PDL for the fused decode layer's GEMM `name` (qkv_proj, o_proj, gate)."""
+        return FUSED_MOE_DECODE_PDL.get(name)
+
     def forward_fused(self, residual: torch.Tensor, norm: RMSNorm) -> None:
         """residual += self(norm(residual)), in place, in three launches for a decode batch: the
         router GEMM with the norm inside (skinny_gemm_fused), topk_softmax, and the decode pair
@@ -124,7 +132,7 @@ class SparseMoeBlock(nn.Module):
         if block is None:  # past the decode pair's range: the block unfused
             residual.add_(self.forward(norm(residual)))
             return
-        logits = norm_linear(residual, norm, self.gate)
+        logits = norm_linear(residual, norm, self.gate, pdl=self.decode_pdl("gate"))
         topk_weights, topk_ids = fused_topk(logits, experts.top_k, experts.renormalize)
         fused_experts_decode(
             residual, experts.w13_weight, experts.w2_weight, topk_weights, topk_ids,
