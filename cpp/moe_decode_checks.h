@@ -21,12 +21,11 @@ struct FusedMoeDecodeShape {
 // fused_moe_decode: out [M, H] and act [M * top_k, I] contiguous; hidden_states [M, H] (last dim
 // contiguous); w13 [E, 2I, H] and w2 [E, H, I] contiguous; topk_weights [M, top_k] fp32
 // contiguous; sorted_token_ids / expert_ids / num_tokens_post_padded as moe_align_block_size
-// writes them for block_size; norm_weight [H] contiguous in the dtype, or None.
+// writes them for block_size.
 inline FusedMoeDecodeShape check_fused_moe_decode(
     const at::Tensor& out, const at::Tensor& act, const at::Tensor& hidden, const at::Tensor& w13,
     const at::Tensor& w2, const at::Tensor& topk_weights, const at::Tensor& sorted_token_ids,
-    const at::Tensor& expert_ids, const at::Tensor& num_tokens_post_padded, int64_t block_size,
-    const std::optional<at::Tensor>& norm_weight = std::nullopt, double norm_eps = 1e-6) {
+    const at::Tensor& expert_ids, const at::Tensor& num_tokens_post_padded, int64_t block_size) {
   const char* op = "fused_moe_decode";
   const at::ScalarType t = hidden.scalar_type();
   TORCH_CHECK(t == at::kFloat || t == at::kHalf || t == at::kBFloat16, op,
@@ -61,13 +60,6 @@ inline FusedMoeDecodeShape check_fused_moe_decode(
   TORCH_CHECK(h <= 1 || hidden.stride(1) == 1, op,
               ": hidden_states' last dimension must be contiguous");
   TORCH_CHECK(block_size >= 1, op, ": block_size must be >= 1, got ", block_size);
-  if (norm_weight) {
-    TORCH_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == h &&
-                    norm_weight->scalar_type() == t && norm_weight->is_contiguous(),
-                op, ": norm_weight must be a contiguous [", h, "] tensor of hidden_states' dtype ",
-                t, ", got ", norm_weight->sizes(), " ", norm_weight->scalar_type());
-    TORCH_CHECK(norm_eps > 0.0, op, ": norm_eps must be > 0, got ", norm_eps);
-  }
   check_moe_routing_buffers(op, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size);
   const int64_t stride = m <= 1 ? h : hidden.stride(0);
   return {m, top_k, e, h, inter, stride, sorted_token_ids.numel(), expert_ids.numel()};

@@ -135,12 +135,11 @@
 
 // MoE decode kernel pair and grouped top-k router (cpp/cpu/moe_decode.cpp, cpp/ops/moe_decode.cpp).
 #define PYORCH_DECLARE_MOE_DECODE_OPS                                                              \
-  void fused_moe_decode(                                                                           \
-      at::Tensor& out, at::Tensor& act, const at::Tensor& hidden_states, const at::Tensor& w13,    \
-      const at::Tensor& w2, const at::Tensor& topk_weights, const at::Tensor& sorted_token_ids,    \
-      const at::Tensor& expert_ids, const at::Tensor& num_tokens_post_padded, int64_t block_size,  \
-      std::optional<bool> pdl, const std::optional<at::Tensor>& norm_weight, double norm_eps,      \
-      bool accumulate);                                                                            \
+  void fused_moe_decode(at::Tensor& out, at::Tensor& act, const at::Tensor& hidden_states,         \
+                        const at::Tensor& w13, const at::Tensor& w2,                               \
+                        const at::Tensor& topk_weights, const at::Tensor& sorted_token_ids,        \
+                        const at::Tensor& expert_ids, const at::Tensor& num_tokens_post_padded,    \
+                        int64_t block_size, std::optional<bool> pdl);                              \
   void grouped_topk(at::Tensor& topk_weights, at::Tensor& topk_ids,                                \
                     const at::Tensor& gating_output, int64_t num_expert_group, int64_t topk_group, \
                     bool renormalize, const std::string& scoring_func,                             \

@@ -199,13 +199,10 @@ TORCH_LIBRARY(pyorch, m) {
   // Few tokens: out [M, H] = sum over the pairs f of token t of topk_weights[t, j] * (act[f] @
   // w2[e]^T) with act [M * top_k, I] = silu(x @ gate_e^T) * (x @ up_e^T) (also written), over
   // moe_align_block_size's sort for block_size (CUDA: 8 or 16, M <= 128). fp32 sums, rounded once.
-  // norm_weight [H]: x = RMSNorm(hidden_states) * norm_weight (eps norm_eps) first; accumulate:
-  // out += the result (the residual add; out may be hidden_states itself).
   m.def(
       "fused_moe_decode(Tensor! out, Tensor! act, Tensor hidden_states, Tensor w13, Tensor w2, "
       "Tensor topk_weights, Tensor sorted_token_ids, Tensor expert_ids, "
-      "Tensor num_tokens_post_padded, int block_size, bool? pdl=None, Tensor? norm_weight=None, "
-      "float norm_eps=1e-6, bool accumulate=False) -> ()");
+      "Tensor num_tokens_post_padded, int block_size, bool? pdl=None) -> ()");
   // vLLM's grouped_topk: scores = softmax/sigmoid(gating_output [M, E]); the topk_group best of
   // num_expert_group groups (by max, or top-2 sum with e_score_correction_bias [E]), then the
   // top_k experts among them by scores (+ bias); weights = their scores, renormalized, times

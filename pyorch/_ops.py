@@ -959,9 +959,6 @@ def fused_moe_decode(
     num_tokens_post_padded: torch.Tensor,
     block_size: int,
     pdl: Optional[bool] = None,
-    norm_weight: Optional[torch.Tensor] = None,
-    norm_eps: float = 1e-6,
-    accumulate: bool = False,
 ) -> None:
     """The MoE of a few tokens in two launches (gate_up with SiLU-and-mul; down with the routing
     weights and the sum over top_k), over moe_align_block_size's sort for block_size.
@@ -970,15 +967,11 @@ def fused_moe_decode(
     act : [M * top_k, I] (out): silu(x[t] @ gate_e^T) * (x[t] @ up_e^T), in the dtype.
     hidden_states : [M, H] (last dim contiguous). w13 : [E, 2I, H]. w2 : [E, H, I].
     topk_weights : [M, top_k] float32. Pairs of expert -1 (another rank's) add nothing.
-    norm_weight : [H] or None: x = RMSNorm(hidden_states) * norm_weight (eps norm_eps), formed
-    as skinny_gemm_fused's norm forms it (the decode layer's post-attention norm, fused).
-    accumulate : out += the result, rounded to the dtype first (the residual add); out may then
-    be hidden_states itself.
     CUDA: float16/bfloat16, block_size 8 or 16, M <= 128; pdl None = the process default.
     """
     _ops.fused_moe_decode(
         out, act, hidden_states, w13, w2, topk_weights, sorted_token_ids, expert_ids,
-        num_tokens_post_padded, block_size, pdl, norm_weight, norm_eps, accumulate,
+        num_tokens_post_padded, block_size, pdl,
     )
 
 

@@ -2,10 +2,7 @@
 (router, sort, gate_up kernel, down kernel) at small M on Mixtral-8x7B and Qwen3-30B-A3B shapes,
 bf16, printing each CUDA kernel's mean time next to the routed experts' weight-read floor.
 
-    python bench/probes/moe_decode_profile.py [--tokens 1,2,8] [--iters 20] [--fused]
-
---fused: the fused decode layer's form of the pair (the post-attention RMSNorm inside gate_up, the
-residual add in down's epilogue; SparseMoeBlock.forward_fused) beside the plain one.
+    python bench/probes/moe_decode_profile.py [--tokens 1,2,8] [--iters 20]
 """
 
 from __future__ import annotations
@@ -22,17 +19,14 @@ SHAPES = {"mixtral": (8, 2, 4096, 14336), "qwen3_moe": (128, 8, 2048, 768)}
 
 
 def _profile(model: str, m: int, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
-             bandwidth: float, iters: int, fused: bool) -> None:
+             bandwidth: float, iters: int) -> None:
     e, _, h = w13.shape
     i = w2.shape[2]
     x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
     logits = torch.randn(m, e, device="cuda")
-    norm = (torch.rand(h, device="cuda") + 0.5).to(torch.bfloat16)
 
     def layer() -> torch.Tensor:
         w, ids = fm.fused_topk(logits, top_k, True)
-        if fused:  # residual += experts(rms_norm(residual)), x staying the residual stream
-            return fm.fused_experts_decode(x, w13, w2, w, ids, e, norm=(norm, 1e-6), residual=x)
         return fm.fused_experts_decode(x, w13, w2, w, ids, e)
 
     for _ in range(3):
@@ -45,7 +39,7 @@ def _profile(model: str, m: int, w13: torch.Tensor, w2: torch.Tensor, top_k: int
     _, ids = fm.fused_topk(logits, top_k, True)
     active = int(torch.unique(ids).numel())
     floor = active * 3 * h * i * 2 / bandwidth * 1e6
-    print(f"== {model}{' fused' if fused else ''} M={m}: {active} experts, floor {floor:.1f} us (gate_up "
+    print(f"== {model} M={m}: {active} experts, floor {floor:.1f} us (gate_up "
           f"{floor * 2 / 3:.1f}, down {floor / 3:.1f})")
     for evt in prof.key_averages():
         if evt.device_time_total > 0:
@@ -57,16 +51,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="1,2,8")
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--fused", action="store_true",
-                        help="also the fused form (norm in gate_up, residual add in down)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     for model, (e, k, h, i) in SHAPES.items():
         w13 = (torch.randn(e, 2 * i, h, device="cuda") / h**0.5).to(torch.bfloat16)
         w2 = (torch.randn(e, h, i, device="cuda") / i**0.5).to(torch.bfloat16)
         for m in (int(t) for t in args.tokens.split(",")):
-            for fused in (False, True) if args.fused else (False,):
-                _profile(model, m, w13, w2, k, bandwidth, args.iters, fused)
+            _profile(model, m, w13, w2, k, bandwidth, args.iters)
         del w13, w2
         torch.cuda.empty_cache()
 

@@ -2,8 +2,7 @@
 // routing weights and the top-k sum) and grouped_topk. Same contracts and rounding points as the
 // CUDA kernels (cuda/include/pyorch/moe_decode.h): gate and up are rounded to the dtype before
 // SiLU-and-mul, act is stored in the dtype, the down products and the sum over top_k stay in fp32
-// and out is rounded once (with accumulate: rounded, then added to out and rounded again); the
-// optional input norm rounds x * norm_weight to the dtype and scales the gate/up sums by 1 / rms.
+// and out is rounded once.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -21,25 +20,13 @@ void fused_moe_decode(at::Tensor& out, at::Tensor& act, const at::Tensor& hidden
                       const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& topk_weights,
                       const at::Tensor& sorted_token_ids, const at::Tensor& expert_ids,
                       const at::Tensor& num_tokens_post_padded, int64_t block_size,
-                      std::optional<bool> pdl, const std::optional<at::Tensor>& norm_weight,
-                      double norm_eps, bool accumulate) {
+                      std::optional<bool> pdl) {
   (void)pdl;  // a CUDA launch option; the CPU kernel has nothing to overlap
   const FusedMoeDecodeShape s =
       check_fused_moe_decode(out, act, hidden_states, w13, w2, topk_weights, sorted_token_ids,
-                             expert_ids, num_tokens_post_padded, block_size, norm_weight, norm_eps);
-  TORCH_CHECK(!norm_weight || norm_weight->device().is_cpu(),
-              "fused_moe_decode: norm_weight must be on the CPU with the other tensors");
+                             expert_ids, num_tokens_post_padded, block_size);
   const at::ScalarType dtype = hidden_states.scalar_type();
   at::Tensor acc = at::zeros({s.num_tokens, s.hidden}, hidden_states.options().dtype(at::kFloat));
-  // The gate_up input, and per token the scale of its fp32 sums: the norm as the CUDA kernel
-  // forms it (x * norm_weight rounded to the dtype, the sums times 1 / rms), or x itself.
-  at::Tensor xs = hidden_states.to(at::kFloat);
-  at::Tensor scale;
-  if (norm_weight) {
-    const at::Tensor mean_sq = (xs * xs).sum(1) / static_cast<double>(s.hidden);
-    scale = at::rsqrt(mean_sq + norm_eps).unsqueeze(1);
-    xs = (xs * norm_weight->to(at::kFloat)).to(dtype).to(at::kFloat);
-  }
   const int64_t num_flat = s.num_tokens * s.top_k;
   const int64_t used =
       std::min<int64_t>(num_tokens_post_padded.const_data_ptr<int32_t>()[0], s.num_sorted);
@@ -56,10 +43,8 @@ void fused_moe_decode(at::Tensor& out, at::Tensor& act, const at::Tensor& hidden
     if (pairs.empty()) continue;
     const at::Tensor f = at::tensor(pairs, at::kLong);
     const at::Tensor tokens = at::floor_divide(f, s.top_k);
-    const at::Tensor x = xs.index_select(0, tokens);
-    at::Tensor gu = at::matmul(x, w13[e].to(at::kFloat).t());
-    if (norm_weight) gu = gu * scale.index_select(0, tokens);
-    gu = gu.to(dtype).to(at::kFloat);
+    const at::Tensor x = hidden_states.index_select(0, tokens).to(at::kFloat);
+    const at::Tensor gu = at::matmul(x, w13[e].to(at::kFloat).t()).to(dtype).to(at::kFloat);
     const at::Tensor a =
         (at::silu(gu.narrow(1, 0, s.inter)) * gu.narrow(1, s.inter, s.inter)).to(dtype);
     act.index_copy_(0, f, a);
@@ -67,12 +52,7 @@ void fused_moe_decode(at::Tensor& out, at::Tensor& act, const at::Tensor& hidden
                          weights.index_select(0, f).unsqueeze(1);
     acc.index_add_(0, tokens, y);
   }
-  // hidden_states has been read in full above: out may be the same tensor (accumulate).
-  if (accumulate) {
-    out.copy_(acc.to(dtype).to(at::kFloat) + out.to(at::kFloat));
-  } else {
-    out.copy_(acc);
-  }
+  out.copy_(acc);
 }
 
 namespace {

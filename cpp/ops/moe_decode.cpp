@@ -16,19 +16,14 @@ void fused_moe_decode(at::Tensor& out, at::Tensor& act, const at::Tensor& hidden
                       const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& topk_weights,
                       const at::Tensor& sorted_token_ids, const at::Tensor& expert_ids,
                       const at::Tensor& num_tokens_post_padded, int64_t block_size,
-                      std::optional<bool> pdl, const std::optional<at::Tensor>& norm_weight,
-                      double norm_eps, bool accumulate) {
+                      std::optional<bool> pdl) {
   const char* op = "fused_moe_decode";
   const pyorch::FusedMoeDecodeShape s = pyorch::check_fused_moe_decode(
       out, act, hidden_states, w13, w2, topk_weights, sorted_token_ids, expert_ids,
-      num_tokens_post_padded, block_size, norm_weight, norm_eps);
+      num_tokens_post_padded, block_size);
   check_same_cuda({&hidden_states, &out, &act, &w13, &w2, &topk_weights, &sorted_token_ids,
                    &expert_ids, &num_tokens_post_padded},
                   op);
-  if (norm_weight) {
-    check_same_cuda({&hidden_states, &*norm_weight}, op);
-    TORCH_CHECK(aligned16(*norm_weight), op, ": norm_weight must be 16-byte aligned");
-  }
   TORCH_CHECK(hidden_states.scalar_type() != at::kFloat, op,
               ": CUDA takes float16 or bfloat16 (tensor cores), got float32");
   TORCH_CHECK(
@@ -50,8 +45,7 @@ void fused_moe_decode(at::Tensor& out, at::Tensor& act, const at::Tensor& hidden
       num_tokens_post_padded.const_data_ptr<int32_t>(),
       pyorch::to_pyorch_dtype(hidden_states.scalar_type()), s.num_tokens, s.top_k, s.num_sorted,
       s.num_blocks, s.num_experts, s.hidden, s.inter, s.hidden_stride, block_size,
-      norm_weight ? norm_weight->const_data_ptr() : nullptr, static_cast<float>(norm_eps),
-      accumulate, pdl.value_or(pyorch::pdl_enabled()), c10::cuda::getCurrentCUDAStream()));
+      pdl.value_or(pyorch::pdl_enabled()), c10::cuda::getCurrentCUDAStream()));
 }
 
 void grouped_topk(at::Tensor& topk_weights, at::Tensor& topk_ids, const at::Tensor& gating_output,

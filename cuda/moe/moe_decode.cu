@@ -11,8 +11,8 @@ cudaError_t fused_moe_decode(void* out, void* act, const void* hidden_states, co
                              const int32_t* num_tokens_post_pad, DType dtype, int64_t num_tokens,
                              int64_t top_k, int64_t num_sorted, int64_t num_blocks,
                              int64_t num_experts, int64_t hidden, int64_t inter,
-                             int64_t hidden_stride, int64_t block_size, const void* norm_weight,
-                             float norm_eps, bool accumulate, bool pdl, cudaStream_t stream) {
+                             int64_t hidden_stride, int64_t block_size, bool pdl,
+                             cudaStream_t stream) {
   if (hidden % 8 != 0 || inter % 8 != 0 || hidden_stride % 8 != 0 || top_k < 1 ||
       num_tokens > kMoeDecodeMaxTokens) {
     PYORCH_INVALID(
@@ -31,9 +31,6 @@ cudaError_t fused_moe_decode(void* out, void* act, const void* hidden_states, co
                                         sorted_token_ids,
                                         expert_ids,
                                         num_tokens_post_pad,
-                                        static_cast<const T*>(norm_weight),
-                                        norm_eps,
-                                        accumulate,
                                         num_tokens,
                                         num_tokens * top_k,
                                         num_sorted,

@@ -19,10 +19,6 @@
 // gate_up: a CTA owns one block and 8 gate rows + the same 8 up rows of its expert (mma rows g,
 // g + 8), all of K = hidden split over its warps; grid (blocks, ceil(I / 8)). SiLU-and-mul is its
 // epilogue, as in the skinny kernel's kSiluMul: the [pairs, 2I] product never reaches memory.
-// With norm_weight (NORM) the input is the residual stream and the kernel applies the decoder's
-// RMSNorm to it the way the skinny GEMM's norm does: each lane multiplies its x chunks by the
-// norm weight (rounded to T) and sums their squares, the CTA adds the squares of all of K, and the
-// epilogue scales the gate and up sums by rsqrt(mean + eps) of the pair's token.
 //
 // down: a CTA owns 16 output columns (rows of every expert's [H, I] down weight) for ALL tokens,
 // so the top-k sum needs no atomics and no moe_sum: grid ceil(H / 16). Its work items are the
@@ -33,9 +29,6 @@
 // in shared memory; at the end the warps' rows are added in warp order. The result is
 // deterministic (a fixed order for a given routing), rounded to T once. Under PDL the down kernel
 // reads the routing and asks L2 for its warps' first weight slices before waiting on gate_up.
-// With accumulate the result (rounded to T) is added to out instead: out is then the residual
-// stream, and may be hidden_states itself (gate_up, the only reader of hidden_states, has
-// completed before the down kernel's pdl_wait returns, and only then does it write).
 #pragma once
 
 #include <cstdint>
@@ -61,9 +54,6 @@ struct MoeDecodeParams {
   const int32_t* sorted_token_ids;     // [num_sorted]
   const int32_t* expert_ids;           // [num_blocks]
   const int32_t* num_tokens_post_pad;  // [1]
-  const T* norm_weight;                // [hidden]: RMS-norm hidden_states first; nullptr: no norm
-  float eps;                           // the norm's epsilon
-  bool accumulate;                     // out += the result (rounded to T) instead of out =
   int64_t num_tokens, num_flat, num_sorted, num_blocks, num_experts, top_k, hidden, inter,
       hidden_stride;
 };
@@ -76,13 +66,12 @@ __device__ __forceinline__ int64_t moe_decode_pair(const MoeDecodeParams<T>& p, 
   return f >= 0 && f < p.num_flat ? f : -1;
 }
 
-template <typename T, int M_TILES, int NUM_WARPS, bool NORM>
+template <typename T, int M_TILES, int NUM_WARPS>
 __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WARPS>())
     moe_decode_gate_up_kernel(const MoeDecodeParams<T> p) {
   constexpr int kPairs = M_TILES * kSkinnyTileTokens;  // the block size of the routing
   __shared__ float partial[NUM_WARPS][kPairs][kSkinnyRows];
-  __shared__ float partial_sq[NUM_WARPS][kPairs];  // each warp's sums of x^2 per pair (NORM)
-  pdl_wait();                                      // the routing is the previous kernels' output
+  pdl_wait();  // the routing is the previous kernels' output
   pdl_launch_dependents();
   const int64_t b = blockIdx.x;
   const int64_t entry0 = b * kPairs;
@@ -113,46 +102,17 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   const int num_full_slices = static_cast<int>(K / kSkinnySliceK);
   const int64_t lane_k = kSkinnyChunk * t;
   float acc[M_TILES][4] = {};
-  float sum_sq[M_TILES] = {};
   int slice = warp;
-  if constexpr (NORM && M_TILES == 1) {
-    // Pipelined by hand, as the skinny GEMM's norm loop: the next slice's loads go out before
-    // this slice's norm math and mmas. (Two tiles of pairs, two slices do not fit the register
-    // cap: 168 bytes spilled; they take the plain loop below.)
-    if (slice < num_full_slices) {
-      SkinnySlice<M_TILES, T> cur;
-      cur.template load<false, true>(w_lo_row, w_hi_row, x_rows,
-                                     static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
-      while (true) {
-        const int next = slice + NUM_WARPS;
-        const bool more = next < num_full_slices;
-        SkinnySlice<M_TILES, T> nxt;
-        if (more) {
-          nxt.template load<false, true>(w_lo_row, w_hi_row, x_rows,
-                                         static_cast<int64_t>(next) * kSkinnySliceK + lane_k, K);
-        }
-        cur.template apply_norm<false>(
-            p.norm_weight, static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K, sum_sq);
-        cur.multiply(acc);
-        slice = next;
-        if (!more) break;
-        cur = nxt;
-      }
-    }
-  } else {
-    for (; slice < num_full_slices; slice += NUM_WARPS) {
-      SkinnySlice<M_TILES, T> s;
-      const int64_t k = static_cast<int64_t>(slice) * kSkinnySliceK + lane_k;
-      s.template load<false, true>(w_lo_row, w_hi_row, x_rows, k, K);
-      if constexpr (NORM) s.template apply_norm<false>(p.norm_weight, k, K, sum_sq);
-      s.multiply(acc);
-    }
+  for (; slice < num_full_slices; slice += NUM_WARPS) {
+    SkinnySlice<M_TILES, T> s;
+    s.template load<false, true>(w_lo_row, w_hi_row, x_rows,
+                                 static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
+    s.multiply(acc);
   }
   if (slice < num_slices) {
     SkinnySlice<M_TILES, T> s;
-    const int64_t k = static_cast<int64_t>(slice) * kSkinnySliceK + lane_k;
-    s.template load<true, true>(w_lo_row, w_hi_row, x_rows, k, K);
-    if constexpr (NORM) s.template apply_norm<true>(p.norm_weight, k, K, sum_sq);
+    s.template load<true, true>(w_lo_row, w_hi_row, x_rows,
+                                static_cast<int64_t>(slice) * kSkinnySliceK + lane_k, K);
     s.multiply(acc);
   }
 #pragma unroll
@@ -162,16 +122,6 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
       const int pair = mt * kSkinnyTileTokens + 2 * t + j;
       partial[warp][pair][g] = acc[mt][j];
       partial[warp][pair][g + 8] = acc[mt][2 + j];
-    }
-  }
-  if constexpr (NORM) {
-    // Lanes (g, 0..3) hold the squares of pair (mt * 8 + g)'s chunks of this warp's slices.
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt) {
-      float v = sum_sq[mt];
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      if (t == 0) partial_sq[warp][mt * kSkinnyTileTokens + g] = v;
     }
   }
   __syncthreads();
@@ -187,14 +137,6 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
     for (int ww = 0; ww < NUM_WARPS; ++ww) {
       gate += partial[ww][pair][c];
       up += partial[ww][pair][c + 8];
-    }
-    if constexpr (NORM) {
-      float sq = 0.f;
-#pragma unroll
-      for (int ww = 0; ww < NUM_WARPS; ++ww) sq += partial_sq[ww][pair];
-      const float scale = rsqrtf(sq / static_cast<float>(K) + p.eps);
-      gate *= scale;
-      up *= scale;
     }
     p.act[f * p.inter + col] = from_float<T>(
         act_fn<Activation::kSilu>(to_float(from_float<T>(gate))) * to_float(from_float<T>(up)));
@@ -332,9 +274,7 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
 #pragma unroll
     for (int ww = 0; ww < NUM_WARPS; ++ww)
       sum += moe_down_smem[(ww * T_ + token) * kSkinnyRows + r];
-    T* o = p.out + token * p.hidden + row0 + r;
-    *o = p.accumulate ? from_float<T>(to_float(from_float<T>(sum)) + to_float(*o))
-                      : from_float<T>(sum);
+    p.out[token * p.hidden + row0 + r] = from_float<T>(sum);
   }
 }
 
@@ -343,17 +283,12 @@ cudaError_t launch_moe_decode(const MoeDecodeParams<T>& p, bool pdl, cudaStream_
   const int64_t grid_n = (p.inter + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2);
   if (p.num_blocks > 0x7fffffff || grid_n > 65535) return cudaErrorInvalidValue;
   if (p.num_blocks > 0 && p.num_flat > 0) {
-    const dim3 grid(static_cast<unsigned>(p.num_blocks), static_cast<unsigned>(grid_n));
-    const dim3 block(kMoeDecodeGateUpWarps * kWarpSize);
     PYORCH_RETURN_IF_ERROR(
-        p.norm_weight != nullptr
-            ? launch_kernel(&moe_decode_gate_up_kernel<T, M_TILES, kMoeDecodeGateUpWarps, true>,
-                            grid, block, 0, stream, pdl, p)
-            : launch_kernel(&moe_decode_gate_up_kernel<T, M_TILES, kMoeDecodeGateUpWarps, false>,
-                            grid, block, 0, stream, pdl, p));
+        launch_kernel(&moe_decode_gate_up_kernel<T, M_TILES, kMoeDecodeGateUpWarps>,
+                      dim3(static_cast<unsigned>(p.num_blocks), static_cast<unsigned>(grid_n)),
+                      dim3(kMoeDecodeGateUpWarps * kWarpSize), 0, stream, pdl, p));
   }
-  // The down kernel writes every output (zeros, or out unchanged with accumulate, for a token with
-  // no local expert).
+  // The down kernel writes every output (zeros for a token with no local expert).
   auto down = &moe_decode_down_kernel<T, M_TILES, kMoeDecodeDownWarps>;
   const size_t smem = moe_decode_down_smem<M_TILES, kMoeDecodeDownWarps>(p.num_tokens);
   PYORCH_RETURN_IF_ERROR(cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -151,7 +151,6 @@ def norm_linear(
     norm: RMSNorm,
     layer: nn.Module,
     epilogue: str = "store",  # or "silu_and_mul" for a merged [gate; up] layer
-    pdl: Optional[bool] = None,  # CUDA launch with PDL; None: the op's default (off)
 ) -> torch.Tensor:  # [T, output_size] ([T, output_size / 2] for silu_and_mul)
     """layer(norm(x)), then the epilogue, as one kernel."""
     shards = _gguf_repacked(layer)
@@ -168,10 +167,9 @@ def norm_linear(
     out = torch.empty(x.shape[0], cols, dtype=x.dtype, device=x.device)
     if fp8 is not None:
         _ops.skinny_gemm_fp8(out, x, weight, fp8[1], bias, norm.weight, norm.variance_epsilon,
-                             epilogue, pdl)
+                             epilogue)
     else:
-        _ops.skinny_gemm_fused(out, x, weight, bias, norm.weight, norm.variance_epsilon, epilogue,
-                               pdl)
+        _ops.skinny_gemm_fused(out, x, weight, bias, norm.weight, norm.variance_epsilon, epilogue)
     return out
 
 
@@ -179,7 +177,6 @@ def linear_add_(
     residual: torch.Tensor,  # [T, output_size], updated in place
     x: torch.Tensor,  # [T, input_size]
     layer: nn.Module,
-    pdl: Optional[bool] = None,  # CUDA launch with PDL; None: the op's default (off)
 ) -> torch.Tensor:
     """residual += layer(x), as one kernel; returns residual."""
     shards = _gguf_repacked(layer)
@@ -189,9 +186,9 @@ def linear_add_(
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)
     if fp8 is not None:
-        _ops.skinny_gemm_fp8(residual, x, fp8[0], fp8[1], bias, None, 0.0, "add", pdl)
+        _ops.skinny_gemm_fp8(residual, x, fp8[0], fp8[1], bias, None, 0.0, "add")
     else:
-        _ops.skinny_gemm_fused(residual, x, weight, bias, None, 0.0, "add", pdl)
+        _ops.skinny_gemm_fused(residual, x, weight, bias, None, 0.0, "add")
     return residual
 
 

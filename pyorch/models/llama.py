@@ -205,31 +205,20 @@ class LlamaDecoderLayer(nn.Module):
     def fusable(self) -> bool:
         """Whether forward_fused can run this layer (see pyorch/layers/fused_linear.py)."""
         attn, mlp = self.self_attn, self.mlp
-        if not all(map(skinny_fusable, (attn.qkv_proj, attn.o_proj))):
+        if not isinstance(mlp, LlamaMLP):  # a mixture-of-experts block
             return False
-        if isinstance(mlp, LlamaMLP):
-            return (isinstance(mlp.act_fn, SiluAndMul)
-                    and all(map(skinny_fusable, (mlp.gate_up_proj, mlp.down_proj))))
-        # A mixture-of-experts block (pyorch/models/moe.py: SparseMoeBlock) fuses its own way.
-        decode_fusable = getattr(mlp, "decode_fusable", None)
-        return decode_fusable is not None and bool(decode_fusable())
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return isinstance(mlp.act_fn, SiluAndMul) and all(map(skinny_fusable, linears))
 
     def forward_fused(
         self,
         positions: torch.Tensor,  # [T] int64
         residual: torch.Tensor,  # [T, hidden]: the residual stream, updated in place
     ) -> None:
-        """The decode form of forward: norms, SiLU-and-mul and residual adds inside the GEMMs
-        (an MoE block: the norm inside its router GEMM and gate_up kernel, the add inside its
-        down kernel)."""
-        attn = self.self_attn
-        pdl = getattr(self.mlp, "decode_pdl", lambda name: None)  # an MoE block's launch choice
-        qkv = norm_linear(residual, self.input_layernorm, attn.qkv_proj, pdl=pdl("qkv_proj"))
-        linear_add_(residual, attn.attend(positions, qkv), attn.o_proj, pdl=pdl("o_proj"))
-        if not isinstance(self.mlp, LlamaMLP):
-            cast(Any, self.mlp).forward_fused(residual, self.post_attention_layernorm)
-            return
-        mlp = self.mlp
+        """The decode form of forward: norms, SiLU-and-mul and residual adds inside the GEMMs."""
+        attn, mlp = self.self_attn, cast(LlamaMLP, self.mlp)
+        qkv = norm_linear(residual, self.input_layernorm, attn.qkv_proj)
+        linear_add_(residual, attn.attend(positions, qkv), attn.o_proj)
         act = norm_linear(residual, self.post_attention_layernorm, mlp.gate_up_proj, "silu_and_mul")
         linear_add_(residual, act, mlp.down_proj)
 

@@ -14,26 +14,11 @@ from pyorch.distributed.parallel_state import (
     get_expert_parallel_rank_and_size,
     get_expert_placement_strategy,
 )
-from pyorch.layers.fused_linear import norm_linear, skinny_fusable
 from pyorch.layers.fused_moe import FusedMoE
-from pyorch.layers.fused_moe.fused_moe import (
-    fused_experts_decode,
-    fused_topk,
-    moe_decode_block_size,
-)
-from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import ReplicatedLinear, get_tensor_model_parallel_rank_and_size
 from pyorch.layers.quantization import QuantizationConfig
 from pyorch.models.llama import LlamaMLP
 from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
-
-# Tests and A/B runs turn this off to compare the fused decode layer of an MoE model with the
-# unfused one (LlamaDecoderLayer.forward_fused, SparseMoeBlock.forward_fused).
-FUSED_MOE_DECODE = True
-# PDL for the fused MoE decode layer's skinny GEMMs (skinny_gemm_fused's default is off: in the
-# dense fused layer GEMMs follow GEMMs). Here qkv_proj follows the previous layer's MoE down
-# kernel, o_proj follows attention and the router (gate) follows o_proj.
-FUSED_MOE_DECODE_PDL: dict[str, bool | None] = {"qkv_proj": None, "o_proj": True, "gate": True}
 
 # HF per-expert names -> vLLM's shard ids (w1 gate, w3 up, w2 down).
 _EXPERT_SHARDS = {
@@ -95,50 +80,6 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = ReplicatedLinear(
                 hidden_size, 1, bias=False, prefix=f"{prefix}.shared_expert_gate"
             )
-
-    def decode_fusable(self) -> bool:
-        """Whether forward_fused can run this block: one rank, unquantized bf16 experts in the
-        decode pair's layout, softmax top-k routing, no shared expert, and a router the skinny
-        GEMM takes with its norm fused."""
-        experts = self.experts
-        w13, w2 = experts.w13_weight, experts.w2_weight
-        return (
-            FUSED_MOE_DECODE
-            and self.shared_expert is None
-            and self.tp_size == 1
-            and experts.ep_size == 1
-            and experts.quant_method is None
-            and not experts.use_grouped_topk
-            and skinny_fusable(self.gate)
-            and w13.dtype == w2.dtype == torch.bfloat16
-            and w13.is_contiguous() and w2.is_contiguous()
-            and w13.data_ptr() % 16 == 0 and w2.data_ptr() % 16 == 0
-            and experts.hidden_size % 8 == 0
-            and experts.intermediate_size_per_partition % 8 == 0
-        )
-
-    def decode_pdl(self, name: str) -> bool | None:
-        """PDL for the fused decode layer's GEMM `name` (qkv_proj, o_proj, gate)."""
-        return FUSED_MOE_DECODE_PDL.get(name)
-
-    def forward_fused(self, residual: torch.Tensor, norm: RMSNorm) -> None:
-        """residual += self(norm(residual)), in place, in three launches for a decode batch: the
-        router GEMM with the norm inside (skinny_gemm_fused), topk_softmax, and the decode pair
-        with the norm in gate_up and the residual add in down's epilogue. No norm kernel runs and
-        the normed activations never reach memory. The caller checked decode_fusable()."""
-        experts = self.experts
-        num_tokens = residual.shape[0]
-        block = moe_decode_block_size(num_tokens, experts.top_k, experts.global_num_experts)
-        if block is None:  # past the decode pair's range: the block unfused
-            residual.add_(self.forward(norm(residual)))
-            return
-        logits = norm_linear(residual, norm, self.gate, pdl=self.decode_pdl("gate"))
-        topk_weights, topk_ids = fused_topk(logits, experts.top_k, experts.renormalize)
-        fused_experts_decode(
-            residual, experts.w13_weight, experts.w2_weight, topk_weights, topk_ids,
-            experts.global_num_experts, None, block, norm=(norm.weight, norm.variance_epsilon),
-            residual=residual,
-        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         out = self.experts(x, self.gate(x))

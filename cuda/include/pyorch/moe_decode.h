@@ -24,22 +24,17 @@ constexpr int64_t kMoeDecodeBlockLarge = 16;
 // and e = expert_ids[i / block_size] for f's entry i of sorted_token_ids (moe_align_block_size's
 // output for this block_size); pairs of expert -1 or outside the sort contribute nothing. fp32
 // sums, out rounded once. Two launches (PDL when pdl), graph safe.
-// The decoder layer's neighbours, fused (the decode layer of an MoE model, LlamaDecoderLayer's
-// forward_fused): with norm_weight, x[t] is RMSNorm(hidden_states[t]) * norm_weight (eps
-// norm_eps), formed as the skinny GEMM's norm forms it (x * norm_weight rounded to the dtype,
-// the fp32 sums scaled by 1 / rms); with accumulate, out += the result rounded to the dtype (the
-// residual add; out may then be hidden_states itself).
 //   out: [M, H]; act: [num_flat, I]; hidden_states: [M, H] (row stride hidden_stride);
-//   w13: [E, 2I, H]; w2: [E, H, I]; topk_weights: [num_flat] fp32; norm_weight: [H] or null.
-//   fp16/bf16; H, I and the stride multiples of 8; 16-byte aligned; M <= kMoeDecodeMaxTokens.
+//   w13: [E, 2I, H]; w2: [E, H, I]; topk_weights: [num_flat] fp32. fp16/bf16; H, I and the
+//   stride multiples of 8; 16-byte aligned; M <= kMoeDecodeMaxTokens.
 cudaError_t fused_moe_decode(void* out, void* act, const void* hidden_states, const void* w13,
                              const void* w2, const float* topk_weights,
                              const int32_t* sorted_token_ids, const int32_t* expert_ids,
                              const int32_t* num_tokens_post_pad, DType dtype, int64_t num_tokens,
                              int64_t top_k, int64_t num_sorted, int64_t num_blocks,
                              int64_t num_experts, int64_t hidden, int64_t inter,
-                             int64_t hidden_stride, int64_t block_size, const void* norm_weight,
-                             float norm_eps, bool accumulate, bool pdl, cudaStream_t stream);
+                             int64_t hidden_stride, int64_t block_size, bool pdl,
+                             cudaStream_t stream);
 
 // Scoring of grouped_topk: softmax over the experts, or an independent sigmoid per expert.
 enum class MoeScoring : int { kSoftmax = 0, kSigmoid = 1 };

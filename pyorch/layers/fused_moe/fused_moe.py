@@ -162,13 +162,8 @@ def fused_experts_decode(
     global_num_experts: int,
     expert_map: torch.Tensor | None = None,
     block_size: int | None = None,  # 8 or 16; None: moe_decode_block_size's choice
-    norm: tuple[torch.Tensor, float] | None = None,  # (weight [H], eps): RMSNorm the input first
-    residual: torch.Tensor | None = None,  # [T, H]: add the result into it, in place
-) -> torch.Tensor:  # [T, H]: the result, or residual after the add
-    """fused_experts through the decode kernel pair: sort, gate_up, down (+ weights + top-k sum).
-    With norm, the experts see RMSNorm(hidden_states) * weight, normalized inside gate_up; with
-    residual, the down kernel adds its output into it (hidden_states may be residual itself: the
-    decode layer of an MoE model, LlamaDecoderLayer.forward_fused)."""
+) -> torch.Tensor:  # [T, H]
+    """fused_experts through the decode kernel pair: sort, gate_up, down (+ weights + top-k sum)."""
     num_tokens, hidden_size = hidden_states.shape
     if block_size is None:
         block_size = _decode_block(topk_ids.numel(), global_num_experts)
@@ -178,12 +173,10 @@ def fused_experts_decode(
     sorted_ids, expert_ids, num_post_pad = routing
     dtype, device = hidden_states.dtype, hidden_states.device
     act = torch.empty(topk_ids.numel(), w2.shape[2], dtype=dtype, device=device)
-    out = (residual if residual is not None
-           else torch.empty(num_tokens, hidden_size, dtype=dtype, device=device))
-    norm_weight, norm_eps = norm if norm is not None else (None, 1e-6)
+    out = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
     _ops.fused_moe_decode(
         out, act, hidden_states, w13, w2, topk_weights.float().contiguous(), sorted_ids,
-        expert_ids, num_post_pad, block_size, None, norm_weight, norm_eps, residual is not None,
+        expert_ids, num_post_pad, block_size,
     )
     return out
 

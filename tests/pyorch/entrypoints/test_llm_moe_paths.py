@@ -16,7 +16,6 @@ import torch
 
 from pyorch import _ops
 from pyorch.layers.fused_moe import fused_moe as fm
-from pyorch.models import moe
 from tests.conftest import CUDA_AVAILABLE
 from tests.pyorch.entrypoints.test_llm import (
     MAX_TOKENS,
@@ -44,11 +43,7 @@ def tiny_moe(request, tmp_path_factory):
 
 
 def _force(monkeypatch, path: str) -> dict:
-    """Route every fused_experts call to one path; returns the engine arguments it needs. The
-    fused decode layer (SparseMoeBlock.forward_fused) calls the decode pair itself: it is off
-    where another path is forced, and covered by the decode pair's runs."""
-    if path != "decode_pair":
-        monkeypatch.setattr(moe, "FUSED_MOE_DECODE", False)
+    """Route every fused_experts call to one path; returns the engine arguments it needs."""
     if path == "fused_moe_gemm":
         monkeypatch.setattr(fm, "moe_decode_block_size", lambda *a: None)
         monkeypatch.setattr(fm, "_use_grouped_gemm", lambda *a: False)
