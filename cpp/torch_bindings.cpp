@@ -11,6 +11,7 @@
 #ifdef PYORCH_WITH_CUDA
 #include "pyorch/custom_all_reduce.h"  // set_custom_all_reduce_rms_norm_split
 #include "pyorch/gemm.h"               // set_skinny_gemm_legacy_picks
+#include "pyorch/moe_decode.h"         // set_moe_decode_legacy_picks
 #include "pyorch/moe_grouped.h"
 #include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
 #include "pyorch/w4a16.h"      // set_w4a16_prefetch_acts
@@ -406,6 +407,10 @@ PYBIND11_MODULE(_C, m) {
         "Launch the skinny GEMMs (fp16/bf16 and fp8 weights) with their pre-2 GB-sweep picks.");
   m.def("skinny_gemm_legacy_picks", &pyorch::skinny_gemm_legacy_picks,
         "Whether the skinny GEMMs use their legacy launch picks.");
+  m.def("set_moe_decode_legacy_picks", &pyorch::set_moe_decode_legacy_picks, py::arg("on"),
+        "Launch the decode MoE pair with its picks from before the bench_moe_decode sweep.");
+  m.def("moe_decode_legacy_picks", &pyorch::moe_decode_legacy_picks,
+        "Whether the decode MoE pair uses its legacy launch picks.");
   m.def("set_w4a16_prefetch_acts", &pyorch::set_w4a16_prefetch_acts, py::arg("on"),
         "Whether the W4A16 stream kernel loads the next k-block's activations early.");
   m.def("w4a16_prefetch_acts", &pyorch::w4a16_prefetch_acts,

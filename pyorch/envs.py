@@ -101,6 +101,11 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
         "`1` launches the fp16/bf16 and fp8-weight decode GEMMs with their picks from before "
         "their 2 GB-span sweeps (4 warps and the L2 hint; default off; for comparisons)"),
+    "PYORCH_MOE_DECODE_LEGACY_PICKS": (
+        _flag("PYORCH_MOE_DECODE_LEGACY_PICKS", False),
+        "`1` launches the decode MoE kernel pair (fused_moe_decode) with its picks from before "
+        "the bench_moe_decode sweep (4 gate_up CTAs per SM, 2 prefetched down slices; default "
+        "off; for comparisons)"),
     "PYORCH_W4A16_PREFETCH_ACTS": (
         _flag("PYORCH_W4A16_PREFETCH_ACTS", True),
         "`0` makes the W4A16 (GPTQ / AWQ) decode kernel load each k-block's activations just "

@@ -40,7 +40,19 @@ namespace pyorch::kernels {
 
 constexpr int kMoeDecodeGateUpWarps = 4;
 constexpr int kMoeDecodeDownWarps = 16;
-// Weight slices per warp of the down kernel asked of L2 before it waits on gate_up's output.
+
+// Hopper's opt-in shared memory per CTA: the down kernel's per-token rows must fit it.
+constexpr size_t kMoeDecodeMaxDownSmem = 227 * 1024;
+
+// Resident CTAs per SM a kernel's register cap is set for: the skinny GEMM's (128 registers a
+// thread) unless a launch shape asks for more (MoeDecodeConfig), and at least one.
+template <int NUM_WARPS, int CTAS_PER_SM>
+constexpr int moe_decode_min_blocks() {
+  constexpr int skinny = skinny_min_blocks<NUM_WARPS>();
+  return CTAS_PER_SM > skinny ? CTAS_PER_SM : (skinny > 0 ? skinny : 1);
+}
+// Weight slices per warp of the down kernel asked of L2 before it waits on gate_up's output (the
+// default; MoeDecodeConfig::down_prefetch_slices).
 constexpr int kMoeDecodeDownPrefetchSlices = 2;
 
 template <typename T>
@@ -54,6 +66,7 @@ struct MoeDecodeParams {
   const int32_t* sorted_token_ids;     // [num_sorted]
   const int32_t* expert_ids;           // [num_blocks]
   const int32_t* num_tokens_post_pad;  // [1]
+  int down_prefetch_slices;            // weight slices per down warp asked of L2 before its wait
   int64_t num_tokens, num_flat, num_sorted, num_blocks, num_experts, top_k, hidden, inter,
       hidden_stride;
 };
@@ -66,8 +79,9 @@ __device__ __forceinline__ int64_t moe_decode_pair(const MoeDecodeParams<T>& p, 
   return f >= 0 && f < p.num_flat ? f : -1;
 }
 
-template <typename T, int M_TILES, int NUM_WARPS>
-__global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WARPS>())
+template <typename T, int M_TILES, int NUM_WARPS, int CTAS_PER_SM = 0>
+__global__ void __launch_bounds__(NUM_WARPS* kWarpSize,
+                                  moe_decode_min_blocks<NUM_WARPS, CTAS_PER_SM>())
     moe_decode_gate_up_kernel(const MoeDecodeParams<T> p) {
   constexpr int kPairs = M_TILES * kSkinnyTileTokens;  // the block size of the routing
   __shared__ float partial[NUM_WARPS][kPairs][kSkinnyRows];
@@ -152,7 +166,7 @@ __host__ __device__ constexpr size_t moe_decode_down_smem(int64_t num_tokens) {
 }
 
 template <typename T, int M_TILES, int NUM_WARPS>
-__global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WARPS>())
+__global__ void __launch_bounds__(NUM_WARPS* kWarpSize, moe_decode_min_blocks<NUM_WARPS, 0>())
     moe_decode_down_kernel(const MoeDecodeParams<T> p) {
   constexpr int kPairs = M_TILES * kSkinnyTileTokens;
   extern __shared__ __align__(16) float moe_down_smem[];
@@ -188,7 +202,7 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
     if (expert >= 0 && expert < p.num_experts) {
       const T* w = p.w2 + static_cast<int64_t>(expert) * p.hidden * K;
       const int64_t run_end = min(item_end, (b + 1) * num_slices);
-      const int64_t last = min(run_end, warp * per_warp + kMoeDecodeDownPrefetchSlices);
+      const int64_t last = min(run_end, warp * per_warp + p.down_prefetch_slices);
       for (int64_t item = warp * per_warp; item < last; ++item) {
         // Two 128-byte lines of each of the rows g and g + 8 per slice: lane t asks for bytes
         // 64t.. of the slice's 256.
@@ -278,24 +292,44 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   }
 }
 
-template <typename T, int M_TILES>
-cudaError_t launch_moe_decode(const MoeDecodeParams<T>& p, bool pdl, cudaStream_t stream) {
-  const int64_t grid_n = (p.inter + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2);
-  if (p.num_blocks > 0x7fffffff || grid_n > 65535) return cudaErrorInvalidValue;
-  if (p.num_blocks > 0 && p.num_flat > 0) {
-    PYORCH_RETURN_IF_ERROR(
-        launch_kernel(&moe_decode_gate_up_kernel<T, M_TILES, kMoeDecodeGateUpWarps>,
-                      dim3(static_cast<unsigned>(p.num_blocks), static_cast<unsigned>(grid_n)),
-                      dim3(kMoeDecodeGateUpWarps * kWarpSize), 0, stream, pdl, p));
-  }
+template <typename T, int M_TILES, int CTAS_PER_SM>
+cudaError_t launch_moe_decode_gate_up(const MoeDecodeParams<T>& p, int64_t grid_n, bool pdl,
+                                      cudaStream_t stream) {
+  return launch_kernel(&moe_decode_gate_up_kernel<T, M_TILES, kMoeDecodeGateUpWarps, CTAS_PER_SM>,
+                       dim3(static_cast<unsigned>(p.num_blocks), static_cast<unsigned>(grid_n)),
+                       dim3(kMoeDecodeGateUpWarps * kWarpSize), 0, stream, pdl, p);
+}
+
+template <typename T, int M_TILES, int NUM_WARPS>
+cudaError_t launch_moe_decode_down(const MoeDecodeParams<T>& p, bool pdl, cudaStream_t stream) {
   // The down kernel writes every output (zeros for a token with no local expert).
-  auto down = &moe_decode_down_kernel<T, M_TILES, kMoeDecodeDownWarps>;
-  const size_t smem = moe_decode_down_smem<M_TILES, kMoeDecodeDownWarps>(p.num_tokens);
+  auto down = &moe_decode_down_kernel<T, M_TILES, NUM_WARPS>;
+  const size_t smem = moe_decode_down_smem<M_TILES, NUM_WARPS>(p.num_tokens);
   PYORCH_RETURN_IF_ERROR(cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(smem)));
   return launch_kernel(down,
                        dim3(static_cast<unsigned>((p.hidden + kSkinnyRows - 1) / kSkinnyRows)),
-                       dim3(kMoeDecodeDownWarps * kWarpSize), smem, stream, pdl, p);
+                       dim3(NUM_WARPS * kWarpSize), smem, stream, pdl, p);
+}
+
+// gate_up_ctas_per_sm: 0 (the skinny GEMM's register cap: 4 CTAs of 4 warps), 6 or 8;
+// down_warps: 16 or 32. Other values are the caller's error (fused_moe_decode checks them).
+template <typename T, int M_TILES>
+cudaError_t launch_moe_decode(const MoeDecodeParams<T>& p, int gate_up_ctas_per_sm, int down_warps,
+                              bool pdl, cudaStream_t stream) {
+  const int64_t grid_n = (p.inter + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2);
+  if (p.num_blocks > 0x7fffffff || grid_n > 65535) return cudaErrorInvalidValue;
+  if (p.num_blocks > 0 && p.num_flat > 0) {
+    cudaError_t status;
+    switch (gate_up_ctas_per_sm) {
+      case 6: status = launch_moe_decode_gate_up<T, M_TILES, 6>(p, grid_n, pdl, stream); break;
+      case 8: status = launch_moe_decode_gate_up<T, M_TILES, 8>(p, grid_n, pdl, stream); break;
+      default: status = launch_moe_decode_gate_up<T, M_TILES, 0>(p, grid_n, pdl, stream);
+    }
+    PYORCH_RETURN_IF_ERROR(status);
+  }
+  return down_warps == 32 ? launch_moe_decode_down<T, M_TILES, 32>(p, pdl, stream)
+                          : launch_moe_decode_down<T, M_TILES, kMoeDecodeDownWarps>(p, pdl, stream);
 }
 
 }  // namespace pyorch::kernels

@@ -122,6 +122,10 @@ def test_envs_parse_flags(monkeypatch):
     assert envs.PYORCH_SKINNY_GEMM_LEGACY_PICKS is False
     monkeypatch.setenv("PYORCH_SKINNY_GEMM_LEGACY_PICKS", "1")
     assert envs.PYORCH_SKINNY_GEMM_LEGACY_PICKS is True
+    monkeypatch.delenv("PYORCH_MOE_DECODE_LEGACY_PICKS", raising=False)
+    assert envs.PYORCH_MOE_DECODE_LEGACY_PICKS is False
+    monkeypatch.setenv("PYORCH_MOE_DECODE_LEGACY_PICKS", "1")
+    assert envs.PYORCH_MOE_DECODE_LEGACY_PICKS is True
     with pytest.raises(AttributeError):
         envs.PYORCH_NOT_A_VARIABLE
 

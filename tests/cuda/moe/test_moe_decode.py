@@ -253,3 +253,31 @@ def test_fused_moe_decode_is_deterministic_with_and_without_pdl():
         results.append((out.clone(), act.clone()))
     for out, act in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(act, results[0][1])
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,inter",
+                         [(1, 128, 8, 2048, 768), (2, 128, 8, 2048, 768), (1, 64, 6, 512, 520),
+                          (1, 8, 2, 512, 1000)])
+def test_legacy_picks_compute_the_same_product(num_tokens: int, num_experts: int, top_k: int,
+                                               hidden: int, inter: int):
+    """PYORCH_MOE_DECODE_LEGACY_PICKS (the A/B switch) changes only the launch: gate_up's resident
+    CTAs per SM (its register cap) and the down kernel's L2 prefetch, not the order of any sum.
+    The shapes include Qwen3-30B-A3B's at one token, where the default takes 8 CTAs per SM."""
+    from pyorch import _C
+
+    assert not _C.moe_decode_legacy_picks()
+    ids = _routing(num_tokens, num_experts, top_k, "cuda")
+    x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+    w13, w2 = _weights(num_experts, hidden, inter, "cuda", torch.bfloat16)
+    weights = torch.rand(num_tokens, top_k, device="cuda")
+    results = []
+    for legacy in (False, True):
+        _C.set_moe_decode_legacy_picks(legacy)
+        try:
+            results.append(fm.fused_experts_decode(x, w13, w2, weights, ids, num_experts))
+        finally:
+            _C.set_moe_decode_legacy_picks(False)
+    assert torch.equal(results[0], results[1])
+    torch.testing.assert_close(results[0].cpu().double(), ref.fused_moe(x, w13, w2, weights, ids),
+                               **tol(torch.bfloat16, 4.0))
