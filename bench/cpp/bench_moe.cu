@@ -20,6 +20,7 @@
 #endif
 
 #include "common/bench_util.h"
+#include "common/moe_bench_util.h"
 #include "pyorch/moe_grouped.h"
 
 namespace {
@@ -28,35 +29,11 @@ using pyorch::bench::Args;
 using pyorch::bench::Report;
 using bf16 = __nv_bfloat16;
 
-struct MoeShape {
-  std::string name;
-  int64_t experts, top_k, hidden, inter;
-};
-
-const std::vector<MoeShape> kShapes = {{"mixtral", 8, 2, 4096, 14336},
-                                       {"qwen3_moe", 128, 8, 2048, 768},
-                                       {"qwen3_235b", 128, 8, 4096, 1536}};
-
-__global__ void fill_kernel(uint16_t* data, size_t n, uint64_t seed, bool fp8) {
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
-    uint64_t z = (i + seed * 0x632be59bd9b4e019ull) * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
-    const float u = static_cast<float>((z >> 40) & 0xffff) / 65536.f - 0.5f;
-    if (fp8) {
-      reinterpret_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(z >> 48) & 0x77;  // |x| < 448
-    } else {
-      data[i] = __bfloat16_as_ushort(__float2bfloat16(u * 0.1f));
-    }
-  }
-}
+using pyorch::bench::kMoeShapes;
+using pyorch::bench::MoeShape;
 
 void* device_random(size_t elems, size_t elem_bytes, uint64_t seed) {
-  void* p = nullptr;
-  BENCH_CHECK(cudaMalloc(&p, elems * elem_bytes));
-  fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(p), elems, seed, elem_bytes == 1);
-  BENCH_CHECK(cudaGetLastError());
-  return p;
+  return pyorch::bench::moe_bench_random(elems, elem_bytes, seed);
 }
 
 std::vector<int32_t> offsets_for(int64_t rows, int64_t experts, double skew) {
@@ -95,7 +72,7 @@ int main(int argc, char** argv) {
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
   cublasSetStream(handle, stream);
 
-  for (const MoeShape& s : kShapes) {
+  for (const MoeShape& s : kMoeShapes) {
     if (std::find(names.begin(), names.end(), s.name) == names.end()) continue;
     // (projection, N, K): gate_up [2I, H], down [H, I]
     const int64_t projs[2][2] = {{2 * s.inter, s.hidden}, {s.hidden, s.inter}};

@@ -10,7 +10,7 @@
 // block size, 16 once experts average two pairs, else 8). Both kernels launch with PDL as in the
 // engine. Every swept shape's output is checked against the default's (fp32 sums in another
 // order: close, not equal).
-// Shapes: qwen3_moe (E=128, k=8, H=2048, I=768), mixtral (E=8, k=2, H=4096, I=14336).
+// Shapes (common/moe_bench_util.h): qwen3_moe and mixtral by default, qwen3_235b on request.
 // Flags: --shapes qwen3_moe,mixtral --tokens 1,2,8,16 --ctas 4,6,8 --warps 16,32
 //        --prefetch 2,0,4,8 --routings 32 --iters 50 --legacy (the default is the old picks)
 //        --json FILE
@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 
 #include "common/bench_util.h"
+#include "common/moe_bench_util.h"
 #include "pyorch/launch.h"
 #include "pyorch/moe_decode.h"
 
@@ -34,31 +35,7 @@ using pyorch::bench::Args;
 using pyorch::bench::Report;
 using bf16 = __nv_bfloat16;
 
-struct MoeShape {
-  std::string name;
-  int64_t experts, top_k, hidden, inter;
-};
-
-const std::vector<MoeShape> kShapes = {{"qwen3_moe", 128, 8, 2048, 768},
-                                       {"mixtral", 8, 2, 4096, 14336}};
-
-__global__ void fill_kernel(bf16* data, size_t n, uint64_t seed, float scale) {
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
-    uint64_t z = (i + seed * 0x632be59bd9b4e019ull) * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
-    const float u = static_cast<float>((z >> 40) & 0xffff) / 65536.f - 0.5f;
-    data[i] = __float2bfloat16(u * scale);
-  }
-}
-
-bf16* device_random(size_t elems, uint64_t seed, float scale) {
-  bf16* p = nullptr;
-  BENCH_CHECK(cudaMalloc(&p, elems * sizeof(bf16)));
-  fill_kernel<<<1024, 256>>>(p, elems, seed, scale);
-  BENCH_CHECK(cudaGetLastError());
-  return p;
-}
+using pyorch::bench::MoeShape;
 
 // One routing of M tokens in moe_align_block_size's layout, on the device.
 struct Routing {
@@ -156,12 +133,15 @@ int main(int argc, char** argv) {
       }
     }
   }
-  for (const MoeShape& s : kShapes) {
+  for (const MoeShape& s : pyorch::bench::kMoeShapes) {
     if (std::find(names.begin(), names.end(), s.name) == names.end()) continue;
     const size_t w13_elems = size_t(s.experts) * 2 * s.inter * s.hidden;
     const size_t w2_elems = size_t(s.experts) * s.hidden * s.inter;
-    bf16* w13 = device_random(w13_elems, 1, 2.f / std::sqrt(float(s.hidden)));
-    bf16* w2 = device_random(w2_elems, 2, 2.f / std::sqrt(float(s.inter)));
+    // Weights of unit-scale products: uniform with the variance of 1 / fan-in.
+    auto* w13 = static_cast<bf16*>(pyorch::bench::moe_bench_random(
+        w13_elems, sizeof(bf16), 1, 2.f * std::sqrt(3.f / float(s.hidden))));
+    auto* w2 = static_cast<bf16*>(pyorch::bench::moe_bench_random(
+        w2_elems, sizeof(bf16), 2, 2.f * std::sqrt(3.f / float(s.inter))));
     for (int64_t m : token_counts) {
       const int64_t num_flat = m * s.top_k;
       const int64_t block = num_flat >= 2 * s.experts ? 16 : 8;
@@ -173,7 +153,8 @@ int main(int argc, char** argv) {
         active += routings.back().active_experts;
       }
       active /= num_routings;
-      bf16* x = device_random(size_t(m) * s.hidden, 3, 1.f);
+      auto* x = static_cast<bf16*>(
+          pyorch::bench::moe_bench_random(size_t(m) * s.hidden, sizeof(bf16), 3, 2.f));
       bf16* out = nullptr;
       bf16* act = nullptr;
       BENCH_CHECK(cudaMalloc(&out, size_t(m) * s.hidden * sizeof(bf16)));
