@@ -13,11 +13,32 @@ namespace pyorch::kernels {
 
 constexpr int kTopkWarps = 4;  // tokens per CTA of topk_softmax: one warp each
 
+// A 16-bit float logit and its expert as one 32-bit key whose unsigned order is the argmax's:
+// the value's bits made order-preserving (sign flipped for positives, all bits for negatives;
+// -0 as +0) above 0xffff - expert (ties to the lower id). 0 is below every expert's key.
+__device__ __forceinline__ uint32_t topk_key(uint16_t bits, int expert) {
+  if (bits == 0x8000u) bits = 0;
+  const uint32_t ordered = (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
+  return (ordered << 16) | (0xffffu - static_cast<uint32_t>(expert));
+}
+
+template <typename T>
+__device__ __forceinline__ float topk_key_value(uint32_t key) {
+  const uint32_t ordered = key >> 16;
+  const uint16_t bits =
+      static_cast<uint16_t>((ordered & 0x8000u) ? (ordered & 0x7fffu) : (~ordered & 0xffffu));
+  T value;
+  memcpy(&value, &bits, sizeof(bits));
+  return to_float(value);
+}
+
 // One warp per token. Lane l owns experts l, l + 32, ..., l + 32 * (PER_LANE - 1) (PER_LANE >=
 // ceil(E / 32), a power of two up to 32: E <= 1024), read into registers once, and a bit per
 // owned expert once it is taken; each of the top_k rounds is a warp argmax over the untaken ones,
 // ties to the lower expert id. (Reading the row again in every round, through L1, cost about
-// twice the kernel's time at 128 experts.)
+// twice the kernel's time at 128 experts.) 16-bit logits (the router GEMM's output in a bf16 or
+// fp16 model) take the argmax as one redux.sync over 32-bit keys (topk_key) instead of five
+// rounds of two shuffles: the top_k rounds are the kernel's critical path at decode.
 template <typename T, typename IndexT, int PER_LANE>
 __global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, top_k]
                                     IndexT* __restrict__ topk_indices,   // [M, top_k]
@@ -49,37 +70,63 @@ __global__ void topk_softmax_kernel(float* __restrict__ topk_weights,    // [M, 
   }
   sum = warp_reduce_sum(sum);
   const float inv_sum = 1.f / sum;
-  uint32_t taken = 0;
   float selected = 0.f;
   float my_weight = 0.f;  // lane j < top_k keeps round j's result
   int my_expert = 0;
-  for (int j = 0; j < top_k; ++j) {
-    float best = -INFINITY;
-    int best_e = num_experts;
+  if constexpr (sizeof(T) == 2) {
+    uint32_t key[PER_LANE];  // 0 once taken (or past E)
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) {
       const int e = lane + i * kWarpSize;
-      if (e < num_experts && !(taken >> i & 1u) && (v[i] > best || best_e == num_experts)) {
-        best = v[i];
-        best_e = e;
-      }
+      key[i] = e < num_experts ? topk_key(*reinterpret_cast<const uint16_t*>(row + e), e) : 0u;
     }
+    for (int j = 0; j < top_k; ++j) {
+      uint32_t mine = 0;
 #pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
-      if (other_e < num_experts &&
-          (best_e == num_experts || other > best || (other == best && other_e < best_e))) {
-        best = other;
-        best_e = other_e;
+      for (int i = 0; i < PER_LANE; ++i) mine = max(mine, key[i]);
+      const uint32_t top = __reduce_max_sync(0xffffffffu, mine);
+      const int best_e = static_cast<int>(0xffffu - (top & 0xffffu));
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i) {
+        if (lane + i * kWarpSize == best_e) key[i] = 0u;
+      }
+      const float p = __expf(topk_key_value<T>(top) - row_max) * inv_sum;
+      selected += p;
+      if (lane == j) {
+        my_weight = p;
+        my_expert = best_e;
       }
     }
-    if (best_e % kWarpSize == lane) taken |= 1u << (best_e / kWarpSize);
-    const float p = __expf(best - row_max) * inv_sum;
-    selected += p;
-    if (lane == j) {
-      my_weight = p;
-      my_expert = best_e;
+  } else {
+    uint32_t taken = 0;
+    for (int j = 0; j < top_k; ++j) {
+      float best = -INFINITY;
+      int best_e = num_experts;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i) {
+        const int e = lane + i * kWarpSize;
+        if (e < num_experts && !(taken >> i & 1u) && (v[i] > best || best_e == num_experts)) {
+          best = v[i];
+          best_e = e;
+        }
+      }
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+        const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
+        if (other_e < num_experts &&
+            (best_e == num_experts || other > best || (other == best && other_e < best_e))) {
+          best = other;
+          best_e = other_e;
+        }
+      }
+      if (best_e % kWarpSize == lane) taken |= 1u << (best_e / kWarpSize);
+      const float p = __expf(best - row_max) * inv_sum;
+      selected += p;
+      if (lane == j) {
+        my_weight = p;
+        my_expert = best_e;
+      }
     }
   }
   if (lane < top_k) {

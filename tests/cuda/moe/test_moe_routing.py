@@ -70,6 +70,29 @@ def test_topk_softmax_ties_and_int64(device: str):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_topk_softmax_16_bit_ties_signed_zeros_and_negatives(device: str, dtype: torch.dtype):
+    # 16-bit logits take the packed-key argmax on CUDA: equal values (the two zeros included)
+    # go to the lower expert id, negatives order below positives, -inf last.
+    gating = torch.full((3, 70), -3.0, device=device)
+    gating[0, 3], gating[0, 1] = -0.0, 0.0  # equal: 1 before 3, both above the -3s
+    gating[0, 40] = -2.5
+    gating[1, 65], gating[1, 64], gating[1, 2] = -0.5, -0.5, -float("inf")
+    gating[2] = torch.linspace(-4, 4, 70, device=device)
+    gating = gating.to(dtype)
+    weights = torch.empty(3, 5, device=device)
+    ids = torch.empty(3, 5, dtype=torch.int32, device=device)
+    _ops.topk_softmax(weights, ids, torch.empty(3, 5, dtype=torch.int32, device=device), gating,
+                      False)
+    assert ids[0, :3].tolist() == [1, 3, 40]
+    assert ids[1, :3].tolist() == [64, 65, 0]
+    assert ids[2].tolist() == [69, 68, 67, 66, 65]
+    want_w, want_ids = ref.topk_softmax(gating.cpu(), 5, False)
+    assert torch.equal(ids.cpu().long(), want_ids)
+    torch.testing.assert_close(weights.cpu().double(), want_w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_topk_softmax_checks(device: str):
     gating = torch.randn(4, 8, device=device)
     w = torch.empty(4, 2, device=device)
