@@ -1,8 +1,13 @@
 """Where the MoE decode pair's fixed cost goes: torch.profiler over eager calls of the layer
 (router, sort, gate_up kernel, down kernel) at small M on Mixtral-8x7B and Qwen3-30B-A3B shapes,
-bf16, printing each CUDA kernel's mean time next to the routed experts' weight-read floor.
+bf16 (router logits too, as the engine's router GEMM writes them), printing each CUDA kernel's
+mean time next to the routed experts' weight-read floor.
 
-    python bench/probes/moe_decode_profile.py [--tokens 1,2,8] [--iters 20]
+    PYORCH_PDL=0 python bench/probes/moe_decode_profile.py [--tokens 1,2,8] [--iters 20]
+
+Run it with PDL off for kernel durations: under PDL a kernel starts before the one ahead of it
+ends and waits inside (griddepcontrol.wait), and the profiler counts that wait as its time
+(topk_softmax showed 29 us at Mixtral M = 1 that way).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ def _profile(model: str, m: int, w13: torch.Tensor, w2: torch.Tensor, top_k: int
     e, _, h = w13.shape
     i = w2.shape[2]
     x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-    logits = torch.randn(m, e, device="cuda")
+    logits = torch.randn(m, e, device="cuda").to(torch.bfloat16)
 
     def layer() -> torch.Tensor:
         w, ids = fm.fused_topk(logits, top_k, True)
