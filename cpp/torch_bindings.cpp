@@ -11,6 +11,7 @@
 #ifdef PYORCH_WITH_CUDA
 #include "pyorch/custom_all_reduce.h"  // set_custom_all_reduce_rms_norm_split
 #include "pyorch/gemm.h"               // set_skinny_gemm_legacy_picks
+#include "pyorch/gguf.h"               // set_gguf_q4k_direct
 #include "pyorch/moe_decode.h"         // set_moe_decode_legacy_picks
 #include "pyorch/moe_grouped.h"
 #include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
@@ -407,6 +408,10 @@ PYBIND11_MODULE(_C, m) {
         "Launch the skinny GEMMs (fp16/bf16 and fp8 weights) with their pre-2 GB-sweep picks.");
   m.def("skinny_gemm_legacy_picks", &pyorch::skinny_gemm_legacy_picks,
         "Whether the skinny GEMMs use their legacy launch picks.");
+  m.def("set_gguf_q4k_direct", &pyorch::set_gguf_q4k_direct, py::arg("on"),
+        "Whether one token's Q4_K GGUF product may take its direct form (else the ring form).");
+  m.def("gguf_q4k_direct", &pyorch::gguf_q4k_direct,
+        "Whether one token's Q4_K GGUF product may take its direct form.");
   m.def("set_moe_decode_legacy_picks", &pyorch::set_moe_decode_legacy_picks, py::arg("on"),
         "Launch the decode MoE pair with its picks from before the bench_moe_decode sweep.");
   m.def("moe_decode_legacy_picks", &pyorch::moe_decode_legacy_picks,

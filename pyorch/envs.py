@@ -101,6 +101,10 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
         "`1` launches the fp16/bf16 and fp8-weight decode GEMMs with their picks from before "
         "their 2 GB-span sweeps (4 warps and the L2 hint; default off; for comparisons)"),
+    "PYORCH_GGUF_Q4K_DIRECT": (
+        _flag("PYORCH_GGUF_Q4K_DIRECT", True),
+        "`0` runs one token's Q4_K GGUF products in the ring form (gguf_mmvq.cuh) instead of the "
+        "direct form (gguf_mmvq_q4k.cuh; default on; for comparisons)"),
     "PYORCH_MOE_DECODE_LEGACY_PICKS": (
         _flag("PYORCH_MOE_DECODE_LEGACY_PICKS", False),
         "`1` launches the decode MoE kernel pair (fused_moe_decode) with its picks from before "

@@ -332,14 +332,19 @@ int main(int argc, char** argv) {
       }
       // The vector kernel's launch choices, to pick its defaults (rows op=gguf_mmvq_sweep):
       // {sub-blocks per lane, stages, L2::256B hint, PDL, rows per block, x quantized by the
-      // product itself (one token only)}. The last two put more bytes in flight per warp (4
-      // tiles of 2 sub-blocks, 3 of 4). Measured on an H200 they did not beat the default
-      // (bench/results/NVIDIA_H200/gguf_sweep_20261128/); they stay in the sweep for new GPUs.
+      // product itself (one token only)}, all in the ring form (direct 0). The last two put more
+      // bytes in flight per warp (4 tiles of 2 sub-blocks, 3 of 4). Measured on an H200 they did
+      // not beat the default (bench/results/NVIDIA_H200/gguf_sweep_20261128/); they stay in the
+      // sweep for new GPUs.
       const int sweep[][6] = {
           {2, 2, 1, 1, 4, 0}, {2, 3, 0, 1, 4, 0}, {2, 3, 1, 1, 4, 0}, {2, 4, 1, 1, 4, 0},
           {2, 3, 1, 0, 4, 0}, {4, 2, 1, 1, 4, 0}, {2, 2, 1, 1, 4, 1}, {2, 3, 1, 1, 4, 1},
           {2, 2, 0, 1, 8, 1}, {2, 2, 1, 1, 8, 1}, {2, 3, 1, 1, 8, 1}, {2, 2, 1, 0, 8, 1},
           {4, 2, 1, 1, 4, 1}, {4, 2, 1, 1, 8, 1}, {2, 4, 1, 1, 8, 1}, {4, 3, 1, 1, 8, 1}};
+      // Q4_K's direct form at one token: {L2::256B hint, PDL, rows (warps) per thread block,
+      // thread blocks per SM (0: all that fit)}.
+      const int direct_sweep[][4] = {{0, 1, 32, 0}, {1, 1, 32, 0}, {0, 0, 32, 0}, {0, 1, 16, 0},
+                                     {0, 1, 8, 0},  {0, 1, 16, 1}, {0, 1, 8, 3}};
       for (int64_t m : sweep_tokens) {
         for (const auto& v : sweep) {
           if (v[5] == 1 && m != 1) continue;
@@ -350,10 +355,25 @@ int main(int argc, char** argv) {
           config.pdl = v[3];
           config.warps = v[4];
           config.fuse_x = v[5];
+          config.direct = 0;
           const std::string name = "subs" + std::to_string(v[0]) + "_stages" +
                                    std::to_string(v[1]) + "_l2" + std::to_string(v[2]) + "_pdl" +
                                    std::to_string(v[3]) + "_warps" + std::to_string(v[4]) +
                                    "_fuse" + std::to_string(v[5]);
+          failures += !run_product(report, c, "gguf_mmvq_sweep", mul_mat_vec_with(config), m,
+                                   copy_gbs, iters, stream, name);
+        }
+        if (m != 1 || type.id != int32_t(pyorch::GgmlType::kQ4_K)) continue;
+        for (const auto& v : direct_sweep) {
+          pyorch::GgufMulMatVecConfig config;
+          config.direct = 1;
+          config.l2_prefetch = v[0];
+          config.pdl = v[1];
+          config.warps = v[2];
+          if (v[3] > 0) config.blocks_per_sm = v[3];
+          const std::string name = "direct_l2" + std::to_string(v[0]) + "_pdl" +
+                                   std::to_string(v[1]) + "_warps" + std::to_string(v[2]) + "_bps" +
+                                   std::to_string(v[3]);
           failures += !run_product(report, c, "gguf_mmvq_sweep", mul_mat_vec_with(config), m,
                                    copy_gbs, iters, stream, name);
         }

@@ -8,6 +8,24 @@
 
 namespace pyorch::kernels {
 
+// 16 bytes of a weight read once (the decode GEMMs' streams): no L1 allocation, optionally the
+// 256-byte L2 prefetch hint. Volatile asm: the loads keep their program order, so a batch of them
+// is issued before the first use waits (as plain loads the compiler sinks each to its use).
+template <bool L2_PREFETCH>
+__device__ __forceinline__ uint4 load_weight_chunk(const void* ptr) {
+  uint4 v;
+  if constexpr (L2_PREFETCH) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
+  }
+  return v;
+}
+
 // VEC_SIZE elements of T packed into one aligned register-sized chunk.
 template <typename T, int VEC_SIZE>
 struct alignas(sizeof(T) * VEC_SIZE) Vec {

@@ -61,7 +61,8 @@
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
-#include "pyorch/gemm.h"  // SkinnyGemmEpilogue, the C API's and the templates' one enum
+#include "common/vec.cuh"  // load_weight_chunk
+#include "pyorch/gemm.h"   // SkinnyGemmEpilogue, the C API's and the templates' one enum
 
 namespace pyorch::kernels {
 
@@ -187,22 +188,6 @@ struct SkinnyWeight<T, __nv_fp8_e4m3> {
 // The loads are volatile asm, as the mmas are: volatile statements keep their program order, so
 // every load of a batch is issued before the first mma waits on one. (As plain loads, the
 // compiler sank each next to its use: 3-4 loads in flight per warp instead of a slice's 12-16.)
-
-// 16 bytes of weight, read once: no L1 allocation, optionally a 256-byte L2 prefetch hint.
-template <bool L2_PREFETCH>
-__device__ __forceinline__ uint4 load_weight_chunk(const void* ptr) {
-  uint4 v;
-  if constexpr (L2_PREFETCH) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(ptr));
-  } else {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(ptr));
-  }
-  return v;
-}
 
 // 16 bytes of x: read by every block, so cached in L1.
 __device__ __forceinline__ uint4 load_input_chunk(const void* ptr) {

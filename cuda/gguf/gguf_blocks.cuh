@@ -252,6 +252,42 @@ struct BlockTraits<int(GgmlType::kQ4_K)> {
   }
 };
 
+// Q4_K as gguf_mmvq_q4k.cuh's direct form reads it: a lane per 32 bytes of qs (two sub-blocks).
+// The 6-bit scales and mins of sub-blocks 2 pair and 2 pair + 1 (pair 0..3), two at a time and
+// without a branch on the pair: byte 0 of sc / m is the even sub-block's, byte 1 the odd one's.
+// s0, s1, s2: the block's scales[12] as three little-endian words (bytes 0-3, 4-7, 8-11); the
+// same values as k4_scale_min (gguf's Q4_K get_scale_min).
+PYORCH_HD void q4k_pair_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int pair, uint32_t& sc,
+                                  uint32_t& m) {
+  const int shift = 16 * (pair & 1);
+  const uint32_t a = (s0 >> shift) & 0xffffu;
+  const uint32_t b = (s1 >> shift) & 0xffffu;
+  const uint32_t c = (s2 >> shift) & 0xffffu;
+  // Sub-blocks 0..3: the low six bits of scales[j] and scales[j + 4]. 4..7: the nibbles of
+  // scales[j + 4] with the top two bits of scales[j - 4] and scales[j] above them.
+  const uint32_t sc_hi = (c & 0x0f0fu) | ((a >> 2) & 0x3030u);
+  const uint32_t m_hi = ((c >> 4) & 0x0f0fu) | ((b >> 2) & 0x3030u);
+  sc = pair < 2 ? (a & 0x3f3fu) : sc_hi;
+  m = pair < 2 ? (b & 0x3f3fu) : m_hi;
+}
+
+// One lane's share of a block in the direct form, decoded into the Sub32 form (for the host test
+// of the layout: tests/cuda/gguf/test_gguf_blocks_host.py). hdr: the block's first 16 bytes as
+// words; qs: the 32 bytes qs[32 pair .. 32 pair + 31] as words. sub[0] is sub-block 2 pair (the
+// low nibbles), sub[1] sub-block 2 pair + 1 (the high nibbles).
+PYORCH_HD void q4k_decode_pair(const uint32_t hdr[4], const uint32_t qs[8], int pair,
+                               Sub32 sub[2]) {
+  uint32_t sc, m;
+  q4k_pair_scale_min(hdr[1], hdr[2], hdr[3], pair, sc, m);
+  const float d = half_bits_to_float(static_cast<uint16_t>(hdr[0] & 0xffffu));
+  const float dmin = half_bits_to_float(static_cast<uint16_t>(hdr[0] >> 16));
+  for (int s = 0; s < 2; ++s) {
+    for (int i = 0; i < 8; ++i) sub[s].q[i] = (qs[i] >> (4 * s)) & 0x0f0f0f0fu;
+    sub[s].scale[0] = sub[s].scale[1] = d * float((sc >> (8 * s)) & 0xffu);
+    sub[s].bias[0] = sub[s].bias[1] = -dmin * float((m >> (8 * s)) & 0xffu);
+  }
+}
+
 // Q5_K: d, dmin, scales[12], qh[32], qs[128]. Low four bits as Q4_K, bit 4 of element 32 j + i
 // is (qh[i] >> j) & 1; w = d * sc[j] * q - dmin * m[j].
 template <>

@@ -126,6 +126,10 @@ def test_envs_parse_flags(monkeypatch):
     assert envs.PYORCH_MOE_DECODE_LEGACY_PICKS is False
     monkeypatch.setenv("PYORCH_MOE_DECODE_LEGACY_PICKS", "1")
     assert envs.PYORCH_MOE_DECODE_LEGACY_PICKS is True
+    monkeypatch.delenv("PYORCH_GGUF_Q4K_DIRECT", raising=False)
+    assert envs.PYORCH_GGUF_Q4K_DIRECT is True
+    monkeypatch.setenv("PYORCH_GGUF_Q4K_DIRECT", "0")
+    assert envs.PYORCH_GGUF_Q4K_DIRECT is False
     with pytest.raises(AttributeError):
         envs.PYORCH_NOT_A_VARIABLE
 

@@ -87,10 +87,22 @@ struct GgufMulMatVecConfig {
   int l2_prefetch = -1;    // 1: the weight copies carry the L2::256B prefetch hint, 0: they do not
   int pdl = -1;     // 1: programmatic dependent launch where pdl_enabled() (the first weight tiles
                     // are requested while the kernel before it finishes), 0: a plain launch
-  int warps = -1;   // 1..8 (1..4 without fuse_x): weight rows (warps) per thread block
+  int warps = -1;   // 1..8 (1..4 without fuse_x; 1..32 in the direct form): weight rows (warps)
+                    // per thread block
   int fuse_x = -1;  // 1: one token's product quantizes x itself (no q8_1 kernel; needs x 16-byte
                     // aligned, else refused), 0: the q8_1 kernel runs first
+  int direct = -1;  // Q4_K, one token, fuse_x: 1 the direct form (lanes load their quants into
+                    // registers, no ring; weight and row stride 16-byte aligned, else refused),
+                    // 0 the ring form. The launcher takes the direct form where it can.
+  int blocks_per_sm = -1;  // the direct form: thread blocks per SM in its grid (at most the
+                           // resident ones; fewer leave room for the next kernel's blocks)
 };
+
+// Whether one token's Q4_K product may take the direct form (default on; GgufMulMatVecConfig's
+// `direct` wins where a caller sets it). Process state, for comparisons
+// (PYORCH_GGUF_Q4K_DIRECT); set it before any CUDA graph is captured.
+void set_gguf_q4k_direct(bool on);
+bool gguf_q4k_direct();
 
 // gguf_mul_mat_vec: one warp streams each weight row with 16-byte loads and dp4a, for few tokens.
 cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, void* workspace,

@@ -52,6 +52,26 @@ extern "C" int decode(int type, const uint8_t* src, float* dst, long num_blocks)
   }
   return 1;
 }
+// Q4_K through the direct product's decoder (gguf_mmvq_q4k.cuh): four lanes per block, each
+// 32 bytes of qs holding two sub-blocks.
+extern "C" void decode_q4k_pairs(const uint8_t* src, float* dst, long num_blocks) {
+  for (long b = 0; b < num_blocks; ++b) {
+    const uint8_t* block = src + b * 144;
+    uint32_t hdr[4];
+    for (int w = 0; w < 4; ++w) hdr[w] = ld_u32<false>(block + 4 * w);
+    for (int pair = 0; pair < 4; ++pair) {
+      uint32_t qs[8];
+      for (int w = 0; w < 8; ++w) qs[w] = ld_u32<false>(block + 16 + 32 * pair + 4 * w);
+      Sub32 sub[2];
+      q4k_decode_pair(hdr, qs, pair, sub);
+      for (int s = 0; s < 2; ++s) {
+        for (int i = 0; i < 32; ++i) {
+          dst[b * 256 + 32 * (2 * pair + s) + i] = sub_value(sub[s], i, false);
+        }
+      }
+    }
+  }
+}
 """
 
 
@@ -88,4 +108,20 @@ def test_block_decoders_match_gguf(decoder: ctypes.CDLL, qtype: Q) -> None:
     )
     assert status == 0
     # Equal as numbers (the decoder's exact zero is +0 where gguf's d * 0 may be -0).
+    assert np.array_equal(out, expected)
+
+
+def test_q4k_direct_pair_decoder_matches_gguf(decoder: ctypes.CDLL) -> None:
+    # The direct one-token Q4_K product's layout: a lane's 32 bytes qs[32 p ..] hold sub-blocks
+    # 2 p (low nibbles) and 2 p + 1 (high nibbles), and both sub-blocks' 6-bit scales and mins
+    # come from three header words without a branch (q4k_pair_scale_min).
+    rows, cols = 11, 256 * 5
+    raw = np.ascontiguousarray(ref.make_weight(Q.Q4_K, rows, cols, np.random.default_rng(412)))
+    expected = gguf_dequantize(raw, Q.Q4_K).astype(np.float32).reshape(-1)
+    out = np.full(rows * cols, np.nan, dtype=np.float32)
+    decoder.decode_q4k_pairs(
+        raw.ctypes.data_as(ctypes.c_void_p),
+        out.ctypes.data_as(ctypes.c_void_p),
+        ctypes.c_long(rows * cols // 256),
+    )
     assert np.array_equal(out, expected)

@@ -103,6 +103,32 @@ def _x_at(x: torch.Tensor, offset_elems: int) -> torch.Tensor:
     return view
 
 
+@pytest.mark.parametrize("rows,cols", [(1, 256), (7, 256 * 3), (130, 2304), (1031, 4096),
+                                       (4096, 14336), (20011, 512), (3, 256 * 23)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ggml_mul_mat_vec_cuda_q4k_direct_and_ring_forms(rows: int, cols: int,
+                                                         dtype: torch.dtype) -> None:
+    # One token of Q4_K with rows on 16 bytes takes the direct form (gguf_mmvq_q4k.cuh: four
+    # lanes a block, eight blocks a warp step, x in padded shared-memory groups); the switch
+    # PYORCH_GGUF_Q4K_DIRECT=0 (set_gguf_q4k_direct) sends it to the ring form. Rows of 1 to 23
+    # blocks leave steps with idle lanes (not multiples of 8 blocks); 20011 rows give each warp
+    # several rows. Both forms against the float64 reference.
+    from pyorch import _C
+
+    raw = ref.make_weight(Q.Q4_K, rows, cols, np.random.default_rng(rows * 7 + cols))
+    w = _device_weight(raw)
+    x = torch.randn(1, cols, device="cuda").to(dtype) * 2
+    assert _C.gguf_q4k_direct()
+    direct = _ops.ggml_mul_mat_vec_a8(w, x, int(Q.Q4_K), rows)
+    try:
+        _C.set_gguf_q4k_direct(False)
+        ring = _ops.ggml_mul_mat_vec_a8(w, x, int(Q.Q4_K), rows)
+    finally:
+        _C.set_gguf_q4k_direct(True)
+    _check_product(direct, x, raw, Q.Q4_K)
+    _check_product(ring, x, raw, Q.Q4_K)
+
+
 @pytest.mark.parametrize("qtype,rows,cols", [(q, 130, _cols(q)) for q in QUANT_TYPES] + [
     (Q.Q4_K, 6144, 4096), (Q.Q4_K, 4096, 14336), (Q.Q8_0, 6144, 4096), (Q.Q6_K, 1031, 14336),
     (Q.Q4_K, 20011, 512), (Q.Q6_K, 20011, 256), (Q.Q8_0, 20011, 96), (Q.Q8_0, 3, 147456)],
@@ -112,7 +138,7 @@ def test_ggml_mul_mat_vec_cuda_fused_q8_1_same_bits(
     qtype: Q, rows: int, cols: int, dtype: torch.dtype
 ) -> None:
     # One token with a 16-byte aligned x: the vector kernel quantizes x itself in shared memory
-    # (no q8_1 kernel). The same x one element off 16 bytes takes the q8_1 kernel's path: both
+    # (no q8_1 kernel; for Q4_K the direct form, which has its own summation order). The same x one element off 16 bytes takes the q8_1 kernel's path: both
     # must give the same bits. 130 and 1031 rows leave blocks with idle warps, which still
     # quantize x; 20011 rows are more than the resident warps hold, so each warp takes several
     # rows (and K-quants then stream tiles of 4 sub-blocks per lane). An x of 147456 values does
@@ -122,10 +148,11 @@ def test_ggml_mul_mat_vec_cuda_fused_q8_1_same_bits(
     x = torch.randn(1, cols, device="cuda").to(dtype) * 3
     fused = _ops.ggml_mul_mat_vec_a8(w, _x_at(x, 0), int(qtype), rows)
     plain = _ops.ggml_mul_mat_vec_a8(w, _x_at(x, 1), int(qtype), rows)
-    if rows > 20000 and ref.block_size(qtype) == 256:
-        # Wider tiles sum each row's sub-blocks in another order: both forms against the
-        # reference instead.
+    if qtype == Q.Q4_K or (rows > 20000 and ref.block_size(qtype) == 256):
+        # Q4_K's one-token form is the direct kernel (gguf_mmvq_q4k.cuh), and wider tiles sum
+        # each row's sub-blocks in another order: both forms against the reference instead.
         _check_product(plain, x, raw, qtype)
+        _check_product(fused, x, raw, qtype)
     else:
         assert torch.equal(fused, plain)
     if rows * cols <= 1 << 24:
