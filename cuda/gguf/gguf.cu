@@ -13,6 +13,7 @@
 #include <mutex>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 namespace pyorch {
 
@@ -128,27 +129,31 @@ cudaError_t prepare_mul_mat(const char* op, const void* input, const void* weigh
   return gguf_quantize_q8_1(workspace, input, dtype, num_tokens, input_size, input_stride, stream);
 }
 
-// Thread blocks of one vector-product form an SM holds at once, from the occupancy calculator,
-// cached per device, kernel, block size and shared memory (0: the form does not fit).
-template <int TYPE, bool FUSE_X>
-int mmvq_resident_blocks(int warps, int subs_per_lane, size_t smem) {
+// Thread blocks of a kernel form one SM holds at once: query() (the occupancy calculator) run
+// once per device and form key, then cached (0: the form does not fit). Each call site's query
+// type keeps its own cache.
+template <typename Key, typename Query>
+int cached_resident_blocks(const Key& form, Query query) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, int, size_t>, int> cache;
+  static std::map<std::pair<int, Key>, int> cache;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  const auto key = std::make_tuple(device, warps, subs_per_lane, smem);
+  const auto key = std::make_pair(device, form);
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
-  if (it == cache.end()) {
-    it = cache
-             .emplace(key, kernels::gguf::mul_mat_vec_resident_blocks<TYPE, 1, FUSE_X>(
-                               warps, subs_per_lane, smem))
-             .first;
-  }
+  if (it == cache.end()) it = cache.emplace(key, query()).first;
   return it->second;
+}
+
+// The vector product's FUSE_X / q8_1 forms, per block size, tile and shared memory.
+template <int TYPE, bool FUSE_X>
+int mmvq_resident_blocks(int warps, int subs_per_lane, size_t smem) {
+  return cached_resident_blocks(std::make_tuple(warps, subs_per_lane, smem), [&] {
+    return kernels::gguf::mul_mat_vec_resident_blocks<TYPE, 1, FUSE_X>(warps, subs_per_lane, smem);
+  });
 }
 
 // How one token's product that quantizes x itself (FUSE_X) launches: rows per thread block,
@@ -183,25 +188,12 @@ FusedPlan mmvq_fused_plan(int64_t input_size, int subs_per_lane, int num_stages,
   return best;
 }
 
-// The direct Q4_K form's resident thread blocks per SM, cached per device, form, block size and
-// shared memory (0: it does not fit).
+// The direct Q4_K form, per block size and shared memory.
 template <bool L2_256>
 int q4k_direct_resident_blocks(int warps, size_t smem) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, int, size_t>, int> cache;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  const auto key = std::make_tuple(device, warps, smem);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    it = cache.emplace(key, kernels::gguf::q4k_mul_mat_vec_resident_blocks<L2_256>(warps, smem))
-             .first;
-  }
-  return it->second;
+  return cached_resident_blocks(std::make_pair(warps, smem), [&] {
+    return kernels::gguf::q4k_mul_mat_vec_resident_blocks<L2_256>(warps, smem);
+  });
 }
 
 // One token's Q4_K product in the direct form, the grid capped at blocks_per_sm (<= 0: all that
@@ -344,6 +336,15 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
     PYORCH_INVALID("gguf_mul_mat_vec: fuse_x needs one token (got %lld) and a 16-byte aligned x",
                    static_cast<long long>(num_tokens));
   }
+  // The direct form's fields are refused where the ring form would run instead (below).
+  const bool direct_fields =
+      config != nullptr && (config->direct > 0 || config->blocks_per_sm >= 0);
+  if (direct_fields && (!can_fuse || want_fuse == 0)) {
+    PYORCH_INVALID(
+        "gguf_mul_mat_vec: direct / blocks_per_sm need one token with a 16-byte aligned x and "
+        "fuse_x (got %lld tokens, fuse_x %d)",
+        static_cast<long long>(num_tokens), want_fuse);
+  }
   if (want_fuse > 0 || (want_fuse < 0 && can_fuse)) {
     // prepare_mul_mat's checks, without the q8_1 kernel.
     PYORCH_RETURN_IF_ERROR(check_mul_mat("gguf_mul_mat_vec", weight, workspace, type, dtype,
@@ -365,6 +366,11 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
           type_info(type).name, static_cast<int>(reinterpret_cast<uintptr_t>(weight) % 16),
           static_cast<long long>(weight_row_stride_bytes));
     }
+    if (direct_fields && (want_direct == 0 || !can_direct)) {
+      PYORCH_INVALID(
+          "gguf_mul_mat_vec: blocks_per_sm is the direct form's (Q4_K rows on 16 bytes, "
+          "direct not 0)");
+    }
     if (can_direct && want_direct != 0) {
       const int blocks_per_sm = config != nullptr ? config->blocks_per_sm : -1;
       const int direct_warps = want_warps > 0 ? want_warps : kernels::gguf::kQ4KMaxWarps;
@@ -381,7 +387,7 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
                                           weight_row_stride_bytes, direct_warps, blocks_per_sm, pdl,
                                           stream);
       if (err != cudaErrorNotSupported) return err;
-      if (want_direct > 0) {
+      if (direct_fields) {
         PYORCH_INVALID(
             "gguf_mul_mat_vec: direct: x of %lld values does not fit in shared memory, or %lld "
             "rows are over 2^30",
