@@ -138,8 +138,9 @@ def test_ggml_mul_mat_vec_cuda_fused_q8_1_same_bits(
     qtype: Q, rows: int, cols: int, dtype: torch.dtype
 ) -> None:
     # One token with a 16-byte aligned x: the vector kernel quantizes x itself in shared memory
-    # (no q8_1 kernel; for Q4_K the direct form, which has its own summation order). The same x one element off 16 bytes takes the q8_1 kernel's path: both
-    # must give the same bits. 130 and 1031 rows leave blocks with idle warps, which still
+    # (no q8_1 kernel; for Q4_K the direct form, which has its own summation order). The same x
+    # one element off 16 bytes takes the q8_1 kernel's path: both must give the same bits (Q4_K:
+    # both close to the reference). 130 and 1031 rows leave blocks with idle warps, which still
     # quantize x; 20011 rows are more than the resident warps hold, so each warp takes several
     # rows (and K-quants then stream tiles of 4 sub-blocks per lane). An x of 147456 values does
     # not fit in shared memory (1.5 bytes a value): the product falls back to the q8_1 kernel.
