@@ -3,8 +3,8 @@
 // share a block, each loading 32 bytes of its quants (two whole sub-blocks: the low and the high
 // nibbles) and one word of its 16-byte header (d, dmin, the packed scales) straight into
 // registers; a warp step is eight blocks (1152 bytes), and a warp's next step is in flight while
-// it multiplies the current one. x is rounded to q8_1 (the
-// arithmetic and bits of quantize_q8_1_kernel) by each thread block into shared memory first.
+// it multiplies the current one. x is rounded to q8_1 (the arithmetic and bits of
+// quantize_q8_1_kernel) by each thread block into shared memory first.
 //
 // Why a second form: the ring kernel (gguf_mmvq.cuh) spends ~350 warp instructions per 1152
 // bytes of Q4_K (a lane decodes 16 bytes of quants that another lane also reads, the 6-bit scales
@@ -46,8 +46,8 @@ constexpr size_t q4k_mul_mat_vec_smem(int64_t input_size) {
   return size_t(input_size / 64) * (kQ4KXGroupBytes + 16);
 }
 
-// 0 <= v < 2^23 ... exactly: byte `sel & 3` of v under the exponent of 2^23 (one byte permute:
-// selector 0x744b puts byte b low, zeros above it and 0x4b on top), minus 2^23.
+// Byte `byte` (0..3) of v as a float, exactly: the byte under the exponent of 2^23 (one byte
+// permute: selector 0x744b puts byte b low, zeros above it and 0x4b on top), minus 2^23.
 __device__ __forceinline__ float byte_to_float(uint32_t v, uint32_t byte) {
   return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u | byte)) - 8388608.f;
 }
