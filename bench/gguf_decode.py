@@ -12,6 +12,10 @@ projections' type. Blocks are random bytes with modest fp16 scales (speed does n
 values). Decode time per token = (time of a 1 + N token generation - time of a 1 token
 generation) / N, greedy, ignore_eos, 32-token prompt, median of --repeats.
 
+--fused-decode on,off times each file with the decoder layers' fused decode path
+(pyorch/layers/fused_linear.py: on CUDA, Q4_K layers through ggml_mul_mat_vec_fused) and with the
+unfused layers, one after the other (default: on, the engine's own choice).
+
 The floor: the bytes one decode step must read (every projection, the LM head, the K/V cache at
 the mean context) over a device-to-device copy's bandwidth in the same process (read + write
 bytes / time, as bench_gguf counts it). pct_of_floor = floor / measured.
@@ -29,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from pyorch.layers import fused_linear
 
 LLAMA3_8B = {  # used when --config is missing (the dummy config's values)
     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -179,7 +185,13 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default="")
+    p.add_argument("--fused-decode", default="on",
+                   help="comma-separated on / off: time with the fused decode layers, without, or "
+                        "both (on,off), one after the other")
     args = p.parse_args()
+    fused_modes = [m.strip() for m in args.fused_decode.split(",") if m.strip()]
+    if not fused_modes or any(m not in ("on", "off") for m in fused_modes):
+        raise SystemExit(f"--fused-decode takes on / off values, got {args.fused_decode!r}")
     if args.new_tokens < 1 or args.repeats < 1:
         raise SystemExit("--new-tokens and --repeats must be at least 1")
     cfg = dict(LLAMA3_8B)
@@ -199,27 +211,37 @@ def main() -> None:
         t0 = time.time()
         sizes = write_gguf(path, cfg, type_name, output_type)
         print(f"{path} ready in {time.time() - t0:.1f} s", flush=True)
-        result = time_decode(path, args.device, args.new_tokens, args.repeats)
-        # K and V of every layer at the mean context of the timed tokens, 2-byte elements (4 on
-        # the CPU, where the cache is fp32).
-        elem = 2 if args.device == "cuda" else 4
-        mean_ctx = PROMPT_LEN + (args.new_tokens + 1) / 2
-        kv_bytes = int(2 * s["layers"] * s["kv_heads"] * s["head_dim"] * elem * mean_ctx)
-        step_bytes = sizes["projections"] + sizes["lm_head"] + kv_bytes
-        floor_ms = step_bytes / (gbs * 1e9) * 1e3
-        row = {"type": type_name, "output_type": output_type, **sizes, "kv_bytes": kv_bytes,
-               "step_bytes": step_bytes, "copy_gbs": round(gbs, 1), "floor_ms": floor_ms,
-               **result, "pct_of_floor": 100 * floor_ms / result["ms_per_token"]}
-        print(f"{type_name} (head {output_type}): {row['ms_per_token']:.3f} ms/token, floor "
-              f"{floor_ms:.3f} ms ({step_bytes / 1e9:.2f} GB at {gbs:.0f} GB/s): "
-              f"{row['pct_of_floor']:.1f}% of the floor", flush=True)
-        rows.append(row)
+        for mode in fused_modes:
+            fused_linear.FUSED_DECODE = mode == "on"
+            result = time_decode(path, args.device, args.new_tokens, args.repeats)
+            row = _row(type_name, output_type, sizes, s, gbs, result, args.device,
+                       args.new_tokens)
+            row["fused_decode"] = mode == "on"
+            print(f"{type_name} (head {output_type}, fused decode {mode}): "
+                  f"{row['ms_per_token']:.3f} ms/token, floor {row['floor_ms']:.3f} ms "
+                  f"({row['step_bytes'] / 1e9:.2f} GB at {gbs:.0f} GB/s): "
+                  f"{row['pct_of_floor']:.1f}% of the floor", flush=True)
+            rows.append(row)
     if args.json:
         device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
         with open(args.json, "w") as f:
             json.dump({"device": device_name, "config": s, "new_tokens": args.new_tokens,
                        "rows": rows}, f, indent=1)
 
+
+def _row(type_name: str, output_type: str, sizes: dict[str, int], s: dict[str, int],
+         gbs: float, result: dict[str, Any], device: str, new_tokens: int) -> dict[str, Any]:
+    """One timed file's JSON row: its bytes, the floor and the measured time."""
+    # K and V of every layer at the mean context of the timed tokens, 2-byte elements (4 on the
+    # CPU, where the cache is fp32).
+    elem = 2 if device == "cuda" else 4
+    mean_ctx = PROMPT_LEN + (new_tokens + 1) / 2
+    kv_bytes = int(2 * s["layers"] * s["kv_heads"] * s["head_dim"] * elem * mean_ctx)
+    step_bytes = sizes["projections"] + sizes["lm_head"] + kv_bytes
+    floor_ms = step_bytes / (gbs * 1e9) * 1e3
+    return {"type": type_name, "output_type": output_type, **sizes, "kv_bytes": kv_bytes,
+            "step_bytes": step_bytes, "copy_gbs": round(gbs, 1), "floor_ms": floor_ms,
+            **result, "pct_of_floor": 100 * floor_ms / result["ms_per_token"]}
 
 if __name__ == "__main__":
     main()

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -120,6 +122,79 @@ inline GgmlTypeInfo check_ggml_mul_mat(const at::Tensor& W, const at::Tensor& X,
   TORCH_CHECK(W.nbytes() == static_cast<size_t>(bytes), op, ": W has ", W.nbytes(), " bytes, but ",
               row, " rows of ", cols, " ", info.name, " columns take ", bytes, " repacked");
   return info;
+}
+
+// What ggml_mul_mat_vec_fused multiplies and how it writes (cpp/gguf_fused.h).
+enum class FusedInput { kNone, kRmsNorm, kSiluAndMul };
+struct FusedArgs {
+  GgmlTypeInfo info;
+  FusedInput input;
+  bool add;      // out += the product; else out = it
+  int64_t cols;  // the product's input size (X's columns, half of them for silu_and_mul)
+};
+
+// Whether two tensors' bytes overlap.
+inline bool bytes_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto* a0 = static_cast<const char*>(a.const_data_ptr());
+  const auto* b0 = static_cast<const char*>(b.const_data_ptr());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// ggml_mul_mat_vec_fused(out, X, W, quant_type, row, norm_weight, eps, input_op, epilogue):
+// out [num_tokens, row] (=, or += for epilogue "add") the product of W with f(X), f by input_op:
+// "none" (X [num_tokens, cols]), "rms_norm" (rms_norm(X, norm_weight [cols], eps)) or
+// "silu_and_mul" (X [num_tokens, 2 * cols]: silu of the first half times the second). X, out and
+// norm_weight contiguous, of one dtype; out overlaps neither X nor norm_weight.
+inline FusedArgs check_ggml_mul_mat_vec_fused(const at::Tensor& out, const at::Tensor& X,
+                                              const at::Tensor& W, int64_t type, int64_t row,
+                                              const std::optional<at::Tensor>& norm_weight,
+                                              const std::string& input_op,
+                                              const std::string& epilogue, const char* op) {
+  FusedArgs a{};
+  if (input_op == "none") {
+    a.input = FusedInput::kNone;
+  } else if (input_op == "rms_norm") {
+    a.input = FusedInput::kRmsNorm;
+  } else if (input_op == "silu_and_mul") {
+    a.input = FusedInput::kSiluAndMul;
+  } else {
+    TORCH_CHECK(false, op, ": input_op must be none, rms_norm or silu_and_mul, got ", input_op);
+  }
+  TORCH_CHECK(epilogue == "store" || epilogue == "add", op, ": epilogue must be store or add, got ",
+              epilogue);
+  a.add = epilogue == "add";
+  a.info = check_ggml_type(type, op, true);
+  const at::ScalarType dtype = X.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+              ": X must be float32, float16 or bfloat16, got ", dtype);
+  TORCH_CHECK(X.dim() == 2 && X.is_contiguous(), op, ": X must be a contiguous [num_tokens, cols]",
+              " tensor, got sizes ", X.sizes(), " strides ", X.strides());
+  TORCH_CHECK(a.input != FusedInput::kSiluAndMul || X.size(1) % 2 == 0, op,
+              ": silu_and_mul needs an even number of columns, got ", X.size(1));
+  a.cols = a.input == FusedInput::kSiluAndMul ? X.size(1) / 2 : X.size(1);
+  TORCH_CHECK(W.device() == X.device() && out.device() == X.device(), op,
+              ": W, X and out must be on one device, got ", W.device(), ", ", X.device(), ", ",
+              out.device());
+  check_ggml_weight(W, a.info, row, a.cols, op);
+  TORCH_CHECK(out.scalar_type() == dtype && out.dim() == 2 && out.size(0) == X.size(0) &&
+                  out.size(1) == row && out.is_contiguous(),
+              op, ": out must be a contiguous [", X.size(0), ", ", row, "] ", dtype,
+              " tensor, got ", out.scalar_type(), " ", out.sizes(), " strides ", out.strides());
+  TORCH_CHECK(!bytes_overlap(out, X), op, ": out must not overlap X");
+  if (a.input == FusedInput::kRmsNorm) {
+    TORCH_CHECK(norm_weight.has_value(), op, ": rms_norm needs norm_weight");
+    const at::Tensor& g = *norm_weight;
+    TORCH_CHECK(g.dim() == 1 && g.size(0) == a.cols && g.scalar_type() == dtype &&
+                    g.is_contiguous() && g.device() == X.device(),
+                op, ": norm_weight must be a contiguous [", a.cols, "] ", dtype, " tensor on ",
+                X.device(), ", got ", g.scalar_type(), " ", g.sizes(), " on ", g.device());
+    TORCH_CHECK(!bytes_overlap(out, g), op, ": out must not overlap norm_weight");
+  } else {
+    TORCH_CHECK(!norm_weight.has_value(), op, ": norm_weight is rms_norm's, got input_op ",
+                input_op);
+  }
+  return a;
 }
 
 }  // namespace pyorch::gguf

@@ -131,7 +131,11 @@
   at::Tensor ggml_mul_mat_vec_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type, \
                                  int64_t row);                                                 \
   at::Tensor ggml_mul_mat_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,     \
-                             int64_t row);
+                             int64_t row);                                                     \
+  void ggml_mul_mat_vec_fused(at::Tensor& out, const at::Tensor& X, const at::Tensor& W,       \
+                              int64_t quant_type, int64_t row,                                 \
+                              const std::optional<at::Tensor>& norm_weight, double eps,        \
+                              const std::string& input_op, const std::string& epilogue);
 
 // MoE decode kernel pair and grouped top-k router (cpp/cpu/moe_decode.cpp, cpp/ops/moe_decode.cpp).
 #define PYORCH_DECLARE_MOE_DECODE_OPS                                                              \

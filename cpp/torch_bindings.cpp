@@ -283,6 +283,13 @@ TORCH_LIBRARY(pyorch, m) {
   m.def(
       "ggml_mul_mat_repacked_fused(Tensor(a!) out, Tensor X, Tensor W, int quant_type, SymInt row, "
       "Tensor? bias, Tensor? norm_weight, float eps, str epilogue) -> ()");
+  // The file's layout, the decode layer's neighbours fused in on CUDA (one token of Q4_K: one
+  // kernel; elsewhere, and on the CPU, the ops it fuses in turn): out (= or, epilogue "add", +=)
+  // f(X) @ W^T, f by input_op: "none", "rms_norm" (with norm_weight, eps) or "silu_and_mul" (X
+  // [num_tokens, 2 * cols]: silu(X[:, :cols]) * X[:, cols:]).
+  m.def(
+      "ggml_mul_mat_vec_fused(Tensor(a!) out, Tensor X, Tensor W, int quant_type, SymInt row, "
+      "Tensor? norm_weight, float eps, str input_op, str epilogue) -> ()");
 
   // ---- CPU kernels ---------------------------------------------------------------------------
   m.impl("rms_norm", c10::kCPU, &pyorch::cpu::rms_norm);
@@ -328,6 +335,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_mul_mat_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_a8);
   m.impl("ggml_mul_mat_repacked_a8", c10::kCPU, &pyorch::cpu::ggml_mul_mat_repacked_a8);
   m.impl("ggml_mul_mat_repacked_fused", c10::kCPU, &pyorch::cpu::ggml_mul_mat_repacked_fused);
+  m.impl("ggml_mul_mat_vec_fused", c10::kCPU, &pyorch::cpu::ggml_mul_mat_vec_fused);
   m.impl("skinny_gemm_fp8", c10::kCPU, &pyorch::cpu::skinny_gemm_fp8);
   m.impl("moe_grouped_permute", c10::kCPU, &pyorch::cpu::moe_grouped_permute);
   m.impl("moe_grouped_gemm", c10::kCPU, &pyorch::cpu::moe_grouped_gemm);
@@ -380,6 +388,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("ggml_dequantize", c10::kCUDA, &ggml_dequantize);
   m.impl("ggml_mul_mat_vec_a8", c10::kCUDA, &ggml_mul_mat_vec_a8);
   m.impl("ggml_mul_mat_a8", c10::kCUDA, &ggml_mul_mat_a8);
+  m.impl("ggml_mul_mat_vec_fused", c10::kCUDA, &ggml_mul_mat_vec_fused);
   m.impl("skinny_gemm_fp8", c10::kCUDA, &skinny_gemm_fp8);
   m.impl("moe_grouped_permute", c10::kCUDA, &moe_grouped_permute);
   m.impl("moe_grouped_gemm", c10::kCUDA, &moe_grouped_gemm);

@@ -948,6 +948,27 @@ def ggml_mul_mat_repacked_fused(
     _ops.ggml_mul_mat_repacked_fused(out, X, W, quant_type, row, bias, norm_weight, eps, epilogue)
 
 
+def ggml_mul_mat_vec_fused(
+    out: torch.Tensor,
+    X: torch.Tensor,
+    W: torch.Tensor,
+    quant_type: int,
+    row: int,
+    norm_weight: Optional[torch.Tensor],
+    eps: float,
+    input_op: str,
+    epilogue: str,
+) -> None:
+    """ggml_mul_mat_vec_a8 with a decode layer's neighbours, W in the file's layout:
+    y = f(X) @ W^T with f by input_op: "none" (X), "rms_norm" (rms_norm(X, norm_weight, eps)) or
+    "silu_and_mul" (X [T, 2 * cols]: silu(X[:, :cols]) * X[:, cols:]); epilogue "store": out = y
+    [T, row], "add": out += y (the residual stream). Each step rounds as its own op would. On CUDA
+    one token of Q4_K is one kernel (the direct form, cuda/gguf/gguf_mmvq_q4k.cuh); other
+    arguments, and the CPU, run the ops it fuses in turn. X, out (and norm_weight) contiguous,
+    one dtype; out overlaps neither X nor norm_weight."""
+    _ops.ggml_mul_mat_vec_fused(out, X, W, quant_type, row, norm_weight, eps, input_op, epilogue)
+
+
 # ---- MoE decode pair and grouped top-k ----------------------------------------------------------
 def fused_moe_decode(
     out: torch.Tensor,

@@ -26,6 +26,7 @@
 #include "cpu/cpu_utils.h"
 #include "cpu/gguf_decode.h"
 #include "gguf_checks.h"
+#include "gguf_fused.h"
 #include "ops.h"
 
 namespace pyorch::cpu {
@@ -470,6 +471,34 @@ void ggml_mul_mat_repacked_fused(at::Tensor& out, const at::Tensor& X, const at:
       }
     }
   });
+}
+
+namespace {
+struct CpuOps {
+  static void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, double eps) {
+    pyorch::cpu::rms_norm(out, x, w, eps);
+  }
+  static void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
+    pyorch::cpu::silu_and_mul(out, x);
+  }
+  static at::Tensor mul_mat_vec(const at::Tensor& W, const at::Tensor& x, int64_t type,
+                                int64_t row) {
+    return pyorch::cpu::ggml_mul_mat_vec_a8(W, x, type, row);
+  }
+};
+}  // namespace
+
+// The CPU's ggml_mul_mat_vec_fused: the ops it fuses, one after another (the file's layout; the
+// repacked layout has ggml_mul_mat_repacked_fused).
+void ggml_mul_mat_vec_fused(at::Tensor& out, const at::Tensor& X, const at::Tensor& W,
+                            int64_t quant_type, int64_t row,
+                            const std::optional<at::Tensor>& norm_weight, double eps,
+                            const std::string& input_op, const std::string& epilogue) {
+  const char* op = "ggml_mul_mat_vec_fused";
+  const gguf::FusedArgs a = gguf::check_ggml_mul_mat_vec_fused(out, X, W, quant_type, row,
+                                                               norm_weight, input_op, epilogue, op);
+  TORCH_CHECK(X.device().is_cpu(), op, ": X must be a CPU tensor here");
+  gguf::ggml_mul_mat_vec_fused_composed<CpuOps>(out, X, W, quant_type, row, norm_weight, eps, a);
 }
 
 std::string gguf_cpu_isa(const std::string& name) {

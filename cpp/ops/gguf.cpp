@@ -1,4 +1,5 @@
-// CUDA adapters for ggml_dequantize, ggml_mul_mat_vec_a8 and ggml_mul_mat_a8 (vLLM's GGUF ops):
+// CUDA adapters for ggml_dequantize, ggml_mul_mat_vec_a8 and ggml_mul_mat_a8 (vLLM's GGUF ops)
+// and ggml_mul_mat_vec_fused:
 // the shared checks (gguf_checks.h, as the CPU kernels run them), guard, stream, the q8_1
 // workspace, call cuda/gguf. No math here.
 #include <ATen/ATen.h>
@@ -7,6 +8,7 @@
 
 #include "common.h"
 #include "gguf_checks.h"
+#include "gguf_fused.h"
 #include "ops.h"
 #include "pyorch/gguf.h"
 
@@ -80,4 +82,49 @@ at::Tensor ggml_mul_mat_vec_a8(const at::Tensor& W, const at::Tensor& X, int64_t
 at::Tensor ggml_mul_mat_a8(const at::Tensor& W, const at::Tensor& X, int64_t quant_type,
                            int64_t row) {
   return ggml_mul_mat(W, X, quant_type, row, /*vec=*/false);
+}
+
+namespace {
+struct CudaOps {
+  static void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, double eps) {
+    ::rms_norm(out, x, w, eps);
+  }
+  static void silu_and_mul(at::Tensor& out, const at::Tensor& x) { ::silu_and_mul(out, x); }
+  static at::Tensor mul_mat_vec(const at::Tensor& W, const at::Tensor& x, int64_t type,
+                                int64_t row) {
+    return ::ggml_mul_mat_vec_a8(W, x, type, row);
+  }
+};
+}  // namespace
+
+// One kernel where pyorch::gguf_mul_mat_vec_fused takes the arguments (one token of Q4_K), else
+// the ops it fuses in turn.
+void ggml_mul_mat_vec_fused(at::Tensor& out, const at::Tensor& X, const at::Tensor& W,
+                            int64_t quant_type, int64_t row,
+                            const std::optional<at::Tensor>& norm_weight, double eps,
+                            const std::string& input_op, const std::string& epilogue) {
+  const char* op = "ggml_mul_mat_vec_fused";
+  const pyorch::gguf::FusedArgs a = pyorch::gguf::check_ggml_mul_mat_vec_fused(
+      out, X, W, quant_type, row, norm_weight, input_op, epilogue, op);
+  check_gguf_cuda(W, a.info, quant_type, op);
+  if (norm_weight) TORCH_CHECK(norm_weight->is_cuda(), op, ": norm_weight must be on the GPU");
+  const c10::cuda::OptionalCUDAGuard guard(X.device());
+  const pyorch::GgufInputOp input =
+      a.input == pyorch::gguf::FusedInput::kRmsNorm      ? pyorch::GgufInputOp::kRmsNorm
+      : a.input == pyorch::gguf::FusedInput::kSiluAndMul ? pyorch::GgufInputOp::kSiluAndMul
+                                                         : pyorch::GgufInputOp::kNone;
+  const void* g = norm_weight ? norm_weight->const_data_ptr() : nullptr;
+  const int32_t type = static_cast<int32_t>(quant_type);
+  const pyorch::DType dtype = pyorch::to_pyorch_dtype(X.scalar_type());
+  const int64_t row_bytes = a.cols / a.info.block_size * a.info.type_size;
+  if (X.size(0) == 1 &&
+      pyorch::gguf_mul_mat_vec_fused_supported(X.const_data_ptr(), W.const_data_ptr(), g, type,
+                                               dtype, row, a.cols, row_bytes, input)) {
+    PYORCH_CHECK_CUDA(pyorch::gguf_mul_mat_vec_fused(
+        out.data_ptr(), X.const_data_ptr(), W.const_data_ptr(), g, static_cast<float>(eps), input,
+        a.add, type, dtype, row, a.cols, row_bytes, c10::cuda::getCurrentCUDAStream()));
+    return;
+  }
+  pyorch::gguf::ggml_mul_mat_vec_fused_composed<CudaOps>(out, X, W, quant_type, row, norm_weight,
+                                                         eps, a);
 }

@@ -215,6 +215,26 @@ cudaError_t launch_q4k_direct(void* out, DType dtype, const uint8_t* weight, con
                                                        resident * sms, pdl, stream);
 }
 
+// The direct form with a fused input op (its own shared memory): resident blocks of 32 warps.
+template <GgufInputOp IN>
+int q4k_fused_resident_blocks(size_t smem) {
+  return cached_resident_blocks(smem, [&] {
+    return kernels::gguf::q4k_mul_mat_vec_resident_blocks<false, IN>(kernels::gguf::kQ4KMaxWarps,
+                                                                     smem);
+  });
+}
+
+int q4k_fused_resident_blocks(GgufInputOp input_op, size_t smem) {
+  switch (input_op) {
+    case GgufInputOp::kNone: return q4k_fused_resident_blocks<GgufInputOp::kNone>(smem);
+    case GgufInputOp::kRmsNorm: return q4k_fused_resident_blocks<GgufInputOp::kRmsNorm>(smem);
+    case GgufInputOp::kSiluAndMul: return q4k_fused_resident_blocks<GgufInputOp::kSiluAndMul>(smem);
+  }
+  return 0;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 cudaError_t zero_output(void* out, DType dtype, int64_t num_tokens, int64_t output_size,
                         int64_t out_stride, cudaStream_t stream) {
   // input_size == 0: the product is all zeros.
@@ -472,6 +492,61 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
     }
     return cudaSuccess;
   });
+}
+
+bool gguf_mul_mat_vec_fused_supported(const void* input, const void* weight,
+                                      const void* norm_weight, int32_t type, DType dtype,
+                                      int64_t output_size, int64_t input_size,
+                                      int64_t weight_row_stride_bytes, GgufInputOp input_op) {
+  const bool op_ok =
+      input_op == GgufInputOp::kNone || input_op == GgufInputOp::kSiluAndMul ||
+      (input_op == GgufInputOp::kRmsNorm && aligned16(norm_weight) && norm_weight != nullptr);
+  if (!op_ok || type != int32_t(GgmlType::kQ4_K) || !gguf_q4k_direct() || !is_float_dtype(dtype) ||
+      !aligned16(input) || !aligned16(weight) || weight_row_stride_bytes % 16 != 0 ||
+      input_size <= 0 || input_size % 256 != 0 || output_size <= 0 ||
+      output_size > (int64_t(1) << 30) || current_device_sm_count() <= 0) {
+    return false;
+  }
+  const size_t smem = kernels::gguf::q4k_mul_mat_vec_smem(input_size, input_op,
+                                                          kernels::gguf::q4k_x_elem_bytes(dtype));
+  return q4k_fused_resident_blocks(input_op, smem) > 0;
+}
+
+cudaError_t gguf_mul_mat_vec_fused(void* out, const void* input, const void* weight,
+                                   const void* norm_weight, float eps, GgufInputOp input_op,
+                                   bool accumulate, int32_t type, DType dtype, int64_t output_size,
+                                   int64_t input_size, int64_t weight_row_stride_bytes,
+                                   cudaStream_t stream) {
+  if (!gguf_mul_mat_vec_fused_supported(input, weight, norm_weight, type, dtype, output_size,
+                                        input_size, weight_row_stride_bytes, input_op)) {
+    PYORCH_INVALID(
+        "gguf_mul_mat_vec_fused: no fused kernel for %s, input op %d, %lld x %lld, %s (it takes "
+        "one token of Q4_K rows on 16 bytes with x and the norm weight 16-byte aligned, the "
+        "direct form on): compose the input op, gguf_mul_mat_vec and an add instead",
+        type_info(type).name, static_cast<int>(input_op), static_cast<long long>(output_size),
+        static_cast<long long>(input_size), dtype_name(dtype));
+  }
+  const size_t smem = kernels::gguf::q4k_mul_mat_vec_smem(input_size, input_op,
+                                                          kernels::gguf::q4k_x_elem_bytes(dtype));
+  const int64_t max_blocks =
+      int64_t(q4k_fused_resident_blocks(input_op, smem)) * current_device_sm_count();
+  const auto* w = static_cast<const uint8_t*>(weight);
+  constexpr int kWarps = kernels::gguf::kQ4KMaxWarps;
+  switch (input_op) {
+    case GgufInputOp::kNone:
+      return kernels::gguf::launch_q4k_mul_mat_vec<false, GgufInputOp::kNone>(
+          out, dtype, w, input, output_size, input_size, weight_row_stride_bytes, kWarps,
+          max_blocks, pdl_enabled(), stream, nullptr, 0.f, accumulate);
+    case GgufInputOp::kRmsNorm:
+      return kernels::gguf::launch_q4k_mul_mat_vec<false, GgufInputOp::kRmsNorm>(
+          out, dtype, w, input, output_size, input_size, weight_row_stride_bytes, kWarps,
+          max_blocks, pdl_enabled(), stream, norm_weight, eps, accumulate);
+    case GgufInputOp::kSiluAndMul:
+      return kernels::gguf::launch_q4k_mul_mat_vec<false, GgufInputOp::kSiluAndMul>(
+          out, dtype, w, input, output_size, input_size, weight_row_stride_bytes, kWarps,
+          max_blocks, pdl_enabled(), stream, nullptr, 0.f, accumulate);
+  }
+  PYORCH_INVALID("gguf_mul_mat_vec_fused: input op %d", static_cast<int>(input_op));
 }
 
 cudaError_t gguf_mul_mat(void* out, const void* input, const void* weight, void* workspace,

@@ -19,12 +19,20 @@
 // g * 80 (16 bytes of padding: the eight lanes of a quarter warp, groups g .. g + 7, then read
 // eight different 16-byte bank groups) and {d, d * sum(q)} of each sub-block at the 16 bytes
 // g * 16 of the scale array.
+//
+// Fused input and output (gguf_mul_mat_vec_fused, the engine's decode layer): the product may
+// take rms_norm(x) * g or silu(x[:K]) * x[K:] instead of x, each value rounded as the rms_norm /
+// silu_and_mul kernels round it; the thread block forms those K values in shared memory (all its
+// threads, 16-byte chunks) before rounding them to q8_1. And it may add into `out` (the residual
+// stream: out = out + the product rounded to out's dtype, as fused_add_rms_norm's add). A Llama
+// decoder layer is then 6 kernels instead of 9: no fused_add_rms_norm and no silu_and_mul.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_fp16.h>
 
+#include "activation/activation.cuh"  // act_fn: silu_and_mul's own SiLU
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
@@ -32,6 +40,7 @@
 #include "gguf/gguf_blocks.cuh"
 #include "gguf/gguf_mmvq.cuh"
 #include "gguf/gguf_q8_1.cuh"
+#include "pyorch/gguf.h"  // GgufInputOp
 
 namespace pyorch::kernels::gguf {
 
@@ -41,9 +50,107 @@ constexpr int kQ4KBlocksPerStep = kWarpSize / kQ4KLanesPerBlock;  // 8: 1152 byt
 constexpr int kQ4KXGroupBytes = 80;  // x's 64 int8 of one sub-block pair, padded (banks)
 constexpr int kQ4KMaxWarps = 32;     // rows in flight per thread block, at most
 
-// Shared memory of one thread block: x's padded int8 groups, then a float4 per group.
-constexpr size_t q4k_mul_mat_vec_smem(int64_t input_size) {
-  return size_t(input_size / 64) * (kQ4KXGroupBytes + 16);
+// Shared memory of one thread block: x's padded int8 groups, then a float4 per group; with a fused
+// input op, then the warps' partial sums (kQ4KMaxWarps floats) and the K formed values of x
+// (elem_bytes each).
+constexpr size_t q4k_mul_mat_vec_smem(int64_t input_size, GgufInputOp input_op = GgufInputOp::kNone,
+                                      size_t elem_bytes = 0) {
+  return size_t(input_size / 64) * (kQ4KXGroupBytes + 16) +
+         (input_op == GgufInputOp::kNone
+              ? 0
+              : sizeof(float) * kQ4KMaxWarps + size_t(input_size) * elem_bytes);
+}
+
+// Bytes of one x value (fp32, or fp16 / bf16).
+constexpr size_t q4k_x_elem_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+// Calls f(T{}) with x's element type.
+template <class F>
+__device__ __forceinline__ void with_float_type(DType dtype, F&& f) {
+  if (dtype == DType::kFloat16) {
+    f(__half{});
+  } else if (dtype == DType::kBFloat16) {
+    f(__nv_bfloat16{});
+  } else {
+    f(float{});
+  }
+}
+
+// The K values the product multiplies, formed by the whole thread block into x_t (shared memory)
+// from x (global, 16-byte aligned) in 16-byte chunks. kRmsNorm: normed = T(x * inv_rms), then
+// T(normed * g) (rms_norm_kernel's roundings); the sum of squares is reduced through red
+// (kQ4KMaxWarps floats) in a fixed order. kSiluAndMul: T(silu(x[i]) * x[K + i])
+// (act_and_mul_kernel's). The caller synchronizes before reading x_t.
+template <GgufInputOp IN, typename T>
+__device__ __forceinline__ void form_input(const T* __restrict__ x, const T* __restrict__ g,
+                                           float eps, int64_t input_size, T* x_t, float* red) {
+  constexpr int kPerChunk = 16 / sizeof(T);
+  const int chunks = static_cast<int>(input_size / kPerChunk);
+  if constexpr (IN == GgufInputOp::kRmsNorm) {
+    float sum_sq = 0.f;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(x + int64_t(c) * kPerChunk);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPerChunk; ++j) {
+        const float f = to_float(e[j]);
+        sum_sq += f * f;
+      }
+    }
+    sum_sq = warp_reduce_sum(sum_sq);
+    const int warps = blockDim.x / kWarpSize;
+    if (threadIdx.x % kWarpSize == 0) red[threadIdx.x / kWarpSize] = sum_sq;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < warps; ++w) total += red[w];
+    const float inv_rms = rsqrtf(total / static_cast<float>(input_size) + eps);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(x + int64_t(c) * kPerChunk);
+      const uint4 graw = __ldg(reinterpret_cast<const uint4*>(g + int64_t(c) * kPerChunk));
+      const T* e = reinterpret_cast<const T*>(&raw);
+      const T* ge = reinterpret_cast<const T*>(&graw);
+      uint4 o;
+      T* oe = reinterpret_cast<T*>(&o);
+#pragma unroll
+      for (int j = 0; j < kPerChunk; ++j) {
+        const float normed = to_float(from_float<T>(to_float(e[j]) * inv_rms));
+        oe[j] = from_float<T>(normed * to_float(ge[j]));
+      }
+      *reinterpret_cast<uint4*>(x_t + int64_t(c) * kPerChunk) = o;
+    }
+  } else {
+    static_assert(IN == GgufInputOp::kSiluAndMul, "a fused input op");
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint4 graw = *reinterpret_cast<const uint4*>(x + int64_t(c) * kPerChunk);
+      const uint4 uraw = *reinterpret_cast<const uint4*>(x + input_size + int64_t(c) * kPerChunk);
+      const T* ge = reinterpret_cast<const T*>(&graw);
+      const T* ue = reinterpret_cast<const T*>(&uraw);
+      uint4 o;
+      T* oe = reinterpret_cast<T*>(&o);
+#pragma unroll
+      for (int j = 0; j < kPerChunk; ++j) {
+        oe[j] = from_float<T>(act_fn<Activation::kSilu>(to_float(ge[j])) * to_float(ue[j]));
+      }
+      *reinterpret_cast<uint4*>(x_t + int64_t(c) * kPerChunk) = o;
+    }
+  }
+}
+
+// out[idx] + v, each rounded to out's dtype first (the residual stream's add).
+__device__ __forceinline__ void accumulate_as(void* out, DType dtype, int64_t idx, float v) {
+  switch (dtype) {
+    case DType::kFloat16: {
+      __half* o = static_cast<__half*>(out) + idx;
+      *o = __float2half_rn(__half2float(__float2half_rn(v)) + __half2float(*o));
+      break;
+    }
+    case DType::kBFloat16: {
+      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + idx;
+      *o = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(v)) + __bfloat162float(*o));
+      break;
+    }
+    default: static_cast<float*>(out)[idx] += v; break;
+  }
 }
 
 // Byte `byte` (0..3) of v as a float, exactly: the byte under the exponent of 2^23 (one byte
@@ -86,12 +193,15 @@ struct Q4KLaneStep {
 //   out:    [output_size] of out_dtype (output_size <= 2^30: the launcher checks)
 //   weight: [output_size, input_size / 256 blocks] (row stride row_stride_bytes, a multiple of
 //           16, weight 16-byte aligned)
-//   x:      [input_size] of out_dtype, 16-byte aligned
-template <bool L2_256>
+//   x:      [input_size] of out_dtype, 16-byte aligned ([2 * input_size] for kSiluAndMul)
+//   norm_weight: [input_size] of out_dtype, 16-byte aligned (kRmsNorm; eps its epsilon)
+//   accumulate: out[row] += the product (rounded to out_dtype first) instead of out[row] = it
+template <bool L2_256, GgufInputOp IN = GgufInputOp::kNone>
 __global__ void __launch_bounds__(kQ4KMaxWarps* kWarpSize, 1)
     q4k_mul_mat_vec_kernel(void* __restrict__ out, DType out_dtype,
                            const uint8_t* __restrict__ weight, const void* __restrict__ x,
-                           int output_size, int64_t input_size, int64_t row_stride_bytes) {
+                           int output_size, int64_t input_size, int64_t row_stride_bytes,
+                           const void* __restrict__ norm_weight, float eps, bool accumulate) {
   extern __shared__ uint4 q4k_smem[];
   auto* x_groups = reinterpret_cast<int8_t*>(q4k_smem);
   auto* x_scales = reinterpret_cast<float4*>(x_groups + (input_size / 64) * kQ4KXGroupBytes);
@@ -162,7 +272,13 @@ __global__ void __launch_bounds__(kQ4KMaxWarps* kWarpSize, 1)
     acc += d * scaled - dmin * mins;
     if (++use_step == steps_per_row) {  // the row is done (uniform)
       const float v = warp_reduce_sum(acc);
-      if (lane == 0) store_as(out, out_dtype, use_row, v);
+      if (lane == 0) {
+        if (accumulate) {
+          accumulate_as(out, out_dtype, use_row, v);
+        } else {
+          store_as(out, out_dtype, use_row, v);
+        }
+      }
       acc = 0.f;
       use_step = 0;
       use_row += row_step;
@@ -175,16 +291,29 @@ __global__ void __launch_bounds__(kQ4KMaxWarps* kWarpSize, 1)
   issue_step(step_a);
   issue_step(step_b);
   pdl_wait();
+  // What the q8_1 rounding reads: x, or the values formed from it in shared memory.
+  const void* xq = x;
+  if constexpr (IN != GgufInputOp::kNone) {
+    float* red = reinterpret_cast<float*>(x_scales + input_size / 64);
+    void* x_t = red + kQ4KMaxWarps;
+    with_float_type(out_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      form_input<IN>(static_cast<const T*>(x), static_cast<const T*>(norm_weight), eps, input_size,
+                     static_cast<T*>(x_t), red);
+    });
+    __syncthreads();
+    xq = x_t;
+  }
   for (int j = threadIdx.x; j < input_size / kSubSize; j += blockDim.x) {
     int8_t* q = x_groups + (j / 2) * kQ4KXGroupBytes + (j % 2) * kSubSize;
     int sum[2];
     auto quantize = [&](const auto* xt) {
       return quantize_q8_1_block_two_pass(xt + int64_t(j) * kSubSize, q, sum);
     };
-    const float dj = out_dtype == DType::kFloat16 ? quantize(static_cast<const __half*>(x))
+    const float dj = out_dtype == DType::kFloat16 ? quantize(static_cast<const __half*>(xq))
                      : out_dtype == DType::kBFloat16
-                         ? quantize(static_cast<const __nv_bfloat16*>(x))
-                         : quantize(static_cast<const float*>(x));
+                         ? quantize(static_cast<const __nv_bfloat16*>(xq))
+                         : quantize(static_cast<const float*>(xq));
     float* s = reinterpret_cast<float*>(x_scales + j / 2) + 2 * (j % 2);
     s[0] = dj;
     s[1] = dj * static_cast<float>(sum[0] + sum[1]);
@@ -200,9 +329,9 @@ __global__ void __launch_bounds__(kQ4KMaxWarps* kWarpSize, 1)
   }
 }
 
-template <bool L2_256>
+template <bool L2_256, GgufInputOp IN = GgufInputOp::kNone>
 int q4k_mul_mat_vec_resident_blocks(int warps, size_t smem) {
-  auto* kernel = q4k_mul_mat_vec_kernel<L2_256>;
+  auto* kernel = q4k_mul_mat_vec_kernel<L2_256, IN>;
   if (smem > 48 * 1024 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem)) != cudaSuccess) {
     cudaGetLastError();
@@ -219,14 +348,15 @@ int q4k_mul_mat_vec_resident_blocks(int warps, size_t smem) {
 
 // warps: rows per thread block (1..32); max_blocks > 0 caps the grid (each block then quantizes
 // x once for several rows per warp). The caller checked the alignment, that the form fits an SM,
-// and output_size <= 2^30.
-template <bool L2_256>
+// and output_size <= 2^30. norm_weight, eps: kRmsNorm's; accumulate: out += the product.
+template <bool L2_256, GgufInputOp IN = GgufInputOp::kNone>
 cudaError_t launch_q4k_mul_mat_vec(void* out, DType out_dtype, const uint8_t* weight, const void* x,
                                    int64_t output_size, int64_t input_size,
                                    int64_t row_stride_bytes, int warps, int64_t max_blocks,
-                                   bool pdl, cudaStream_t stream) {
-  const size_t smem = q4k_mul_mat_vec_smem(input_size);
-  auto* kernel = q4k_mul_mat_vec_kernel<L2_256>;
+                                   bool pdl, cudaStream_t stream, const void* norm_weight = nullptr,
+                                   float eps = 0.f, bool accumulate = false) {
+  const size_t smem = q4k_mul_mat_vec_smem(input_size, IN, q4k_x_elem_bytes(out_dtype));
+  auto* kernel = q4k_mul_mat_vec_kernel<L2_256, IN>;
   if (smem > 48 * 1024) {
     PYORCH_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 static_cast<int>(smem)));
@@ -235,7 +365,7 @@ cudaError_t launch_q4k_mul_mat_vec(void* out, DType out_dtype, const uint8_t* we
   if (max_blocks > 0 && grid > max_blocks) grid = max_blocks;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), dim3(warps * kWarpSize), smem,
                        stream, pdl, out, out_dtype, weight, x, static_cast<int>(output_size),
-                       input_size, row_stride_bytes);
+                       input_size, row_stride_bytes, norm_weight, eps, accumulate);
 }
 
 }  // namespace pyorch::kernels::gguf

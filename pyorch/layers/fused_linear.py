@@ -21,6 +21,11 @@ the same path through ggml_mul_mat_repacked_fused, at every token count: the nor
 the epilogue run inside the op that quantizes the activation and streams the blocks, so a layer
 is 6 ops instead of 10, with as many fewer Python calls (batch-1 decode of the default model,
 bench/gguf_cpu.py: see bench/results/cpu/README.md).
+On CUDA, GGUF layers of one Q4_K tensor each (a file's own layout) take the path at one token
+through ggml_mul_mat_vec_fused, the direct Q4_K kernel with the norm or SiLU-and-mul formed from
+its input and the residual add in its store: the MLP is gate_up(norm(residual)) then
+residual += down(silu_and_mul(that)) (norm_mlp_add_), since the direct kernel computes gate and
+up rows apart.
 The fused GEMMs launch without PDL, o_proj included (on an H100 at batch 1, o_proj under PDL
 after attention measured 5.91 / 5.91 ms/token against 5.90 / 5.88 without), and so without the
 up-front L2 prefetch that PDL launches overlap with the previous kernel (5.77 / 5.78 without).
@@ -34,6 +39,7 @@ from torch import nn
 from pyorch import _ops
 from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import UnquantizedLinearMethod, use_skinny_gemm
+from pyorch.layers.quantization.gguf import GGML_Q4_K
 from pyorch.layers.quantization.utils.w8a8_utils import use_skinny_fp8
 
 # Tests turn this off to compare the fused layer with the unfused one (batch-1 decode on an H100:
@@ -95,6 +101,20 @@ def _gguf_fused(
         offset += s.rows
 
 
+def _gguf_cuda_q4k(layer: nn.Module) -> Optional[Any]:
+    """The one shard of a GGUF layer on CUDA whose weight is one Q4_K tensor in the file's
+    layout, with no bias, else None: what ggml_mul_mat_vec_fused runs as one kernel (other
+    types would run its ops in turn, more kernels than the unfused layer)."""
+    shards = getattr(layer, "gguf_shards", None)
+    if (not shards or len(shards) != 1 or getattr(layer, "bias", None) is not None
+            or getattr(layer, "tp_size", 1) != 1):
+        return None
+    s = shards[0]
+    if s.repacked or s.ggml_type != GGML_Q4_K or s.data.device.type != "cuda":
+        return None
+    return s
+
+
 def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
     """Whether a linear layer may run inside skinny_gemm_fused (or skinny_gemm_fp8 for an fp8
     layer): a weight in the skinny GEMM's layout, of one rank (a row-parallel layer needs its
@@ -106,6 +126,8 @@ def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
     if _gguf_repacked(layer) is not None:  # the CPU's GGUF path: one rank, one shard
         return (not sharded_ok and getattr(layer, "tp_size", 1) == 1
                 and (bias is None or bias.is_contiguous()))
+    if _gguf_cuda_q4k(layer) is not None:
+        return not sharded_ok
     fp8 = _fp8_weight(layer)
     if fp8 is not None:
         if sharded_ok:
@@ -138,6 +160,9 @@ def fused_decode_batch(x: torch.Tensor, first_layer: nn.Module) -> bool:
     model's layers can is the caller's other half."""
     if _gguf_repacked(first_layer) is not None:
         return FUSED_DECODE and x.dim() == 2 and x.device.type == "cpu"
+    if _gguf_cuda_q4k(first_layer) is not None:  # the direct Q4_K kernel: one token
+        return (FUSED_DECODE and x.dim() == 2 and x.shape[0] == 1 and x.is_cuda
+                and x.dtype in (torch.bfloat16, torch.float16, torch.float32))
     if not (FUSED_DECODE and x.dim() == 2 and x.dtype in _FUSED_DTYPES):
         return False
     fp8 = _fp8_weight(first_layer)
@@ -158,6 +183,16 @@ def norm_linear(
         rows = sum(s.rows for s in shards) // (2 if epilogue == "silu_and_mul" else 1)
         out = torch.empty(x.shape[0], rows, dtype=x.dtype, device=x.device)
         _gguf_fused(out, x, shards, layer, norm, epilogue)
+        return out
+    shard = _gguf_cuda_q4k(layer)
+    if shard is not None:
+        y = torch.empty(x.shape[0], shard.rows, dtype=x.dtype, device=x.device)
+        _ops.ggml_mul_mat_vec_fused(y, x, shard.data, shard.ggml_type, shard.rows, norm.weight,
+                                    norm.variance_epsilon, "rms_norm", "store")
+        if epilogue != "silu_and_mul":
+            return y
+        out = torch.empty(x.shape[0], shard.rows // 2, dtype=x.dtype, device=x.device)
+        _ops.silu_and_mul(out, y)  # norm_mlp_add_ takes it into the down product instead
         return out
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)
@@ -183,6 +218,11 @@ def linear_add_(
     if shards is not None:
         _gguf_fused(residual, x, shards, layer, None, "add")
         return residual
+    shard = _gguf_cuda_q4k(layer)
+    if shard is not None:
+        _ops.ggml_mul_mat_vec_fused(residual, x.contiguous(), shard.data, shard.ggml_type,
+                                    shard.rows, None, 0.0, "none", "add")
+        return residual
     weight, bias = _weight_and_bias(layer)
     fp8 = _fp8_weight(layer)
     if fp8 is not None:
@@ -190,6 +230,24 @@ def linear_add_(
     else:
         _ops.skinny_gemm_fused(residual, x, weight, bias, None, 0.0, "add")
     return residual
+
+
+def norm_mlp_add_(
+    residual: torch.Tensor,  # [T, hidden], updated in place
+    norm: RMSNorm,
+    gate_up: nn.Module,  # merged [gate; up]
+    down: nn.Module,
+) -> torch.Tensor:
+    """residual += down(silu_and_mul(gate_up(norm(residual)))), as two kernels: SiLU-and-mul in
+    gate_up's epilogue, or (GGUF Q4_K on CUDA, whose kernel computes gate and up rows apart) in
+    the down product's input. Returns residual."""
+    shard = _gguf_cuda_q4k(down)
+    if shard is not None and _gguf_cuda_q4k(gate_up) is not None:
+        y = norm_linear(residual, norm, gate_up)  # [T, 2 * intermediate]
+        _ops.ggml_mul_mat_vec_fused(residual, y, shard.data, shard.ggml_type, shard.rows, None,
+                                    0.0, "silu_and_mul", "add")
+        return residual
+    return linear_add_(residual, norm_linear(residual, norm, gate_up, "silu_and_mul"), down)
 
 
 def linear_silu_and_mul(

@@ -22,6 +22,7 @@ from pyorch.layers.fused_linear import (
     linear_add_,
     linear_silu_and_mul,
     norm_linear,
+    norm_mlp_add_,
     skinny_fusable,
 )
 from pyorch.layers.layernorm import RMSNorm
@@ -219,8 +220,7 @@ class LlamaDecoderLayer(nn.Module):
         attn, mlp = self.self_attn, cast(LlamaMLP, self.mlp)
         qkv = norm_linear(residual, self.input_layernorm, attn.qkv_proj)
         linear_add_(residual, attn.attend(positions, qkv), attn.o_proj)
-        act = norm_linear(residual, self.post_attention_layernorm, mlp.gate_up_proj, "silu_and_mul")
-        linear_add_(residual, act, mlp.down_proj)
+        norm_mlp_add_(residual, self.post_attention_layernorm, mlp.gate_up_proj, mlp.down_proj)
 
 
 def _add_norm(

@@ -110,6 +110,33 @@ cudaError_t gguf_mul_mat_vec(void* out, const void* input, const void* weight, v
                              int64_t input_size, int64_t weight_row_stride_bytes,
                              int64_t input_stride, int64_t out_stride, cudaStream_t stream,
                              const GgufMulMatVecConfig* config = nullptr);
+// What a fused one-token product multiplies instead of x (gguf_mul_mat_vec_fused).
+enum class GgufInputOp : int32_t {
+  kNone = 0,        // x itself: input_size values
+  kRmsNorm = 1,     // rms_norm(x) * norm_weight (rms_norm's roundings): input_size values of x
+  kSiluAndMul = 2,  // silu(x[:input_size]) * x[input_size:] (silu_and_mul's): 2 * input_size
+};
+
+// Whether gguf_mul_mat_vec_fused takes these arguments: one token's Q4_K product in the direct
+// form (gguf_q4k_direct() on; weight, row stride, x and norm_weight 16-byte aligned; x's values
+// fit the form's shared memory; 1 <= output_size <= 2^30). Elsewhere a caller composes
+// rms_norm / silu_and_mul, gguf_mul_mat_vec and an add (cpp/ops/gguf.cpp does).
+bool gguf_mul_mat_vec_fused_supported(const void* input, const void* weight,
+                                      const void* norm_weight, int32_t type, DType dtype,
+                                      int64_t output_size, int64_t input_size,
+                                      int64_t weight_row_stride_bytes, GgufInputOp input_op);
+// One token, one kernel: out[r] = dequantize(weight[r]) . q8_1(f(x)) with f the input op, or with
+// accumulate out[r] = out[r] + that (rounded to dtype first: the residual stream's add). The
+// engine's decode layer takes its norms, SiLU-and-mul and residual adds out of their own kernels
+// this way. out [output_size] and x of dtype (fp32 / fp16 / bf16), norm_weight [input_size] of
+// dtype (kRmsNorm, eps its epsilon; else unused). Refuses what gguf_mul_mat_vec_fused_supported
+// does not take. Captures in a CUDA graph.
+cudaError_t gguf_mul_mat_vec_fused(void* out, const void* input, const void* weight,
+                                   const void* norm_weight, float eps, GgufInputOp input_op,
+                                   bool accumulate, int32_t type, DType dtype, int64_t output_size,
+                                   int64_t input_size, int64_t weight_row_stride_bytes,
+                                   cudaStream_t stream);
+
 // gguf_mul_mat: tiles of 64 weight rows (32 where the grid would be small) x 32 tokens, unpacked
 // to int8 in shared memory, int8 tensor-core mma (m16n8k16), for many tokens; output_size at
 // most 65535 * 32 for grids under 256 tiles of 64 rows, 65535 * 64 otherwise.

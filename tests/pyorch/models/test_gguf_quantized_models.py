@@ -27,6 +27,9 @@ MIXES = {
     "q4_k_m": {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_K,
                "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "output": Q.Q6_K,
                "token_embd": Q.Q4_K},
+    "q4_k": {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q4_K, "attn_output": Q.Q4_K,
+             "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q4_K, "output": Q.Q6_K,
+             "token_embd": Q.Q4_K},
     "q5_k_m": {"attn_q": Q.Q5_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_K,
                "ffn_gate": Q.Q5_K, "ffn_up": Q.Q5_K, "ffn_down": Q.Q6_K, "output": Q.Q6_K,
                "token_embd": Q.Q5_K},
@@ -135,3 +138,48 @@ def test_quantized_gguf_greedy_matches_the_dequantized_reference(
                     assert margin <= 5e-3 * float(row.max() - row.min()), (prompt, k, margin)
                     break
                 ids.append(token)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_q4k_gguf_on_cuda_runs_the_fused_decode_layer(tmp_path: Path, monkeypatch,
+                                                      arch: str) -> None:
+    # Q4_K in every linear layer: on CUDA a one-token step runs the decoder layers' forward_fused
+    # through ggml_mul_mat_vec_fused (the norm and SiLU-and-mul formed inside the direct Q4_K
+    # kernel, the residual adds in its store). bfloat16 greedy tokens against the unfused
+    # layers' (fused_linear.FUSED_DECODE off): equal up to the first near-tie there.
+    import gc
+
+    from pyorch.layers import fused_linear
+
+    rng = np.random.default_rng(41 + len(arch))
+    path = _write(tmp_path / f"{arch}-q4k.gguf", arch, MIXES["q4_k"], arch == "qwen3", rng)
+    calls: list[str] = []
+    real = _ops.ggml_mul_mat_vec_fused
+    monkeypatch.setattr(_ops, "ggml_mul_mat_vec_fused",
+                        lambda *a: (calls.append(a[-2]), real(*a))[1])
+    prompts = [[1, 5, 9, 13, 2], [7, 3, 3, 40, 21, 8, 11, 60, 90, 4]]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
+
+    def run() -> list:
+        llm = LLM(path, skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=128,
+                  seed=0, kv_cache_memory_bytes=64 << 20)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        return [o.outputs[0] for o in outs]
+
+    fused = run()
+    assert set(calls) == {"rms_norm", "none", "silu_and_mul"}, set(calls)
+    calls.clear()
+    monkeypatch.setattr(fused_linear, "FUSED_DECODE", False)
+    unfused = run()
+    assert not calls
+    for f, u in zip(fused, unfused, strict=True):
+        for k, (a, b) in enumerate(zip(f.token_ids, u.token_ids, strict=True)):
+            if a != b:  # only where the unfused layer's top two nearly tie
+                top = u.logprobs[k]
+                assert a in top and b in top, (k, a, b, top)
+                assert abs(top[a].logprob - top[b].logprob) <= 0.05, (k, top)
+                break
