@@ -12,9 +12,10 @@ projections' type. Blocks are random bytes with modest fp16 scales (speed does n
 values). Decode time per token = (time of a 1 + N token generation - time of a 1 token
 generation) / N, greedy, ignore_eos, 32-token prompt, median of --repeats.
 
---fused-decode on,off times each file with the decoder layers' fused decode path
-(pyorch/layers/fused_linear.py: on CUDA, Q4_K layers through ggml_mul_mat_vec_fused) and with the
-unfused layers, one after the other (default: on, the engine's own choice).
+--fused-decode on,off times each file with the decoder layers' fused decode path where the
+engine takes it (pyorch/layers/fused_linear.py; on CUDA, Q4_K layers go through
+ggml_mul_mat_vec_fused with PYORCH_GGUF_FUSED_DECODE=1) and with every layer unfused, one after
+the other (default: on, the engine's own choice).
 
 The floor: the bytes one decode step must read (every projection, the LM head, the K/V cache at
 the mean context) over a device-to-device copy's bandwidth in the same process (read + write

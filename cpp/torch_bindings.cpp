@@ -11,7 +11,7 @@
 #ifdef PYORCH_WITH_CUDA
 #include "pyorch/custom_all_reduce.h"  // set_custom_all_reduce_rms_norm_split
 #include "pyorch/gemm.h"               // set_skinny_gemm_legacy_picks
-#include "pyorch/gguf.h"               // set_gguf_q4k_direct
+#include "pyorch/gguf.h"               // set_gguf_q4k_direct, set_gguf_fused_warps
 #include "pyorch/moe_decode.h"         // set_moe_decode_legacy_picks
 #include "pyorch/moe_grouped.h"
 #include "pyorch/scaled_mm.h"  // cuda_runtime.h: CUDA builds only
@@ -421,6 +421,10 @@ PYBIND11_MODULE(_C, m) {
         "Whether one token's Q4_K GGUF product may take its direct form (else the ring form).");
   m.def("gguf_q4k_direct", &pyorch::gguf_q4k_direct,
         "Whether one token's Q4_K GGUF product may take its direct form.");
+  m.def("set_gguf_fused_warps", &pyorch::set_gguf_fused_warps, py::arg("warps"),
+        "Warps per thread block (1..32) of ggml_mul_mat_vec_fused's one-token Q4_K kernel.");
+  m.def("gguf_fused_warps", &pyorch::gguf_fused_warps,
+        "Warps per thread block of ggml_mul_mat_vec_fused's one-token Q4_K kernel.");
   m.def("set_moe_decode_legacy_picks", &pyorch::set_moe_decode_legacy_picks, py::arg("on"),
         "Launch the decode MoE pair with its picks from before the bench_moe_decode sweep.");
   m.def("moe_decode_legacy_picks", &pyorch::moe_decode_legacy_picks,

@@ -15,6 +15,8 @@ if _C.with_cuda:  # the kernels' launch switches are process state of the C API
     _C.set_skinny_gemm_legacy_picks(envs.PYORCH_SKINNY_GEMM_LEGACY_PICKS)  # pyorch/gemm.h
     _C.set_moe_decode_legacy_picks(envs.PYORCH_MOE_DECODE_LEGACY_PICKS)  # pyorch/moe_decode.h
     _C.set_gguf_q4k_direct(envs.PYORCH_GGUF_Q4K_DIRECT)  # pyorch/gguf.h
+    if envs.PYORCH_GGUF_FUSED_WARPS is not None:
+        _C.set_gguf_fused_warps(envs.PYORCH_GGUF_FUSED_WARPS)  # pyorch/gguf.h
     _C.set_w4a16_prefetch_acts(envs.PYORCH_W4A16_PREFETCH_ACTS)  # pyorch/w4a16.h
     if envs.PYORCH_W4A16_TILED_MIN_ROWS is not None:
         _C.set_w4a16_tiled_min_rows(envs.PYORCH_W4A16_TILED_MIN_ROWS)

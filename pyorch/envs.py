@@ -60,6 +60,20 @@ def _rows(name: str) -> Callable[[], Optional[int]]:
     return get
 
 
+def _warps(name: str) -> Callable[[], Optional[int]]:
+    """A warp count of one thread block (1..32), or None (unset: the C API's default)."""
+
+    def get() -> Optional[int]:
+        value = os.environ.get(name)
+        if value is None or value == "":
+            return None
+        if not value.isdigit() or not 1 <= int(value) <= 32:
+            raise ValueError(f"{name}={value!r}: expected a number of warps from 1 to 32")
+        return int(value)
+
+    return get
+
+
 def _str(name: str, default: Optional[str]) -> Callable[[], Optional[str]]:
     return lambda: os.environ.get(name) or default
 
@@ -105,6 +119,17 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PYORCH_GGUF_Q4K_DIRECT", True),
         "`0` runs one token's Q4_K GGUF products in the ring form (gguf_mmvq.cuh) instead of the "
         "direct form (gguf_mmvq_q4k.cuh; default on; for comparisons)"),
+    "PYORCH_GGUF_FUSED_DECODE": (
+        _flag("PYORCH_GGUF_FUSED_DECODE", False),
+        "`1` runs CUDA GGUF models whose linear layers are each one Q4_K tensor with the fused "
+        "decode layer at one token (ggml_mul_mat_vec_fused: the norms, SiLU-and-mul and residual "
+        "adds inside the direct Q4_K kernel; default off: measured slower than the unfused layer "
+        "on an H200, bench/results/NVIDIA_H200/gguf_fused_decode_20261129)"),
+    "PYORCH_GGUF_FUSED_WARPS": (
+        _warps("PYORCH_GGUF_FUSED_WARPS"),
+        "warps per thread block (1..32, default `32`) of ggml_mul_mat_vec_fused's one-token Q4_K "
+        "kernel, one block per SM (16 or fewer leave room beside it for the next kernel; for "
+        "comparisons)"),
     "PYORCH_MOE_DECODE_LEGACY_PICKS": (
         _flag("PYORCH_MOE_DECODE_LEGACY_PICKS", False),
         "`1` launches the decode MoE kernel pair (fused_moe_decode) with its picks from before "

@@ -8,6 +8,7 @@
 #include "gguf/gguf_q8_1.cuh"
 #include "pyorch/gguf.h"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -20,6 +21,7 @@ namespace pyorch {
 namespace {
 
 std::atomic<bool> g_q4k_direct{true};  // set_gguf_q4k_direct
+std::atomic<int> g_fused_warps{32};    // set_gguf_fused_warps
 
 using kernels::gguf::Q81Scale;
 
@@ -215,20 +217,21 @@ cudaError_t launch_q4k_direct(void* out, DType dtype, const uint8_t* weight, con
                                                        resident * sms, pdl, stream);
 }
 
-// The direct form with a fused input op (its own shared memory): resident blocks of 32 warps.
+// The direct form with an input op (its own shared memory): resident blocks of `warps` warps.
 template <GgufInputOp IN>
-int q4k_fused_resident_blocks(size_t smem) {
-  return cached_resident_blocks(smem, [&] {
-    return kernels::gguf::q4k_mul_mat_vec_resident_blocks<false, IN>(kernels::gguf::kQ4KMaxWarps,
-                                                                     smem);
+int q4k_fused_resident_blocks(int warps, size_t smem) {
+  return cached_resident_blocks(std::make_pair(warps, smem), [&] {
+    return kernels::gguf::q4k_mul_mat_vec_resident_blocks<false, IN>(warps, smem);
   });
 }
 
-int q4k_fused_resident_blocks(GgufInputOp input_op, size_t smem) {
+int q4k_fused_resident_blocks(GgufInputOp input_op, int warps, size_t smem) {
   switch (input_op) {
-    case GgufInputOp::kNone: return q4k_fused_resident_blocks<GgufInputOp::kNone>(smem);
-    case GgufInputOp::kRmsNorm: return q4k_fused_resident_blocks<GgufInputOp::kRmsNorm>(smem);
-    case GgufInputOp::kSiluAndMul: return q4k_fused_resident_blocks<GgufInputOp::kSiluAndMul>(smem);
+    case GgufInputOp::kNone: return q4k_fused_resident_blocks<GgufInputOp::kNone>(warps, smem);
+    case GgufInputOp::kRmsNorm:
+      return q4k_fused_resident_blocks<GgufInputOp::kRmsNorm>(warps, smem);
+    case GgufInputOp::kSiluAndMul:
+      return q4k_fused_resident_blocks<GgufInputOp::kSiluAndMul>(warps, smem);
   }
   return 0;
 }
@@ -245,6 +248,10 @@ cudaError_t zero_output(void* out, DType dtype, int64_t num_tokens, int64_t outp
 }  // namespace
 
 void set_gguf_q4k_direct(bool on) { g_q4k_direct.store(on, std::memory_order_relaxed); }
+void set_gguf_fused_warps(int warps) {
+  g_fused_warps.store(std::clamp(warps, 1, kernels::gguf::kQ4KMaxWarps), std::memory_order_relaxed);
+}
+int gguf_fused_warps() { return g_fused_warps.load(std::memory_order_relaxed); }
 bool gguf_q4k_direct() { return g_q4k_direct.load(std::memory_order_relaxed); }
 
 int64_t gguf_block_size(int32_t type) { return type_info(type).block_size; }
@@ -507,9 +514,8 @@ bool gguf_mul_mat_vec_fused_supported(const void* input, const void* weight,
       output_size > (int64_t(1) << 30) || current_device_sm_count() <= 0) {
     return false;
   }
-  const size_t smem = kernels::gguf::q4k_mul_mat_vec_smem(input_size, input_op,
-                                                          kernels::gguf::q4k_x_elem_bytes(dtype));
-  return q4k_fused_resident_blocks(input_op, smem) > 0;
+  const size_t smem = kernels::gguf::q4k_mul_mat_vec_smem(input_size, input_op);
+  return q4k_fused_resident_blocks(input_op, gguf_fused_warps(), smem) > 0;
 }
 
 cudaError_t gguf_mul_mat_vec_fused(void* out, const void* input, const void* weight,
@@ -526,12 +532,12 @@ cudaError_t gguf_mul_mat_vec_fused(void* out, const void* input, const void* wei
         type_info(type).name, static_cast<int>(input_op), static_cast<long long>(output_size),
         static_cast<long long>(input_size), dtype_name(dtype));
   }
-  const size_t smem = kernels::gguf::q4k_mul_mat_vec_smem(input_size, input_op,
-                                                          kernels::gguf::q4k_x_elem_bytes(dtype));
-  const int64_t max_blocks =
-      int64_t(q4k_fused_resident_blocks(input_op, smem)) * current_device_sm_count();
+  const size_t smem = kernels::gguf::q4k_mul_mat_vec_smem(input_size, input_op);
+  // One thread block per SM (x is rounded once per SM; with fewer than 32 warps the next
+  // kernel's blocks fit beside it).
+  const int64_t max_blocks = current_device_sm_count();
   const auto* w = static_cast<const uint8_t*>(weight);
-  constexpr int kWarps = kernels::gguf::kQ4KMaxWarps;
+  const int kWarps = gguf_fused_warps();
   switch (input_op) {
     case GgufInputOp::kNone:
       return kernels::gguf::launch_q4k_mul_mat_vec<false, GgufInputOp::kNone>(

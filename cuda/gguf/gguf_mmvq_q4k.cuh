@@ -22,10 +22,10 @@
 //
 // Fused input and output (gguf_mul_mat_vec_fused, the engine's decode layer): the product may
 // take rms_norm(x) * g or silu(x[:K]) * x[K:] instead of x, each value rounded as the rms_norm /
-// silu_and_mul kernels round it; the thread block forms those K values in shared memory (all its
-// threads, 16-byte chunks) before rounding them to q8_1. And it may add into `out` (the residual
-// stream: out = out + the product rounded to out's dtype, as fused_add_rms_norm's add). A Llama
-// decoder layer is then 6 kernels instead of 9: no fused_add_rms_norm and no silu_and_mul.
+// silu_and_mul kernels round it, formed by the lanes that round it to q8_1 (eight a sub-block);
+// and it may add into `out` (the residual stream: out = out + the product rounded to out's
+// dtype, as fused_add_rms_norm's add). A Llama decoder layer is then 6 kernels instead of 9: no
+// fused_add_rms_norm and no silu_and_mul.
 #pragma once
 
 #include <cstdint>
@@ -50,19 +50,18 @@ constexpr int kQ4KBlocksPerStep = kWarpSize / kQ4KLanesPerBlock;  // 8: 1152 byt
 constexpr int kQ4KXGroupBytes = 80;  // x's 64 int8 of one sub-block pair, padded (banks)
 constexpr int kQ4KMaxWarps = 32;     // rows in flight per thread block, at most
 
-// Shared memory of one thread block: x's padded int8 groups, then a float4 per group; with a fused
-// input op, then the warps' partial sums (kQ4KMaxWarps floats) and the K formed values of x
-// (elem_bytes each).
-constexpr size_t q4k_mul_mat_vec_smem(int64_t input_size, GgufInputOp input_op = GgufInputOp::kNone,
-                                      size_t elem_bytes = 0) {
+// Shared memory of one thread block: x's padded int8 groups, then a float4 per group; with the
+// RMSNorm input op, then the warps' partial sums of squares (kQ4KMaxWarps floats).
+constexpr size_t q4k_mul_mat_vec_smem(int64_t input_size,
+                                      GgufInputOp input_op = GgufInputOp::kNone) {
   return size_t(input_size / 64) * (kQ4KXGroupBytes + 16) +
-         (input_op == GgufInputOp::kNone
-              ? 0
-              : sizeof(float) * kQ4KMaxWarps + size_t(input_size) * elem_bytes);
+         (input_op == GgufInputOp::kRmsNorm ? sizeof(float) * kQ4KMaxWarps : 0);
 }
 
-// Bytes of one x value (fp32, or fp16 / bf16).
-constexpr size_t q4k_x_elem_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+// Lanes that round one 32-value sub-block of x to q8_1 (4 values each, a group of consecutive
+// lanes of a warp), and the values a lane holds.
+constexpr int kQ4KXLanes = 8;
+constexpr int kQ4KXPerLane = kSubSize / kQ4KXLanes;
 
 // Calls f(T{}) with x's element type.
 template <class F>
@@ -76,80 +75,131 @@ __device__ __forceinline__ void with_float_type(DType dtype, F&& f) {
   }
 }
 
-// The K values the product multiplies, formed by the whole thread block into x_t (shared memory)
-// from x (global, 16-byte aligned) in 16-byte chunks. kRmsNorm: normed = T(x * inv_rms), then
-// T(normed * g) (rms_norm_kernel's roundings); the sum of squares is reduced through red
-// (kQ4KMaxWarps floats) in a fixed order. kSiluAndMul: T(silu(x[i]) * x[K + i])
-// (act_and_mul_kernel's). The caller synchronizes before reading x_t.
+// Four consecutive values of T at p (aligned to their size) as floats.
+template <typename T>
+__device__ __forceinline__ void load4(const T* p, float (&v)[kQ4KXPerLane]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 r = *reinterpret_cast<const float4*>(p);
+    v[0] = r.x, v[1] = r.y, v[2] = r.z, v[3] = r.w;
+  } else {
+    const uint2 r = *reinterpret_cast<const uint2*>(p);
+    const T* e = reinterpret_cast<const T*>(&r);
+#pragma unroll
+    for (int i = 0; i < kQ4KXPerLane; ++i) v[i] = to_float(e[i]);
+  }
+}
+
+// x rounded to q8_1 into the block's shared memory (x_groups, x_scales: the layout at the top of
+// this file) by all its threads, kQ4KXLanes lanes a sub-block: the values and bits of
+// quantize_q8_1_kernel (the max, d = max / 127, q = round(v * (1 / d)), exact integer sums),
+// where a thread rounding whole sub-blocks alone was a chain of 32 values per thread. With an
+// input op the values are first formed as their kernels form them: kRmsNorm T(T(x * inv_rms) * g)
+// (rms_norm_kernel's roundings; the sum of squares is reduced through red in a fixed order),
+// kSiluAndMul T(silu(x[i]) * x[K + i]) (act_and_mul_kernel's). The caller synchronizes after.
 template <GgufInputOp IN, typename T>
-__device__ __forceinline__ void form_input(const T* __restrict__ x, const T* __restrict__ g,
-                                           float eps, int64_t input_size, T* x_t, float* red) {
-  constexpr int kPerChunk = 16 / sizeof(T);
-  const int chunks = static_cast<int>(input_size / kPerChunk);
+__device__ __forceinline__ void round_x_to_q8_1(const T* __restrict__ x, const T* __restrict__ g,
+                                                float eps, int64_t input_size, int8_t* x_groups,
+                                                float4* x_scales, float* red) {
+  const int num_subs = static_cast<int>(input_size / kSubSize);
+  const int groups = blockDim.x / kQ4KXLanes;  // sub-blocks rounded at a time
+  const int rounds = (num_subs + groups - 1) / groups;
+  const int li = threadIdx.x % kQ4KXLanes;
+  float inv_rms = 0.f;
   if constexpr (IN == GgufInputOp::kRmsNorm) {
     float sum_sq = 0.f;
-    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + int64_t(c) * kPerChunk);
-      const T* e = reinterpret_cast<const T*>(&raw);
+    for (int r = 0; r < rounds; ++r) {
+      const int j = r * groups + static_cast<int>(threadIdx.x) / kQ4KXLanes;
+      if (j < num_subs) {
+        float v[kQ4KXPerLane];
+        load4(x + int64_t(j) * kSubSize + li * kQ4KXPerLane, v);
 #pragma unroll
-      for (int j = 0; j < kPerChunk; ++j) {
-        const float f = to_float(e[j]);
-        sum_sq += f * f;
+        for (int i = 0; i < kQ4KXPerLane; ++i) sum_sq += v[i] * v[i];
       }
     }
     sum_sq = warp_reduce_sum(sum_sq);
-    const int warps = blockDim.x / kWarpSize;
     if (threadIdx.x % kWarpSize == 0) red[threadIdx.x / kWarpSize] = sum_sq;
     __syncthreads();
     float total = 0.f;
-    for (int w = 0; w < warps; ++w) total += red[w];
-    const float inv_rms = rsqrtf(total / static_cast<float>(input_size) + eps);
-    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + int64_t(c) * kPerChunk);
-      const uint4 graw = __ldg(reinterpret_cast<const uint4*>(g + int64_t(c) * kPerChunk));
-      const T* e = reinterpret_cast<const T*>(&raw);
-      const T* ge = reinterpret_cast<const T*>(&graw);
-      uint4 o;
-      T* oe = reinterpret_cast<T*>(&o);
+    for (int w = 0; w < static_cast<int>(blockDim.x / kWarpSize); ++w) total += red[w];
+    inv_rms = rsqrtf(total / static_cast<float>(input_size) + eps);
+  }
+  for (int r = 0; r < rounds; ++r) {  // every lane takes part in the shuffles
+    const int j = r * groups + static_cast<int>(threadIdx.x) / kQ4KXLanes;
+    const bool valid = j < num_subs;
+    const int64_t k = int64_t(j) * kSubSize + li * kQ4KXPerLane;
+    float v[kQ4KXPerLane] = {0.f, 0.f, 0.f, 0.f};
+    if (valid) {
+      load4(x + k, v);
+      if constexpr (IN == GgufInputOp::kRmsNorm) {
+        float w[kQ4KXPerLane];
+        load4(g + k, w);
 #pragma unroll
-      for (int j = 0; j < kPerChunk; ++j) {
-        const float normed = to_float(from_float<T>(to_float(e[j]) * inv_rms));
-        oe[j] = from_float<T>(normed * to_float(ge[j]));
+        for (int i = 0; i < kQ4KXPerLane; ++i) {
+          const float normed = to_float(from_float<T>(v[i] * inv_rms));
+          v[i] = to_float(from_float<T>(normed * w[i]));
+        }
+      } else if constexpr (IN == GgufInputOp::kSiluAndMul) {
+        float up[kQ4KXPerLane];
+        load4(x + input_size + k, up);
+#pragma unroll
+        for (int i = 0; i < kQ4KXPerLane; ++i) {
+          v[i] = to_float(from_float<T>(act_fn<Activation::kSilu>(v[i]) * up[i]));
+        }
       }
-      *reinterpret_cast<uint4*>(x_t + int64_t(c) * kPerChunk) = o;
     }
-  } else {
-    static_assert(IN == GgufInputOp::kSiluAndMul, "a fused input op");
-    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const uint4 graw = *reinterpret_cast<const uint4*>(x + int64_t(c) * kPerChunk);
-      const uint4 uraw = *reinterpret_cast<const uint4*>(x + input_size + int64_t(c) * kPerChunk);
-      const T* ge = reinterpret_cast<const T*>(&graw);
-      const T* ue = reinterpret_cast<const T*>(&uraw);
-      uint4 o;
-      T* oe = reinterpret_cast<T*>(&o);
+    float amax = 0.f;
 #pragma unroll
-      for (int j = 0; j < kPerChunk; ++j) {
-        oe[j] = from_float<T>(act_fn<Activation::kSilu>(to_float(ge[j])) * to_float(ue[j]));
+    for (int i = 0; i < kQ4KXPerLane; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+    for (int o = 1; o < kQ4KXLanes; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
+    const float d = amax / 127.f;
+    const float inv_d = d == 0.f ? 0.f : 1.f / d;
+    uint32_t word = 0;
+    int sum = 0;  // exact: |sum| <= 16 * 127
+#pragma unroll
+    for (int i = 0; i < kQ4KXPerLane; ++i) {
+      const int q = __float2int_rn(v[i] * inv_d);
+      sum += q;
+      word |= (uint32_t(q) & 0xffu) << (8 * i);
+    }
+    // The two 16-value halves' sums (lanes 0-3, 4-7), then both in the group's first lane.
+    sum += __shfl_xor_sync(~0u, sum, 1);
+    sum += __shfl_xor_sync(~0u, sum, 2);
+    sum += __shfl_xor_sync(~0u, sum, 4);
+    if (valid) {
+      *reinterpret_cast<uint32_t*>(x_groups + (j / 2) * kQ4KXGroupBytes + (j % 2) * kSubSize +
+                                   li * kQ4KXPerLane) = word;
+      if (li == 0) {
+        float* s = reinterpret_cast<float*>(x_scales + j / 2) + 2 * (j % 2);
+        s[0] = d;
+        s[1] = d * static_cast<float>(sum);
       }
-      *reinterpret_cast<uint4*>(x_t + int64_t(c) * kPerChunk) = o;
     }
   }
 }
 
-// out[idx] + v, each rounded to out's dtype first (the residual stream's add).
-__device__ __forceinline__ void accumulate_as(void* out, DType dtype, int64_t idx, float v) {
+// out[idx] as a float (the residual stream's value that an accumulating product adds to).
+__device__ __forceinline__ float load_as_float(const void* out, DType dtype, int64_t idx) {
   switch (dtype) {
-    case DType::kFloat16: {
-      __half* o = static_cast<__half*>(out) + idx;
-      *o = __float2half_rn(__half2float(__float2half_rn(v)) + __half2float(*o));
+    case DType::kFloat16: return __half2float(static_cast<const __half*>(out)[idx]);
+    case DType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(out)[idx]);
+    default: return static_cast<const float*>(out)[idx];
+  }
+}
+
+// out[idx] = prior + v, v rounded to out's dtype first, the sum rounded once (the residual
+// stream's add, as fused_add_rms_norm rounds it); prior is out[idx] read earlier.
+__device__ __forceinline__ void store_sum_as(void* out, DType dtype, int64_t idx, float v,
+                                             float prior) {
+  switch (dtype) {
+    case DType::kFloat16:
+      static_cast<__half*>(out)[idx] = __float2half_rn(__half2float(__float2half_rn(v)) + prior);
       break;
-    }
-    case DType::kBFloat16: {
-      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + idx;
-      *o = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(v)) + __bfloat162float(*o));
+    case DType::kBFloat16:
+      static_cast<__nv_bfloat16*>(out)[idx] =
+          __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(v)) + prior);
       break;
-    }
-    default: static_cast<float*>(out)[idx] += v; break;
+    default: static_cast<float*>(out)[idx] = v + prior; break;
   }
 }
 
@@ -236,6 +286,7 @@ __global__ void __launch_bounds__(kQ4KMaxWarps* kWarpSize, 1)
   };
   const int base = lane & ~(kQ4KLanesPerBlock - 1);  // the block's first lane
   float acc = 0.f;
+  float prior = 0.f;  // accumulate: out[use_row] (lane 0), read after pdl_wait
   auto use_step_of = [&](const Q4KLaneStep& w) {
     if (use_row >= output_size) return;  // uniform across the warp
     const int block = use_step * kQ4KBlocksPerStep + lane_block;
@@ -274,7 +325,7 @@ __global__ void __launch_bounds__(kQ4KMaxWarps* kWarpSize, 1)
       const float v = warp_reduce_sum(acc);
       if (lane == 0) {
         if (accumulate) {
-          accumulate_as(out, out_dtype, use_row, v);
+          store_sum_as(out, out_dtype, use_row, v, prior);
         } else {
           store_as(out, out_dtype, use_row, v);
         }
@@ -282,6 +333,10 @@ __global__ void __launch_bounds__(kQ4KMaxWarps* kWarpSize, 1)
       acc = 0.f;
       use_step = 0;
       use_row += row_step;
+      // The next row's residual value, read while the row streams (not after its last step).
+      if (accumulate && lane == 0 && use_row < output_size) {
+        prior = load_as_float(out, out_dtype, use_row);
+      }
     }
   };
 
@@ -291,33 +346,15 @@ __global__ void __launch_bounds__(kQ4KMaxWarps* kWarpSize, 1)
   issue_step(step_a);
   issue_step(step_b);
   pdl_wait();
-  // What the q8_1 rounding reads: x, or the values formed from it in shared memory.
-  const void* xq = x;
-  if constexpr (IN != GgufInputOp::kNone) {
-    float* red = reinterpret_cast<float*>(x_scales + input_size / 64);
-    void* x_t = red + kQ4KMaxWarps;
-    with_float_type(out_dtype, [&](auto tag) {
-      using T = decltype(tag);
-      form_input<IN>(static_cast<const T*>(x), static_cast<const T*>(norm_weight), eps, input_size,
-                     static_cast<T*>(x_t), red);
-    });
-    __syncthreads();
-    xq = x_t;
+  if (accumulate && lane == 0 && use_row < output_size) {
+    prior = load_as_float(out, out_dtype, use_row);
   }
-  for (int j = threadIdx.x; j < input_size / kSubSize; j += blockDim.x) {
-    int8_t* q = x_groups + (j / 2) * kQ4KXGroupBytes + (j % 2) * kSubSize;
-    int sum[2];
-    auto quantize = [&](const auto* xt) {
-      return quantize_q8_1_block_two_pass(xt + int64_t(j) * kSubSize, q, sum);
-    };
-    const float dj = out_dtype == DType::kFloat16 ? quantize(static_cast<const __half*>(xq))
-                     : out_dtype == DType::kBFloat16
-                         ? quantize(static_cast<const __nv_bfloat16*>(xq))
-                         : quantize(static_cast<const float*>(xq));
-    float* s = reinterpret_cast<float*>(x_scales + j / 2) + 2 * (j % 2);
-    s[0] = dj;
-    s[1] = dj * static_cast<float>(sum[0] + sum[1]);
-  }
+  with_float_type(out_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    round_x_to_q8_1<IN>(static_cast<const T*>(x), static_cast<const T*>(norm_weight), eps,
+                        input_size, x_groups, x_scales,
+                        reinterpret_cast<float*>(x_scales + input_size / 64));
+  });
   __syncthreads();
   pdl_launch_dependents();
 
@@ -355,7 +392,7 @@ cudaError_t launch_q4k_mul_mat_vec(void* out, DType out_dtype, const uint8_t* we
                                    int64_t row_stride_bytes, int warps, int64_t max_blocks,
                                    bool pdl, cudaStream_t stream, const void* norm_weight = nullptr,
                                    float eps = 0.f, bool accumulate = false) {
-  const size_t smem = q4k_mul_mat_vec_smem(input_size, IN, q4k_x_elem_bytes(out_dtype));
+  const size_t smem = q4k_mul_mat_vec_smem(input_size, IN);
   auto* kernel = q4k_mul_mat_vec_kernel<L2_256, IN>;
   if (smem > 48 * 1024) {
     PYORCH_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -100,46 +100,6 @@ __device__ __forceinline__ void quantize_q8_1_block(const T* __restrict__ x, int
   *ds = s;
 }
 
-// quantize_q8_1_block's values and bits with x read twice (the max, then the rounding) instead of
-// held: 16 values live at a time, not 32, for kernels whose weights are already in flight in
-// registers when they quantize x (gguf_mmvq_q4k.cuh). Writes the 32 int8 to q (16-byte
-// aligned) and returns d and the integer sums of the two halves; the caller stores them.
-template <typename T>
-__device__ __forceinline__ float quantize_q8_1_block_two_pass(const T* __restrict__ x, int8_t* q,
-                                                              int (&sum)[2]) {
-  constexpr int kPerLoad = 16 / sizeof(T);
-  float amax = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; i += kPerLoad) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(x + i);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int j = 0; j < kPerLoad; ++j) amax = fmaxf(amax, fabsf(to_float(e[j])));
-  }
-  const float d = amax / 127.f;
-  const float inv_d = d == 0.f ? 0.f : 1.f / d;
-  sum[0] = sum[1] = 0;
-#pragma unroll
-  for (int i = 0; i < 32; i += 16) {
-    uint32_t packed[4];
-#pragma unroll
-    for (int k = 0; k < 16; k += kPerLoad) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + i + k);
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < kPerLoad; ++j) {
-        const int qi = __float2int_rn(to_float(e[j]) * inv_d);
-        sum[i / 16] += qi;
-        const int pos = k + j;
-        if (pos % 4 == 0) packed[pos / 4] = 0;
-        packed[pos / 4] |= (uint32_t(qi) & 0xffu) << (8 * (pos % 4));
-      }
-    }
-    reinterpret_cast<uint4*>(q)[i / 16] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  }
-  return d;
-}
-
 template <typename T>
 cudaError_t launch_quantize_q8_1(int8_t* xq, Q81Scale* xds, const T* x, int64_t num_tokens,
                                  int64_t input_size, int64_t x_stride, cudaStream_t stream) {

@@ -21,11 +21,13 @@ the same path through ggml_mul_mat_repacked_fused, at every token count: the nor
 the epilogue run inside the op that quantizes the activation and streams the blocks, so a layer
 is 6 ops instead of 10, with as many fewer Python calls (batch-1 decode of the default model,
 bench/gguf_cpu.py: see bench/results/cpu/README.md).
-On CUDA, GGUF layers of one Q4_K tensor each (a file's own layout) take the path at one token
-through ggml_mul_mat_vec_fused, the direct Q4_K kernel with the norm or SiLU-and-mul formed from
-its input and the residual add in its store: the MLP is gate_up(norm(residual)) then
-residual += down(silu_and_mul(that)) (norm_mlp_add_), since the direct kernel computes gate and
-up rows apart.
+On CUDA, with PYORCH_GGUF_FUSED_DECODE=1, GGUF layers of one Q4_K tensor each (a file's own
+layout) take the path at one token through ggml_mul_mat_vec_fused, the direct Q4_K kernel with
+the norm or SiLU-and-mul formed from its input and the residual add in its store: the MLP is
+gate_up(norm(residual)) then residual += down(silu_and_mul(that)) (norm_mlp_add_), since the
+direct kernel computes gate and up rows apart. It is off by default: on an H200 the fused chain
+of 1024-thread kernels, none of which can start beside the one before it, measured slower than
+the unfused layer, whose small norm kernels let each product start streaming early under PDL.
 The fused GEMMs launch without PDL, o_proj included (on an H100 at batch 1, o_proj under PDL
 after attention measured 5.91 / 5.91 ms/token against 5.90 / 5.88 without), and so without the
 up-front L2 prefetch that PDL launches overlap with the previous kernel (5.77 / 5.78 without).
@@ -36,7 +38,7 @@ from typing import Any, Optional, cast
 import torch
 from torch import nn
 
-from pyorch import _ops
+from pyorch import _ops, envs
 from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import UnquantizedLinearMethod, use_skinny_gemm
 from pyorch.layers.quantization.gguf import GGML_Q4_K
@@ -126,8 +128,8 @@ def skinny_fusable(layer: nn.Module, sharded_ok: bool = False) -> bool:
     if _gguf_repacked(layer) is not None:  # the CPU's GGUF path: one rank, one shard
         return (not sharded_ok and getattr(layer, "tp_size", 1) == 1
                 and (bias is None or bias.is_contiguous()))
-    if _gguf_cuda_q4k(layer) is not None:
-        return not sharded_ok
+    if _gguf_cuda_q4k(layer) is not None:  # opt-in: see PYORCH_GGUF_FUSED_DECODE
+        return not sharded_ok and envs.PYORCH_GGUF_FUSED_DECODE
     fp8 = _fp8_weight(layer)
     if fp8 is not None:
         if sharded_ok:

@@ -130,6 +130,16 @@ def test_envs_parse_flags(monkeypatch):
     assert envs.PYORCH_GGUF_Q4K_DIRECT is True
     monkeypatch.setenv("PYORCH_GGUF_Q4K_DIRECT", "0")
     assert envs.PYORCH_GGUF_Q4K_DIRECT is False
+    monkeypatch.delenv("PYORCH_GGUF_FUSED_DECODE", raising=False)
+    assert envs.PYORCH_GGUF_FUSED_DECODE is False
+    monkeypatch.delenv("PYORCH_GGUF_FUSED_WARPS", raising=False)
+    assert envs.PYORCH_GGUF_FUSED_WARPS is None
+    monkeypatch.setenv("PYORCH_GGUF_FUSED_WARPS", "16")
+    assert envs.PYORCH_GGUF_FUSED_WARPS == 16
+    for bad in ("0", "33", "-4", "x"):
+        monkeypatch.setenv("PYORCH_GGUF_FUSED_WARPS", bad)
+        with pytest.raises(ValueError, match="number of warps from 1 to 32"):
+            envs.PYORCH_GGUF_FUSED_WARPS
     with pytest.raises(AttributeError):
         envs.PYORCH_NOT_A_VARIABLE
 

@@ -125,6 +125,12 @@ bool gguf_mul_mat_vec_fused_supported(const void* input, const void* weight,
                                       const void* norm_weight, int32_t type, DType dtype,
                                       int64_t output_size, int64_t input_size,
                                       int64_t weight_row_stride_bytes, GgufInputOp input_op);
+// Warps per thread block of gguf_mul_mat_vec_fused's kernel (1..32, default 32); its grid is
+// one thread block per SM, so with 16 or fewer the next kernel's blocks fit beside it (under PDL
+// they start streaming their weights while it runs). Process state
+// (PYORCH_GGUF_FUSED_WARPS), for comparisons; set it before any CUDA graph is captured.
+void set_gguf_fused_warps(int warps);
+int gguf_fused_warps();
 // One token, one kernel: out[r] = dequantize(weight[r]) . q8_1(f(x)) with f the input op, or with
 // accumulate out[r] = out[r] + that (rounded to dtype first: the residual stream's add). The
 // engine's decode layer takes its norms, SiLU-and-mul and residual adds out of their own kernels

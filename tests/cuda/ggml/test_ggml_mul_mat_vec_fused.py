@@ -76,6 +76,30 @@ def test_fused_equals_the_ops_it_fuses(device: str, qtype: Q, input_op: str, epi
     assert torch.equal(out, expected), (out - expected).abs().max()
 
 
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="no CUDA device on this machine")
+@pytest.mark.parametrize("warps", [1, 8, 16])
+@pytest.mark.parametrize("input_op", INPUT_OPS)
+def test_fused_kernel_with_fewer_warps(warps: int, input_op: str) -> None:
+    # set_gguf_fused_warps (PYORCH_GGUF_FUSED_WARPS): smaller thread blocks, one per SM, take
+    # several rows per warp and reduce the norm over fewer warps: still the ops' bits.
+    from pyorch import _C
+
+    rows, cols = 1031, 4096
+    gen = torch.Generator().manual_seed(warps)
+    _, w = _weight(Q.Q4_K, rows, cols, "cuda", warps + 100)
+    x, g = _inputs(input_op, 1, cols, torch.bfloat16, "cuda", gen)
+    out0 = torch.randn(1, rows, generator=gen).to("cuda", torch.bfloat16)
+    out = out0.clone()
+    assert _C.gguf_fused_warps() == 32
+    _C.set_gguf_fused_warps(warps)
+    try:
+        _ops.ggml_mul_mat_vec_fused(out, x, w, int(Q.Q4_K), rows, g, EPS, input_op, "add")
+    finally:
+        _C.set_gguf_fused_warps(32)
+    expected = _unfused(out0, x, w, Q.Q4_K, rows, g, input_op, "add")
+    assert torch.equal(out, expected), (out - expected).abs().max()
+
+
 def _rms_norm64(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """rms_norm's value in the dtype: T(x * inv_rms) * g, rounded to T."""
     xd = x.double()

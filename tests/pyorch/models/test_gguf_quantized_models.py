@@ -144,14 +144,16 @@ def test_quantized_gguf_greedy_matches_the_dequantized_reference(
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_q4k_gguf_on_cuda_runs_the_fused_decode_layer(tmp_path: Path, monkeypatch,
                                                       arch: str) -> None:
-    # Q4_K in every linear layer: on CUDA a one-token step runs the decoder layers' forward_fused
-    # through ggml_mul_mat_vec_fused (the norm and SiLU-and-mul formed inside the direct Q4_K
-    # kernel, the residual adds in its store). bfloat16 greedy tokens against the unfused
-    # layers' (fused_linear.FUSED_DECODE off): equal up to the first near-tie there.
+    # Q4_K in every linear layer: on CUDA (with PYORCH_GGUF_FUSED_DECODE=1) a one-token step
+    # runs the decoder layers' forward_fused through ggml_mul_mat_vec_fused (the norm and
+    # SiLU-and-mul formed inside the direct Q4_K kernel, the residual adds in its store).
+    # bfloat16 greedy tokens against the unfused layers' (fused_linear.FUSED_DECODE off): equal
+    # up to the first near-tie there.
     import gc
 
     from pyorch.layers import fused_linear
 
+    monkeypatch.setenv("PYORCH_GGUF_FUSED_DECODE", "1")
     rng = np.random.default_rng(41 + len(arch))
     path = _write(tmp_path / f"{arch}-q4k.gguf", arch, MIXES["q4_k"], arch == "qwen3", rng)
     calls: list[str] = []
