@@ -69,10 +69,16 @@ def test_end_to_end_on_the_cpu(tmp_path) -> None:
         [os.path.join(os.path.dirname(_PATH), ".."), os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, _PATH, "--types", "Q8_0", "--config", str(config), "--dir",
                     str(tmp_path), "--device", "cpu", "--new-tokens", "2", "--repeats", "1",
-                    "--json", str(out)], check=True, env=env, timeout=300)
+                    "--fused-decode", "on,off", "--json", str(out)], check=True, env=env,
+                   timeout=300)
     result = json.loads(out.read_text())
-    (row,) = result["rows"]
-    assert row["type"] == "Q8_0" and row["output_type"] == "Q8_0"
-    assert row["ms_per_token"] > 0 and row["floor_ms"] > 0
-    assert row["step_bytes"] == row["projections"] + row["lm_head"] + row["kv_bytes"]
-    assert row["pct_of_floor"] == pytest.approx(100 * row["floor_ms"] / row["ms_per_token"])
+    rows = result["rows"]
+    assert [row["fused_decode"] for row in rows] == [True, False]
+    for row in rows:
+        assert row["type"] == "Q8_0" and row["output_type"] == "Q8_0"
+        assert row["ms_per_token"] > 0 and row["floor_ms"] > 0
+        assert row["step_bytes"] == row["projections"] + row["lm_head"] + row["kv_bytes"]
+        assert row["pct_of_floor"] == pytest.approx(100 * row["floor_ms"] / row["ms_per_token"])
+    bad = subprocess.run([sys.executable, _PATH, "--fused-decode", "maybe"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--fused-decode takes on / off values" in bad.stderr
