@@ -9,7 +9,8 @@ With --phase prefill it profiles the steps that take the prompts in instead (e.g
 2048 --max-model-len 4096: the prefill-bound 2048/128 workload).
 
 A developer's tool (the figures to report come from `pyorch bench`); with --out it writes the
-tables and a Chrome trace there.
+tables, a Chrome trace and the trace's critical path per kernel (bench/probes/critical_path.py:
+under PDL a kernel's profiled time includes its wait on the one before) there.
 
 With --tensor-parallel-size N the model runs in N worker processes: each rank profiles itself
 (`Worker.profile` through the executor's collective_rpc) and the script prints rank 0's kernel
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -120,7 +123,17 @@ def main() -> None:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "profile_gpu.txt"), "w") as f:
             f.write(report)
-        prof.export_chrome_trace(os.path.join(args.out, "profile_gpu_trace.json"))
+        trace = os.path.join(args.out, "profile_gpu_trace.json")
+        prof.export_chrome_trace(trace)
+        # Where the steps' device time goes when kernels overlap (PDL): each kernel charged for
+        # how far it moves the latest end time (bench/probes/critical_path.py).
+        probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes",
+                             "critical_path.py")
+        table = subprocess.run([sys.executable, probe, trace, "--steps", str(args.steps)],
+                               capture_output=True, text=True, check=True).stdout
+        print("== critical path per step\n" + table)
+        with open(os.path.join(args.out, "critical_path.txt"), "w") as f:
+            f.write(table)
 
 
 def profile_workers(engine: LLMEngine, args: argparse.Namespace, plain_ms: float,
