@@ -1099,7 +1099,10 @@ def test_priority_orders_waiting_requests(priority_server):
                              and metric(t, "pyorch:num_requests_running") == 1, timeout=120)
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        jobs = [pool.submit(run, "blocker", -20, 64)]
+        # The blocker must outlast the two submissions and their /metrics polls: 64 tokens (under
+        # a second on the CPU) once finished before the second request was seen waiting. 192
+        # leaves room for the prompt under MAX_MODEL_LEN (256).
+        jobs = [pool.submit(run, "blocker", -20, 192)]
         waiting(0)
         jobs.append(pool.submit(run, "low", 10, 2))
         waiting(1)
