@@ -422,7 +422,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("gguf_q4k_direct", &pyorch::gguf_q4k_direct,
         "Whether one token's Q4_K GGUF product may take its direct form.");
   m.def("set_gguf_fused_warps", &pyorch::set_gguf_fused_warps, py::arg("warps"),
-        "Warps per thread block (1..32) of ggml_mul_mat_vec_fused's one-token Q4_K kernel.");
+        "Warps per thread block of ggml_mul_mat_vec_fused's one-token Q4_K kernel (1..32, "
+        "clamped).");
   m.def("gguf_fused_warps", &pyorch::gguf_fused_warps,
         "Warps per thread block of ggml_mul_mat_vec_fused's one-token Q4_K kernel.");
   m.def("set_moe_decode_legacy_picks", &pyorch::set_moe_decode_legacy_picks, py::arg("on"),

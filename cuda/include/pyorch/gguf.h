@@ -125,8 +125,8 @@ bool gguf_mul_mat_vec_fused_supported(const void* input, const void* weight,
                                       const void* norm_weight, int32_t type, DType dtype,
                                       int64_t output_size, int64_t input_size,
                                       int64_t weight_row_stride_bytes, GgufInputOp input_op);
-// Warps per thread block of gguf_mul_mat_vec_fused's kernel (1..32, default 32); its grid is
-// one thread block per SM, so with 16 or fewer the next kernel's blocks fit beside it (under PDL
+// Warps per thread block of gguf_mul_mat_vec_fused's kernel (1..32, clamped; default 32); its grid
+// is one thread block per SM, so with 16 or fewer the next kernel's blocks fit beside it (under PDL
 // they start streaming their weights while it runs). Process state
 // (PYORCH_GGUF_FUSED_WARPS), for comparisons; set it before any CUDA graph is captured.
 void set_gguf_fused_warps(int warps);
