@@ -92,8 +92,20 @@ const char* scaled_mm_tile_name(ScaledMmTile tile) {
     case ScaledMmTile::kM256: return "64x128x128_c2x1";
     case ScaledMmTile::kLarge: return "128x128x128_c2x1";
     case ScaledMmTile::kHuge: return "128x256x128_c2x1";
+    case ScaledMmTile::kLargeCoop: return "128x128x128_coop_c2x1";
+    case ScaledMmTile::kTall: return "256x128x128_coop_c2x1";
   }
   return "unknown";
+}
+
+bool scaled_mm_tile_instantiated(ScaledMmTile tile, DType ab_dtype) {
+  const int t = static_cast<int>(tile);
+  if (tile == ScaledMmTile::kAuto) return true;
+  if (t < 0 || t >= kNumScaledMmTiles) return false;
+  if (tile == ScaledMmTile::kLargeCoop || tile == ScaledMmTile::kTall) {
+    return ab_dtype == DType::kFp8E4M3;
+  }
+  return ab_dtype == DType::kFp8E4M3 || ab_dtype == DType::kInt8;
 }
 
 namespace {
@@ -106,27 +118,51 @@ int sm_count() {
 
 }  // namespace
 
-// The decode tiles put the weight's n on the 64-row side of wgmma, so m <= 16 tokens fill a
-// 16-wide tile instead of a 64-row one padded with zeros, and m <= 64 one 64-wide tile (as vLLM's
-// sm90 dispatch). Between 64 and 256 rows, 64 x 128 or 128 x 128 tiles by wave count. First H100
-// run (bench_scaled_mm, Llama-3-8B qkv_proj, fp8, 64 x 128 up to 256): M = 128 (96 tiles, one
-// wave) 12.9 us, 0.91x cuBLASLt; M = 256 (192 tiles, two waves) 17.8 us, 0.74x; M = 512 on 128 x
-// 128 (192 tiles) 24.3 us. Taking a 128 x 128 tile as about 1.8 of a 64 x 128 one, the larger
-// tile is chosen when it saves a wave (qkv_proj at M = 256), not when both fit in one (o_proj, n =
-// 4096, at M = 256: 128 tiles of 64 x 128). Not yet measured with this rule. int8 from 2048 rows
-// takes 128 x 256 tiles: on 128 x 128 cooperative it ran 0.82-0.91x of cuBLASLt's int8 (1,205
-// against 1,470 TOPS at M = 4096) where fp8 on 128 x 128 ping-pong matched cuBLASLt; the wider
-// tile halves the A reloads per wgmma (not yet measured).
-ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n, DType ab_dtype) {
-  if (m <= 16) return ScaledMmTile::kSwapM16;
-  if (m <= 64) return ScaledMmTile::kSwapM64;
-  if (m >= 2048 && ab_dtype == DType::kInt8) return ScaledMmTile::kHuge;
-  if (m > 256) return ScaledMmTile::kLarge;
+// The tile for m tokens, from the H200 sweep of every tile against cuBLASLt (`bench_scaled_mm
+// --sweep-tiles --rounds 3`, Llama-3-8B and 70B shapes, fp8 and int8;
+// bench/results/NVIDIA_H200/scaled_mm_tiles_20261129/). The decode tiles put the weight's n on the
+// 64-row side of wgmma, so a few tokens fill a 16- or 64-wide tile instead of a 64-row one padded
+// with zeros (as vLLM's sm90 dispatch).
+// - m <= 32: 64 x 16. At m = 32 it ran 0.93-1.10x of cuBLASLt (fp8; int8 1.04-1.23x) where
+//   64 x 64 ran 0.66-0.84x (0.77-1.03x): two passes of 16 tokens beat one half-empty 64-wide
+//   tile.
+// - m <= 64: 64 x 64, unless its n / 64 CTAs spill into a second wave less than half full
+//   (Llama-3-70B qkv_proj, n = 10240: 160 CTAs on 132 SMs; 64 x 16 ran 0.90x against 0.76x at
+//   m = 48).
+// - m <= 128: 64 x 64 while its CTAs fit in one wave (n = 4096 at m = 128: 0.96-1.26x against
+//   0.80-1.03x on 64 x 128), else 64 x 128 (8B gate_up at m = 128: 0.94x against 0.55x on 128 x
+//   128, which the wave rule below used to pick).
+// - m <= 256: 64 x 128 or 128 x 128 by wave count, taking a 128 x 128 tile as about 1.8 of a
+//   64 x 128 one; never 64 x 128 on an odd number of 64-row tiles, which its clusters of 2 along m
+//   round up to even (m = 192: 0.52-0.82x against 0.70-0.80x on 128 x 128).
+// - larger m: 128 x 128 ping-pong; fp8 problems of m n k >= 2^40 (Llama-3-8B gate_up from 16384
+//   tokens, 70B gate_up and down from 4096 / 8192) on 128 x 256 cooperative: there the GPU is
+//   power-bound and the wider tile, which halves the A reloads per wgmma, ran 0.91-0.99x against
+//   0.82-0.89x; below that 128 x 128 won (8B gate_up at 8192: 0.96x against 0.89x). int8 from 2048
+//   rows on 128 x 256 (128 x 128 ran 0.81-0.96x against 0.85-1.05x).
+ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n, int64_t k, DType ab_dtype) {
   const int64_t sms = sm_count();
-  const int64_t n_tiles = (n + 127) / 128;
-  const int64_t waves64 = ((m + 63) / 64 * n_tiles + sms - 1) / sms;
-  const int64_t waves128 = ((m + 127) / 128 * n_tiles + sms - 1) / sms;
-  return 10 * waves64 <= 18 * waves128 ? ScaledMmTile::kM256 : ScaledMmTile::kLarge;
+  if (m <= 32) return ScaledMmTile::kSwapM16;
+  if (m <= 64) {
+    const int64_t ctas = (n + 63) / 64;
+    return ctas > sms && 2 * ctas <= 3 * sms ? ScaledMmTile::kSwapM16 : ScaledMmTile::kSwapM64;
+  }
+  if (m <= 128) {
+    const int64_t swap_ctas = (n + 63) / 64 * ((m + 63) / 64);
+    return swap_ctas <= sms ? ScaledMmTile::kSwapM64 : ScaledMmTile::kM256;
+  }
+  if (m <= 256) {
+    const int64_t m_tiles64 = (m + 63) / 64;
+    if (m_tiles64 % 2 == 1) return ScaledMmTile::kLarge;
+    const int64_t n_tiles = (n + 127) / 128;
+    const int64_t waves64 = (m_tiles64 * n_tiles + sms - 1) / sms;
+    const int64_t waves128 = ((m + 127) / 128 * n_tiles + sms - 1) / sms;
+    return 10 * waves64 <= 18 * waves128 ? ScaledMmTile::kM256 : ScaledMmTile::kLarge;
+  }
+  if (ab_dtype == DType::kInt8) return m >= 2048 ? ScaledMmTile::kHuge : ScaledMmTile::kLarge;
+  // m * n * k >= 2^40, without overflow (m, n, k < 2^31).
+  const double work = double(m) * double(n) * double(k);
+  return work >= 1099511627776.0 ? ScaledMmTile::kHuge : ScaledMmTile::kLarge;
 }
 
 cudaError_t cutlass_scaled_mm(void* out, const void* a, const void* b, const float* a_scales,
@@ -139,7 +175,12 @@ cudaError_t cutlass_scaled_mm(void* out, const void* a, const void* b, const flo
                   out_stride, a_stride, b_stride, a_per_token, b_per_channel);
 #ifdef PYORCH_WITH_CUTLASS
   PYORCH_RETURN_IF_ERROR(check_common(p));
-  if (tile == ScaledMmTile::kAuto) tile = default_scaled_mm_tile(m, n, ab_dtype);
+  if (tile == ScaledMmTile::kAuto) tile = default_scaled_mm_tile(m, n, k, ab_dtype);
+  if ((ab_dtype == DType::kFp8E4M3 || ab_dtype == DType::kInt8) &&
+      !scaled_mm_tile_instantiated(tile, ab_dtype)) {
+    PYORCH_INVALID("cutlass_scaled_mm: tile %s (%d) is not instantiated for %s operands",
+                   scaled_mm_tile_name(tile), static_cast<int>(tile), dtype_name(ab_dtype));
+  }
   switch (ab_dtype) {
     case DType::kFp8E4M3: return kernels::launch_scaled_mm_fp8(p, tile, stream);
     case DType::kInt8: return kernels::launch_scaled_mm_int8(p, tile, stream);

@@ -1,5 +1,5 @@
-// fp8 e4m3 x fp8 e4m3 -> bf16 / fp16 with per-tensor/token/channel scales: the four tile
-// configurations of ScaledMmTile, each for both output types (8 kernels).
+// fp8 e4m3 x fp8 e4m3 -> bf16 / fp16 with per-tensor/token/channel scales: four of the tile
+// configurations of ScaledMmTile, each for both output types (8 kernels); the dispatch of all.
 #ifdef PYORCH_WITH_CUTLASS
 
 #include "quantization/scaled_mm_sm90.cuh"
@@ -39,6 +39,8 @@ cudaError_t dispatch_tile(const ScaledMmParams& p, ScaledMmTile tile, cudaStream
     case ScaledMmTile::kLarge:
       return launch_scaled_mm_sm90<Fp8, OutT, TileLarge, ScaledEpilogue>(p, stream);
     case ScaledMmTile::kHuge: return launch_scaled_mm_fp8_huge(p, stream);
+    case ScaledMmTile::kLargeCoop:
+    case ScaledMmTile::kTall: return launch_scaled_mm_fp8_coop(p, tile, stream);
     default: return cudaErrorInvalidValue;
   }
 }

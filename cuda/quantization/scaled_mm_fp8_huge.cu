@@ -1,8 +1,8 @@
 // fp8 e4m3 x fp8 e4m3 -> bf16 / fp16 on the 128 x 256 x 128 tile (ScaledMmTile::kHuge): the
 // cooperative schedule (both consumer warp groups on one 128-row tile) with fp8 fast
-// accumulation, clusters of 2 along m. For large m on wide weights (Llama-3-70B's gate_up and
-// down at m >= 4096 ran 0.82-0.91x of cuBLASLt on 128 x 128 ping-pong tiles): the wider tile
-// halves the A reloads per wgmma. Its own file, so the other fp8 tiles need not recompile.
+// accumulation, clusters of 2 along m. The default of the largest problems (m n k >= 2^40, where
+// the GPU is power-bound: default_scaled_mm_tile): the wider tile halves the A reloads per
+// wgmma. Its own file, so the other fp8 tiles need not recompile.
 #ifdef PYORCH_WITH_CUTLASS
 
 #include "quantization/scaled_mm_sm90.cuh"

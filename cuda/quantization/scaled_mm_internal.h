@@ -35,6 +35,10 @@ struct ScaledMmParams {
 cudaError_t launch_scaled_mm_fp8(const ScaledMmParams& p, ScaledMmTile tile, cudaStream_t stream);
 // fp8 on the 128 x 256 tile (kHuge), in its own translation unit (scaled_mm_fp8_huge.cu).
 cudaError_t launch_scaled_mm_fp8_huge(const ScaledMmParams& p, cudaStream_t stream);
+// fp8 on the cooperative 128 x 128 and 256 x 128 tiles (kLargeCoop, kTall;
+// scaled_mm_fp8_coop.cu).
+cudaError_t launch_scaled_mm_fp8_coop(const ScaledMmParams& p, ScaledMmTile tile,
+                                      cudaStream_t stream);
 cudaError_t launch_scaled_mm_int8(const ScaledMmParams& p, ScaledMmTile tile, cudaStream_t stream);
 cudaError_t launch_scaled_mm_azp(const ScaledMmParams& p, ScaledMmTile tile, cudaStream_t stream);
 cudaError_t launch_scaled_mm_blockwise(const ScaledMmParams& p, cudaStream_t stream);

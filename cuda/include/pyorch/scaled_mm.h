@@ -19,22 +19,27 @@ namespace pyorch {
 bool cutlass_scaled_mm_available();
 
 // The tile configurations of the per-tensor/token/channel kernels. kAuto: the launcher picks by
-// m (the dispatch in cuda/quantization/scaled_mm.cu). Exposed for the benchmark, which checks and
-// times each one; none of them changes the result beyond fp32 summation order.
+// m, n and k (default_scaled_mm_tile in cuda/quantization/scaled_mm.cu). Exposed for the benchmark,
+// which checks and times each one; none of them changes the result beyond fp32 summation order.
 enum class ScaledMmTile : int {
   kAuto = -1,
-  kSwapM16 = 0,  // m <= 16: out^T = B^T A^T, 64 (n) x 16 (m) x 256 tiles
-  kSwapM64 = 1,  // m <= 64: out^T = B^T A^T, 64 (n) x 64 (m) x 256 tiles
-  kM256 = 2,     // m <= 256: 64 x 128 x 128 tiles, clusters of 2 along m (if it saves no wave)
-  kLarge = 3,    // larger m: 128 x 128 x 128 tiles, clusters of 2 along m
-  kHuge = 4,     // 128 x 256 x 128 tiles, cooperative, clusters of 2 along m (int8: m >= 2048;
-                 // fp8: instantiated, not yet the default of any m)
+  kSwapM16 = 0,    // m <= 32 (or <= 64 when 64 x 64 would leave a thin second wave): out^T =
+                   // B^T A^T, 64 (n) x 16 (m) x 256 tiles
+  kSwapM64 = 1,    // m <= 64, or <= 128 while one wave: out^T = B^T A^T, 64 x 64 x 256 tiles
+  kM256 = 2,       // m <= 256: 64 x 128 x 128 tiles, clusters of 2 along m (by wave count)
+  kLarge = 3,      // larger m: 128 x 128 x 128 ping-pong tiles, clusters of 2 along m
+  kHuge = 4,       // 128 x 256 x 128 tiles, cooperative, clusters of 2 along m (int8: m >= 2048;
+                   // fp8: m n k >= 2^40)
+  kLargeCoop = 5,  // fp8 only, no default: 128 x 128 x 128 cooperative, clusters of 2 along m
+  kTall = 6,       // fp8 only, no default: 256 x 128 x 128 cooperative, clusters of 2 along m
 };
-constexpr int kNumScaledMmTiles = 5;
+constexpr int kNumScaledMmTiles = 7;
 const char* scaled_mm_tile_name(ScaledMmTile tile);
-// The tile the launcher uses for an m x n output of ab_dtype operands when given kAuto (for the
-// current device).
-ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n, DType ab_dtype);
+// Whether cutlass_scaled_mm has a kernel of `tile` for ab_dtype operands (kAuto: always).
+bool scaled_mm_tile_instantiated(ScaledMmTile tile, DType ab_dtype);
+// The tile the launcher uses for an m x n output of ab_dtype operands over k when given kAuto
+// (for the current device's SM count; scaled_mm.cu says where each rule was measured).
+ScaledMmTile default_scaled_mm_tile(int64_t m, int64_t n, int64_t k, DType ab_dtype);
 
 // out[m, n] = a_scales ⊙ (A @ B) ⊙ b_scales (+ bias[n]), accumulated in fp32 (fp8) or int32
 // (int8), scaled in fp32 and rounded once to out_dtype; no extra pass over out.
