@@ -1,11 +1,41 @@
 // The C API of the quantization kernels (cuda/include/pyorch/quantization.h): dtype dispatch and
 // launches on the caller's stream; no synchronization.
+#include <cstdint>
+#include <type_traits>
+
 #include "quantization/quant.cuh"
 
 namespace pyorch {
 namespace {
 
 inline dim3 rows_grid(int64_t num_tokens) { return dim3(static_cast<unsigned>(num_tokens)); }
+
+// fp8 rows, static (scales null) or per token: the register-resident vector kernel where the
+// row's size and alignment allow (fp8_quant_rows_vec_kernel), else the element-wise one.
+template <typename T, bool PER_TOKEN>
+cudaError_t launch_fp8_quant_rows(uint8_t* out, const T* in, const float* scale, float* scales,
+                                  const float* scale_ub, int64_t num_tokens, int64_t hidden,
+                                  int64_t out_stride, int64_t in_stride, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok = kernels::max_vec_size<T>(hidden, {in}, {in_stride}) == kVec &&
+                      reinterpret_cast<uintptr_t>(out) % kVec == 0 && out_stride % kVec == 0;
+  const int64_t per_thread = (hidden / kVec + kernels::kQuantThreads - 1) / kernels::kQuantThreads;
+  auto vec = [&](auto vpt) {
+    kernels::fp8_quant_rows_vec_kernel<T, decltype(vpt)::value, PER_TOKEN>
+        <<<rows_grid(num_tokens), kernels::kQuantThreads, 0, stream>>>(
+            out, in, scale, scales, scale_ub, hidden, out_stride, in_stride);
+    return cudaGetLastError();
+  };
+  if (vec_ok && per_thread <= 1) return vec(std::integral_constant<int, 1>{});
+  if (vec_ok && per_thread <= 2) return vec(std::integral_constant<int, 2>{});
+  if (vec_ok && per_thread <= 4) return vec(std::integral_constant<int, 4>{});
+  if (vec_ok && per_thread <= 8) return vec(std::integral_constant<int, 8>{});
+  if (vec_ok && per_thread <= 16) return vec(std::integral_constant<int, 16>{});
+  kernels::fp8_quant_rows_kernel<T, PER_TOKEN>
+      <<<rows_grid(num_tokens), kernels::kQuantThreads, 0, stream>>>(
+          out, in, scale, scales, scale_ub, hidden, out_stride, in_stride);
+  return cudaGetLastError();
+}
 
 }  // namespace
 
@@ -14,11 +44,9 @@ cudaError_t static_scaled_fp8_quant(void* out, const void* in, const float* scal
                                     int64_t in_stride, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&]() -> cudaError_t {
-    kernels::fp8_quant_rows_kernel<T, false>
-        <<<rows_grid(num_tokens), kernels::kQuantThreads, 0, stream>>>(
-            static_cast<uint8_t*>(out), static_cast<const T*>(in), scale, nullptr, nullptr, hidden,
-            out_stride, in_stride);
-    return cudaGetLastError();
+    return launch_fp8_quant_rows<T, false>(static_cast<uint8_t*>(out), static_cast<const T*>(in),
+                                           scale, nullptr, nullptr, num_tokens, hidden, out_stride,
+                                           in_stride, stream);
   });
 }
 
@@ -46,11 +74,9 @@ cudaError_t dynamic_per_token_scaled_fp8_quant(void* out, const void* in, float*
                                                cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   return PYORCH_DISPATCH_FLOAT_TYPES(dtype, T, [&]() -> cudaError_t {
-    kernels::fp8_quant_rows_kernel<T, true>
-        <<<rows_grid(num_tokens), kernels::kQuantThreads, 0, stream>>>(
-            static_cast<uint8_t*>(out), static_cast<const T*>(in), nullptr, scales, scale_ub,
-            hidden, out_stride, in_stride);
-    return cudaGetLastError();
+    return launch_fp8_quant_rows<T, true>(static_cast<uint8_t*>(out), static_cast<const T*>(in),
+                                          nullptr, scales, scale_ub, num_tokens, hidden, out_stride,
+                                          in_stride, stream);
   });
 }
 

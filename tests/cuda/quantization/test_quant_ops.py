@@ -16,8 +16,10 @@ from tests.conftest import DEVICES, tol
 from tests.reference import quantization as ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# (num_tokens, hidden): one token, odd sizes, and a row longer than one thread block's chunk.
-SHAPES = [(1, 8), (7, 111), (83, 769), (33, 5125)]
+# (num_tokens, hidden): one token, odd sizes, and a row longer than one thread block's chunk;
+# on CUDA, odd sizes take the element-wise fp8 kernel and rows of whole 16-byte vectors the
+# register-resident one (one, two and seven vectors a thread at 4096, 4104 and 14336).
+SHAPES = [(1, 8), (7, 111), (83, 769), (33, 5125), (5, 4096), (3, 4104), (2, 14336)]
 
 
 def _input(t: int, h: int, dtype: torch.dtype, device: str, strided: bool) -> torch.Tensor:
