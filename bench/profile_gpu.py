@@ -3,7 +3,11 @@ the device or by the host? Fills the batch with `--num-prompts` requests, steps 
 prompt is prefilled, then profiles `--steps` decode steps and prints the kernels by GPU time,
 the host ops by CPU time, and GPU busy time per step against wall time per step.
 
-    python bench/profile_gpu.py --model MODEL_DIR --num-prompts 1000 [--out DIR]
+    python bench/profile_gpu.py --model MODEL_DIR --num-prompts 1000 [--output-len 128] [--out DIR]
+
+Each request runs to --output-len tokens (the 128/128 workload's decode state by default). The
+scheduler admits a request only when the KV cache can hold it to that length, so the batch is the
+full --num-prompts only when they fit together; the header line says how many wait.
 
 With --phase prefill it profiles the steps that take the prompts in instead (e.g. --input-len
 2048 --max-model-len 4096: the prefill-bound 2048/128 workload).
@@ -39,6 +43,11 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=1000)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--output-len", type=int, default=128,
+                        help="each request's max_tokens (ignore_eos): the KV cache admits a "
+                             "request only if it can hold it to this length, so a cap far past the "
+                             "profiled steps leaves requests waiting (and the decode batch short); "
+                             "at least 5 x --steps + 8 for the decode phase")
     parser.add_argument("--max-num-seqs", type=int, default=1024)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                         default=True)
@@ -57,6 +66,10 @@ def main() -> None:
                         help="decode: steady decode once every prompt is in; prefill: the steps "
                              "that take the prompts in (after two warm-up steps)")
     args = parser.parse_args()
+    if args.phase == "decode" and args.output_len < 5 * args.steps + 8:
+        parser.error(f"--output-len {args.output_len} is too short for --steps {args.steps}: the "
+                     f"requests would finish inside the profiled steps (need >= "
+                     f"{5 * args.steps + 8})")
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.model, load_format=args.load_format, dtype="bfloat16",
@@ -67,7 +80,7 @@ def main() -> None:
         kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.config.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     for i in range(args.num_prompts):
         ids = torch.randint(100, vocab - 100, (args.input_len,), generator=gen).tolist()
         engine.add_request(str(i), {"prompt_token_ids": ids}, params)
@@ -109,7 +122,8 @@ def main() -> None:
     gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     wall_ms = 1e3 * sum(walls) / len(walls)
     lines = [
-        f"batch {len(scheduler.running)} {args.phase}, async {args.async_scheduling}: wall "
+        f"batch {len(scheduler.running)} {args.phase} ({len(scheduler.waiting)} waiting), async "
+        f"{args.async_scheduling}: wall "
         f"{wall_ms:.2f} ms/step (profiled), GPU kernels {gpu_us / 1e3 / args.steps:.2f} ms/step "
         f"-> GPU busy {100 * gpu_us / 1e3 / args.steps / wall_ms:.0f}%", unprofiled,
         "", "== by GPU time",
