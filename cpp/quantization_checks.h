@@ -122,6 +122,45 @@ inline QuantRows check_dynamic_per_token_scaled_fp8_quant(
   return r;
 }
 
+// rms_norm_dynamic_per_token_quant: result fp8 (int8 is refused: pyorch quantizes int8
+// activations with dynamic_scaled_int8_quant), input [num_tokens, hidden], weight [hidden] and
+// residual (input's shape) of input's dtype, scales one float32 per token, scale_ub one float32.
+inline QuantRows check_rms_norm_dynamic_per_token_quant(const at::Tensor& result,
+                                                        const at::Tensor& input,
+                                                        const at::Tensor& weight,
+                                                        const at::Tensor& scales,
+                                                        const std::optional<at::Tensor>& scale_ub,
+                                                        const std::optional<at::Tensor>& residual) {
+  const char* op = "rms_norm_dynamic_per_token_quant";
+  TORCH_CHECK(result.scalar_type() != at::kChar, op,
+              ": an int8 result is not supported (quantize int8 activations with "
+              "dynamic_scaled_int8_quant); result must be float8_e4m3fn");
+  const QuantRows r = check_quant_rows(result, input, at::kFloat8_e4m3fn, op);
+  TORCH_CHECK(result.sizes() == input.sizes(), op, ": result ", result.sizes(),
+              " must have input's shape ", input.sizes());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == r.hidden && weight.is_contiguous(), op,
+              ": weight must be contiguous [", r.hidden, "], got ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == input.scalar_type(), op, ": weight dtype ",
+              weight.scalar_type(), " must be input's ", input.scalar_type());
+  check_per_token(scales, r.num_tokens, at::kFloat, op, "scale");
+  check_same_device(result, input, op);
+  check_same_device(weight, input, op);
+  check_same_device(scales, input, op);
+  if (scale_ub) {
+    check_float_scalar(*scale_ub, op, "scale_ub");
+    check_same_device(*scale_ub, input, op);
+  }
+  if (residual) {
+    TORCH_CHECK(
+        residual->sizes() == input.sizes() && residual->scalar_type() == input.scalar_type(), op,
+        ": residual (", residual->scalar_type(), " ", residual->sizes(), ") must match input (",
+        input.scalar_type(), " ", input.sizes(), ")");
+    check_same_device(*residual, input, op);
+    quant_row_stride(*residual, op, "residual");
+  }
+  return r;
+}
+
 inline QuantRows check_static_scaled_int8_quant(const at::Tensor& out, const at::Tensor& input,
                                                 const at::Tensor& scale,
                                                 const std::optional<at::Tensor>& azp) {

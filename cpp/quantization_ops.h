@@ -8,8 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
-// scaled_fp8_quant's three forms, scaled_int8_quant's two, and the 1 x group_size activation
-// quantization of block-fp8 GEMMs.
+// scaled_fp8_quant's three forms, scaled_int8_quant's two, the 1 x group_size activation
+// quantization of block-fp8 GEMMs, and RMSNorm fused with the per-token fp8 quantization.
 #define PYORCH_DECLARE_QUANT_OPS                                                                   \
   void static_scaled_fp8_quant(at::Tensor& out, const at::Tensor& input, const at::Tensor& scale); \
   void dynamic_scaled_fp8_quant(at::Tensor& out, const at::Tensor& input, at::Tensor& scale);      \
@@ -22,7 +22,11 @@
                                  std::optional<at::Tensor> azp);                                   \
   void per_token_group_fp8_quant(const at::Tensor& input, at::Tensor& output_q,                    \
                                  at::Tensor& output_s, int64_t group_size, double eps,             \
-                                 double fp8_min, double fp8_max, bool scale_ue8m0);
+                                 double fp8_min, double fp8_max, bool scale_ue8m0);                \
+  void rms_norm_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& input,               \
+                                        const at::Tensor& weight, at::Tensor& scale,               \
+                                        double epsilon, const std::optional<at::Tensor>& scale_ub, \
+                                        std::optional<at::Tensor> residual);
 
 // The scaled GEMMs (CUDA: CUTLASS, in the wt-fp8gemm adapters).
 #define PYORCH_DECLARE_SCALED_MM_OPS                                                          \

@@ -242,6 +242,12 @@ TORCH_LIBRARY(pyorch, m) {
   // int8: out = saturate(round(input / scale) + azp). static: scale [1] (and azp [1] int32 when
   // asymmetric); dynamic, per token: scale [num_tokens, 1] = absmax / 127, or with azp
   // [num_tokens, 1] int32 the row's [min, max] mapped onto [-128, 127].
+  // RMSNorm (after residual += input, written back, when residual is given; input is not
+  // written) then the per-token fp8 quantization of the normed row, rounded as rms_norm rounds it:
+  // result float8_e4m3fn [num_tokens, hidden], scale [num_tokens, 1] (capped by scale_ub as above).
+  m.def(
+      "rms_norm_dynamic_per_token_quant(Tensor! result, Tensor input, Tensor weight, Tensor! "
+      "scale, float epsilon, Tensor? scale_ub, Tensor!? residual) -> ()");
   m.def("static_scaled_int8_quant(Tensor! result, Tensor input, Tensor scale, Tensor? azp) -> ()");
   m.def(
       "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor!? azp) -> "
@@ -328,6 +334,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("static_scaled_int8_quant", c10::kCPU, &pyorch::cpu::static_scaled_int8_quant);
   m.impl("dynamic_scaled_int8_quant", c10::kCPU, &pyorch::cpu::dynamic_scaled_int8_quant);
   m.impl("per_token_group_fp8_quant", c10::kCPU, &pyorch::cpu::per_token_group_fp8_quant);
+  m.impl("rms_norm_dynamic_per_token_quant", c10::kCPU,
+         &pyorch::cpu::rms_norm_dynamic_per_token_quant);
   m.impl("cutlass_scaled_mm", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm);
   m.impl("cutlass_scaled_mm_azp", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm_azp);
   m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
@@ -379,6 +387,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("static_scaled_int8_quant", c10::kCUDA, &static_scaled_int8_quant);
   m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
   m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
+  m.impl("rms_norm_dynamic_per_token_quant", c10::kCUDA, &rms_norm_dynamic_per_token_quant);
   m.impl("gptq_marlin_repack", c10::kCUDA, &gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCUDA, &awq_marlin_repack);
   m.impl("gptq_marlin_gemm", c10::kCUDA, &gptq_marlin_gemm);

@@ -795,6 +795,29 @@ def scaled_fp8_quant(
     return output, scale
 
 
+def rms_norm_dynamic_per_token_quant(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    epsilon: float,
+    quant_dtype: torch.dtype,
+    scale_ub: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm then per-token dynamic fp8 quantization of the normed rows (vLLM's op):
+    returns (output [..., hidden] quant_dtype, scales [num_tokens, 1] float32). With `residual`,
+    residual += input first (in place) and the norm is of the sum; input is not written. The
+    normed row is rounded to input's dtype as rms_norm rounds it, so the result equals rms_norm
+    (or fused_add_rms_norm) followed by scaled_fp8_quant(use_per_token_if_dynamic=True). Only
+    float8_e4m3fn is supported as quant_dtype."""
+    output = torch.empty_like(input, dtype=quant_dtype)
+    hidden = input.shape[-1]
+    scales = torch.empty((input.numel() // hidden if hidden else 0, 1), device=input.device,
+                         dtype=torch.float32)
+    _ops.rms_norm_dynamic_per_token_quant(output, input, weight, scales, epsilon, scale_ub,
+                                          residual)
+    return output, scales
+
+
 def scaled_int8_quant(
     input: torch.Tensor,
     scale: Optional[torch.Tensor] = None,

@@ -13,6 +13,8 @@
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "cpu/cpu_utils.h"
+#include "norm_quant.h"
+#include "ops.h"
 #include "quantization_checks.h"
 #include "quantization_ops.h"
 
@@ -241,6 +243,35 @@ void cutlass_scaled_mm_azp(at::Tensor& out, const at::Tensor& a, const at::Tenso
   const at::Tensor adj = azp_adj.reshape({1, s.n});
   acc = azp ? acc - azp->reshape({s.m, 1}) * adj : acc - adj;
   scaled_epilogue(out, acc.to(at::kFloat), s, a_scales, b_scales, bias);
+}
+
+namespace {
+
+struct CpuNormQuantOps {
+  static void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                       double eps) {
+    pyorch::cpu::rms_norm(out, input, weight, eps);
+  }
+  static void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,
+                                 double eps) {
+    pyorch::cpu::fused_add_rms_norm(input, residual, weight, eps);
+  }
+  static void dynamic_per_token_scaled_fp8_quant(at::Tensor& out, const at::Tensor& input,
+                                                 at::Tensor& scales,
+                                                 const std::optional<at::Tensor>& scale_ub) {
+    pyorch::cpu::dynamic_per_token_scaled_fp8_quant(out, input, scales, scale_ub);
+  }
+};
+
+}  // namespace
+
+void rms_norm_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& input,
+                                      const at::Tensor& weight, at::Tensor& scale, double epsilon,
+                                      const std::optional<at::Tensor>& scale_ub,
+                                      std::optional<at::Tensor> residual) {
+  check_rms_norm_dynamic_per_token_quant(result, input, weight, scale, scale_ub, residual);
+  rms_norm_dynamic_per_token_quant_composed<CpuNormQuantOps>(result, input, weight, scale, epsilon,
+                                                             scale_ub, residual);
 }
 
 }  // namespace pyorch::cpu

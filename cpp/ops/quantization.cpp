@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "common.h"
+#include "norm_quant.h"
+#include "ops.h"
 #include "pyorch/quantization.h"
 #include "quantization_checks.h"
 #include "quantization_ops.h"
@@ -86,4 +88,52 @@ void per_token_group_fp8_quant(const at::Tensor& input, at::Tensor& output_q, at
       g.num_tokens, g.hidden, group_size, g.out_stride, g.in_stride, g.s_token_stride,
       g.s_group_stride, static_cast<float>(eps), static_cast<float>(fp8_min),
       static_cast<float>(fp8_max), scale_ue8m0, c10::cuda::getCurrentCUDAStream()));
+}
+
+namespace {
+
+struct CudaNormQuantOps {
+  static void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                       double eps) {
+    ::rms_norm(out, input, weight, eps);
+  }
+  static void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,
+                                 double eps) {
+    ::fused_add_rms_norm(input, residual, weight, eps);
+  }
+  static void dynamic_per_token_scaled_fp8_quant(at::Tensor& out, const at::Tensor& input,
+                                                 at::Tensor& scales,
+                                                 const std::optional<at::Tensor>& scale_ub) {
+    ::dynamic_per_token_scaled_fp8_quant(out, input, scales, scale_ub);
+  }
+};
+
+}  // namespace
+
+// One kernel for rows it takes (rms_norm_dynamic_per_token_fp8_quant_supported), else the two
+// ops in turn (cpp/norm_quant.h): the same bits either way.
+void rms_norm_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& input,
+                                      const at::Tensor& weight, at::Tensor& scale, double epsilon,
+                                      const std::optional<at::Tensor>& scale_ub,
+                                      std::optional<at::Tensor> residual) {
+  check_cuda(input, "rms_norm_dynamic_per_token_quant");
+  const pyorch::QuantRows r = pyorch::check_rms_norm_dynamic_per_token_quant(
+      result, input, weight, scale, scale_ub, residual);
+  const c10::cuda::OptionalCUDAGuard guard(input.device());
+  void* res = residual ? residual->data_ptr() : nullptr;
+  const int64_t res_stride =
+      residual ? pyorch::quant_row_stride(*residual, "rms_norm_dynamic_per_token_quant", "residual")
+               : 0;
+  if (!pyorch::rms_norm_dynamic_per_token_fp8_quant_supported(
+          input_dtype(input), r.hidden, result.data_ptr(), input.const_data_ptr(), res,
+          weight.const_data_ptr(), r.out_stride, r.in_stride, res_stride)) {
+    pyorch::rms_norm_dynamic_per_token_quant_composed<CudaNormQuantOps>(
+        result, input, weight, scale, epsilon, scale_ub, residual);
+    return;
+  }
+  PYORCH_CHECK_CUDA(pyorch::rms_norm_dynamic_per_token_fp8_quant(
+      result.data_ptr(), scale.data_ptr<float>(), input.const_data_ptr(), res,
+      weight.const_data_ptr(), scale_ub ? scale_ub->const_data_ptr<float>() : nullptr,
+      input_dtype(input), r.num_tokens, r.hidden, r.out_stride, r.in_stride, res_stride,
+      static_cast<float>(epsilon), c10::cuda::getCurrentCUDAStream()));
 }

@@ -35,6 +35,24 @@ cudaError_t dynamic_per_token_scaled_fp8_quant(void* out, const void* in, float*
                                                int64_t out_stride, int64_t in_stride,
                                                cudaStream_t stream);
 
+// RMSNorm then dynamic per-token fp8 quantization of the normed row in one kernel (vLLM's
+// rms_norm_dynamic_per_token_quant, fp8 out): with residual (non-null), residual += in first
+// (rounded to dtype, written back) and the norm is of the sum; in itself is not written. The
+// normed row is rounded to dtype as rms_norm rounds it, then quantized as
+// dynamic_per_token_scaled_fp8_quant quantizes it: the same bits as those two ops (or
+// fused_add_rms_norm and the quantization) on this device. weight: [hidden] of dtype; scales:
+// [num_tokens] fp32; scale_ub: [1] fp32 or null. Only for rows the register-resident kernel
+// takes (..._supported: 16-byte aligned rows of whole 16-byte vectors, hidden up to 16 vectors a
+// thread); otherwise cudaErrorInvalidValue, and the caller runs the two ops.
+bool rms_norm_dynamic_per_token_fp8_quant_supported(DType dtype, int64_t hidden, const void* out,
+                                                    const void* in, const void* residual,
+                                                    const void* weight, int64_t out_stride,
+                                                    int64_t in_stride, int64_t residual_stride);
+cudaError_t rms_norm_dynamic_per_token_fp8_quant(
+    void* out, float* scales, const void* in, void* residual, const void* weight,
+    const float* scale_ub, DType dtype, int64_t num_tokens, int64_t hidden, int64_t out_stride,
+    int64_t in_stride, int64_t residual_stride, float eps, cudaStream_t stream);
+
 // out (int8) = saturate(round(in / scale[0]) + azp[0]); azp: [1] int32 or null (symmetric).
 cudaError_t static_scaled_int8_quant(int8_t* out, const void* in, const float* scale,
                                      const int32_t* azp, DType dtype, int64_t num_tokens,

@@ -1,6 +1,7 @@
 """The quantization ops (scaled_fp8_quant, scaled_int8_quant, per_token_group_quant_fp8,
-cutlass_scaled_mm, cutlass_scaled_mm_azp) on CPU and CUDA against the float64 reference
-(tests/reference/quantization.py).
+rms_norm_dynamic_per_token_quant, cutlass_scaled_mm, cutlass_scaled_mm_azp) on CPU and CUDA
+against the float64 reference (tests/reference/quantization.py, norm.py) and, for the fused norm,
+against the two ops it fuses.
 
 The quantizers are exact: every step is one correctly rounded fp32 operation, so the quantized
 values and scales must equal the reference bit for bit. The GEMMs accumulate in fp32 (fp8) or
@@ -13,6 +14,7 @@ import torch
 
 from pyorch import _ops
 from tests.conftest import DEVICES, tol
+from tests.reference import norm as ref_norm
 from tests.reference import quantization as ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -142,6 +144,94 @@ def test_per_token_group_quant_fp8(device: str, dtype: torch.dtype, t: int, k: i
         assert s.stride() == (1, t)
     torch.testing.assert_close(s.cpu(), es, atol=0, rtol=0)
     _assert_fp8_equal(q.cpu(), eq)
+
+
+# ---- RMSNorm + per-token fp8 quantization ------------------------------------------------------
+def _norm_quant_inputs(t: int, h: int, dtype: torch.dtype, device: str, strided: bool):
+    x = _input(t, h, dtype, device, strided)
+    weight = (torch.rand(h, device=device) + 0.5).to(dtype)
+    residual = _input(t, h, dtype, device, strided=False)
+    return x, weight, residual
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h", SHAPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("scale_ub", [None, 0.5])
+@pytest.mark.parametrize("strided", [False, True])
+def test_rms_norm_dynamic_per_token_quant_is_the_two_ops(
+    device: str, dtype: torch.dtype, t: int, h: int, with_residual: bool, scale_ub, strided: bool
+):
+    """The fused op equals rms_norm (fused_add_rms_norm with a residual) and then the per-token
+    fp8 quantization on the same device bit for bit (on CUDA, rows of whole 16-byte vectors run
+    one kernel, others the two ops), leaves input alone, and updates the residual as
+    fused_add_rms_norm does."""
+    x, weight, residual = _norm_quant_inputs(t, h, dtype, device, strided)
+    x_before = x.clone()
+    ub = None if scale_ub is None else torch.tensor([scale_ub], device=device)
+    expected_residual = residual.clone()
+    normed = x.clone()
+    if with_residual:
+        _ops.fused_add_rms_norm(normed, expected_residual, weight, 1e-5)
+    else:
+        _ops.rms_norm(normed, x, weight, 1e-5)
+    expected_q, expected_s = _ops.scaled_fp8_quant(normed, scale_ub=ub,
+                                                   use_per_token_if_dynamic=True)
+
+    q, s = _ops.rms_norm_dynamic_per_token_quant(
+        x, weight, 1e-5, torch.float8_e4m3fn, scale_ub=ub,
+        residual=residual if with_residual else None)
+    assert q.shape == x.shape and s.shape == (t, 1)
+    torch.testing.assert_close(s, expected_s, atol=0, rtol=0)
+    _assert_fp8_equal(q, expected_q)
+    torch.testing.assert_close(x, x_before, atol=0, rtol=0)
+    torch.testing.assert_close(residual, expected_residual, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h", [(3, 4096), (2, 769)])
+def test_rms_norm_dynamic_per_token_quant_against_float64(device: str, dtype: torch.dtype, t: int,
+                                                          h: int):
+    """Against the float64 RMSNorm reference (tests/reference/norm.py): the fp8 values within
+    half an fp8 step (6.25%) of it, plus one step where the norm's fp32 sum rounds the normed value
+    one bf16 step away and that moves it across an fp8 rounding boundary (hence 20%); the scales
+    within that bf16 step of the reference's."""
+    x, weight, residual = _norm_quant_inputs(t, h, dtype, device, strided=False)
+    expected_normed, expected_residual = ref_norm.fused_add_rms_norm(
+        x.cpu(), residual.cpu(), weight.cpu(), 1e-5)
+    expected_scales = ref.per_token_fp8_scales(expected_normed)
+    q, s = _ops.rms_norm_dynamic_per_token_quant(x, weight, 1e-5, torch.float8_e4m3fn,
+                                                 residual=residual)
+    torch.testing.assert_close(residual.cpu(), expected_residual, **tol(dtype))
+    torch.testing.assert_close(s.cpu().double(), expected_scales, rtol=2e-2, atol=0)
+    dequant = q.cpu().double() * s.cpu().double()
+    torch.testing.assert_close(dequant, expected_normed.double(), rtol=0.2,
+                               atol=float(expected_scales.max()) * 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_norm_dynamic_per_token_quant_rejects_bad_input(device: str):
+    x = torch.randn(4, 64, device=device, dtype=torch.bfloat16)
+    w = torch.ones(64, device=device, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="an int8 result is not supported"):
+        _ops.rms_norm_dynamic_per_token_quant(x, w, 1e-5, torch.int8)
+    with pytest.raises(RuntimeError, match=r"weight must be contiguous \[64\]"):
+        _ops.rms_norm_dynamic_per_token_quant(x, w[:32], 1e-5, torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="weight dtype"):
+        _ops.rms_norm_dynamic_per_token_quant(x, w.float(), 1e-5, torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="residual .* must match input"):
+        _ops.rms_norm_dynamic_per_token_quant(x, w, 1e-5, torch.float8_e4m3fn,
+                                              residual=torch.zeros(4, 32, device=device,
+                                                                   dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="scale_ub must be one float32 value"):
+        _ops.rms_norm_dynamic_per_token_quant(x, w, 1e-5, torch.float8_e4m3fn,
+                                              scale_ub=torch.ones(2, device=device))
+    out = torch.empty(4, 64, device=device, dtype=torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="scale dtype must be Float"):
+        torch.ops.pyorch.rms_norm_dynamic_per_token_quant(
+            out, x, w, torch.empty(4, 1, device=device, dtype=torch.float64), 1e-5, None, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
