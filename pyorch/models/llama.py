@@ -28,6 +28,7 @@ from pyorch.layers.fused_linear import (
 from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pyorch.layers.quantization import QuantizationConfig
+from pyorch.layers.quantization.utils.w8a8_utils import Fp8Activation, rms_norm_fp8_input
 from pyorch.layers.rotary_embedding import get_rope, get_rope_params
 from pyorch.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
@@ -80,7 +81,9 @@ class LlamaMLP(nn.Module):
         self.act_fn = get_act_and_mul_fn(hidden_act)
         self._silu_fused: bool | None = None  # tensor-parallel decode: silu in gate_up's GEMM
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:  # [T, hidden] -> same
+        if isinstance(x, Fp8Activation):  # quantized by the norm before (rms_norm_fp8_input)
+            return self.down_proj(self.act_fn(self.gate_up_proj(x)))
         if self._silu_fused is None:  # after the weights are loaded: the first forward
             self._silu_fused = (self.gate_up_proj.tp_size > 1
                                 and isinstance(self.act_fn, SiluAndMul)
@@ -143,7 +146,7 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,  # [T] int64
-        hidden_states: torch.Tensor,  # [T, hidden]
+        hidden_states: torch.Tensor | Fp8Activation,  # [T, hidden] (or quantized by the norm)
     ) -> torch.Tensor:  # [T, hidden]
         return self.o_proj(self.attend(positions, self.qkv_proj(hidden_states)))
 
@@ -192,16 +195,30 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,  # [T, hidden], None before the first layer
         reduce_input: bool = False,  # hidden_states is the previous layer's unreduced MLP output
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
+        # Each norm's output, or for an fp8 linear that quantizes its input per token (more than
+        # FP8_SKINNY_MAX_TOKENS rows), that output quantized in the norm's kernel.
+        normed: torch.Tensor | Fp8Activation
+        fp8_input = None if reduce_input else rms_norm_fp8_input(
+            self.input_layernorm, hidden_states, residual, self.self_attn.qkv_proj)
+        if fp8_input is not None:
+            normed, residual = fp8_input
+        elif residual is None:
             residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
+            normed = self.input_layernorm(hidden_states)
         else:
-            hidden_states, residual = _add_norm(
+            normed, residual = _add_norm(
                 self.input_layernorm, hidden_states, residual, reduce_input)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = _add_norm(
-            self.post_attention_layernorm, hidden_states, residual, not self.attn_output_reduced)
-        return self.mlp(hidden_states), residual
+        hidden_states = self.self_attn(positions, normed)
+        gate_up_proj = self.mlp.gate_up_proj if isinstance(self.mlp, LlamaMLP) else None
+        fp8_input = None if not self.attn_output_reduced else rms_norm_fp8_input(
+            self.post_attention_layernorm, hidden_states, residual, gate_up_proj)
+        if fp8_input is not None:
+            normed, residual = fp8_input
+        else:
+            normed, residual = _add_norm(
+                self.post_attention_layernorm, hidden_states, residual,
+                not self.attn_output_reduced)
+        return self.mlp(normed), residual
 
     def fusable(self) -> bool:
         """Whether forward_fused can run this layer (see pyorch/layers/fused_linear.py)."""

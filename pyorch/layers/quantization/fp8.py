@@ -197,6 +197,12 @@ class Fp8LinearMethod(LinearMethodBase):
         if self.static_input:
             replace_parameter(layer, "input_scale", layer.input_scale.data.max().reshape(1))
 
+    def accepts_fp8_activation(self, layer: Any) -> bool:
+        """Whether apply takes an Fp8Activation (w8a8_utils.rms_norm_fp8_input): dynamic
+        per-token activations against per-tensor or per-channel e4m3 weights."""
+        return (not self.block and not self.static_input
+                and layer.weight.dtype == torch.float8_e4m3fn)
+
     def skinny_weight(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(weight [N, K] e4m3, weight_scale [1] or [N]) for the fused decode path
         (pyorch/layers/fused_linear.py, skinny_gemm_fp8); None for block-wise weights."""

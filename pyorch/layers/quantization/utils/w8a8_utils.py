@@ -7,6 +7,8 @@ Weights are stored transposed for the GEMM: `layer.weight` is the [K, N] column-
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 from torch import nn
 
@@ -46,6 +48,45 @@ def use_skinny_fp8(
     )
 
 
+class Fp8Activation(NamedTuple):
+    """An fp8 linear's input already quantized per token, the way its own dynamic per-token
+    quantization would (rms_norm_dynamic_per_token_quant quantizes the norm's output in the norm's
+    kernel): apply_fp8_linear runs the GEMM on it directly."""
+
+    q: torch.Tensor  # [T, K] float8_e4m3fn
+    scales: torch.Tensor  # [T, 1] float32
+    dtype: torch.dtype  # the activations' dtype, the GEMM's output dtype
+
+
+# Tests turn this off to compare the norms that quantize with the separate quantization.
+FUSED_NORM_QUANT = True
+
+
+def takes_fp8_activation(linear: nn.Module | None) -> bool:
+    """Whether `linear` would quantize a W8A8 input of more than FP8_SKINNY_MAX_TOKENS rows to fp8
+    per token, dynamically (its quant method says so: accepts_fp8_activation)."""
+    method = getattr(linear, "quant_method", None)
+    accepts = getattr(method, "accepts_fp8_activation", None)
+    return FUSED_NORM_QUANT and accepts is not None and bool(accepts(linear))
+
+
+def rms_norm_fp8_input(
+    norm: Any,  # an RMSNorm
+    x: torch.Tensor,  # [T, hidden]
+    residual: torch.Tensor | None,  # [T, hidden], updated in place (None: x is the residual)
+    linear: nn.Module | None,  # the fp8 linear that takes the normed rows
+) -> tuple[Fp8Activation, torch.Tensor] | None:
+    """norm(x) (after residual += x) quantized per token to fp8 in one op, as `linear` would
+    quantize it, with the residual stream; None where linear would not (a decode batch of at most
+    FP8_SKINNY_MAX_TOKENS rows takes bf16 activations, or no dynamic per-token fp8 linear), and the
+    caller runs the norm. The bits equal the norm and then linear's own quantization."""
+    if x.dim() != 2 or x.shape[0] <= FP8_SKINNY_MAX_TOKENS or not takes_fp8_activation(linear):
+        return None
+    q, scales = _ops.rms_norm_dynamic_per_token_quant(
+        x, norm.weight, norm.variance_epsilon, torch.float8_e4m3fn, residual=residual)
+    return Fp8Activation(q, scales, x.dtype), x if residual is None else residual
+
+
 def replace_parameter(layer: nn.Module, name: str, value: torch.Tensor) -> None:
     """Swaps a loaded parameter for a plain Parameter holding `value` (its loader is no longer
     needed once the weights are processed)."""
@@ -69,7 +110,7 @@ def per_tensor_to_channelwise(
 
 
 def apply_fp8_linear(
-    x: torch.Tensor,  # [..., K]
+    x: torch.Tensor | Fp8Activation,  # [..., K]
     weight: torch.Tensor,  # [K, N] column-major fp8
     weight_scale: torch.Tensor,  # [1] or [N] float32
     input_scale: torch.Tensor | None,  # [1] static, None dynamic
@@ -79,7 +120,14 @@ def apply_fp8_linear(
     """Quantizes x to fp8 (static per-tensor, or dynamic per-token / per-tensor), then
     cutlass_scaled_mm with the weight's scales. A decode batch (use_skinny_fp8) runs
     skinny_gemm_fp8 instead: x unquantized (so input_scale and per_token do not apply) times the
-    e4m3 weight widened exactly, summed in fp32, times weight_scale."""
+    e4m3 weight widened exactly, summed in fp32, times weight_scale. An Fp8Activation (x quantized
+    per token by the norm before) goes to cutlass_scaled_mm as it is."""
+    if isinstance(x, Fp8Activation):
+        if input_scale is not None or not per_token:
+            raise ValueError("apply_fp8_linear: an Fp8Activation is quantized dynamically per "
+                             "token; this layer quantizes its input with a static or per-tensor "
+                             "scale")
+        return _ops.cutlass_scaled_mm(x.q, weight, x.scales, weight_scale, x.dtype, bias)
     x2 = x.reshape(-1, x.shape[-1])
     weight_nk = weight.t()
     if use_skinny_fp8(x2, weight_nk, weight_scale, bias):

@@ -123,3 +123,44 @@ def test_fused_decode_with_fp8_layers_matches_unfused(tmp_path, monkeypatch, dev
     scale = unfused.abs().max().item()
     assert (fused - unfused).abs().max().item() < 0.05 * scale
     assert (fused.argmax(-1) == unfused.argmax(-1)).float().mean() >= 0.75
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch,per_layer", [("llama", 2), ("qwen3", 2), ("qwen3_moe", 1)])
+def test_prefill_norms_quantize_for_the_fp8_linears(tmp_path, monkeypatch, device, arch,
+                                                    per_layer):
+    """A prefill of an online-fp8 model (more than FP8_SKINNY_MAX_TOKENS rows): the norms in front
+    of qkv_proj and a dense MLP's gate_up_proj (not a mixture-of-experts block's router) quantize
+    their output for the W8A8 GEMM in the same op (rms_norm_dynamic_per_token_quant) instead of a
+    separate per-token quantization, and the logits equal the unfused path's bit for bit."""
+    from pyorch.layers.quantization.utils import w8a8_utils
+
+    dtype = torch.bfloat16
+    model = _model(tmp_path, arch, device, dtype).eval()
+    calls = []
+    real_op = _ops.rms_norm_dynamic_per_token_quant
+    monkeypatch.setattr(_ops, "rms_norm_dynamic_per_token_quant",
+                        lambda *a, **k: (calls.append(a), real_op(*a, **k))[1])
+    attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
+    lens = [13, 29]
+    tables, num_blocks = allocate_blocks(lens, BLOCK_SIZE)
+    gen = torch.Generator().manual_seed(3)
+    vocab = model.config.vocab_size if hasattr(model, "config") else 512
+    ids = torch.randint(0, vocab, (sum(lens),), generator=gen).tolist()
+
+    def prefill() -> torch.Tensor:
+        for layer in attn_layers:
+            shape = (num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size)
+            layer.kv_cache = (torch.zeros(shape, dtype=dtype, device=device),
+                              torch.zeros(shape, dtype=dtype, device=device))
+        meta, positions = build_metadata([0, 0], lens, tables, BLOCK_SIZE, device)
+        with torch.no_grad(), set_forward_context(meta):
+            return model.compute_logits(model(torch.tensor(ids, device=device), positions))
+
+    fused = prefill()
+    assert len(calls) == per_layer * len(attn_layers)
+    monkeypatch.setattr(w8a8_utils, "FUSED_NORM_QUANT", False)
+    calls.clear()
+    unfused = prefill()
+    assert not calls
+    torch.testing.assert_close(fused, unfused, atol=0, rtol=0)
