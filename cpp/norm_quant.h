@@ -9,6 +9,7 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 
 namespace pyorch {
 
@@ -20,10 +21,12 @@ void rms_norm_dynamic_per_token_quant_composed(at::Tensor& result, const at::Ten
                                                double eps,
                                                const std::optional<at::Tensor>& scale_ub,
                                                std::optional<at::Tensor>& residual) {
-  at::Tensor normed = input.clone(at::MemoryFormat::Contiguous);
-  if (residual) {
+  at::Tensor normed;
+  if (residual) {  // fused_add_rms_norm writes the normed rows over its input: a copy of input
+    normed = input.clone(at::MemoryFormat::Contiguous);
     Ops::fused_add_rms_norm(normed, *residual, weight, eps);
   } else {
+    normed = at::empty_like(input, at::MemoryFormat::Contiguous);
     Ops::rms_norm(normed, input, weight, eps);
   }
   Ops::dynamic_per_token_scaled_fp8_quant(result, normed, scales, scale_ub);
