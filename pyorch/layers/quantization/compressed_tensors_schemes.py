@@ -73,12 +73,12 @@ class _W8A8(CompressedTensorsScheme):
             scale: nn.Parameter = ChannelQuantScaleParameter(
                 torch.empty(n, 1, dtype=torch.float32), output_dim=0, weight_loader=weight_loader)
         else:
-            scale = PerTensorScaleParameter(torch.full((shards,), _UNSET),
+            scale = PerTensorScaleParameter(torch.full((shards,), _UNSET, dtype=torch.float32),
                                             weight_loader=weight_loader)
         layer.register_parameter("weight_scale", scale)
         if self.static_input:
             layer.register_parameter("input_scale", PerTensorScaleParameter(
-                torch.full((shards,), _UNSET), weight_loader=weight_loader))
+                torch.full((shards,), _UNSET, dtype=torch.float32), weight_loader=weight_loader))
             if not self.symmetric_input:
                 layer.register_parameter("input_zero_point", PerTensorScaleParameter(
                     torch.zeros(shards, dtype=torch.int32), weight_loader=weight_loader))

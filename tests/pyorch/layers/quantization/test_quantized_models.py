@@ -184,6 +184,27 @@ def test_compressed_tensors_w8a8_matches_dequantized_reference(tmp_path, arch: s
     assert config.quantization == "compressed-tensors"
 
 
+@pytest.mark.parametrize("case", ["fp8_tensor_tensor_static", "int8_tensor_tensor_static"])
+def test_compressed_tensors_per_tensor_scales_load_in_bfloat16(tmp_path, case: str):
+    """Per-tensor scales are float32 parameters whatever the model dtype: they were created in
+    the default dtype, which is the model's while it is built, and the float32-min "not loaded"
+    marker overflowed bfloat16 (every per-tensor W8A8 checkpoint failed to load with
+    dtype=bfloat16)."""
+    from pyorch.config import ModelConfig
+    from pyorch.model_loader import get_model
+
+    kind, w_strategy, a_strategy, dynamic, symmetric = CT_CASES[case]
+    path = write_compressed_tensors(str(tmp_path), "llama", kind, w_strategy, a_strategy, dynamic,
+                                    symmetric_acts=symmetric)
+    config = ModelConfig(model=path, dtype=torch.bfloat16, device="cpu")
+    config.resolve()
+    layer = get_model(config).model.layers[0].self_attn.qkv_proj
+    for name in ("weight_scale", "input_scale"):
+        scale = getattr(layer, name)
+        assert scale.dtype == torch.float32 and bool(torch.isfinite(scale).all()), name
+        assert bool((scale > 0).all()), name
+
+
 def test_compressed_tensors_ignore_list_keeps_layers_float(tmp_path):
     path = write_compressed_tensors(str(tmp_path), "llama", "fp8", "channel", "token", True,
                                     ignore=["re:.*mlp.down_proj$"])
