@@ -181,3 +181,10 @@ class CompressedTensorsLinearMethod(LinearMethodBase):
         self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return self.scheme.apply_weights(layer, x, bias)
+
+    def accepts_fp8_activation(self, layer: Any) -> bool:
+        """Whether apply takes an Fp8Activation (w8a8_utils.rms_norm_fp8_input): the W8A8-FP8
+        scheme with dynamic per-token activations."""
+        s = self.scheme
+        return (isinstance(s, CompressedTensorsW8A8Fp8) and not s.static_input and s.per_token
+                and layer.weight.dtype == torch.float8_e4m3fn)

@@ -126,17 +126,32 @@ def test_fused_decode_with_fp8_layers_matches_unfused(tmp_path, monkeypatch, dev
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("arch,per_layer", [("llama", 2), ("qwen3", 2), ("qwen3_moe", 1)])
-def test_prefill_norms_quantize_for_the_fp8_linears(tmp_path, monkeypatch, device, arch,
+@pytest.mark.parametrize("arch,source,per_layer", [
+    ("llama", "online", 2), ("qwen3", "online", 2), ("qwen3_moe", "online", 1),
+    ("llama", "ct_token_dynamic", 2), ("llama", "ct_tensor_static", 0)])
+def test_prefill_norms_quantize_for_the_fp8_linears(tmp_path, monkeypatch, device, arch, source,
                                                     per_layer):
-    """A prefill of an online-fp8 model (more than FP8_SKINNY_MAX_TOKENS rows): the norms in front
-    of qkv_proj and a dense MLP's gate_up_proj (not a mixture-of-experts block's router) quantize
+    """A prefill of an fp8 model (more than FP8_SKINNY_MAX_TOKENS rows): the norms in front of
+    qkv_proj and a dense MLP's gate_up_proj (not a mixture-of-experts block's router) quantize
     their output for the W8A8 GEMM in the same op (rms_norm_dynamic_per_token_quant) instead of a
-    separate per-token quantization, and the logits equal the unfused path's bit for bit."""
+    separate per-token quantization, and the logits equal the unfused path's bit for bit. Online
+    fp8 and compressed-tensors W8A8-FP8 with dynamic per-token activations do; a static input
+    scale does not (the linear quantizes with its own scale)."""
     from pyorch.layers.quantization.utils import w8a8_utils
+    from tests.pyorch.layers.quantization.checkpoints import write_compressed_tensors
 
     dtype = torch.bfloat16
-    model = _model(tmp_path, arch, device, dtype).eval()
+    if source == "online":
+        model = _model(tmp_path, arch, device, dtype).eval()
+    else:
+        w_strategy, a_strategy, dynamic = (("channel", "token", True)
+                                           if source == "ct_token_dynamic"
+                                           else ("tensor", "tensor", False))
+        path = write_compressed_tensors(str(tmp_path), arch, "fp8", w_strategy, a_strategy,
+                                        dynamic)
+        config = ModelConfig(model=path, dtype=dtype, device=device)
+        config.resolve()
+        model = get_model(config).eval()
     calls = []
     real_op = _ops.rms_norm_dynamic_per_token_quant
     monkeypatch.setattr(_ops, "rms_norm_dynamic_per_token_quant",
