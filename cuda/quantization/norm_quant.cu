@@ -79,19 +79,7 @@ __global__ void __launch_bounds__(kNormThreads)
     }
   }
   const float s = row_fp8_scale(block_reduce_max<kQuantThreads>(m), scale_ub, scales, row);
-  uint8_t* o = out + row * out_stride;
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int i = threadIdx.x + j * kNormThreads;
-    if (i < num_vecs) {
-      Vec<uint8_t, VEC> q;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        q.data[e] = quant_fp8(to_float(v[j].data[e]), s, -kQuantFp8Max, kQuantFp8Max);
-      }
-      q.store(o + int64_t(i) * VEC);
-    }
-  }
+  store_fp8_row<T, VEC, VPT>(out + row * out_stride, v, num_vecs, s);
 }
 
 }  // namespace kernels

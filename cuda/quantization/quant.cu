@@ -10,6 +10,13 @@ namespace {
 
 inline dim3 rows_grid(int64_t num_tokens) { return dim3(static_cast<unsigned>(num_tokens)); }
 
+// Dynamic per-tensor scale, pass 2 (one block after fp8_absmax_kernel): the floor on the scale,
+// written back once. Defined here, not in quant.cuh: a non-template kernel in a header included by
+// two translation units (quant.cu, norm_quant.cu) is defined twice at link time.
+__global__ void fp8_scale_floor_kernel(float* __restrict__ scale) {
+  if (threadIdx.x == 0) *scale = fmaxf(*scale, kQuantFp8MinScale);
+}
+
 // fp8 rows, static (scales null) or per token: the register-resident vector kernel where the
 // row's size and alignment allow (fp8_quant_rows_vec_kernel), else the element-wise one.
 template <typename T, bool PER_TOKEN>
@@ -60,7 +67,7 @@ cudaError_t dynamic_scaled_fp8_quant(void* out, const void* in, float* scale, DT
           scale, static_cast<const T*>(in), hidden, in_stride);
       PYORCH_RETURN_IF_ERROR(cudaGetLastError());
     }
-    kernels::fp8_scale_floor_kernel<<<1, 32, 0, stream>>>(scale);
+    fp8_scale_floor_kernel<<<1, 32, 0, stream>>>(scale);
     PYORCH_RETURN_IF_ERROR(cudaGetLastError());
     return static_scaled_fp8_quant(out, in, scale, dtype, num_tokens, hidden, out_stride, in_stride,
                                    stream);

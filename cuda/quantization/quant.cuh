@@ -90,6 +90,25 @@ __global__ void fp8_quant_rows_kernel(uint8_t* __restrict__ out,        // [num_
   }
 }
 
+// Quantizes a row held in registers (vector j of thread i is row vector i + j * kQuantThreads,
+// num_vecs of them) with scale s and stores it as e4m3 bytes, VEC per store.
+template <typename T, int VEC, int VPT>
+__device__ __forceinline__ void store_fp8_row(uint8_t* __restrict__ o, const Vec<T, VEC> (&x)[VPT],
+                                              int num_vecs, float s) {
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int v = threadIdx.x + j * kQuantThreads;
+    if (v < num_vecs) {
+      Vec<uint8_t, VEC> q;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        q.data[e] = quant_fp8(to_float(x[j].data[e]), s, -kQuantFp8Max, kQuantFp8Max);
+      }
+      q.store(o + int64_t(v) * VEC);
+    }
+  }
+}
+
 // The same rows with the row held in registers: VPT 16-byte vectors of VEC elements per thread,
 // read from global memory once (fp8_quant_rows_kernel reads a per-token row twice and moves one
 // element per load and one byte per store: 46% of copy bandwidth on an H200 at 16384 x 14336).
@@ -122,19 +141,7 @@ __global__ void fp8_quant_rows_vec_kernel(uint8_t* __restrict__ out, const T* __
   }
   const float s = PER_TOKEN ? row_fp8_scale(block_reduce_max<kQuantThreads>(m), scale_ub, scales, t)
                             : fmaxf(*scale, 0.f);
-  uint8_t* o = out + t * out_stride;
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int v = threadIdx.x + j * kQuantThreads;
-    if (v < num_vecs) {
-      Vec<uint8_t, VEC> q;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        q.data[e] = quant_fp8(to_float(x[j].data[e]), s, -kQuantFp8Max, kQuantFp8Max);
-      }
-      q.store(o + int64_t(v) * VEC);
-    }
-  }
+  store_fp8_row<T, VEC, VPT>(out + t * out_stride, x, num_vecs, s);
 }
 
 // atomicMax on a non-negative float through its int bits (order-preserving for x >= 0).
@@ -148,11 +155,6 @@ __global__ void fp8_absmax_kernel(float* __restrict__ scale, const T* __restrict
                                   int64_t hidden, int64_t in_stride) {
   const float absmax = row_absmax(in + blockIdx.x * in_stride, hidden);
   if (threadIdx.x == 0) atomic_max_nonneg(scale, absmax / kQuantFp8Max);
-}
-
-// Pass 2 (one extra block past the rows): the floor on the scale, written back once.
-__global__ void fp8_scale_floor_kernel(float* __restrict__ scale) {
-  if (threadIdx.x == 0) *scale = fmaxf(*scale, kQuantFp8MinScale);
 }
 
 // int8, static: round(x / scale) (+ azp), saturated.
