@@ -12,7 +12,8 @@
 //            rows give TFLOP/s counting 4 * q * k * d / 2 per head (the causal half).
 // Other flags: --num-heads 32 --num-kv-heads 8 --head-size 128 --block-size 16 --dtype bf16|fp16
 //              --kv-dtype auto|fp8 --fp8-l2-prefetch 1|0 (fp8 decode: L2 fetches 256 bytes around
-//              each row, pyorch::set_decode_fp8_l2_prefetch) --json FILE.
+//              each row, pyorch::set_decode_fp8_l2_prefetch) --decode-ctas-per-sm 0|1|2|3 (decode
+//              kernel shape, 0 = the launcher's rule; pyorch::set_decode_ctas_per_sm) --json FILE.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +31,8 @@ namespace {
 
 using pyorch::bench::Args;
 using pyorch::bench::Report;
+
+int g_decode_ctas_per_sm = 0;  // --decode-ctas-per-sm, reported in every decode row
 
 // Fills n elements of 2-byte (bits=16) or 1-byte (bits=8) data with hashed uniform noise in
 // [-1, 1) (fp16/bf16) or with fp8 e4m3 bytes of magnitude <= 2 (never NaN): real data, not zeros.
@@ -194,6 +197,8 @@ void bench_one(const Shape& s, int64_t batch, int64_t context, int64_t q_len, bo
     row.push_back({"graph_TFLOP/s", Report::fmt(flops / (graph_us * 1e6), 1)});
   } else {
     const double gbs = (kv_bytes + 2.0 * q_elems * 2) / (us * 1e3);
+    row.push_back({"ctas_per_sm", g_decode_ctas_per_sm ? std::to_string(g_decode_ctas_per_sm)
+                                                       : std::string("auto")});
     row.push_back({"GB/s", Report::fmt(gbs, 1)});
     row.push_back({"pct_of_copy", Report::fmt(100.0 * gbs / copy_gbs, 1)});
     const double graph_gbs = (kv_bytes + 2.0 * q_elems * 2) / (graph_us * 1e3);
@@ -231,6 +236,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   pyorch::set_decode_fp8_l2_prefetch(args.num("fp8-l2-prefetch", 1) != 0);
+  const int ctas_per_sm = static_cast<int>(args.num("decode-ctas-per-sm", 0));
+  if (!pyorch::set_decode_ctas_per_sm(ctas_per_sm)) {
+    std::fprintf(stderr, "--decode-ctas-per-sm must be 0, 1, 2 or 3 (got %d)\n", ctas_per_sm);
+    return 1;
+  }
+  g_decode_ctas_per_sm = ctas_per_sm;
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreate(&stream));
   const double copy_gbs = pyorch::bench::copy_bandwidth_gbs(stream);

@@ -201,6 +201,13 @@ unsigned long long next_decode_tag() {
 
 // set_decode_fp8_l2_prefetch (attention.h).
 std::atomic<bool> decode_fp8_l2_prefetch{true};
+// set_decode_ctas_per_sm (attention.h): 0 = the launcher's rule.
+std::atomic<int> decode_ctas_per_sm{0};
+
+// The 3-CTA decode shape from this many CTAs per SM in the grid (sequences x kv heads x splits).
+// Measured on an H200 (paged_decode.cuh): it wins from 256 x 8 kv heads (15 a SM) and loses at
+// 64 x 8 (3.9 a SM: 1.3 waves of three against 1.9 of two, and the 2-CTA shape's deeper rings).
+constexpr int64_t kDecode3CtaMinCtasPerSm = 8;
 
 template <class Tile, typename Kernel>
 cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
@@ -219,7 +226,9 @@ cudaError_t launch_decode_grid(Kernel* kernel, const AttnArgs& args,
 // The decode sequences (1..16 query rows) of the call: grid (num_seqs * num_kv_heads, splits).
 // A grid that fits one CTA per SM (small batches, split long contexts) gets the whole-SM shape:
 // the 2-CTA shape would leave half of each SM's warps and shared memory unused. fp8 caches keep
-// the 2-CTA shape: choose_decode_splits gives them two CTAs per SM.
+// the 2-CTA shape there: choose_decode_splits gives them two CTAs per SM. A grid of at least
+// kDecode3CtaMinCtasPerSm CTAs per SM (a big decode batch) gets the 3-CTA shape where it fits.
+// The choice reads the grid only, never the contexts: a CUDA graph replays its launch for any.
 template <typename T, typename CacheT, int HEAD_SIZE>
 cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
   kernels::DecodeMergeArgs merge{nullptr, 0, kDecodeSingleSplitKeys,
@@ -229,12 +238,21 @@ cudaError_t launch_paged_decode(const AttnArgs& args, cudaStream_t stream) {
         reinterpret_cast<char*>(args.o_partial) + decode_arrivals_offset(args.p, args.num_splits));
     merge.tag = next_decode_tag();
   }
+  const int64_t ctas = args.p.num_seqs * args.p.num_kv_heads * args.num_splits;
+  const int64_t sms = num_sms_of_current_device();
+  const int forced = decode_ctas_per_sm.load(std::memory_order_relaxed);
   if constexpr (!std::is_same_v<CacheT, uint8_t>) {
-    const int64_t ctas = args.p.num_seqs * args.p.num_kv_heads * args.num_splits;
-    if (ctas <= num_sms_of_current_device()) {
+    if (forced == 1 || (forced == 0 && ctas <= sms)) {
       constexpr int kWarps = kernels::DecodeBytes<T, CacheT, HEAD_SIZE>::kWholeSmWarps;
       return launch_decode_grid<DecodeTile<T, CacheT, HEAD_SIZE, kWarps, 1>>(
           &kernels::paged_decode_kernel<T, CacheT, HEAD_SIZE, kWarps, 1>, args, merge, stream);
+    }
+  }
+  using Tile3 = DecodeTile<T, CacheT, HEAD_SIZE, 4, 3>;
+  if constexpr (Tile3::kFitsCtasPerSm) {
+    if (forced == 3 || (forced == 0 && ctas >= kDecode3CtaMinCtasPerSm * sms)) {
+      return launch_decode_grid<Tile3>(&kernels::paged_decode_kernel<T, CacheT, HEAD_SIZE, 4, 3>,
+                                       args, merge, stream);
     }
   }
   return launch_decode_grid<DecodeTile<T, CacheT, HEAD_SIZE, 4, 2>>(
@@ -431,6 +449,12 @@ cudaError_t merge_prefix_into_rows(void* out, const float* suffix_lse,
 
 void set_decode_fp8_l2_prefetch(bool enabled) {
   decode_fp8_l2_prefetch.store(enabled, std::memory_order_relaxed);
+}
+
+bool set_decode_ctas_per_sm(int ctas_per_sm) {
+  if (ctas_per_sm < 0 || ctas_per_sm > 3) return false;
+  decode_ctas_per_sm.store(ctas_per_sm, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace pyorch

@@ -8,13 +8,21 @@
 // the split is cut into 16-key warp tiles (one mma k-step), dealt round-robin to the warps, so the
 // warps together read WARPS * 16 consecutive keys at a time.
 //
-// Two shapes (DecodeTile): CTAS_PER_SM = 2, four warps with a ring sized for half of the SM's
-// shared memory (big batches: two CTAs per SM); CTAS_PER_SM = 1 when the whole grid fits one CTA
-// per SM (small batches, split long contexts): eight warps (four at 192, 256) sharing the whole
-// shared memory, twice the bytes in flight per SM. NOTE(decode): measured on H100 against the
-// 4-warp CTA, both with merge_split_kv_kernel: head 128 gains only at 1x4k (+1.7 points of copy in
-// a graph; 1x32k and 16x1k within 0.5, so neither warps nor bytes in flight limit those); head 64
-// at 1x32k went from 56 to 63% and head 256 from 82 to 84% with the in-launch merge below.
+// Three shapes (DecodeTile): CTAS_PER_SM = 2, four warps with a ring sized for half of the SM's
+// shared memory (big batches: two CTAs per SM); CTAS_PER_SM = 3, four warps with a third of it
+// (grids of many CTAs: a short context's CTA is mostly fixed cost, the Q load, the first tile's
+// latency and the epilogue, so more resident CTAs hide more of it; attention.cu picks it from the
+// grid alone, because a CUDA graph fixes the launch for every context it replays); CTAS_PER_SM =
+// 1 when the whole grid fits one CTA per SM (small batches, split long contexts): eight warps
+// (four at 192, 256) sharing the whole shared memory, twice the bytes in flight per SM.
+// NOTE(decode): measured on H100 against the 4-warp CTA, both with merge_split_kv_kernel: head
+// 128 gains only at 1x4k (+1.7 points of copy in a graph; 1x32k and 16x1k within 0.5, so neither
+// warps nor bytes in flight limit those); head 64 at 1x32k went from 56 to 63% and head 256 from
+// 82 to 84% with the in-launch merge below. On an H200 (bench_paged_attention
+// --decode-ctas-per-sm 2|3, steady): the 3-CTA shape against the 2-CTA one, fp8 / bf16 caches,
+// 1024 x 128 keys 215 / 157 against 260 / 183 us, 1024 x 4k 84.4 / 101.9% of copy against 75.1 /
+// 101.9%, 256 x 2k 79.0 / 99.5% against 72.8 / 97.7%, but 64 x 4k 67.2 / 85.3% against 75.7 /
+// 96.2% (512 CTAs: 1.3 waves of three a SM against 1.9 of two), hence the launcher's threshold.
 //
 // Pipelines. Each warp streams its own tiles through its own kStages-deep cp.async ring and only
 // synchronizes with itself (__syncwarp), never with the other warps, so no warp waits on another
@@ -145,10 +153,14 @@ struct DecodeTile : DecodeBytes<T, CacheT, HEAD_SIZE> {
   static_assert(kStageBytes % 16 == 0 && kWarpBytes % 16 == 0 && kQBytes % 16 == 0 &&
                     kVStageOffset % 16 == 0 && kKDstPitch % 16 == 0 && kVDstPitch % 16 == 0,
                 "16-byte aligned shared-memory tiles");
-  static_assert(CTAS_PER_SM == 1 || CTAS_PER_SM == 2, "one or two CTAs per SM");
+  static_assert(CTAS_PER_SM >= 1 && CTAS_PER_SM <= 3, "one to three CTAs per SM");
   static_assert(kStages >= 2 && kStages <= kDecodeMaxStages, "ring depth");
   // Head 256 overshoots half the SM even at two stages: its CTAS_PER_SM = 2 shape runs one per SM.
   static_assert(kSmemBytes <= kDecodeSmemPerSm - kDecodeSmemPerCta, "fits Hopper shared memory");
+  // Whether CTAS_PER_SM of them fit the SM's shared memory (the launcher uses the 3-CTA shape only
+  // where they do; registers are held to it by the kernel's __launch_bounds__).
+  static constexpr bool kFitsCtasPerSm =
+      CTAS_PER_SM * (kSmemBytes + kDecodeSmemPerCta) <= kDecodeSmemPerSm;
 };
 
 // Rows, key range and this split's 16-key tiles of one decode sequence; false if the sequence is
@@ -504,9 +516,11 @@ __device__ void decode_merge_splits(const AttnArgs& a, const DecodeMergeArgs& mg
 }
 
 // grid: (num_seqs * num_kv_heads, num_splits); block: WARPS warps; dynamic shared memory
-// DecodeTile<T, CacheT, HEAD_SIZE, WARPS, CTAS_PER_SM>::kSmemBytes.
+// DecodeTile<T, CacheT, HEAD_SIZE, WARPS, CTAS_PER_SM>::kSmemBytes. The register budget leaves
+// room for CTAS_PER_SM CTAs an SM (the fp8 fragment path takes ~160 registers a thread: three
+// 4-warp CTAs fit, four would not).
 template <typename T, typename CacheT, int HEAD_SIZE, int WARPS, int CTAS_PER_SM>
-__global__ void __launch_bounds__(WARPS* kWarpSize)
+__global__ void __launch_bounds__(WARPS* kWarpSize, CTAS_PER_SM)
     paged_decode_kernel(const __grid_constant__ AttnArgs a,
                         const __grid_constant__ DecodeMergeArgs mg) {
   using Tr = DecodeTile<T, CacheT, HEAD_SIZE, WARPS, CTAS_PER_SM>;

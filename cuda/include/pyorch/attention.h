@@ -85,6 +85,12 @@ cudaError_t paged_attention(const PagedAttentionParams& params, void* workspace,
 // Set it before any graph is captured. Safe to call from any thread.
 void set_decode_fp8_l2_prefetch(bool enabled);
 
+// Decode kernel shape, for A/B timing (bench_paged_attention --decode-ctas-per-sm): 0 (default)
+// the launcher's rule; 1, 2 or 3 forces the whole-SM (fp16/bf16 caches only; fp8 takes 2), the
+// 2-CTA or the 3-CTA shape (where three fit the SM; else 2). Returns false (and changes nothing)
+// for any other value. Set it before any graph is captured. Safe to call from any thread.
+bool set_decode_ctas_per_sm(int ctas_per_sm);
+
 // output = (e^{lp-m} * prefix_output + e^{ls-m} * suffix_output) / (e^{lp-m} + e^{ls-m}),
 // m = max(lp, ls), per (token, head). output/prefix_output/suffix_output:
 // [num_tokens, num_heads, head_size] in dtype (fp32, fp16 or bf16; strides in elements, last dim

@@ -212,6 +212,20 @@ def test_decode_batches(device: str, num_seqs: int, seq_len: int) -> None:
     check(b, run_op(b))
 
 
+@pytest.mark.parametrize("device", [d for d in DEVICES if d != "cpu"])
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("block_size,sliding_window", [(16, 0), (32, 0), (16, 50)])
+def test_decode_wide_batches(device: str, head_size: int, kv_cache_dtype: str, block_size: int,
+                             sliding_window: int) -> None:  # fmt: skip
+    """Decode batches of 120 x 8 kv heads = 960 CTAs, at least three per SM on any Hopper part:
+    CUDA launches its 3-CTA decode shape where three fit an SM (every head size here but 256),
+    the 2-CTA one otherwise. Ragged lengths from 1 to ~900 keys, a few two-token queries."""
+    spec = [(1 + (i % 11 == 0), 1 + (i * 37) % 900) for i in range(120)]
+    b = make_batch(spec, 32, 8, head_size, block_size, torch.bfloat16, device, kv_cache_dtype)
+    check(b, run_op(b, True, sliding_window), True, sliding_window)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(16, 1), (32, 1), (12, 4)])

@@ -25,7 +25,8 @@ def local_ray():
     # Ray's task processes import this checkout's pyorch and tests, as the test process does.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.path.abspath(root)}})
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                 p for p in (os.path.abspath(root), os.environ.get("PYTHONPATH")) if p)}})
     yield
     ray.shutdown()
 

@@ -31,7 +31,8 @@ ray = pytest.importorskip("ray")
 def local_gpu_ray():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.path.abspath(root)}})
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                 p for p in (os.path.abspath(root), os.environ.get("PYTHONPATH")) if p)}})
     yield
     ray.shutdown()
 
