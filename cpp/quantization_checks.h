@@ -161,6 +161,41 @@ inline QuantRows check_rms_norm_dynamic_per_token_quant(const at::Tensor& result
   return r;
 }
 
+// silu_and_mul_dynamic_per_token_quant: input [..., 2 * d] (gate then up; fp32, fp16 or bf16),
+// result [..., d] fp8 (int8 refused, as above), scale one float32 per row, scale_ub one float32.
+// The returned rows' hidden is d.
+inline QuantRows check_silu_and_mul_dynamic_per_token_quant(
+    const at::Tensor& result, const at::Tensor& input, const at::Tensor& scale,
+    const std::optional<at::Tensor>& scale_ub) {
+  const char* op = "silu_and_mul_dynamic_per_token_quant";
+  TORCH_CHECK(result.scalar_type() != at::kChar, op,
+              ": an int8 result is not supported (quantize int8 activations with "
+              "dynamic_scaled_int8_quant); result must be float8_e4m3fn");
+  TORCH_CHECK(result.scalar_type() == at::kFloat8_e4m3fn, op,
+              ": result dtype must be Float8_e4m3fn, got ", result.scalar_type());
+  TORCH_CHECK(quant_is_float_input(input.scalar_type()), op,
+              ": input dtype must be float32, float16 or bfloat16, got ", input.scalar_type());
+  TORCH_CHECK(input.dim() >= 1 && input.size(-1) > 0 && input.size(-1) % 2 == 0, op,
+              ": the last dimension of input (gate then up) must be even and positive, got ",
+              input.sizes());
+  const int64_t d = input.size(-1) / 2;
+  TORCH_CHECK(
+      result.dim() == input.dim() && result.size(-1) == d &&
+          result.sizes().slice(0, result.dim() - 1) == input.sizes().slice(0, input.dim() - 1),
+      op, ": result must be input's shape with the last dimension halved, got result ",
+      result.sizes(), " for input ", input.sizes());
+  const int64_t num_tokens = input.numel() / input.size(-1);
+  check_per_token(scale, num_tokens, at::kFloat, op, "scale");
+  check_same_device(result, input, op);
+  check_same_device(scale, input, op);
+  if (scale_ub) {
+    check_float_scalar(*scale_ub, op, "scale_ub");
+    check_same_device(*scale_ub, input, op);
+  }
+  return QuantRows{num_tokens, d, quant_row_stride(input, op, "input"),
+                   quant_row_stride(result, op, "result")};
+}
+
 inline QuantRows check_static_scaled_int8_quant(const at::Tensor& out, const at::Tensor& input,
                                                 const at::Tensor& scale,
                                                 const std::optional<at::Tensor>& azp) {

@@ -9,7 +9,8 @@
 #include <ATen/core/Tensor.h>
 
 // scaled_fp8_quant's three forms, scaled_int8_quant's two, the 1 x group_size activation
-// quantization of block-fp8 GEMMs, and RMSNorm fused with the per-token fp8 quantization.
+// quantization of block-fp8 GEMMs, and RMSNorm / silu_and_mul fused with the per-token fp8
+// quantization.
 #define PYORCH_DECLARE_QUANT_OPS                                                                   \
   void static_scaled_fp8_quant(at::Tensor& out, const at::Tensor& input, const at::Tensor& scale); \
   void dynamic_scaled_fp8_quant(at::Tensor& out, const at::Tensor& input, at::Tensor& scale);      \
@@ -26,7 +27,10 @@
   void rms_norm_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& input,               \
                                         const at::Tensor& weight, at::Tensor& scale,               \
                                         double epsilon, const std::optional<at::Tensor>& scale_ub, \
-                                        std::optional<at::Tensor> residual);
+                                        std::optional<at::Tensor> residual);                       \
+  void silu_and_mul_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& input,           \
+                                            at::Tensor& scale,                                     \
+                                            const std::optional<at::Tensor>& scale_ub);
 
 // The scaled GEMMs (CUDA: CUTLASS, in the wt-fp8gemm adapters).
 #define PYORCH_DECLARE_SCALED_MM_OPS                                                          \

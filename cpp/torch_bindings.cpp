@@ -248,6 +248,12 @@ TORCH_LIBRARY(pyorch, m) {
   m.def(
       "rms_norm_dynamic_per_token_quant(Tensor! result, Tensor input, Tensor weight, Tensor! "
       "scale, float epsilon, Tensor? scale_ub, Tensor!? residual) -> ()");
+  // silu_and_mul then the per-token fp8 quantization of its rows, rounded as silu_and_mul rounds
+  // them (pyorch's op; vLLM's silu_and_mul_quant takes a static scale): input [..., 2 * d] (gate
+  // then up), result float8_e4m3fn [..., d], scale [num_tokens, 1] (capped by scale_ub as above).
+  m.def(
+      "silu_and_mul_dynamic_per_token_quant(Tensor! result, Tensor input, Tensor! scale, Tensor? "
+      "scale_ub) -> ()");
   m.def("static_scaled_int8_quant(Tensor! result, Tensor input, Tensor scale, Tensor? azp) -> ()");
   m.def(
       "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor!? azp) -> "
@@ -336,6 +342,8 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("per_token_group_fp8_quant", c10::kCPU, &pyorch::cpu::per_token_group_fp8_quant);
   m.impl("rms_norm_dynamic_per_token_quant", c10::kCPU,
          &pyorch::cpu::rms_norm_dynamic_per_token_quant);
+  m.impl("silu_and_mul_dynamic_per_token_quant", c10::kCPU,
+         &pyorch::cpu::silu_and_mul_dynamic_per_token_quant);
   m.impl("cutlass_scaled_mm", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm);
   m.impl("cutlass_scaled_mm_azp", c10::kCPU, &pyorch::cpu::cutlass_scaled_mm_azp);
   m.impl("ggml_dequantize", c10::kCPU, &pyorch::cpu::ggml_dequantize);
@@ -388,6 +396,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("dynamic_scaled_int8_quant", c10::kCUDA, &dynamic_scaled_int8_quant);
   m.impl("per_token_group_fp8_quant", c10::kCUDA, &per_token_group_fp8_quant);
   m.impl("rms_norm_dynamic_per_token_quant", c10::kCUDA, &rms_norm_dynamic_per_token_quant);
+  m.impl("silu_and_mul_dynamic_per_token_quant", c10::kCUDA, &silu_and_mul_dynamic_per_token_quant);
   m.impl("gptq_marlin_repack", c10::kCUDA, &gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCUDA, &awq_marlin_repack);
   m.impl("gptq_marlin_gemm", c10::kCUDA, &gptq_marlin_gemm);

@@ -3,6 +3,7 @@
 Every op mutates its output arguments in place and returns None, like vLLM's _custom_ops.
 """
 
+import math
 from typing import Optional
 
 import torch
@@ -815,6 +816,25 @@ def rms_norm_dynamic_per_token_quant(
                          dtype=torch.float32)
     _ops.rms_norm_dynamic_per_token_quant(output, input, weight, scales, epsilon, scale_ub,
                                           residual)
+    return output, scales
+
+
+def silu_and_mul_dynamic_per_token_quant(
+    input: torch.Tensor,
+    quant_dtype: torch.dtype = FP8_DTYPE,
+    scale_ub: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """silu(gate) * up, then per-token dynamic fp8 quantization of those rows, in one op:
+    input [..., 2 * d] (gate then up) -> (output [..., d] quant_dtype, scales [num_tokens, 1]
+    float32, each row's absmax capped at `scale_ub` when given). The product is rounded to input's
+    dtype as silu_and_mul rounds it, so the result equals silu_and_mul followed by
+    scaled_fp8_quant(use_per_token_if_dynamic=True) bit for bit. Only float8_e4m3fn is supported
+    as quant_dtype."""
+    output = torch.empty((*input.shape[:-1], input.shape[-1] // 2), device=input.device,
+                         dtype=quant_dtype)
+    scales = torch.empty((math.prod(input.shape[:-1]), 1), device=input.device,
+                         dtype=torch.float32)
+    _ops.silu_and_mul_dynamic_per_token_quant(output, input, scales, scale_ub)
     return output, scales
 
 

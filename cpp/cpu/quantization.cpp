@@ -12,6 +12,7 @@
 #include <ATen/TensorOperators.h>
 #include <c10/util/Float8_e4m3fn.h>
 
+#include "act_quant.h"
 #include "cpu/cpu_utils.h"
 #include "norm_quant.h"
 #include "ops.h"
@@ -247,7 +248,8 @@ void cutlass_scaled_mm_azp(at::Tensor& out, const at::Tensor& a, const at::Tenso
 
 namespace {
 
-struct CpuNormQuantOps {
+// The CPU ops that the fused quantizations compose (cpp/norm_quant.h, cpp/act_quant.h).
+struct CpuComposedOps {
   static void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                        double eps) {
     pyorch::cpu::rms_norm(out, input, weight, eps);
@@ -261,6 +263,9 @@ struct CpuNormQuantOps {
                                                  const std::optional<at::Tensor>& scale_ub) {
     pyorch::cpu::dynamic_per_token_scaled_fp8_quant(out, input, scales, scale_ub);
   }
+  static void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
+    pyorch::cpu::silu_and_mul(out, input);
+  }
 };
 
 }  // namespace
@@ -270,8 +275,15 @@ void rms_norm_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& inpu
                                       const std::optional<at::Tensor>& scale_ub,
                                       std::optional<at::Tensor> residual) {
   check_rms_norm_dynamic_per_token_quant(result, input, weight, scale, scale_ub, residual);
-  rms_norm_dynamic_per_token_quant_composed<CpuNormQuantOps>(result, input, weight, scale, epsilon,
-                                                             scale_ub, residual);
+  rms_norm_dynamic_per_token_quant_composed<CpuComposedOps>(result, input, weight, scale, epsilon,
+                                                            scale_ub, residual);
+}
+
+void silu_and_mul_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& input,
+                                          at::Tensor& scale,
+                                          const std::optional<at::Tensor>& scale_ub) {
+  check_silu_and_mul_dynamic_per_token_quant(result, input, scale, scale_ub);
+  silu_and_mul_dynamic_per_token_quant_composed<CpuComposedOps>(result, input, scale, scale_ub);
 }
 
 }  // namespace pyorch::cpu

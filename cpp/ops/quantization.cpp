@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "act_quant.h"
 #include "common.h"
 #include "norm_quant.h"
 #include "ops.h"
@@ -92,7 +93,9 @@ void per_token_group_fp8_quant(const at::Tensor& input, at::Tensor& output_q, at
 
 namespace {
 
-struct CudaNormQuantOps {
+// The CUDA ops that the fused quantizations compose (cpp/norm_quant.h, cpp/act_quant.h) where
+// their kernels do not take the rows.
+struct CudaComposedOps {
   static void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
                        double eps) {
     ::rms_norm(out, input, weight, eps);
@@ -106,6 +109,7 @@ struct CudaNormQuantOps {
                                                  const std::optional<at::Tensor>& scale_ub) {
     ::dynamic_per_token_scaled_fp8_quant(out, input, scales, scale_ub);
   }
+  static void silu_and_mul(at::Tensor& out, const at::Tensor& input) { ::silu_and_mul(out, input); }
 };
 
 }  // namespace
@@ -127,8 +131,8 @@ void rms_norm_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& inpu
   if (!pyorch::rms_norm_dynamic_per_token_fp8_quant_supported(
           input_dtype(input), r.hidden, result.data_ptr(), input.const_data_ptr(), res,
           weight.const_data_ptr(), r.out_stride, r.in_stride, res_stride)) {
-    pyorch::rms_norm_dynamic_per_token_quant_composed<CudaNormQuantOps>(
-        result, input, weight, scale, epsilon, scale_ub, residual);
+    pyorch::rms_norm_dynamic_per_token_quant_composed<CudaComposedOps>(result, input, weight, scale,
+                                                                       epsilon, scale_ub, residual);
     return;
   }
   PYORCH_CHECK_CUDA(pyorch::rms_norm_dynamic_per_token_fp8_quant(
@@ -136,4 +140,26 @@ void rms_norm_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& inpu
       weight.const_data_ptr(), scale_ub ? scale_ub->const_data_ptr<float>() : nullptr,
       input_dtype(input), r.num_tokens, r.hidden, r.out_stride, r.in_stride, res_stride,
       static_cast<float>(epsilon), c10::cuda::getCurrentCUDAStream()));
+}
+
+// One kernel for rows it takes (silu_and_mul_dynamic_per_token_fp8_quant_supported), else
+// silu_and_mul and the quantization in turn (cpp/act_quant.h): the same bits either way.
+void silu_and_mul_dynamic_per_token_quant(at::Tensor& result, const at::Tensor& input,
+                                          at::Tensor& scale,
+                                          const std::optional<at::Tensor>& scale_ub) {
+  check_cuda(input, "silu_and_mul_dynamic_per_token_quant");
+  const pyorch::QuantRows r =
+      pyorch::check_silu_and_mul_dynamic_per_token_quant(result, input, scale, scale_ub);
+  const c10::cuda::OptionalCUDAGuard guard(input.device());
+  if (!pyorch::silu_and_mul_dynamic_per_token_fp8_quant_supported(
+          input_dtype(input), r.hidden, result.data_ptr(), input.const_data_ptr(), r.out_stride,
+          r.in_stride)) {
+    pyorch::silu_and_mul_dynamic_per_token_quant_composed<CudaComposedOps>(result, input, scale,
+                                                                           scale_ub);
+    return;
+  }
+  PYORCH_CHECK_CUDA(pyorch::silu_and_mul_dynamic_per_token_fp8_quant(
+      result.data_ptr(), scale.data_ptr<float>(), input.const_data_ptr(),
+      scale_ub ? scale_ub->const_data_ptr<float>() : nullptr, input_dtype(input), r.num_tokens,
+      r.hidden, r.out_stride, r.in_stride, c10::cuda::getCurrentCUDAStream()));
 }

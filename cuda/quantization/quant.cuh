@@ -90,14 +90,14 @@ __global__ void fp8_quant_rows_kernel(uint8_t* __restrict__ out,        // [num_
   }
 }
 
-// Quantizes a row held in registers (vector j of thread i is row vector i + j * kQuantThreads,
+// Quantizes a row held in registers (vector j of thread i is row vector i + j * NUM_THREADS,
 // num_vecs of them) with scale s and stores it as e4m3 bytes, VEC per store.
-template <typename T, int VEC, int VPT>
+template <typename T, int VEC, int VPT, int NUM_THREADS = kQuantThreads>
 __device__ __forceinline__ void store_fp8_row(uint8_t* __restrict__ o, const Vec<T, VEC> (&x)[VPT],
                                               int num_vecs, float s) {
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
-    const int v = threadIdx.x + j * kQuantThreads;
+    const int v = threadIdx.x + j * NUM_THREADS;
     if (v < num_vecs) {
       Vec<uint8_t, VEC> q;
 #pragma unroll

@@ -28,7 +28,11 @@ from pyorch.layers.fused_linear import (
 from pyorch.layers.layernorm import RMSNorm
 from pyorch.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pyorch.layers.quantization import QuantizationConfig
-from pyorch.layers.quantization.utils.w8a8_utils import Fp8Activation, rms_norm_fp8_input
+from pyorch.layers.quantization.utils.w8a8_utils import (
+    Fp8Activation,
+    rms_norm_fp8_input,
+    silu_and_mul_fp8_input,
+)
 from pyorch.layers.rotary_embedding import get_rope, get_rope_params
 from pyorch.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pyorch.models.utils import LLAMA_STACKED_PARAMS, load_stacked_weights
@@ -83,7 +87,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:  # [T, hidden] -> same
         if isinstance(x, Fp8Activation):  # quantized by the norm before (rms_norm_fp8_input)
-            return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+            return self.down_proj(self._act(self.gate_up_proj(x)))
         if self._silu_fused is None:  # after the weights are loaded: the first forward
             self._silu_fused = (self.gate_up_proj.tp_size > 1
                                 and isinstance(self.act_fn, SiluAndMul)
@@ -92,7 +96,19 @@ class LlamaMLP(nn.Module):
             # Tensor-parallel decode: the one-rank path fuses the whole layer
             # (LlamaDecoderLayer.forward_fused); here SiLU-and-mul joins gate_up's GEMM.
             return self.down_proj(linear_silu_and_mul(x, self.gate_up_proj))
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.down_proj(self._act(self.gate_up_proj(x)))
+
+    def _act(
+        self, gate_up: torch.Tensor,  # [T, 2 * intermediate / tp]
+    ) -> torch.Tensor | Fp8Activation:  # [T, intermediate / tp]: down_proj's input
+        """act(gate) * up; for SiLU in front of an fp8 down_proj that quantizes its input per
+        token (more than FP8_SKINNY_MAX_TOKENS rows), that product quantized in the same kernel
+        (silu_and_mul_fp8_input), the same bits as down_proj's own quantization."""
+        if isinstance(self.act_fn, SiluAndMul):
+            fp8_act = silu_and_mul_fp8_input(gate_up, self.down_proj)
+            if fp8_act is not None:
+                return fp8_act
+        return self.act_fn(gate_up)
 
 
 class LlamaAttention(nn.Module):

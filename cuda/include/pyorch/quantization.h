@@ -53,6 +53,24 @@ cudaError_t rms_norm_dynamic_per_token_fp8_quant(
     const float* scale_ub, DType dtype, int64_t num_tokens, int64_t hidden, int64_t out_stride,
     int64_t in_stride, int64_t residual_stride, float eps, cudaStream_t stream);
 
+// silu_and_mul then dynamic per-token fp8 quantization of its rows in one kernel (pyorch's
+// silu_and_mul_dynamic_per_token_quant): in [num_tokens, 2 * d] (gate then up, row stride
+// in_stride) -> out [num_tokens, d] e4m3 bytes (out_stride), scales [num_tokens] fp32, scale_ub
+// [1] fp32 or null. silu(gate) * up is rounded to dtype as act_and_mul rounds it (the same
+// expression), then quantized as dynamic_per_token_scaled_fp8_quant quantizes it: the same bits
+// as those two ops on this device. Only for rows the register-resident kernel takes
+// (..._supported: 16-byte aligned input rows, d a multiple of the 16-byte vector, at most 4
+// vectors a thread of 1024: d <= 32768 bf16 / fp16, 16384 fp32); otherwise cudaErrorInvalidValue,
+// and the caller runs the two ops.
+bool silu_and_mul_dynamic_per_token_fp8_quant_supported(DType dtype, int64_t d, const void* out,
+                                                        const void* in, int64_t out_stride,
+                                                        int64_t in_stride);
+cudaError_t silu_and_mul_dynamic_per_token_fp8_quant(void* out, float* scales, const void* in,
+                                                     const float* scale_ub, DType dtype,
+                                                     int64_t num_tokens, int64_t d,
+                                                     int64_t out_stride, int64_t in_stride,
+                                                     cudaStream_t stream);
+
 // out (int8) = saturate(round(in / scale[0]) + azp[0]); azp: [1] int32 or null (symmetric).
 cudaError_t static_scaled_int8_quant(int8_t* out, const void* in, const float* scale,
                                      const int32_t* azp, DType dtype, int64_t num_tokens,

@@ -1,7 +1,8 @@
 """The quantization ops (scaled_fp8_quant, scaled_int8_quant, per_token_group_quant_fp8,
-rms_norm_dynamic_per_token_quant, cutlass_scaled_mm, cutlass_scaled_mm_azp) on CPU and CUDA
-against the float64 reference (tests/reference/quantization.py, norm.py) and, for the fused norm,
-against the two ops it fuses.
+rms_norm_dynamic_per_token_quant, silu_and_mul_dynamic_per_token_quant, cutlass_scaled_mm,
+cutlass_scaled_mm_azp) on CPU and CUDA against the float64 reference
+(tests/reference/quantization.py, norm.py, activation.py) and, for the fused norm and activation,
+against the two ops each fuses.
 
 The quantizers are exact: every step is one correctly rounded fp32 operation, so the quantized
 values and scales must equal the reference bit for bit. The GEMMs accumulate in fp32 (fp8) or
@@ -14,6 +15,7 @@ import torch
 
 from pyorch import _ops
 from tests.conftest import DEVICES, tol
+from tests.reference import activation as ref_act
 from tests.reference import norm as ref_norm
 from tests.reference import quantization as ref
 
@@ -232,6 +234,120 @@ def test_rms_norm_dynamic_per_token_quant_rejects_bad_input(device: str):
     with pytest.raises(RuntimeError, match="scale dtype must be Float"):
         torch.ops.pyorch.rms_norm_dynamic_per_token_quant(
             out, x, w, torch.empty(4, 1, device=device, dtype=torch.float64), 1e-5, None, None)
+
+
+# ---- silu_and_mul + per-token fp8 quantization -------------------------------------------------
+# (num_tokens, d): d of 1 and 7 (off the 16-byte vector), 136 and 4104 (one and two vectors a
+# thread on CUDA's fused kernel), Llama-3-8B's 14336, and 40000 (past 16 vectors a thread for
+# 16-bit types: CUDA runs the two ops).
+ACT_SHAPES = [(1, 1), (7, 7), (83, 136), (3, 4104), (2, 14336), (2, 40000)]
+# How the [t, 2d] input is laid out: a contiguous tensor, a column window of a wider buffer
+# (16-byte aligned: row stride 2d + 24), the same one element off (CUDA runs the two ops), and a
+# 3-D view [1, t, 2d].
+ACT_LAYOUTS = ["contiguous", "strided", "offset1", "3d"]
+
+
+def _act_input(t: int, d: int, dtype: torch.dtype, device: str, layout: str) -> torch.Tensor:
+    offset = {"strided": 8, "offset1": 1}.get(layout, 0)
+    x = _input(t, 2 * d + 24 if offset else 2 * d, dtype, device, strided=False)
+    x = x[:, offset : offset + 2 * d] if offset else x
+    return x.unsqueeze(0) if layout == "3d" else x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,d", ACT_SHAPES)
+@pytest.mark.parametrize("layout", ACT_LAYOUTS)
+@pytest.mark.parametrize("scale_ub", [None, 0.5])
+def test_silu_and_mul_dynamic_per_token_quant_is_the_two_ops(
+    device: str, dtype: torch.dtype, t: int, d: int, layout: str, scale_ub
+):
+    """The fused op equals silu_and_mul and then the per-token fp8 quantization on the same device
+    bit for bit (on CUDA, aligned rows of whole 16-byte vectors run one kernel, others the two
+    ops), with an all-zero row (the minimum scale), and leaves input alone."""
+    x = _act_input(t, d, dtype, device, layout)
+    x[..., 0, :] = 0
+    x_before = x.clone()
+    ub = None if scale_ub is None else torch.tensor([scale_ub], device=device)
+    act = torch.empty(*x.shape[:-1], d, device=device, dtype=dtype)
+    _ops.silu_and_mul(act, x)
+    expected_q, expected_s = _ops.scaled_fp8_quant(act.reshape(-1, d), scale_ub=ub,
+                                                   use_per_token_if_dynamic=True)
+
+    q, s = _ops.silu_and_mul_dynamic_per_token_quant(x, torch.float8_e4m3fn, scale_ub=ub)
+    assert q.shape == act.shape and s.shape == (t, 1)
+    torch.testing.assert_close(s, expected_s, atol=0, rtol=0)
+    _assert_fp8_equal(q.reshape(-1, d), expected_q)
+    torch.testing.assert_close(x, x_before, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,d", [(3, 4096), (2, 769)])
+@pytest.mark.parametrize("scale_ub", [None, 0.5])
+def test_silu_and_mul_dynamic_per_token_quant_against_float64(device: str, dtype: torch.dtype,
+                                                              t: int, d: int, scale_ub):
+    """Against silu(gate) * up in float64 rounded once to dtype (tests/reference/activation.py),
+    quantized by the float64 reference: the scales within a dtype step of the reference's (the
+    ops' fp32 silu may round the product one step away), the fp8 values (in units of the scale)
+    within one fp8 step of the reference's: half a step of rounding (6.25%) plus the one step the
+    product's last bit can move it across a rounding boundary."""
+    x = _act_input(t, d, dtype, device, "contiguous")
+    exact = ref_act.exact("silu_and_mul", x.cpu())
+    expected_scales = ref.per_token_fp8_scales(exact, scale_ub)
+    ub = None if scale_ub is None else torch.tensor([scale_ub], device=device)
+    q, s = _ops.silu_and_mul_dynamic_per_token_quant(x, scale_ub=ub)
+    torch.testing.assert_close(s.cpu().double(), expected_scales, rtol=1e-2, atol=0)
+    want = (exact.double() / expected_scales).clamp(-448, 448)
+    torch.testing.assert_close(q.cpu().double(), want, rtol=0.13, atol=2.0**-8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_silu_and_mul_dynamic_per_token_quant_rejects_bad_input(device: str):
+    x = torch.randn(4, 64, device=device, dtype=torch.bfloat16)
+    op = torch.ops.pyorch.silu_and_mul_dynamic_per_token_quant
+
+    def outs(d: int = 32, dtype: torch.dtype = torch.float8_e4m3fn, rows: int = 4):
+        return (torch.empty(4, d, device=device, dtype=dtype),
+                torch.empty(rows, 1, device=device, dtype=torch.float32))
+
+    with pytest.raises(RuntimeError, match="an int8 result is not supported"):
+        _ops.silu_and_mul_dynamic_per_token_quant(x, torch.int8)
+    with pytest.raises(RuntimeError, match="result dtype must be Float8_e4m3fn"):
+        _ops.silu_and_mul_dynamic_per_token_quant(x, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="input dtype must be float32, float16 or bfloat16"):
+        _ops.silu_and_mul_dynamic_per_token_quant(x.to(torch.int32))
+    with pytest.raises(RuntimeError, match="last dimension of input .* must be even"):
+        _ops.silu_and_mul_dynamic_per_token_quant(x[:, :63])
+    result, scale = outs(d=64)
+    with pytest.raises(RuntimeError, match="result must be input's shape with the last dimension "
+                                           "halved"):
+        op(result, x, scale, None)
+    result, scale = outs(rows=3)
+    with pytest.raises(RuntimeError, match=r"scale must be contiguous with one value per token "
+                                           r"\(4\)"):
+        op(result, x, scale, None)
+    result, _ = outs()
+    with pytest.raises(RuntimeError, match="scale dtype must be Float"):
+        op(result, x, torch.empty(4, 1, device=device, dtype=torch.float64), None)
+    with pytest.raises(RuntimeError, match="scale_ub must be one float32 value"):
+        _ops.silu_and_mul_dynamic_per_token_quant(x, scale_ub=torch.ones(2, device=device))
+    with pytest.raises(RuntimeError, match="last dimension of input must be contiguous"):
+        _ops.silu_and_mul_dynamic_per_token_quant(torch.randn(64, 4, device=device).t())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_silu_and_mul_dynamic_per_token_quant_opcheck(device: str):
+    """The dispatcher's view of the op (fake tensors, autograd registration, AOT dispatch).
+    Not opcheck's test_schema: its mutation check multiplies the fp8 result, which torch does not
+    implement for float8_e4m3fn ("mul_cpu_reduced_float" not implemented)."""
+    x = torch.randn(5, 2 * 136, device=device, dtype=torch.bfloat16)
+    result = torch.empty(5, 136, device=device, dtype=torch.float8_e4m3fn)
+    scale = torch.empty(5, 1, device=device, dtype=torch.float32)
+    torch.library.opcheck(torch.ops.pyorch.silu_and_mul_dynamic_per_token_quant.default,
+                          (result, x, scale, None),
+                          test_utils=("test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -51,23 +51,31 @@ def use_skinny_fp8(
 class Fp8Activation(NamedTuple):
     """An fp8 linear's input already quantized per token, the way its own dynamic per-token
     quantization would (rms_norm_dynamic_per_token_quant quantizes the norm's output in the norm's
-    kernel): apply_fp8_linear runs the GEMM on it directly."""
+    kernel, silu_and_mul_dynamic_per_token_quant the MLP's activation in its kernel):
+    apply_fp8_linear runs the GEMM on it directly."""
 
     q: torch.Tensor  # [T, K] float8_e4m3fn
     scales: torch.Tensor  # [T, 1] float32
     dtype: torch.dtype  # the activations' dtype, the GEMM's output dtype
 
 
-# Tests turn this off to compare the norms that quantize with the separate quantization.
+# Tests turn these off to compare the fused quantizations with the separate ones: the norms that
+# quantize (rms_norm_fp8_input) and SiLU-and-mul that quantizes (silu_and_mul_fp8_input).
 FUSED_NORM_QUANT = True
+FUSED_ACT_QUANT = True
 
 
-def takes_fp8_activation(linear: nn.Module | None) -> bool:
+def _accepts_fp8_activation(linear: nn.Module | None) -> bool:
     """Whether `linear` would quantize a W8A8 input of more than FP8_SKINNY_MAX_TOKENS rows to fp8
     per token, dynamically (its quant method says so: accepts_fp8_activation)."""
     method = getattr(linear, "quant_method", None)
     accepts = getattr(method, "accepts_fp8_activation", None)
-    return FUSED_NORM_QUANT and accepts is not None and bool(accepts(linear))
+    return accepts is not None and bool(accepts(linear))
+
+
+def takes_fp8_activation(linear: nn.Module | None) -> bool:
+    """_accepts_fp8_activation, while the norms quantize (FUSED_NORM_QUANT)."""
+    return FUSED_NORM_QUANT and _accepts_fp8_activation(linear)
 
 
 def rms_norm_fp8_input(
@@ -85,6 +93,21 @@ def rms_norm_fp8_input(
     q, scales = _ops.rms_norm_dynamic_per_token_quant(
         x, norm.weight, norm.variance_epsilon, torch.float8_e4m3fn, residual=residual)
     return Fp8Activation(q, scales, x.dtype), x if residual is None else residual
+
+
+def silu_and_mul_fp8_input(
+    x: torch.Tensor,  # [T, 2 * d]: gate_up_proj's output, gate then up
+    linear: nn.Module | None,  # the fp8 linear that takes silu(gate) * up (down_proj)
+) -> Fp8Activation | None:
+    """silu(gate) * up quantized per token to fp8 in one op, as `linear` would quantize it; None
+    where linear would not (a decode batch of at most FP8_SKINNY_MAX_TOKENS rows takes bf16
+    activations, or no dynamic per-token fp8 linear), and the caller runs silu_and_mul. The bits
+    equal silu_and_mul and then linear's own quantization."""
+    if (not FUSED_ACT_QUANT or x.dim() != 2 or x.shape[0] <= FP8_SKINNY_MAX_TOKENS
+            or not _accepts_fp8_activation(linear)):
+        return None
+    q, scales = _ops.silu_and_mul_dynamic_per_token_quant(x, torch.float8_e4m3fn)
+    return Fp8Activation(q, scales, x.dtype)
 
 
 def replace_parameter(layer: nn.Module, name: str, value: torch.Tensor) -> None:

@@ -125,6 +125,46 @@ def test_fused_decode_with_fp8_layers_matches_unfused(tmp_path, monkeypatch, dev
     assert (fused.argmax(-1) == unfused.argmax(-1)).float().mean() >= 0.75
 
 
+def _fp8_model(tmp_path, arch: str, source: str, device: str,
+               dtype: torch.dtype) -> torch.nn.Module:
+    """A tiny fp8 model: online fp8, or a compressed-tensors W8A8-FP8 checkpoint with dynamic
+    per-token activations (ct_token_dynamic) or static per-tensor ones (ct_tensor_static)."""
+    from tests.pyorch.layers.quantization.checkpoints import write_compressed_tensors
+
+    if source == "online":
+        return _model(tmp_path, arch, device, dtype).eval()
+    w_strategy, a_strategy, dynamic = (("channel", "token", True) if source == "ct_token_dynamic"
+                                       else ("tensor", "tensor", False))
+    path = write_compressed_tensors(str(tmp_path), arch, "fp8", w_strategy, a_strategy, dynamic)
+    config = ModelConfig(model=path, dtype=dtype, device=device)
+    config.resolve()
+    return get_model(config).eval()
+
+
+def _prefill_logits(model: torch.nn.Module, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """The logits of a prefill of two prompts (13 + 29 rows: past FP8_SKINNY_MAX_TOKENS)."""
+    attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
+    lens = [13, 29]
+    tables, num_blocks = allocate_blocks(lens, BLOCK_SIZE)
+    gen = torch.Generator().manual_seed(3)
+    vocab = model.config.vocab_size if hasattr(model, "config") else 512
+    ids = torch.randint(0, vocab, (sum(lens),), generator=gen).tolist()
+    for layer in attn_layers:
+        shape = (num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size)
+        layer.kv_cache = (torch.zeros(shape, dtype=dtype, device=device),
+                          torch.zeros(shape, dtype=dtype, device=device))
+    meta, positions = build_metadata([0, 0], lens, tables, BLOCK_SIZE, device)
+    with torch.no_grad(), set_forward_context(meta):
+        return model.compute_logits(model(torch.tensor(ids, device=device), positions))
+
+
+def _count_calls(monkeypatch, name: str) -> list:
+    calls: list = []
+    real_op = getattr(_ops, name)
+    monkeypatch.setattr(_ops, name, lambda *a, **k: (calls.append(a), real_op(*a, **k))[1])
+    return calls
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch,source,per_layer", [
     ("llama", "online", 2), ("qwen3", "online", 2), ("qwen3_moe", "online", 1),
@@ -138,44 +178,49 @@ def test_prefill_norms_quantize_for_the_fp8_linears(tmp_path, monkeypatch, devic
     fp8 and compressed-tensors W8A8-FP8 with dynamic per-token activations do; a static input
     scale does not (the linear quantizes with its own scale)."""
     from pyorch.layers.quantization.utils import w8a8_utils
-    from tests.pyorch.layers.quantization.checkpoints import write_compressed_tensors
 
     dtype = torch.bfloat16
-    if source == "online":
-        model = _model(tmp_path, arch, device, dtype).eval()
-    else:
-        w_strategy, a_strategy, dynamic = (("channel", "token", True)
-                                           if source == "ct_token_dynamic"
-                                           else ("tensor", "tensor", False))
-        path = write_compressed_tensors(str(tmp_path), arch, "fp8", w_strategy, a_strategy,
-                                        dynamic)
-        config = ModelConfig(model=path, dtype=dtype, device=device)
-        config.resolve()
-        model = get_model(config).eval()
-    calls = []
-    real_op = _ops.rms_norm_dynamic_per_token_quant
-    monkeypatch.setattr(_ops, "rms_norm_dynamic_per_token_quant",
-                        lambda *a, **k: (calls.append(a), real_op(*a, **k))[1])
-    attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
-    lens = [13, 29]
-    tables, num_blocks = allocate_blocks(lens, BLOCK_SIZE)
-    gen = torch.Generator().manual_seed(3)
-    vocab = model.config.vocab_size if hasattr(model, "config") else 512
-    ids = torch.randint(0, vocab, (sum(lens),), generator=gen).tolist()
-
-    def prefill() -> torch.Tensor:
-        for layer in attn_layers:
-            shape = (num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size)
-            layer.kv_cache = (torch.zeros(shape, dtype=dtype, device=device),
-                              torch.zeros(shape, dtype=dtype, device=device))
-        meta, positions = build_metadata([0, 0], lens, tables, BLOCK_SIZE, device)
-        with torch.no_grad(), set_forward_context(meta):
-            return model.compute_logits(model(torch.tensor(ids, device=device), positions))
-
-    fused = prefill()
-    assert len(calls) == per_layer * len(attn_layers)
+    model = _fp8_model(tmp_path, arch, source, device, dtype)
+    calls = _count_calls(monkeypatch, "rms_norm_dynamic_per_token_quant")
+    num_layers = sum(isinstance(m, Attention) for m in model.modules())
+    fused = _prefill_logits(model, device, dtype)
+    assert len(calls) == per_layer * num_layers
     monkeypatch.setattr(w8a8_utils, "FUSED_NORM_QUANT", False)
     calls.clear()
-    unfused = prefill()
+    unfused = _prefill_logits(model, device, dtype)
+    assert not calls
+    torch.testing.assert_close(fused, unfused, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch,source,per_layer", [
+    ("llama", "online", 1), ("qwen3", "online", 1), ("qwen3_moe", "online", 0),
+    ("llama", "ct_token_dynamic", 1), ("llama", "ct_tensor_static", 0)])
+def test_prefill_mlp_quantizes_for_the_fp8_down_proj(tmp_path, monkeypatch, device, arch, source,
+                                                     per_layer):
+    """A prefill of an fp8 model: a dense MLP's SiLU-and-mul quantizes its output for down_proj's
+    W8A8 GEMM in the same op (silu_and_mul_dynamic_per_token_quant) instead of down_proj's own
+    per-token quantization, whether gate_up_proj's input came quantized from the norm or not, and
+    the logits equal the unfused path's bit for bit. Not in a mixture-of-experts block's experts
+    (qwen3_moe), not for a static input scale."""
+    from pyorch.layers.quantization.utils import w8a8_utils
+
+    dtype = torch.bfloat16
+    model = _fp8_model(tmp_path, arch, source, device, dtype)
+    calls = _count_calls(monkeypatch, "silu_and_mul_dynamic_per_token_quant")
+    num_layers = sum(isinstance(m, Attention) for m in model.modules())
+    fused = _prefill_logits(model, device, dtype)
+    assert len(calls) == per_layer * num_layers
+    if per_layer:  # the rows it quantized: the prefill's, gate then up
+        assert calls[0][0].shape == (13 + 29, 2 * model.model.layers[0].mlp.down_proj.input_size)
+    # The MLP's input unquantized (gate_up_proj quantizes it): the activation still fuses.
+    monkeypatch.setattr(w8a8_utils, "FUSED_NORM_QUANT", False)
+    calls.clear()
+    torch.testing.assert_close(_prefill_logits(model, device, dtype), fused, atol=0, rtol=0)
+    assert len(calls) == per_layer * num_layers
+    monkeypatch.setattr(w8a8_utils, "FUSED_NORM_QUANT", True)
+    monkeypatch.setattr(w8a8_utils, "FUSED_ACT_QUANT", False)
+    calls.clear()
+    unfused = _prefill_logits(model, device, dtype)
     assert not calls
     torch.testing.assert_close(fused, unfused, atol=0, rtol=0)
