@@ -80,7 +80,9 @@
                          const std::optional<at::Tensor>& norm_weight, double epsilon,            \
                          int64_t epilogue, std::optional<bool> pdl);                              \
   void apply_token_bitmask_inplace(at::Tensor& logits, const at::Tensor& bitmask,                 \
-                                   const std::optional<at::Tensor>& indices);
+                                   const std::optional<at::Tensor>& indices);                     \
+  void random_sample_from_logits(at::Tensor& out, const at::Tensor& logits,                       \
+                                 const at::Tensor& temperature, const at::Tensor& seeds);
 
 // Mixture of experts (cpp/cpu/moe.cpp, cpp/ops/moe.cpp).
 #define PYORCH_DECLARE_MOE_OPS                                                                     \

@@ -196,6 +196,13 @@ TORCH_LIBRARY(pyorch, m) {
   // rows r in indices (all rows when None). logits: [num_rows, vocab_size] fp32/fp16/bf16;
   // bitmask: [num_rows, ceil(vocab_size / 32)] int32; indices: [k] int32.
   m.def("apply_token_bitmask_inplace(Tensor! logits, Tensor bitmask, Tensor? indices) -> ()");
+  // One token per row from softmax(logits / temperature) by the exponential race with Philox
+  // noise keyed by seeds (cuda/include/pyorch/sampling.h); temperature <= 0: the row's argmax.
+  // out: [num_rows] int64; logits: [num_rows, vocab_size] fp32/fp16/bf16; temperature:
+  // [num_rows] float32; seeds: [num_rows] int64.
+  m.def(
+      "random_sample_from_logits(Tensor! out, Tensor logits, Tensor temperature, Tensor seeds) "
+      "-> ()");
 
   // ---- MoE decode pair and grouped top-k (cuda/include/pyorch/moe_decode.h) ------------------
   // Few tokens: out [M, H] = sum over the pairs f of token t of topk_weights[t, j] * (act[f] @
@@ -329,6 +336,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("fused_moe_decode", c10::kCPU, &pyorch::cpu::fused_moe_decode);
   m.impl("grouped_topk", c10::kCPU, &pyorch::cpu::grouped_topk);
   m.impl("apply_token_bitmask_inplace", c10::kCPU, &pyorch::cpu::apply_token_bitmask_inplace);
+  m.impl("random_sample_from_logits", c10::kCPU, &pyorch::cpu::random_sample_from_logits);
   m.impl("gptq_marlin_repack", c10::kCPU, &pyorch::cpu::gptq_marlin_repack);
   m.impl("awq_marlin_repack", c10::kCPU, &pyorch::cpu::awq_marlin_repack);
   m.impl("gptq_marlin_gemm", c10::kCPU, &pyorch::cpu::gptq_marlin_gemm);
@@ -388,6 +396,7 @@ TORCH_LIBRARY(pyorch, m) {
   m.impl("fused_moe_decode", c10::kCUDA, &fused_moe_decode);
   m.impl("grouped_topk", c10::kCUDA, &grouped_topk);
   m.impl("apply_token_bitmask_inplace", c10::kCUDA, &apply_token_bitmask_inplace);
+  m.impl("random_sample_from_logits", c10::kCUDA, &random_sample_from_logits);
   // quantization (the scaled GEMMs' CUTLASS adapters add theirs below)
   m.impl("static_scaled_fp8_quant", c10::kCUDA, &static_scaled_fp8_quant);
   m.impl("dynamic_scaled_fp8_quant", c10::kCUDA, &dynamic_scaled_fp8_quant);

@@ -756,6 +756,29 @@ def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor,
     _ops.apply_token_bitmask_inplace(logits, bitmask, indices)
 
 
+def random_sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor,
+                              seeds: torch.Tensor) -> torch.Tensor:
+    """One token per row from softmax(logits[r] / temperature[r]), in one pass over the logits.
+
+    The exponential race: out[r] is the first index of the largest logits[r, j] / temperature[r]
+    - log(-log(u)), u from Philox4x32-10 keyed by seeds[r] at counter j // 4 (word j % 4),
+    centred on a 2^-23 grid (``pyorch/philox.h``); the CPU and CUDA kernels compute the same
+    words and float32 expression. A row with temperature <= 0 is greedy (its argmax). NaN is the
+    largest value, as for ``torch.argmax``.
+
+    Parameters
+    ----------
+    logits : [num_rows, vocab_size] float32/float16/bfloat16, last dimension contiguous.
+    temperature : [num_rows] float32.  seeds : [num_rows] int64 (the bits are the Philox key).
+
+    Returns [num_rows] int64.
+    """
+    out = torch.empty(logits.shape[0] if logits.dim() > 0 else 0, dtype=torch.int64,
+                      device=logits.device)
+    _ops.random_sample_from_logits(out, logits, temperature, seeds)
+    return out
+
+
 # ---- quantization (vLLM's _custom_ops names and signatures) --------------------------------------
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max

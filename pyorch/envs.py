@@ -29,17 +29,25 @@ def _flag(name: str, default: bool) -> Callable[[], bool]:
     return get
 
 
-def _split_mode() -> str:
-    """PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT as the C API's mode: 'auto', 'on' or 'off'."""
-    value = (os.environ.get("PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT") or "auto").lower()
-    if value == "auto":
-        return value
-    try:
-        on = _flag("PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT", False)()
-    except ValueError:
-        raise ValueError(f"PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT={value!r}: expected auto, 0/1, "
-                         "true/false, yes/no or on/off") from None
-    return "on" if on else "off"
+def _tri_state(name: str) -> Callable[[], str]:
+    """An 'auto' / 'on' / 'off' switch: unset or auto, else a flag's spellings."""
+
+    def get() -> str:
+        value = (os.environ.get(name) or "auto").lower()
+        if value == "auto":
+            return value
+        try:
+            on = _flag(name, False)()
+        except ValueError:
+            raise ValueError(f"{name}={value!r}: expected auto, 0/1, true/false, yes/no or "
+                             "on/off") from None
+        return "on" if on else "off"
+
+    return get
+
+
+# PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT as the C API's mode: 'auto', 'on' or 'off'.
+_split_mode = _tri_state("PYORCH_FUSED_ALLREDUCE_RMS_NORM_SPLIT")
 
 
 def _rows(name: str) -> Callable[[], Optional[int]]:
@@ -111,6 +119,13 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         "how the fused all-reduce + RMSNorm spreads a row: `auto` (default) splits each of at "
         "most 4 rows over up to 8 blocks per rank, which exchange partial sums of squares; `1` "
         "splits wherever the blocks fit, `0` never (one block per row group; for comparisons)"),
+    "PYORCH_FUSED_SAMPLER": (
+        _tri_state("PYORCH_FUSED_SAMPLER"),
+        "whether random rows whose only knob is the temperature are drawn by the one-pass "
+        "`random_sample_from_logits` kernel (`1`) or by the unfused exponential race (`0`: a "
+        "float32 copy, a noise tensor and five more passes over [rows, vocab]); `auto` "
+        "(default): on for CPU logits, off for CUDA logits until its CUDA kernel has run on a "
+        "GPU (it has not yet)"),
     "PYORCH_SKINNY_GEMM_LEGACY_PICKS": (
         _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
         "`1` launches the fp16/bf16 and fp8-weight decode GEMMs with their picks from before "

@@ -1,4 +1,5 @@
-// CUDA adapter of apply_token_bitmask_inplace: check, guard, stream, call cuda/, check status.
+// CUDA adapters of apply_token_bitmask_inplace and random_sample_from_logits: check, guard, stream,
+// call cuda/, check status.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -22,4 +23,17 @@ void apply_token_bitmask_inplace(at::Tensor& logits, const at::Tensor& bitmask,
       pyorch::to_pyorch_dtype(logits.scalar_type()), logits.size(0),
       indices.has_value() ? indices->numel() : logits.size(0), logits.size(1), logits.stride(0),
       bitmask.stride(0), c10::cuda::getCurrentCUDAStream()));
+}
+
+// out: [num_rows] int64; logits: [num_rows, vocab_size]; temperature: [num_rows] float32;
+// seeds: [num_rows] int64.
+void random_sample_from_logits(at::Tensor& out, const at::Tensor& logits,
+                               const at::Tensor& temperature, const at::Tensor& seeds) {
+  TORCH_CHECK(logits.is_cuda(), "random_sample_from_logits: tensors must be on a CUDA device");
+  pyorch::check_random_sample(out, logits, temperature, seeds);
+  const c10::cuda::OptionalCUDAGuard guard(logits.device());
+  PYORCH_CHECK_CUDA(pyorch::random_sample_from_logits(
+      out.data_ptr<int64_t>(), logits.const_data_ptr(), temperature.const_data_ptr<float>(),
+      seeds.const_data_ptr<int64_t>(), pyorch::to_pyorch_dtype(logits.scalar_type()),
+      logits.size(0), logits.size(1), logits.stride(0), c10::cuda::getCurrentCUDAStream()));
 }

@@ -8,7 +8,9 @@ Per step the model runner builds a `SamplingMetadata` from one `SamplingRow` per
 3. penalties: repetition (prompt + output), frequency and presence (output);
 4. greedy rows take the argmax; random rows get temperature, min_p, top_k / top_p, then are
    sampled by the exponential race argmax(probs / q), q ~ Exp(1). A seeded row draws its q from
-   its own generator, so its tokens depend only on its seed and its own logits;
+   its own generator, so its tokens depend only on its seed and its own logits. A batch whose
+   only knob is the temperature (vLLM's benchmark sampling, plain chat requests) is drawn in one
+   kernel over the raw logits instead (`fused_draw`: Philox noise, no float32 copy);
 5. top-N logprobs plus the sampled token's logprob and rank (from step 1).
 
 Only seeded rows loop (one noise draw each); sparse per-row inputs (bad words, min_tokens,
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pyorch import _ops, envs
 from pyorch.core_types import LogprobsLists
 from pyorch.sampling_params import SamplingParams
 
@@ -135,6 +138,13 @@ class SamplingMetadata:
     allowed_token_ids_mask: torch.Tensor | None  # [num_rows, vocab_size] bool, True = banned
     banned: tuple[torch.Tensor, torch.Tensor] | None  # ([num_bans] row, [num_bans] token)
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # ([n] row, [n] token, [n] f32)
+    # Random rows whose only knob is the temperature (no min_p, top_k, top_p) are drawn by the
+    # one-pass kernel (fused_draw), always, whatever the rest of the batch. num_fused counts them
+    # (0 with PYORCH_FUSED_SAMPLER=0); when only some random rows are, fused_rows marks them
+    # ([num_rows] bool) and fused_host is the same on the host.
+    num_fused: int = 0
+    fused_rows: torch.Tensor | None = None
+    fused_host: list[bool] | None = None
 
     @classmethod
     def from_requests(
@@ -178,7 +188,7 @@ def _random_knobs(
 ) -> dict:
     """temperature, top_k, top_p, min_p and generators: each None/empty when no row uses it."""
     knobs: dict = dict(temperature=None, top_k=None, max_top_k=0, top_p=None, min_p=None,
-                       generators={})
+                       generators={}, num_fused=0, fused_rows=None, fused_host=None)
     if all(greedy):
         return knobs
     params = [r.params for r in rows]
@@ -193,6 +203,13 @@ def _random_knobs(
         knobs["top_p"] = _tensor([p.top_p for p in params], torch.float32, device)
     if any(p.min_p > _SAMPLING_EPS for p in params):
         knobs["min_p"] = _tensor([p.min_p for p in params], torch.float32, device)
+    if fused_sampler_on(device):
+        fused = [not g and k >= vocab_size and p.top_p >= 1.0 and p.min_p <= _SAMPLING_EPS
+                 for g, k, p in zip(greedy, ks, params, strict=True)]
+        knobs["num_fused"] = sum(fused)
+        if 0 < knobs["num_fused"] < len(fused) - sum(greedy):
+            knobs["fused_rows"] = _tensor(fused, torch.bool, device)
+            knobs["fused_host"] = fused
     for i, (g, r) in enumerate(zip(greedy, rows, strict=True)):
         if not g and r.params.seed is not None:
             if r.generator is None:
@@ -383,6 +400,13 @@ class Sampler(nn.Module):
             # Plain greedy: argmax of the model's own dtype (the float32 upcast is exact, so the
             # pick is the same) without a float32 copy of the logits.
             return SamplerOutput(sampled_token_ids=argmax_rows(logits), logprobs=None)
+        if fused_draw_applies(metadata):  # every random row fused, no edit of the logits
+            sampled = fused_draw(logits, metadata)
+            logprobs = None
+            if raw_logprobs is not None:
+                assert metadata.max_num_logprobs is not None
+                logprobs = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
+            return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
         logits = logits.to(torch.float32, copy=True)
         if metadata.allowed_token_ids_mask is not None:
             logits.masked_fill_(metadata.allowed_token_ids_mask, float("-inf"))
@@ -417,15 +441,66 @@ class Sampler(nn.Module):
             assert greedy is not None
             return greedy
         assert metadata.temperature is not None
+        fused = None
+        if metadata.num_fused:  # the kernel's rows (the logits' edits are already in)
+            fused = fused_draw(logits, metadata)
+            if metadata.fused_rows is None:  # every random row is the kernel's
+                return fused
         logits.div_(metadata.temperature.unsqueeze(1))
         if metadata.min_p is not None:
             apply_min_p(logits, metadata.min_p)
         apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, metadata.max_top_k)
-        sampled = exponential_race(logits, metadata.generators)
+        generators = metadata.generators
+        if fused is not None:  # the kernel's seeded rows drew their seeds there
+            generators = {row: g for row, g in generators.items() if not _is_fused(metadata, row)}
+        sampled = exponential_race(logits, generators)
+        if fused is not None:
+            assert metadata.fused_rows is not None
+            sampled = torch.where(metadata.fused_rows, fused, sampled)
         if greedy is None:
             return sampled
         assert metadata.greedy_mask is not None
         return torch.where(metadata.greedy_mask, greedy, sampled)
+
+
+def fused_sampler_on(device: torch.device) -> bool:
+    """PYORCH_FUSED_SAMPLER: on, off, or auto (on for CPU logits; off for CUDA logits until the
+    CUDA kernel of random_sample_from_logits has run on a GPU: it was written without one)."""
+    mode = envs.PYORCH_FUSED_SAMPLER
+    return mode == "on" or (mode == "auto" and device.type != "cuda")
+
+
+def _is_fused(metadata: SamplingMetadata, row: int) -> bool:
+    return metadata.num_fused > 0 and (metadata.fused_host is None or metadata.fused_host[row])
+
+
+def fused_draw_applies(metadata: SamplingMetadata) -> bool:
+    """Whether every random row is the kernel's and nothing edits the logits (no mask, bias or
+    penalty on any row): then `fused_draw` samples the raw logits, with no float32 copy."""
+    return (metadata.num_fused > 0 and metadata.fused_rows is None
+            and metadata.allowed_token_ids_mask is None and metadata.banned is None
+            and metadata.bias is None and metadata.no_penalties)
+
+
+def fused_draw(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """The exponential race of `Sampler.sample` in one kernel (`_ops.random_sample_from_logits`):
+    no float32 copy and no [rows, vocab] noise tensor. Each row's Exp(1) noise comes from Philox
+    keyed by a 64-bit seed drawn per step: from the row's own generator for a seeded row (one
+    draw a step, so its tokens depend only on its seed and its logits: a row whose only knob is
+    the temperature is always the kernel's), else from torch's default generator. Greedy rows
+    (temperature 0 here) take their argmax; the rows that are not the kernel's get a token the
+    caller discards. The draws differ from `exponential_race`'s; both are exact."""
+    assert metadata.temperature is not None
+    temperature = metadata.temperature
+    if metadata.greedy_mask is not None:
+        temperature = temperature.masked_fill(metadata.greedy_mask, 0.0)
+    seeds = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    if len(metadata.generators) != logits.shape[0]:
+        seeds.random_()
+    for row, generator in metadata.generators.items():
+        if _is_fused(metadata, row):
+            seeds[row:row + 1].random_(generator=generator)
+    return _ops.random_sample_from_logits(logits, temperature, seeds)
 
 
 # A batch of more rows than this many elements' worth of vocabulary rows is sampled in chunks of

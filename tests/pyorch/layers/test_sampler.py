@@ -137,10 +137,11 @@ def test_per_row_knobs_in_one_batch(device):
     assert (out[2000:] == logits[0].argmax()).all()
 
 
-def _seeded_run(device, logits_steps, batch_builder, seed=1234, position=0):
-    """Sample a seeded request for several steps inside changing batches; return its tokens."""
+def _seeded_run(device, logits_steps, batch_builder, seed=1234, position=0, params=None):
+    """Sample a seeded request (by default with top_p) for several steps inside changing
+    batches; return its tokens. Rows with a presence penalty have outputs to penalize."""
     generator = make_generator(seed, device)
-    params = SamplingParams(seed=seed, temperature=0.8, top_p=0.9)
+    params = params or SamplingParams(seed=seed, temperature=0.8, top_p=0.9)
     tokens = []
     for step, step_logits in enumerate(logits_steps):
         others = batch_builder(step)
@@ -150,7 +151,8 @@ def _seeded_run(device, logits_steps, batch_builder, seed=1234, position=0):
         generators = {i: make_generator(p.seed, device) for i, p in enumerate(batch_params)
                       if p.seed is not None}
         generators[position] = generator
-        out = _sample(logits, batch_params, device, generators=generators)
+        outputs = {i: [1, 2, 2] for i, p in enumerate(batch_params) if p.presence_penalty}
+        out = _sample(logits, batch_params, device, outputs=outputs, generators=generators)
         tokens.append(out.sampled_token_ids[position].item())
     return tokens
 
@@ -455,3 +457,69 @@ def test_sample_rows_in_chunks_matches_one_pass(device, chunk_rows, monkeypatch)
     assert whole.logprobs.logprobs.shape == (10, 6)  # 5 + the sampled token, for every row
     for a, b in zip(whole.logprobs, chunked.logprobs):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_draw_seeded_row_is_independent_of_batch(device, monkeypatch):
+    """A seeded temperature-only row is drawn by the one-pass kernel in every batch: alone, among
+    top_p / top_k / min_p rows (the unfused path beside it), greedy rows, and rows whose logits are
+    edited (penalties: the float32 copy, then the kernel on it) gives the same tokens."""
+    monkeypatch.setenv("PYORCH_FUSED_SAMPLER", "1")
+    logits_steps = [torch.randn(300) for _ in range(10)]
+    plain = SamplingParams(seed=77, temperature=0.9)
+    alone = _seeded_run(device, logits_steps, lambda step: [], seed=77, params=plain)
+    for builder, position in [
+        (lambda step: [SamplingParams(top_p=0.8, seed=5), SamplingParams(top_k=4)], 1),
+        (lambda step: [SamplingParams(temperature=0.0), SamplingParams(min_p=0.1)] * 2, 3),
+        (lambda step: [SamplingParams(presence_penalty=0.5), SamplingParams()], 2),
+        (lambda step: [SamplingParams(temperature=1.3, seed=9)] * (step % 3 + 1), 0),
+    ]:
+        assert _seeded_run(device, logits_steps, builder, 77, position, plain) == alone
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_temperature_only_rows_take_the_fused_draw(device, monkeypatch):
+    """Which rows the one-pass kernel draws: all of a temperature-only batch (on the raw logits),
+    only the plain rows of a mixed one, none of a top_p batch or with PYORCH_FUSED_SAMPLER=0."""
+    from pyorch.layers import sampler as sampler_mod
+
+    calls = []
+    real = sampler_mod._ops.random_sample_from_logits
+
+    def counting(logits, temperature, seeds):
+        calls.append((logits.dtype, temperature.clone()))
+        return real(logits, temperature, seeds)
+
+    monkeypatch.setattr(sampler_mod._ops, "random_sample_from_logits", counting)
+    monkeypatch.setenv("PYORCH_FUSED_SAMPLER", "1")
+    logits = torch.randn(6, 90).to(torch.bfloat16)
+    plain = [SamplingParams(temperature=0.0 if i == 2 else 0.7) for i in range(6)]
+    out = _sample(logits, plain, device).sampled_token_ids.cpu()
+    assert len(calls) == 1 and calls[0][0] == torch.bfloat16  # the raw logits, no float32 copy
+    assert calls[0][1].cpu().tolist()[2] == 0.0  # the greedy row is the kernel's argmax
+    assert out[2].item() == logits[2].float().argmax().item()
+    calls.clear()
+    mixed = [SamplingParams(top_p=0.5) if i % 2 else SamplingParams() for i in range(6)]
+    out = _sample(logits, mixed, device).sampled_token_ids.cpu()
+    assert len(calls) == 1 and calls[0][0] == torch.float32
+    assert ((out >= 0) & (out < 90)).all()
+    calls.clear()
+    _sample(logits, [SamplingParams(top_p=0.5)] * 6, device)
+    assert not calls
+    monkeypatch.setenv("PYORCH_FUSED_SAMPLER", "0")
+    _sample(logits, plain, device)
+    assert not calls
+    monkeypatch.setenv("PYORCH_FUSED_SAMPLER", "auto")  # CPU on; CUDA off until its GPU run
+    _sample(logits, plain, device)
+    assert len(calls) == (1 if device == "cpu" else 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_and_unfused_draws_follow_the_same_softmax(device, monkeypatch):
+    logits = torch.randn(10) * 1.5
+    expected = torch.softmax(logits / 0.8, -1)
+    for flag in ("1", "0"):  # the kernel and the unfused race
+        monkeypatch.setenv("PYORCH_FUSED_SAMPLER", flag)
+        draws = _draws(logits, SamplingParams(temperature=0.8), device, n=20000)
+        freq = torch.bincount(draws, minlength=10).float() / draws.numel()
+        torch.testing.assert_close(freq, expected, atol=0.015, rtol=0)
