@@ -18,6 +18,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from pyorch import LLM, SamplingParams, _ops
+from pyorch.layers import fused_linear
 from tests.reference import gguf as ref
 
 transformers = pytest.importorskip("transformers")
@@ -118,6 +119,10 @@ def test_quantized_gguf_greedy_matches_the_dequantized_reference(
     real = _ops.ggml_mul_mat_repacked_fused
     monkeypatch.setattr(_ops, "ggml_mul_mat_repacked_fused",
                         lambda *a: (calls.append(1), real(*a))[1])
+    # One-shard layers call the op overload directly (fused_linear._gguf_one_shard).
+    real_overload = fused_linear._GGUF_FUSED
+    monkeypatch.setattr(fused_linear, "_GGUF_FUSED",
+                        lambda *a: (calls.append(1), real_overload(*a))[1])
     llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
               seed=0, kv_cache_memory_bytes=16 << 20)
     hf = _reference(path)

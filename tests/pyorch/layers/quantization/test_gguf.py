@@ -385,3 +385,30 @@ def test_fused_cpu_products_over_shards_of_different_types(num_tokens: int) -> N
     want = torch.nn.functional.silu(y[:, :64]) * y[:, 64:]
     scale = (normed.double().abs() @ torch.cat([gv, uv]).abs().T).max().item()
     torch.testing.assert_close(act.double(), want, rtol=0, atol=1e-5 * scale * (1 + scale))
+
+
+def test_fused_cpu_one_shard_call_follows_reloaded_weights() -> None:
+    # fused_linear caches a one-shard layer's (data, type, rows, bias) beside its shard list:
+    # norm_linear / linear_add_ run it, and a reload (a new shard list) is read afresh.
+    from pyorch.layers import fused_linear
+    from pyorch.layers.layernorm import RMSNorm
+
+    def load(layer, qtype, seed):
+        t, values = tensor(qtype, 48, 256, seed)
+        layer.weight.weight_loader(layer.weight, t)
+        layer.quant_method.process_weights_after_loading(layer)
+        return values
+
+    layer = gguf_layer(ReplicatedLinear, 256, 48, bias=True)
+    layer.bias.data = torch.randn(48)
+    values = load(layer, Q.Q4_K, 41)
+    assert len(layer.gguf_shards) == 1 and layer.gguf_shards[0].repacked
+    norm = RMSNorm(256, eps=1e-6)
+    x = 3 * torch.randn(2, 256)
+    normed = norm(x.clone())
+    check(fused_linear.norm_linear(x, norm, layer) - layer.bias, normed, [(values, True)])
+    residual = torch.randn(2, 48)
+    out = fused_linear.linear_add_(residual.clone(), x, layer)
+    check(out - residual - layer.bias, x, [(values, True)])
+    values = load(layer, Q.Q6_K, 42)  # reloaded: another type, another shard list
+    check(fused_linear.norm_linear(x, norm, layer) - layer.bias, normed, [(values, True)])
