@@ -218,10 +218,12 @@ def test_decode_batches(device: str, num_seqs: int, seq_len: int) -> None:
 @pytest.mark.parametrize("block_size,sliding_window", [(16, 0), (32, 0), (16, 50)])
 def test_decode_wide_batches(device: str, head_size: int, kv_cache_dtype: str, block_size: int,
                              sliding_window: int) -> None:  # fmt: skip
-    """Decode batches of 120 x 8 kv heads = 960 CTAs, at least three per SM on any Hopper part:
-    CUDA launches its 3-CTA decode shape where three fit an SM (every head size here but 256),
-    the 2-CTA one otherwise. Ragged lengths from 1 to ~900 keys, a few two-token queries."""
-    spec = [(1 + (i % 11 == 0), 1 + (i * 37) % 900) for i in range(120)]
+    """Decode batches of 160 x 8 kv heads = 1,280 CTAs, past the 8 a SM (1,056 on a 132-SM
+    Hopper) from which CUDA launches its 3-CTA decode shape where three fit an SM (every head
+    size here but 256), the 2-CTA one otherwise. Ragged lengths from 1 to ~900 keys, a few
+    two-token queries. (On an H200 the 120-sequence form of this test ran the 3-CTA shape under
+    the launcher's first threshold, 3 a SM: 54 passed.)"""
+    spec = [(1 + (i % 11 == 0), 1 + (i * 37) % 900) for i in range(160)]
     b = make_batch(spec, 32, 8, head_size, block_size, torch.bfloat16, device, kv_cache_dtype)
     check(b, run_op(b, True, sliding_window), True, sliding_window)
 
