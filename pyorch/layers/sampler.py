@@ -8,9 +8,10 @@ Per step the model runner builds a `SamplingMetadata` from one `SamplingRow` per
 3. penalties: repetition (prompt + output), frequency and presence (output);
 4. greedy rows take the argmax; random rows get temperature, min_p, top_k / top_p, then are
    sampled by the exponential race argmax(probs / q), q ~ Exp(1). A seeded row draws its q from
-   its own generator, so its tokens depend only on its seed and its own logits. A batch whose
-   only knob is the temperature (vLLM's benchmark sampling, plain chat requests) is drawn in one
-   kernel over the raw logits instead (`fused_draw`: Philox noise, no float32 copy);
+   its own generator, so its tokens depend only on its seed and its own logits. A random row
+   whose only knob is the temperature (vLLM's benchmark sampling, plain chat requests) is drawn
+   by one kernel instead (`fused_draw`: Philox noise; over the raw logits, with no float32 copy,
+   when no row of the batch edits them);
 5. top-N logprobs plus the sampled token's logprob and rank (from step 1).
 
 Only seeded rows loop (one noise draw each); sparse per-row inputs (bad words, min_tokens,
