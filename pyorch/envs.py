@@ -124,8 +124,7 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         "whether random rows whose only knob is the temperature are drawn by the one-pass "
         "`random_sample_from_logits` kernel (`1`) or by the unfused exponential race (`0`: a "
         "float32 copy, a noise tensor and five more passes over [rows, vocab]); `auto` "
-        "(default): on for CPU logits, off for CUDA logits until its CUDA kernel has run on a "
-        "GPU (it has not yet)"),
+        "(default): on (both devices; `0` is for comparisons)"),
     "PYORCH_SKINNY_GEMM_LEGACY_PICKS": (
         _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
         "`1` launches the fp16/bf16 and fp8-weight decode GEMMs with their picks from before "

@@ -368,6 +368,42 @@ def test_growth_reservation_runs_the_tiny_cache_without_preemption(make_schedule
     assert widest == {13: 1, 25: 2}
 
 
+@pytest.mark.parametrize("num_requests", [18, 40])
+def test_thin_tail_starts_past_the_reservation(make_scheduler, monkeypatch, num_requests):
+    """Same-length requests (ignore_eos) on a cache that holds 16 of them to their cap. 18: the
+    two left over are a thin tail (2 x 8 <= 16 running, 16 blocks <= 1/8 of the cache), so they
+    start with the others instead of running alone after them; when the cache runs out they,
+    the latest arrivals, are preempted once each, and the run takes fewer steps than with the
+    reservation alone. 40: the queue is long, the reservation holds, nothing is preempted."""
+    made: list[Request] = []
+
+    def workload(sched: Scheduler) -> dict[str, Any]:
+        made.clear()
+        for i in range(num_requests):  # 8 + 24 tokens: 8 blocks at the cap
+            made.append(req(f"r{i}", prompt_of(8, i), arrival=i, max_tokens=24, ignore_eos=True))
+            sched.add_request(made[-1])
+        return run(sched, FakeRunner(BS))
+
+    kw = {"max_model_len": 32, "max_num_seqs": 64}
+    big = workload(make_scheduler(num_blocks=8 * num_requests + 1, **kw))
+    sched = make_scheduler(num_blocks=129, **kw)  # 128 usable blocks: 16 requests to the cap
+    res = workload(sched)
+    assert res["tokens"] == big["tokens"]
+    preempted = {r.request_id: r.num_preemptions for r in made if r.num_preemptions}
+    widest = max(len(so.num_scheduled_tokens) for so in res["steps"])
+    monkeypatch.setattr(Scheduler, "_tail_may_overcommit", lambda self, request: False)
+    held = make_scheduler(num_blocks=129, **kw)
+    reserved = workload(held)
+    assert reserved["tokens"] == big["tokens"] and held.num_preemptions == 0
+    if num_requests == 18:
+        assert widest == 18 and 1 <= sched.num_preemptions <= 2
+        assert len(res["steps"]) < len(reserved["steps"])
+        assert set(preempted) <= {"r16", "r17"} and set(preempted.values()) == {1}
+    else:
+        assert widest == 16 and sched.num_preemptions == 0
+        assert len(res["steps"]) == len(reserved["steps"])
+
+
 def test_growth_ratio_learns_from_early_stops(make_scheduler):
     """Requests that stop on EOS long before max_tokens lower growth_ratio, so more run at
     once than a full max_tokens reservation would allow; a preemption raises it again."""
