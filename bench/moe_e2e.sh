@@ -10,7 +10,7 @@
 #   bash bench/moe_e2e.sh OUT_DIR [MODEL_DIR] [SETS]
 #
 # MODEL_DIR defaults to .models/qwen3-30b-a3b-dummy (config + tokenizer; about 61 GB of weights,
-# so the KV cache gets what gpu_memory_utilization leaves: ~10 GB on an 80 GB H100 at 0.9).
+# so the KV cache gets what gpu_memory_utilization leaves: ~11 GB on an 80 GB H100 at 0.92).
 # SETS, comma-separated, from latency, t128, t1000 (default all). PYORCH_EXTRA / VLLM_EXTRA:
 # more engine arguments for either side. MOE_E2E_TIMEOUT bounds each step (default 300 s).
 set -uo pipefail

@@ -286,7 +286,8 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
 @dataclass
 class CacheConfig:
     block_size: int = 16
-    gpu_memory_utilization: float = 0.9  # fraction of the GPU the engine may use, KV cache included
+    # Fraction of the GPU the engine may use, KV cache included; vLLM 0.26's default (it was 0.9).
+    gpu_memory_utilization: float = 0.92
     kv_cache_memory_bytes: Optional[int] = None  # explicit KV budget (the way to size it on CPU)
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"  # vLLM's kv_cache_dtype: "auto" (the model's) | "fp8" | "fp8_e4m3"

@@ -38,7 +38,7 @@ class EngineArgs:
     seed: int = 0
     max_model_len: Optional[int] = None
     block_size: int = 16
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.92
     kv_cache_memory_bytes: Optional[int] = None
     kv_cache_dtype: str = "auto"
     num_gpu_blocks_override: Optional[int] = None

@@ -342,7 +342,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     cache = parser.add_argument_group("cache", "KV cache")
     _add(cache, "--block-size", type=int, default=16, choices=[1, 2, 4, 8, 16, 32, 64, 128],
          help="tokens per KV block (default: %(default)s)")
-    _add(cache, "--gpu-memory-utilization", type=_fraction, default=0.9,
+    _add(cache, "--gpu-memory-utilization", type=_fraction, default=0.92,
          help="fraction of GPU memory for the engine, KV cache included (default: %(default)s)")
     _add(cache, "--kv-cache-memory-bytes", type=_positive("--kv-cache-memory-bytes"),
          default=None, help="explicit KV-cache size, e.g. 2GiB (the knob on CPU; default 4 GiB "

@@ -25,6 +25,12 @@ def test_defaults_map_to_engine_args():
     assert engine_args.tensor_parallel_size == 1 and engine_args.device == "auto"
     assert cli_args.served_model_names(args) == [cli_args.DEFAULT_MODEL_NAME]
     assert (args.host, args.port, args.allowed_origins) == ("0.0.0.0", 8000, ["*"])
+    # vLLM 0.26's default (CacheConfig.gpu_memory_utilization = 0.92), the same for the server,
+    # EngineArgs (LLM()) and the engine's CacheConfig.
+    from pyorch.config import CacheConfig
+    from pyorch.engine.arg_utils import EngineArgs
+    assert engine_args.gpu_memory_utilization == EngineArgs().gpu_memory_utilization == \
+        CacheConfig().gpu_memory_utilization == 0.92
 
 
 def test_flags_map_to_engine_args():
