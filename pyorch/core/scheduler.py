@@ -99,6 +99,8 @@ class Scheduler:
     reserve_kv_for_growth: admit a waiting request only when the KV cache keeps room for the
         expected growth of the running ones (module docstring); False admits whatever fits now,
         as vLLM does, and relies on preemption.
+    tail_overcommit: let a thin tail of the waiting queue start past that reservation
+        (`_tail_may_overcommit`); off only to compare policies (bench/scheduler_replay.py).
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class Scheduler:
         max_long_partial_prefills: int = 1,
         target_step_ms: Optional[float] = None,
         min_prefill_tokens: int = _MIN_PREFILL_TOKENS,
+        tail_overcommit: bool = True,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and max_model_len must be >= 1")
@@ -162,6 +165,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()  # since the last schedule()
         self.num_preemptions = 0
         self.reserve_kv_for_growth = reserve_kv_for_growth
+        self.tail_overcommit = tail_overcommit
         self.growth_ratio = 1.0  # expected share of its length cap a request still grows into
         self._failed_outputs: list[EngineCoreOutput] = []  # dropped before they ran (_fail_request)
 
@@ -426,7 +430,8 @@ class Scheduler:
         fp8_vs_vllm_20261129). A longer queue keeps the reservation: there the
         batch stays full from the queue, and overcommitting only trades compute for recompute
         (the recompute-only policy preempted 579 times on an H100's 1000/1000)."""
-        if request.num_preemptions or len(self.waiting) * _TAIL_OVERCOMMIT > len(self.running):
+        if (not self.tail_overcommit or request.num_preemptions
+                or len(self.waiting) * _TAIL_OVERCOMMIT > len(self.running)):
             return False
         budget = self.kv_cache_manager.num_blocks // _TAIL_OVERCOMMIT
         for waiting in self.waiting:

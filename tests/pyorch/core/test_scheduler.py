@@ -369,7 +369,7 @@ def test_growth_reservation_runs_the_tiny_cache_without_preemption(make_schedule
 
 
 @pytest.mark.parametrize("num_requests", [18, 40])
-def test_thin_tail_starts_past_the_reservation(make_scheduler, monkeypatch, num_requests):
+def test_thin_tail_starts_past_the_reservation(make_scheduler, num_requests):
     """Same-length requests (ignore_eos) on a cache that holds 16 of them to their cap. 18: the
     two left over are a thin tail (2 x 8 <= 16 running, 16 blocks <= 1/8 of the cache), so they
     start with the others instead of running alone after them; when the cache runs out they,
@@ -391,8 +391,7 @@ def test_thin_tail_starts_past_the_reservation(make_scheduler, monkeypatch, num_
     assert res["tokens"] == big["tokens"]
     preempted = {r.request_id: r.num_preemptions for r in made if r.num_preemptions}
     widest = max(len(so.num_scheduled_tokens) for so in res["steps"])
-    monkeypatch.setattr(Scheduler, "_tail_may_overcommit", lambda self, request: False)
-    held = make_scheduler(num_blocks=129, **kw)
+    held = make_scheduler(num_blocks=129, tail_overcommit=False, **kw)
     reserved = workload(held)
     assert reserved["tokens"] == big["tokens"] and held.num_preemptions == 0
     if num_requests == 18:
