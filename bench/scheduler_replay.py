@@ -78,16 +78,19 @@ def replay(policy: str, lengths: list[tuple[int, int]], args: argparse.Namespace
         rows = tokens = context = 0
         ids, sampled = [], []
         for rid, n in so.num_scheduled_tokens.items():
+            # schedule() has counted the step's tokens as computed already, and marked a
+            # request that reaches its last token with an output placeholder: it samples.
             request = sched.requests[rid]
-            done = request.num_computed_tokens + n >= request.num_tokens
-            if n == 1 and request.num_computed_tokens >= request.num_prompt_tokens:
+            before = request.num_computed_tokens - n
+            samples = request.num_output_placeholders > 0
+            if n == 1 and before >= request.num_prompt_tokens:
                 rows += 1
-                context += request.num_computed_tokens + 1
+                context += before + 1
             else:
                 tokens += n
             ids.append(rid)
-            sampled.append([7] if done else [])
-            output_tokens += int(done)
+            sampled.append([7] if samples else [])
+            output_tokens += int(samples)
         total_ms += a + b_row * rows + b_token * tokens + c_ctx * context
         steps += 1
         small += int(tokens == 0 and rows < SMALL_BATCH)
