@@ -11,11 +11,43 @@ import torch
 from pyorch import _C, envs  # _C registers the ops
 from pyorch.scalar_type import ScalarType
 
+SKINNY_FP8_FORMS = {"plain": 0, "normed": 1, "normed_silu": 2, "add": 3}
+
+
+def parse_skinny_fp8_override(spec: str) -> dict[str, tuple[int, int, int, int]]:
+    """PYORCH_SKINNY_FP8_OVERRIDE's syntax, e.g. "normed=4,1,2,1;add=-1,-1,-1,1": per form,
+    skinny_gemm_fp8's (num_warps, l2_prefetch, prefetch_slices, pdl), -1 keeping a pick; forms
+    left out keep every pick. Raises ValueError naming a malformed entry."""
+    configs = {form: (-1, -1, -1, -1) for form in SKINNY_FP8_FORMS}
+    for entry in filter(None, (e.strip() for e in spec.split(";"))):
+        form, _, fields = entry.partition("=")
+        values = fields.split(",")
+        if form.strip() not in SKINNY_FP8_FORMS or len(values) != 4:
+            raise ValueError(
+                f"PYORCH_SKINNY_FP8_OVERRIDE: {entry!r} is not FORM=WARPS,L2,PREFETCH,PDL with "
+                f"FORM one of {sorted(SKINNY_FP8_FORMS)}")
+        try:
+            configs[form.strip()] = tuple(int(v) for v in values)  # type: ignore[assignment]
+        except ValueError:
+            raise ValueError(
+                f"PYORCH_SKINNY_FP8_OVERRIDE: {entry!r} has a non-integer field") from None
+    return configs
+
+
+def set_skinny_fp8_override(spec: str) -> None:
+    """Sets skinny_gemm_fp8's launch overrides from `spec` (parse_skinny_fp8_override; CUDA
+    builds only). The C API range-checks each field."""
+    for form, (warps, l2, prefetch, pdl) in parse_skinny_fp8_override(spec).items():
+        _C.set_skinny_gemm_fp8_override(SKINNY_FP8_FORMS[form], warps, l2, prefetch, pdl)
+
+
 if _C.with_cuda:  # the kernels' launch switches are process state of the C API
     _C.set_pdl_enabled(envs.PYORCH_PDL)  # pyorch/launch.h
     _C.set_skinny_gemm_legacy_picks(envs.PYORCH_SKINNY_GEMM_LEGACY_PICKS)  # pyorch/gemm.h
     _C.set_moe_decode_legacy_picks(envs.PYORCH_MOE_DECODE_LEGACY_PICKS)  # pyorch/moe_decode.h
     _C.set_gguf_q4k_direct(envs.PYORCH_GGUF_Q4K_DIRECT)  # pyorch/gguf.h
+    if envs.PYORCH_SKINNY_FP8_OVERRIDE:
+        set_skinny_fp8_override(envs.PYORCH_SKINNY_FP8_OVERRIDE)
     if envs.PYORCH_GGUF_FUSED_WARPS is not None:
         _C.set_gguf_fused_warps(envs.PYORCH_GGUF_FUSED_WARPS)  # pyorch/gguf.h
     _C.set_w4a16_prefetch_acts(envs.PYORCH_W4A16_PREFETCH_ACTS)  # pyorch/w4a16.h

@@ -129,6 +129,12 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("PYORCH_SKINNY_GEMM_LEGACY_PICKS", False),
         "`1` launches the fp16/bf16 and fp8-weight decode GEMMs with their picks from before "
         "their 2 GB-span sweeps (4 warps and the L2 hint; default off; for comparisons)"),
+    "PYORCH_SKINNY_FP8_OVERRIDE": (
+        _str("PYORCH_SKINNY_FP8_OVERRIDE", None),
+        "launch overrides of the fp8-weight decode GEMM, per form: `FORM=WARPS,L2,PREFETCH,PDL` "
+        "joined by `;`, FORM one of `plain`, `normed` (qkv_proj), `normed_silu` (gate_up), `add` "
+        "(o_proj, down), each field an integer or `-1` for the pick (unset: the picks; for "
+        "comparisons)"),
     "PYORCH_GGUF_Q4K_DIRECT": (
         _flag("PYORCH_GGUF_Q4K_DIRECT", True),
         "`0` runs one token's Q4_K GGUF products in the ring form (gguf_mmvq.cuh) instead of the "

@@ -1,6 +1,8 @@
 // Instantiates the skinny GEMM (gemm/skinny_gemm.cuh) for e4m3 weights behind the torch-free C
 // API, pyorch::skinny_gemm_fp8 (pyorch/gemm.h): the same kernel, work split and fusions as the
 // fp16/bf16 one, with the weight widened in registers and its scale applied in the epilogue.
+#include <atomic>
+
 #include <cuda_fp8.h>
 
 #include "gemm/skinny_gemm.cuh"
@@ -11,6 +13,16 @@ namespace pyorch {
 namespace {
 
 using Fp8 = __nv_fp8_e4m3;
+
+// set_skinny_gemm_fp8_override: per form, the four SkinnyGemmConfig fields (-1: the pick).
+std::atomic<int> g_override[kSkinnyFp8NumForms][4] = {
+    {-1, -1, -1, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1}};
+
+int form_of(bool normed, SkinnyGemmEpilogue epilogue) {
+  if (epilogue == SkinnyGemmEpilogue::kAdd) return kSkinnyFp8Add;
+  if (!normed) return kSkinnyFp8Plain;  // kStore, or kSiluMul without a norm (no engine path)
+  return epilogue == SkinnyGemmEpilogue::kSiluMul ? kSkinnyFp8NormedSilu : kSkinnyFp8Normed;
+}
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
@@ -109,6 +121,24 @@ SkinnyGemmConfig fp8_skinny_config(int64_t num_tokens, int64_t output_size, int6
 
 }  // namespace
 
+void set_skinny_gemm_fp8_override(int form, SkinnyGemmConfig config) {
+  if (form < 0 || form >= kSkinnyFp8NumForms) return;
+  g_override[form][0].store(config.num_warps, std::memory_order_relaxed);
+  g_override[form][1].store(config.l2_prefetch, std::memory_order_relaxed);
+  g_override[form][2].store(config.prefetch_slices, std::memory_order_relaxed);
+  g_override[form][3].store(config.pdl, std::memory_order_relaxed);
+}
+
+SkinnyGemmConfig skinny_gemm_fp8_override(int form) {
+  SkinnyGemmConfig cfg;
+  if (form < 0 || form >= kSkinnyFp8NumForms) return cfg;
+  cfg.num_warps = g_override[form][0].load(std::memory_order_relaxed);
+  cfg.l2_prefetch = g_override[form][1].load(std::memory_order_relaxed);
+  cfg.prefetch_slices = g_override[form][2].load(std::memory_order_relaxed);
+  cfg.pdl = g_override[form][3].load(std::memory_order_relaxed);
+  return cfg;
+}
+
 cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
                             const float* weight_scale, bool weight_scale_per_channel,
                             const void* bias, const void* norm_weight, float eps,
@@ -142,12 +172,16 @@ cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
   }
   SkinnyGemmConfig cfg =
       fp8_skinny_config(num_tokens, output_size, input_size, norm_weight != nullptr, epilogue);
-  int prefetch_slices = -1;
+  const SkinnyGemmConfig over = skinny_gemm_fp8_override(form_of(norm_weight != nullptr, epilogue));
+  if (over.num_warps >= 0) cfg.num_warps = over.num_warps;
+  if (over.l2_prefetch >= 0) cfg.l2_prefetch = over.l2_prefetch;
+  if (over.pdl >= 0) cfg.pdl = over.pdl > 0 && pdl_enabled() ? 1 : 0;
+  int prefetch_slices = over.prefetch_slices;
   if (config != nullptr) {
     if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
     if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
     if (config->pdl >= 0) cfg.pdl = config->pdl > 0 && pdl_enabled() ? 1 : 0;
-    prefetch_slices = config->prefetch_slices;
+    if (config->prefetch_slices >= 0) prefetch_slices = config->prefetch_slices;
   }
   cfg.prefetch_slices = prefetch_slices >= 0 ? prefetch_slices : (cfg.pdl > 0 ? 1 : 0);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {

@@ -102,4 +102,21 @@ cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
                             int64_t input_stride, cudaStream_t stream,
                             const SkinnyGemmConfig* config = nullptr);
 
+// Process-wide launch overrides of skinny_gemm_fp8's picks, one per form the decode layer runs:
+// kSkinnyFp8Plain (kStore, no norm), kSkinnyFp8Normed (kStore with a norm: qkv_proj),
+// kSkinnyFp8NormedSilu (norm + kSiluMul: gate_up), kSkinnyFp8Add (kAdd: o_proj, down). A field
+// >= 0 replaces the pick (prefetch_slices: slices per warp asked of L2 before the main loop,
+// whatever the PDL setting); -1 leaves it. A config passed to skinny_gemm_fp8 still wins over
+// both. For A/B timing inside the engine; pyorch sets them from PYORCH_SKINNY_FP8_OVERRIDE when
+// its extension loads. Set them before CUDA graphs are captured.
+enum SkinnyFp8Form : int {
+  kSkinnyFp8Plain = 0,
+  kSkinnyFp8Normed = 1,
+  kSkinnyFp8NormedSilu = 2,
+  kSkinnyFp8Add = 3,
+  kSkinnyFp8NumForms = 4,
+};
+void set_skinny_gemm_fp8_override(int form, SkinnyGemmConfig config);  // invalid form: ignored
+SkinnyGemmConfig skinny_gemm_fp8_override(int form);
+
 }  // namespace pyorch

@@ -130,3 +130,61 @@ def test_bad_arguments_raise(device):
         _ops.skinny_gemm_fp8(torch.empty(17, 32, dtype=torch.bfloat16, device=device), x17, q, s, b)
     with pytest.raises(ValueError, match="epilogue"):
         _ops.skinny_gemm_fp8(out, x, q, s, b, epilogue="gelu")
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="launch overrides exist on CUDA only")
+@pytest.mark.parametrize("num_tokens", [1, 9])
+@pytest.mark.parametrize("form,epilogue,norm", [("normed", "store", True),
+                                                ("normed_silu", "silu_and_mul", True),
+                                                ("plain", "store", False)])
+def test_launch_overrides_keep_the_result(num_tokens, form, epilogue, norm):
+    # The L2 hint, the up-front L2 prefetch and PDL change no arithmetic: bit-identical results.
+    # Another warp count sums K in another order: within the reference tolerance.
+    x, q, s, b, g = _inputs(num_tokens, 770, 4112, torch.bfloat16, "cuda", True, norm, True)
+    expected = _run(x, q, s, b, g, epilogue)
+    try:
+        for spec in (f"{form}=-1,0,4,1", f"{form}=-1,1,0,0", f"{form}=-1,1,64,1"):
+            _ops.set_skinny_fp8_override(spec)
+            torch.testing.assert_close(_run(x, q, s, b, g, epilogue), expected, rtol=0, atol=0)
+        for warps in (4, 8):
+            _ops.set_skinny_fp8_override(f"{form}={warps},-1,-1,-1")
+            torch.testing.assert_close(_run(x, q, s, b, g, epilogue), expected,
+                                       **tol(torch.bfloat16))
+    finally:
+        _ops.set_skinny_fp8_override("")
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="launch overrides exist on CUDA only")
+def test_launch_override_add_form():
+    x, q, s, b, _ = _inputs(3, 770, 4112, torch.bfloat16, "cuda", False, False, True)
+    residual = torch.randn(3, 770, device="cuda").to(torch.bfloat16)
+    expected = _run(x, q, s, b, None, "add", out=residual.clone())
+    try:
+        _ops.set_skinny_fp8_override("add=-1,0,8,1")
+        got = _run(x, q, s, b, None, "add", out=residual.clone())
+    finally:
+        _ops.set_skinny_fp8_override("")
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not CUDA_AVAILABLE, reason="launch overrides exist on CUDA only")
+def test_launch_override_out_of_range_raises():
+    with pytest.raises(RuntimeError, match="num_warps must be 4, 8 or -1"):
+        _ops.set_skinny_fp8_override("normed=16,-1,-1,-1")
+    with pytest.raises(RuntimeError, match="prefetch_slices must be in"):
+        _ops.set_skinny_fp8_override("add=-1,-1,65,-1")
+    _ops.set_skinny_fp8_override("")
+
+
+@pytest.mark.parametrize("spec,match", [("qkv=4,1,2,1", "is not FORM="),
+                                        ("normed=4,1,2", "is not FORM="),
+                                        ("normed=4,x,2,1", "non-integer")])
+def test_override_spec_errors_name_the_entry(spec, match):
+    with pytest.raises(ValueError, match=match):
+        _ops.parse_skinny_fp8_override(spec)
+
+
+def test_override_spec_parses():
+    got = _ops.parse_skinny_fp8_override(" normed=8,0,2,1 ; add=-1,-1,-1,1;")
+    assert got == {"plain": (-1, -1, -1, -1), "normed": (8, 0, 2, 1),
+                   "normed_silu": (-1, -1, -1, -1), "add": (-1, -1, -1, 1)}
