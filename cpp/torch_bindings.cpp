@@ -446,15 +446,17 @@ PYBIND11_MODULE(_C, m) {
         "Whether the skinny GEMMs use their legacy launch picks.");
   m.def(
       "set_skinny_gemm_fp8_override",
-      [](int form, int num_warps, int l2_prefetch, int prefetch_slices, int pdl) {
+      [](int form, int num_warps, int l2_prefetch, int prefetch_slices, int pdl, int stage_x) {
         TORCH_CHECK(form >= 0 && form < pyorch::kSkinnyFp8NumForms,
                     "set_skinny_gemm_fp8_override: form must be 0 (plain), 1 (normed), 2 (normed "
                     "+ silu_and_mul) or 3 (add), got ",
                     form);
         TORCH_CHECK(num_warps == -1 || num_warps == 4 || num_warps == 8,
                     "set_skinny_gemm_fp8_override: num_warps must be 4, 8 or -1, got ", num_warps);
-        TORCH_CHECK(l2_prefetch >= -1 && l2_prefetch <= 1 && pdl >= -1 && pdl <= 1,
-                    "set_skinny_gemm_fp8_override: l2_prefetch and pdl must be 0, 1 or -1");
+        TORCH_CHECK(l2_prefetch >= -1 && l2_prefetch <= 1 && pdl >= -1 && pdl <= 1 &&
+                        stage_x >= -1 && stage_x <= 1,
+                    "set_skinny_gemm_fp8_override: l2_prefetch, pdl and stage_x must be 0, 1 or "
+                    "-1");
         TORCH_CHECK(prefetch_slices >= -1 && prefetch_slices <= 64,
                     "set_skinny_gemm_fp8_override: prefetch_slices must be in [-1, 64], got ",
                     prefetch_slices);
@@ -463,10 +465,11 @@ PYBIND11_MODULE(_C, m) {
         config.l2_prefetch = l2_prefetch;
         config.prefetch_slices = prefetch_slices;
         config.pdl = pdl;
+        config.stage_x = stage_x;
         pyorch::set_skinny_gemm_fp8_override(form, config);
       },
       py::arg("form"), py::arg("num_warps") = -1, py::arg("l2_prefetch") = -1,
-      py::arg("prefetch_slices") = -1, py::arg("pdl") = -1,
+      py::arg("prefetch_slices") = -1, py::arg("pdl") = -1, py::arg("stage_x") = -1,
       "Override skinny_gemm_fp8's launch picks for one form (0 plain, 1 normed, 2 normed + "
       "silu_and_mul, 3 add); -1 keeps a pick. Set before CUDA graphs are captured.");
   m.def("set_gguf_q4k_direct", &pyorch::set_gguf_q4k_direct, py::arg("on"),

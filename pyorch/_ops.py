@@ -14,20 +14,22 @@ from pyorch.scalar_type import ScalarType
 SKINNY_FP8_FORMS = {"plain": 0, "normed": 1, "normed_silu": 2, "add": 3}
 
 
-def parse_skinny_fp8_override(spec: str) -> dict[str, tuple[int, int, int, int]]:
+def parse_skinny_fp8_override(spec: str) -> dict[str, tuple[int, int, int, int, int]]:
     """PYORCH_SKINNY_FP8_OVERRIDE's syntax, e.g. "normed=4,1,2,1;add=-1,-1,-1,1": per form,
-    skinny_gemm_fp8's (num_warps, l2_prefetch, prefetch_slices, pdl), -1 keeping a pick; forms
-    left out keep every pick. Raises ValueError naming a malformed entry."""
-    configs = {form: (-1, -1, -1, -1) for form in SKINNY_FP8_FORMS}
+    skinny_gemm_fp8's (num_warps, l2_prefetch, prefetch_slices, pdl[, stage_x]), -1 keeping a
+    pick (stage_x left out: -1); forms left out keep every pick. Raises ValueError naming a
+    malformed entry."""
+    configs = {form: (-1, -1, -1, -1, -1) for form in SKINNY_FP8_FORMS}
     for entry in filter(None, (e.strip() for e in spec.split(";"))):
         form, _, fields = entry.partition("=")
         values = fields.split(",")
-        if form.strip() not in SKINNY_FP8_FORMS or len(values) != 4:
+        if form.strip() not in SKINNY_FP8_FORMS or len(values) not in (4, 5):
             raise ValueError(
-                f"PYORCH_SKINNY_FP8_OVERRIDE: {entry!r} is not FORM=WARPS,L2,PREFETCH,PDL with "
-                f"FORM one of {sorted(SKINNY_FP8_FORMS)}")
+                f"PYORCH_SKINNY_FP8_OVERRIDE: {entry!r} is not "
+                f"FORM=WARPS,L2,PREFETCH,PDL[,STAGE_X] with FORM one of {sorted(SKINNY_FP8_FORMS)}")
         try:
-            configs[form.strip()] = tuple(int(v) for v in values)  # type: ignore[assignment]
+            configs[form.strip()] = tuple(  # type: ignore[assignment]
+                [int(v) for v in values] + [-1] * (5 - len(values)))
         except ValueError:
             raise ValueError(
                 f"PYORCH_SKINNY_FP8_OVERRIDE: {entry!r} has a non-integer field") from None
@@ -37,8 +39,8 @@ def parse_skinny_fp8_override(spec: str) -> dict[str, tuple[int, int, int, int]]
 def set_skinny_fp8_override(spec: str) -> None:
     """Sets skinny_gemm_fp8's launch overrides from `spec` (parse_skinny_fp8_override; CUDA
     builds only). The C API range-checks each field."""
-    for form, (warps, l2, prefetch, pdl) in parse_skinny_fp8_override(spec).items():
-        _C.set_skinny_gemm_fp8_override(SKINNY_FP8_FORMS[form], warps, l2, prefetch, pdl)
+    for form, (warps, l2, prefetch, pdl, stage_x) in parse_skinny_fp8_override(spec).items():
+        _C.set_skinny_gemm_fp8_override(SKINNY_FP8_FORMS[form], warps, l2, prefetch, pdl, stage_x)
 
 
 if _C.with_cuda:  # the kernels' launch switches are process state of the C API

@@ -131,10 +131,11 @@ _VARS: dict[str, tuple[Callable[[], Any], str]] = {
         "their 2 GB-span sweeps (4 warps and the L2 hint; default off; for comparisons)"),
     "PYORCH_SKINNY_FP8_OVERRIDE": (
         _str("PYORCH_SKINNY_FP8_OVERRIDE", None),
-        "launch overrides of the fp8-weight decode GEMM, per form: `FORM=WARPS,L2,PREFETCH,PDL` "
-        "joined by `;`, FORM one of `plain`, `normed` (qkv_proj), `normed_silu` (gate_up), `add` "
-        "(o_proj, down), each field an integer or `-1` for the pick (unset: the picks; for "
-        "comparisons)"),
+        "launch overrides of the fp8-weight decode GEMM, per form: "
+        "`FORM=WARPS,L2,PREFETCH,PDL[,STAGE_X]` joined by `;`, FORM one of `plain`, `normed` "
+        "(qkv_proj), `normed_silu` (gate_up), `add` (o_proj, down), each field an integer or "
+        "`-1` for the pick; STAGE_X `1` norms each slice's x once per warp in shared memory "
+        "(normed forms, <= 8 tokens) (unset: the picks; for comparisons)"),
     "PYORCH_GGUF_Q4K_DIRECT": (
         _flag("PYORCH_GGUF_Q4K_DIRECT", True),
         "`0` runs one token's Q4_K GGUF products in the ring form (gguf_mmvq.cuh) instead of the "

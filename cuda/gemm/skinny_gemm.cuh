@@ -99,6 +99,9 @@ struct SkinnyGemmArgs {
   int64_t out_stride;
   int64_t input_stride;
   int prefetch_slices;  // slices per warp asked of L2 before the main loop (a hint only)
+  // NORM with e4m3 weights and <= 8 tokens only: 1 launches the staged form (each slice's normed
+  // x computed once per warp into shared memory, skinny_staged_norm_slice), 0 the per-lane norm.
+  int stage_x;
 };
 
 // D += A(16x16, row) * B(16x8, col) in fp32 on 16-bit operands; a/b are packed element pairs.
@@ -284,13 +287,101 @@ struct SkinnySlice {
   }
 };
 
+// ---- The staged norm (SkinnyGemmArgs::stage_x, e4m3 weights with a normed input) ----
+// The per-lane norm above costs each lane the math of all its x fragments: 8 chunks of 8 per
+// slice for one token row, the same rows in every group of 4 lanes at one token. With a one-byte
+// weight that math is as many instructions as the widening and the mmas together, and on an H200
+// the fp8 normed forms ran at ~68% of copy while the bf16 LM head streamed at copy speed. Staged:
+// the warp norms the slice's x rows once (lane l: chunk l of each real token row, 256 elements a
+// row), writes them to its shared buffer, and the mmas read their fragments from there. The
+// arithmetic per element is the per-lane norm's (x * g rounded to T, x^2 summed in fp32), so
+// the products are the same bits; only the order of the sum of squares differs.
+constexpr int kStagedChunks = 32;                   // 8-element chunks of one token row per slice
+constexpr int kStagedRowPitch = kStagedChunks + 1;  // uint4 per staged row (+1: fewer conflicts)
+
+// Norms chunk `lane` of the slice at k0 for tokens [0, num_tokens) into xs (rows of
+// kStagedRowPitch uint4), adding each token's squares to sum_sq[token]. PRED: chunks at or past K
+// read as zeros.
+template <int TOKENS, bool PRED, typename T>
+__device__ __forceinline__ void skinny_staged_norm_slice(uint4* xs, const T* input,
+                                                         int64_t input_stride, int num_tokens,
+                                                         const T* norm_weight, int64_t k0,
+                                                         int64_t K, int lane,
+                                                         float (&sum_sq)[TOKENS]) {
+  const int64_t k = k0 + kSkinnyChunk * lane;
+  const bool valid = !PRED || k < K;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const uint4 gv = valid ? __ldg(reinterpret_cast<const uint4*>(norm_weight + k)) : zero;
+  const T* gp = reinterpret_cast<const T*>(&gv);
+#pragma unroll
+  for (int j = 0; j < TOKENS; ++j) {
+    if (j >= num_tokens) break;  // uniform across the warp
+    uint4 xv = valid ? load_input_chunk(input + j * input_stride + k) : zero;
+    T* xp = reinterpret_cast<T*>(&xv);
+#pragma unroll
+    for (int e = 0; e < kSkinnyChunk; ++e) {
+      const float f = to_float(xp[e]);
+      sum_sq[j] = fmaf(f, f, sum_sq[j]);
+      xp[e] = from_float<T>(f * to_float(gp[e]));
+    }
+    xs[j * kStagedRowPitch + lane] = xv;
+  }
+}
+
+// The slice's mmas with x fragments from the staged rows: lane (g, t), tile mt reads token
+// min(mt * 8 + g, num_tokens - 1)'s chunks 8 i + 2 t + c (the k of SkinnySlice's fragments).
+template <int M_TILES, typename T>
+__device__ __forceinline__ void skinny_staged_multiply(const uint4 (&w_lo)[4],
+                                                       const uint4 (&w_hi)[4], const uint4* xs,
+                                                       int num_tokens, int g, int t,
+                                                       float (&acc)[M_TILES][4]) {
+  using Fmt = SkinnyWeight<T, __nv_fp8_e4m3>;
+  const uint4* rows[M_TILES];
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt) {
+    rows[mt] = xs + min(mt * kSkinnyTileTokens + g, num_tokens - 1) * kStagedRowPitch + 2 * t;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int c = 0; c < Fmt::kXChunks; ++c) {
+      const uint4 lo = Fmt::widen(w_lo[i], c);
+      const uint4 hi = Fmt::widen(w_hi[i], c);
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        const uint4 x = rows[mt][8 * i + c];
+        mma_m16n8k16<T>(acc[mt], lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+        mma_m16n8k16<T>(acc[mt], lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+      }
+    }
+  }
+}
+
+// One lane's 8 weight chunks of a slice (rows g and g + 8, k from this lane's first element).
+template <bool PRED, bool L2_PREFETCH, typename W>
+__device__ __forceinline__ void skinny_load_weights(uint4 (&w_lo)[4], uint4 (&w_hi)[4],
+                                                    const W* w_lo_row, const W* w_hi_row, int64_t k,
+                                                    int64_t K) {
+  constexpr int kElems = 16 / static_cast<int>(sizeof(W));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t ki = k + 4 * kElems * i;
+    const bool valid = !PRED || ki < K;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    w_lo[i] = valid ? load_weight_chunk<L2_PREFETCH>(w_lo_row + ki) : zero;
+    w_hi[i] = valid ? load_weight_chunk<L2_PREFETCH>(w_hi_row + ki) : zero;
+  }
+}
+
 // Grid: one block per 16 weight rows (kSiluMul: per 8 gate rows and their 8 up rows). Block:
 // NUM_WARPS warps splitting K. M_TILES = ceil(num_tokens / 8). One slice is loaded per loop
 // iteration; ptxas software-pipelines the loop (the next slice's 12-16 loads are in flight while
 // this one is multiplied), so an explicit unroll of two slices only cost registers (measured
 // slower on every shape).
+// STAGED (SkinnyGemmArgs::stage_x, launched only for e4m3 weights with a normed input and one
+// tile of tokens): the staged norm; its own instantiation, so the other forms' code is unchanged.
 template <typename T, typename W, int M_TILES, int NUM_WARPS, bool L2_PREFETCH, bool NORM,
-          SkinnyGemmEpilogue EPI>
+          SkinnyGemmEpilogue EPI, bool STAGED = false>
 __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WARPS>())
     skinny_gemm_kernel(const SkinnyGemmArgs<T, W> args) {
   using Slice = SkinnySlice<M_TILES, T, W>;
@@ -300,6 +391,11 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   constexpr bool kPaired = EPI == SkinnyGemmEpilogue::kSiluMul;
   __shared__ float partial[NUM_WARPS][kTokens][kSkinnyRows];  // each warp's sums
   __shared__ float partial_sq[NUM_WARPS][kTokens];            // each warp's sums of x^2 (NORM)
+  // The staged norm: e4m3 weights, a normed input, one tile of tokens (two tiles of 8 warps would
+  // pass the 48 KiB of static shared memory).
+  constexpr bool kStaged = STAGED && NORM && kScaled && M_TILES == 1;
+  static_assert(kStaged || !STAGED, "the staged norm takes e4m3 weights, a norm and <= 8 tokens");
+  __shared__ uint4 staged_x[kStaged ? NUM_WARPS : 1][kStaged ? kTokens * kStagedRowPitch : 1];
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -349,7 +445,65 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
   float acc[M_TILES][4] = {};
   float sum_sq[M_TILES] = {};
   int slice = warp;
-  if constexpr (NORM && kScaled) {
+  if constexpr (kStaged) {
+    {
+      // Weights double-buffered by hand (the x fragments no longer live in registers across
+      // the slice, so two slices of weights fit the register cap): the next slice's loads go
+      // out before this slice's norm and mmas.
+      uint4* xs = staged_x[warp];
+      const int n = static_cast<int>(args.num_tokens);
+      float tok_sq[kTokens] = {};
+      auto stage_and_multiply = [&](const uint4(&wl)[4], const uint4(&wh)[4], int s, auto pred) {
+        const int64_t k0 = static_cast<int64_t>(s) * kSliceK;
+        __syncwarp();  // the previous slice's fragment reads are done
+        skinny_staged_norm_slice<kTokens, decltype(pred)::value>(
+            xs, args.input, args.input_stride, n, args.norm_weight, k0, K, lane, tok_sq);
+        __syncwarp();
+        skinny_staged_multiply<M_TILES, T>(wl, wh, xs, n, g, t, acc);
+      };
+      if (slice < num_full_slices) {
+        uint4 cur_lo[4], cur_hi[4];
+        skinny_load_weights<false, L2_PREFETCH>(cur_lo, cur_hi, w_lo_row, w_hi_row,
+                                                static_cast<int64_t>(slice) * kSliceK + lane_k, K);
+        while (true) {
+          const int next = slice + NUM_WARPS;
+          const bool more = next < num_full_slices;
+          uint4 nxt_lo[4], nxt_hi[4];
+          if (more) {
+            skinny_load_weights<false, L2_PREFETCH>(nxt_lo, nxt_hi, w_lo_row, w_hi_row,
+                                                    static_cast<int64_t>(next) * kSliceK + lane_k,
+                                                    K);
+          }
+          stage_and_multiply(cur_lo, cur_hi, slice, std::false_type{});
+          slice = next;
+          if (!more) break;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            cur_lo[i] = nxt_lo[i];
+            cur_hi[i] = nxt_hi[i];
+          }
+        }
+      }
+      if (slice < num_slices) {  // the K tail
+        uint4 lo[4], hi[4];
+        skinny_load_weights<true, L2_PREFETCH>(lo, hi, w_lo_row, w_hi_row,
+                                               static_cast<int64_t>(slice) * kSliceK + lane_k, K);
+        stage_and_multiply(lo, hi, slice, std::true_type{});
+        slice = num_slices;
+      }
+      // Each token's squares over the warp's slices, summed across the lanes.
+#pragma unroll
+      for (int j = 0; j < kTokens; ++j) {
+        float v = tok_sq[j];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) partial_sq[warp][j] = v;
+      }
+    }
+  }
+  if constexpr (kStaged) {
+    // done above
+  } else if constexpr (NORM && kScaled) {
     // e4m3: two slices (x doubled per slice) do not fit the register cap (the hand pipeline below
     // spilled 124-468 bytes): one slice per iteration, left to ptxas to pipeline.
     for (; slice < num_full_slices; slice += NUM_WARPS) {
@@ -391,7 +545,7 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
       s.multiply(acc);
     }
   }
-  if (slice < num_slices) {  // the partial slice of a K tail (K % 128 != 0)
+  if (!kStaged && slice < num_slices) {  // the partial slice of a K tail (K % 128 != 0)
     Slice s;
     const int64_t k = static_cast<int64_t>(slice) * kSliceK + lane_k;
     s.template load<true, L2_PREFETCH>(w_lo_row, w_hi_row, x_rows, k, K);
@@ -410,9 +564,10 @@ __global__ void __launch_bounds__(NUM_WARPS* kWarpSize, skinny_min_blocks<NUM_WA
     }
   }
   if constexpr (NORM) {
-    // Lanes (g, 0..3) hold the squares of token g's chunks of this warp's slices.
+    // Lanes (g, 0..3) hold the squares of token g's chunks of this warp's slices (staged: written
+    // above).
 #pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt) {
+    for (int mt = 0; mt < M_TILES && !kStaged; ++mt) {
       float v = sum_sq[mt];
       v += __shfl_xor_sync(0xffffffffu, v, 1);
       v += __shfl_xor_sync(0xffffffffu, v, 2);
@@ -468,6 +623,16 @@ cudaError_t launch_skinny_gemm_variant(const SkinnyGemmArgs<T, W>& args, bool l2
       EPI == SkinnyGemmEpilogue::kSiluMul ? args.output_size / 2 : args.output_size;
   const dim3 grid(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
   const dim3 block(NUM_WARPS * kWarpSize);
+  if constexpr (NORM && !std::is_same_v<T, W> && M_TILES == 1) {
+    if (args.stage_x) {
+      if (l2_prefetch) {
+        return launch_kernel(&skinny_gemm_kernel<T, W, M_TILES, NUM_WARPS, true, NORM, EPI, true>,
+                             grid, block, 0, stream, pdl, args);
+      }
+      return launch_kernel(&skinny_gemm_kernel<T, W, M_TILES, NUM_WARPS, false, NORM, EPI, true>,
+                           grid, block, 0, stream, pdl, args);
+    }
+  }
   if (l2_prefetch) {
     return launch_kernel(&skinny_gemm_kernel<T, W, M_TILES, NUM_WARPS, true, NORM, EPI>, grid,
                          block, 0, stream, pdl, args);

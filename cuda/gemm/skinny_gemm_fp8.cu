@@ -14,9 +14,9 @@ namespace {
 
 using Fp8 = __nv_fp8_e4m3;
 
-// set_skinny_gemm_fp8_override: per form, the four SkinnyGemmConfig fields (-1: the pick).
-std::atomic<int> g_override[kSkinnyFp8NumForms][4] = {
-    {-1, -1, -1, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1}};
+// set_skinny_gemm_fp8_override: per form, the five SkinnyGemmConfig fields (-1: the pick).
+std::atomic<int> g_override[kSkinnyFp8NumForms][5] = {
+    {-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}};
 
 int form_of(bool normed, SkinnyGemmEpilogue epilogue) {
   if (epilogue == SkinnyGemmEpilogue::kAdd) return kSkinnyFp8Add;
@@ -127,6 +127,7 @@ void set_skinny_gemm_fp8_override(int form, SkinnyGemmConfig config) {
   g_override[form][1].store(config.l2_prefetch, std::memory_order_relaxed);
   g_override[form][2].store(config.prefetch_slices, std::memory_order_relaxed);
   g_override[form][3].store(config.pdl, std::memory_order_relaxed);
+  g_override[form][4].store(config.stage_x, std::memory_order_relaxed);
 }
 
 SkinnyGemmConfig skinny_gemm_fp8_override(int form) {
@@ -136,6 +137,7 @@ SkinnyGemmConfig skinny_gemm_fp8_override(int form) {
   cfg.l2_prefetch = g_override[form][1].load(std::memory_order_relaxed);
   cfg.prefetch_slices = g_override[form][2].load(std::memory_order_relaxed);
   cfg.pdl = g_override[form][3].load(std::memory_order_relaxed);
+  cfg.stage_x = g_override[form][4].load(std::memory_order_relaxed);
   return cfg;
 }
 
@@ -176,12 +178,14 @@ cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
   if (over.num_warps >= 0) cfg.num_warps = over.num_warps;
   if (over.l2_prefetch >= 0) cfg.l2_prefetch = over.l2_prefetch;
   if (over.pdl >= 0) cfg.pdl = over.pdl > 0 && pdl_enabled() ? 1 : 0;
+  if (over.stage_x >= 0) cfg.stage_x = over.stage_x;
   int prefetch_slices = over.prefetch_slices;
   if (config != nullptr) {
     if (config->num_warps >= 0) cfg.num_warps = config->num_warps;
     if (config->l2_prefetch >= 0) cfg.l2_prefetch = config->l2_prefetch;
     if (config->pdl >= 0) cfg.pdl = config->pdl > 0 && pdl_enabled() ? 1 : 0;
     if (config->prefetch_slices >= 0) prefetch_slices = config->prefetch_slices;
+    if (config->stage_x >= 0) cfg.stage_x = config->stage_x;
   }
   cfg.prefetch_slices = prefetch_slices >= 0 ? prefetch_slices : (cfg.pdl > 0 ? 1 : 0);
   return PYORCH_DISPATCH_HALF_TYPES(dtype, T, [&] {
@@ -200,6 +204,9 @@ cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
     args.out_stride = out_stride;
     args.input_stride = input_stride;
     args.prefetch_slices = cfg.prefetch_slices;
+    args.stage_x =
+        norm_weight != nullptr && num_tokens <= kernels::kSkinnyTileTokens && cfg.stage_x > 0 ? 1
+                                                                                              : 0;
     PYORCH_RETURN_IF_ERROR(fp8_dispatch_epilogue<T>(args, epilogue, cfg, stream));
     return cudaGetLastError();
   });

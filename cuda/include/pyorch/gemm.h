@@ -21,7 +21,13 @@ struct SkinnyGemmConfig {
   int prefetch_slices = -1;  // 128-wide K slices of its 16 rows each warp asks of L2 up front
   int pdl = -1;              // 1: launch with programmatic dependent launch where pdl_enabled()
                  // (pyorch/launch.h: the GPU has it and the process did not turn it off; the
-                 // weight stream starts while the previous kernel drains), 0: a plain launch
+                 // weight stream starts while the previous kernel drains), 0: a plain launch  //
+                 // skinny_gemm_fp8 with a normed input at <= 8 tokens only (the fp16/bf16 forms and
+                 // the other
+  // fp8 forms have no such choice and leave it unread): 1 norms each K slice's x rows once per
+  // warp into shared memory and feeds the mmas from there, 0 has every lane norm its own
+  // fragments (the same products; the sum of squares in another order).
+  int stage_x = -1;
 };
 
 // The configuration skinny_gemm uses when given none; normed: skinny_gemm_fused's picks for a
@@ -106,9 +112,9 @@ cudaError_t skinny_gemm_fp8(void* out, const void* input, const void* weight,
 // kSkinnyFp8Plain (kStore, no norm), kSkinnyFp8Normed (kStore with a norm: qkv_proj),
 // kSkinnyFp8NormedSilu (norm + kSiluMul: gate_up), kSkinnyFp8Add (kAdd: o_proj, down). A field
 // >= 0 replaces the pick (prefetch_slices: slices per warp asked of L2 before the main loop,
-// whatever the PDL setting); -1 leaves it. A config passed to skinny_gemm_fp8 still wins over
-// both. For A/B timing inside the engine; pyorch sets them from PYORCH_SKINNY_FP8_OVERRIDE when
-// its extension loads. Set them before CUDA graphs are captured.
+// whatever the PDL setting; stage_x: the normed forms' staged norm); -1 leaves it. A config passed
+// to skinny_gemm_fp8 still wins over both. For A/B timing inside the engine; pyorch sets them from
+// PYORCH_SKINNY_FP8_OVERRIDE when its extension loads. Set them before CUDA graphs are captured.
 enum SkinnyFp8Form : int {
   kSkinnyFp8Plain = 0,
   kSkinnyFp8Normed = 1,
