@@ -36,13 +36,17 @@ def main() -> None:
     parser.add_argument("--quantization", default=None)
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--load-format", default="dummy")
+    parser.add_argument("--max-num-seqs", type=int, default=1,
+                        help="1 (default, the figures in its results): mixed-batch CUDA graphs "
+                             "stop at 2 tokens, so the prompt prefills eagerly; leave the engine "
+                             "default with 0")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
     llm = LLM(args.model, load_format=args.load_format, dtype="bfloat16", device=args.device,
               max_model_len=args.max_model_len, quantization=args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=1)
+              kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=args.max_num_seqs or None)
     vocab = llm.llm_engine.config.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
