@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The vLLM 0.26 peer bundle (shared/tools/vllm-peer) in pieces small enough for the device's
-# 64 MiB per call next to this checkout (~10 MB), and its reassembly on the GPU machine.
+# 64 MiB per call, which counts the checkout's tracked files (~18 MB) too, and its reassembly on
+# the GPU machine.
 #
 # Here (a machine with pip access), once per checkout:
-#   bash bench/vllm_bundle.sh split BUNDLE.tar.xz [SIZE]   # -> .vl0/ .vl1/ ... (SIZE as split -b takes it, default 42M)
+#   bash bench/vllm_bundle.sh split BUNDLE.tar.xz [SIZE]   # -> .vl0/ .vl1/ ... (SIZE as split -b takes it, default 31M)
+# 31M makes three pieces of the 92 MB bundle, the last ~26 MB: that one fits beside the ~16 MB of
+# staged wheels and dummy models in a lease's first (build) call, the other two each in a later
+# call of the same lease, so staging costs no call of its own.
 # (BUNDLE.tar.xz is build_vllm_bundle.sh's OUTDIR/vllm-bundle.tar.xz; --with-moe makes ~132 MB,
 # three pieces.) .vl*/ is ignored by git (.gitignore).
 #
@@ -19,7 +23,7 @@ cd "$(dirname "$0")/.."
 case "$cmd" in
   split)
     bundle=${2:?usage: bash bench/vllm_bundle.sh split BUNDLE.tar.xz [SIZE]}
-    size=${3:-42M}  # split -b's size
+    size=${3:-31M}  # split -b's size
     tmp=$(mktemp -d)
     split -b "$size" -d -a 2 "$bundle" "$tmp/part."
     (cd "$tmp" && sha256sum part.* > PARTS.sha256)
