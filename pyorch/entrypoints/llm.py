@@ -303,14 +303,16 @@ class _FrozenGcHeap:
     # the whole frozen list (gc.get_freeze_count is O(frozen objects): 33 ms per call on an H200
     # host once a Llama-3-8B engine's objects had joined a foreign freeze).
     foreign_freeze = False
+    active = 0  # calls inside this context now (another thread's generate): their freeze is ours
 
     def __init__(self) -> None:
         self.owned = False
 
     def __enter__(self) -> _FrozenGcHeap:
-        if not _FrozenGcHeap.foreign_freeze:
+        if not _FrozenGcHeap.foreign_freeze and not _FrozenGcHeap.active:
             self.owned = not gc.get_freeze_count()  # cheap here: nothing or a foreign few
             _FrozenGcHeap.foreign_freeze = not self.owned
+        _FrozenGcHeap.active += 1
         gc.freeze()
         return self
 
@@ -318,6 +320,7 @@ class _FrozenGcHeap:
         gc.freeze()  # O(1): the generations' lists are spliced into the frozen one
 
     def __exit__(self, *exc: object) -> None:
+        _FrozenGcHeap.active -= 1
         if self.owned:
             gc.unfreeze()
 

@@ -484,6 +484,23 @@ def test_generate_freezes_the_gc_heap_only_while_it_runs(tiny_model):
         _FrozenGcHeap.foreign_freeze = False  # this process's freeze ended here
 
 
+def test_frozen_heap_inside_another_generate_is_not_foreign(monkeypatch):
+    """A generate running while another is inside its freeze (another thread) neither walks the
+    frozen list nor takes that freeze for a foreign one; the outer call still ends it."""
+    gc.unfreeze()
+    monkeypatch.setattr(_FrozenGcHeap, "foreign_freeze", False)
+    real_count = gc.get_freeze_count
+    with _FrozenGcHeap() as outer:
+        counted = []
+        monkeypatch.setattr(gc, "get_freeze_count", lambda: counted.append(1) or real_count())
+        with _FrozenGcHeap() as inner:
+            assert not inner.owned
+        monkeypatch.setattr(gc, "get_freeze_count", real_count)
+        assert not counted and outer.owned
+    assert not _FrozenGcHeap.foreign_freeze and _FrozenGcHeap.active == 0
+    assert gc.get_freeze_count() == 0
+
+
 def test_generate_priority_orders_requests_and_fcfs_refuses_it(tmp_path):
     """LLM.generate(priority=...) under scheduling_policy="priority": with one sequence at a
     time, requests run lowest priority value first, ties in arrival order (vLLM's semantics);
