@@ -457,6 +457,11 @@ PYBIND11_MODULE(_C, m) {
                         stage_x >= -1 && stage_x <= 1,
                     "set_skinny_gemm_fp8_override: l2_prefetch, pdl and stage_x must be 0, 1 or "
                     "-1");
+        TORCH_CHECK(stage_x == -1 || form == pyorch::kSkinnyFp8Normed ||
+                        form == pyorch::kSkinnyFp8NormedSilu,
+                    "set_skinny_gemm_fp8_override: stage_x applies to the normed forms only (1 "
+                    "normed, 2 normed + silu_and_mul), got it for form ",
+                    form);
         TORCH_CHECK(prefetch_slices >= -1 && prefetch_slices <= 64,
                     "set_skinny_gemm_fp8_override: prefetch_slices must be in [-1, 64], got ",
                     prefetch_slices);

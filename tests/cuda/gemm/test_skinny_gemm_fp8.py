@@ -173,6 +173,8 @@ def test_launch_override_out_of_range_raises():
         _ops.set_skinny_fp8_override("normed=16,-1,-1,-1")
     with pytest.raises(RuntimeError, match="prefetch_slices must be in"):
         _ops.set_skinny_fp8_override("add=-1,-1,65,-1")
+    with pytest.raises(RuntimeError, match="stage_x applies to the normed forms only"):
+        _ops.set_skinny_fp8_override("add=-1,-1,-1,-1,1")
     _ops.set_skinny_fp8_override("")
 
 
